@@ -1,0 +1,165 @@
+package actionbustest
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
+
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// DefaultWait is the deadline of the wait helpers when none is given.
+const DefaultWait = 10 * time.Second
+
+// Recorded is one message seen by a [Recorder].
+type Recorded struct {
+	// Subject the message was published on.
+	Subject string
+	// Header of the message.
+	Header nats.Header
+	// Data is the message body.
+	Data []byte
+	// Event is the decoded CloudEvent, or nil when the message is not one.
+	Event *event.Event
+	// DecodeErr says why Event is nil.
+	DecodeErr error
+}
+
+// Type returns the CloudEvent type, or "" for a message that is not an
+// event.
+func (r Recorded) Type() string {
+	if r.Event == nil {
+		return ""
+	}
+	return r.Event.Type()
+}
+
+// Recorder records every message published on a subject filter, decoded as
+// CloudEvents, from the moment [Server.Record] returns. It is safe for
+// concurrent use.
+type Recorder struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	records []Recorded
+	sub     *nats.Subscription
+}
+
+// Record starts recording subject (wildcards allowed; ">" under the prefix
+// when empty). The subscription ends in t.Cleanup.
+func (s *Server) Record(t testing.TB, subject string) *Recorder {
+	t.Helper()
+	if subject == "" {
+		subject = s.Prefix + ".>"
+	}
+	r := &Recorder{}
+	r.cond = sync.NewCond(&r.mu)
+	nc := s.Connect(t)
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		rec := Recorded{Subject: m.Subject, Header: m.Header, Data: m.Data}
+		rec.Event, rec.DecodeErr = events.Decode(m.Subject, m.Header, m.Data)
+		r.mu.Lock()
+		r.records = append(r.records, rec)
+		r.mu.Unlock()
+		r.cond.Broadcast()
+	})
+	if err != nil {
+		t.Fatalf("actionbustest: subscribe %s: %v", subject, err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatalf("actionbustest: flush: %v", err)
+	}
+	r.sub = sub
+	return r
+}
+
+// All returns a copy of everything recorded so far.
+func (r *Recorder) All() []Recorded {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Recorded(nil), r.records...)
+}
+
+// Count returns how many recorded messages satisfy match.
+func (r *Recorder) Count(match func(Recorded) bool) int {
+	n := 0
+	for _, rec := range r.All() {
+		if match(rec) {
+			n++
+		}
+	}
+	return n
+}
+
+// WaitFor blocks until a recorded message satisfies match (including ones
+// recorded before the call) and returns the first such message. It fails the
+// test when the deadline (DefaultWait when 0) passes first.
+func (r *Recorder) WaitFor(t testing.TB, timeout time.Duration, match func(Recorded) bool) Recorded {
+	t.Helper()
+	rec, ok := r.waitN(timeout, 1, match)
+	if !ok {
+		t.Fatalf("actionbustest: no matching event within %s; saw:\n%s", orDefault(timeout), r.describe())
+	}
+	return rec[0]
+}
+
+// WaitForN blocks until n recorded messages satisfy match and returns them.
+func (r *Recorder) WaitForN(t testing.TB, timeout time.Duration, n int, match func(Recorded) bool) []Recorded {
+	t.Helper()
+	recs, ok := r.waitN(timeout, n, match)
+	if !ok {
+		t.Fatalf("actionbustest: %d matching events not seen within %s (got %d); saw:\n%s", n, orDefault(timeout), len(recs), r.describe())
+	}
+	return recs
+}
+
+// WaitForType waits for an event of eventType, optionally of one run.
+func (r *Recorder) WaitForType(t testing.TB, timeout time.Duration, eventType, runID string) Recorded {
+	t.Helper()
+	return r.WaitFor(t, timeout, func(rec Recorded) bool {
+		return rec.Type() == eventType && (runID == "" || strings.Contains(rec.Subject, "."+runID+"."))
+	})
+}
+
+func (r *Recorder) waitN(timeout time.Duration, n int, match func(Recorded) bool) ([]Recorded, bool) {
+	deadline := time.Now().Add(orDefault(timeout))
+	// sync.Cond has no deadline; a timer broadcast wakes the waiter once.
+	timer := time.AfterFunc(orDefault(timeout), r.cond.Broadcast)
+	defer timer.Stop()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for {
+		var found []Recorded
+		for _, rec := range r.records {
+			if match(rec) {
+				found = append(found, rec)
+				if len(found) == n {
+					return found, true
+				}
+			}
+		}
+		if !time.Now().Before(deadline) {
+			return found, false
+		}
+		r.cond.Wait()
+	}
+}
+
+func (r *Recorder) describe() string {
+	var b strings.Builder
+	for _, rec := range r.All() {
+		fmt.Fprintf(&b, "  %s %s\n", rec.Subject, rec.Type())
+	}
+	return b.String()
+}
+
+func orDefault(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultWait
+	}
+	return d
+}

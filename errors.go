@@ -1,0 +1,147 @@
+// Package actionbus holds what every part of actionbus shares with its users:
+// the stable error codes that travel in events and the Go error type that
+// carries them.
+//
+// It is not the runtime: the services live under internal/, and the public
+// Go API for users is in the client, executor and actionbustest packages.
+//
+// Errors are matched by code, never by message:
+//
+//	if errors.Is(err, actionbus.ErrActionNotFound) { ... }
+//	var abErr *actionbus.Error
+//	if errors.As(err, &abErr) { log.Print(abErr.Code) }
+package actionbus
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is a stable, machine-readable snake_case error code. Codes appear in
+// events (the "code" field of every error object) and in [Error]. They never
+// change meaning once published; new failures get new codes.
+type Code string
+
+// The error codes. The list is the single source for events, the Go API and
+// docs/events.md.
+const (
+	CodeInternal             Code = "internal"
+	CodeActionNotFound       Code = "action_not_found"
+	CodeActionAlreadyExists  Code = "action_already_registered"
+	CodeSchemaValidation     Code = "schema_validation"
+	CodeModeNotAllowed       Code = "mode_not_allowed"
+	CodePolicyRejected       Code = "policy_rejected"
+	CodeApprovalRequired     Code = "approval_required"
+	CodeTimeout              Code = "timeout"
+	CodeDeliveryExhausted    Code = "delivery_exhausted"
+	CodeCanceled             Code = "canceled"
+	CodeHandlerFailed        Code = "handler_failed"
+	CodeInvalidDecision      Code = "invalid_decision"
+	CodePlanRejected         Code = "plan_rejected"
+	CodeMaxCycles            Code = "max_cycles_exceeded"
+	CodeRunDeadline          Code = "run_deadline_exceeded"
+	CodeCatalogConflict      Code = "catalog_conflict"
+	CodeMalformedEvent       Code = "malformed_event"
+	CodeUnknownEventType     Code = "unknown_event_type"
+	CodeUnsupportedContent   Code = "unsupported_content_type"
+	CodeEventRejected        Code = "event_rejected"
+	CodeInvalidStepReference Code = "invalid_step_reference"
+	CodeDuplicateStep        Code = "duplicate_step"
+	CodeWorkflowValidation   Code = "workflow_validation"
+	CodeWorkflowAborted      Code = "workflow_aborted"
+	CodeScenarioNotFound     Code = "scenario_not_found"
+	CodeMissingTopology      Code = "missing_topology"
+)
+
+// Codes lists every defined code, in declaration order.
+var Codes = []Code{
+	CodeInternal, CodeActionNotFound, CodeActionAlreadyExists, CodeSchemaValidation,
+	CodeModeNotAllowed, CodePolicyRejected, CodeApprovalRequired, CodeTimeout,
+	CodeDeliveryExhausted, CodeCanceled, CodeHandlerFailed, CodeInvalidDecision,
+	CodePlanRejected, CodeMaxCycles, CodeRunDeadline, CodeCatalogConflict,
+	CodeMalformedEvent, CodeUnknownEventType, CodeUnsupportedContent, CodeEventRejected,
+	CodeInvalidStepReference, CodeDuplicateStep, CodeWorkflowValidation, CodeWorkflowAborted,
+	CodeScenarioNotFound, CodeMissingTopology,
+}
+
+// Sentinel errors, one per code, for errors.Is. Any *Error with the same code
+// matches its sentinel regardless of message or details.
+var (
+	ErrActionNotFound    = &Error{Code: CodeActionNotFound}
+	ErrActionExists      = &Error{Code: CodeActionAlreadyExists}
+	ErrSchemaValidation  = &Error{Code: CodeSchemaValidation}
+	ErrModeNotAllowed    = &Error{Code: CodeModeNotAllowed}
+	ErrPolicyRejected    = &Error{Code: CodePolicyRejected}
+	ErrApprovalRequired  = &Error{Code: CodeApprovalRequired}
+	ErrTimeout           = &Error{Code: CodeTimeout}
+	ErrDeliveryExhausted = &Error{Code: CodeDeliveryExhausted}
+	ErrCanceled          = &Error{Code: CodeCanceled}
+	ErrMalformedEvent    = &Error{Code: CodeMalformedEvent}
+	ErrUnknownEventType  = &Error{Code: CodeUnknownEventType}
+	ErrUnsupportedData   = &Error{Code: CodeUnsupportedContent}
+	ErrMissingTopology   = &Error{Code: CodeMissingTopology}
+)
+
+// Error is an actionbus failure with a stable code. It is the Go form of the
+// error object carried in events ({"code", "message", "details"}).
+type Error struct {
+	// Code is the stable machine-readable code.
+	Code Code `json:"code" msgpack:"code"`
+	// Message is a human-readable lower-case description.
+	Message string `json:"message,omitempty" msgpack:"message,omitempty"`
+	// Details carries structured context (paths, action names, limits).
+	Details map[string]any `json:"details,omitempty" msgpack:"details,omitempty"`
+
+	cause error
+}
+
+// Errorf returns an *Error with the given code and a formatted message. A %w
+// verb in format is kept as the cause for errors.Is/As.
+func Errorf(code Code, format string, args ...any) *Error {
+	wrapped := fmt.Errorf(format, args...)
+	return &Error{Code: code, Message: wrapped.Error(), cause: errors.Unwrap(wrapped)}
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return string(e.Code)
+	}
+	return string(e.Code) + ": " + e.Message
+}
+
+// Unwrap returns the underlying cause, if any.
+func (e *Error) Unwrap() error { return e.cause }
+
+// Is reports whether target is an *Error with the same code.
+func (e *Error) Is(target error) bool {
+	var t *Error
+	if errors.As(target, &t) {
+		return t.Code == e.Code
+	}
+	return false
+}
+
+// WithDetail returns a copy of e with key set to value in Details.
+func (e *Error) WithDetail(key string, value any) *Error {
+	c := *e
+	c.Details = make(map[string]any, len(e.Details)+1)
+	for k, v := range e.Details {
+		c.Details[k] = v
+	}
+	c.Details[key] = value
+	return &c
+}
+
+// CodeOf returns the code of the first *Error in err's chain, or CodeInternal
+// when there is none. A nil error has no code ("").
+func CodeOf(err error) Code {
+	if err == nil {
+		return ""
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeInternal
+}

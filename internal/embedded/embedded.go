@@ -1,0 +1,68 @@
+// Package embedded runs a nats-server with JetStream inside the current
+// process, for `actionbus dev`, tests and benchmarks.
+//
+// It is not a way to run production NATS: use deploy/nats for that.
+package embedded
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Options configures an embedded server.
+type Options struct {
+	// Host to listen on; default 127.0.0.1.
+	Host string
+	// Port to listen on; -1 (the default when 0 is given) picks a free port.
+	Port int
+	// StoreDir is the JetStream store directory. Required: a shared default
+	// would leak state between runs.
+	StoreDir string
+	// ServerName names the server; default "actionbus-embedded".
+	ServerName string
+	// ReadyTimeout bounds the wait for the server to accept connections;
+	// default 10s.
+	ReadyTimeout time.Duration
+}
+
+// Start starts a JetStream-enabled server and waits until it accepts
+// connections. The caller must call Shutdown (and WaitForShutdown) on it.
+func Start(opts Options) (*server.Server, error) {
+	if opts.StoreDir == "" {
+		return nil, errors.New("embedded: StoreDir is required")
+	}
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	if opts.Port == 0 {
+		opts.Port = -1
+	}
+	if opts.ServerName == "" {
+		opts.ServerName = "actionbus-embedded"
+	}
+	if opts.ReadyTimeout == 0 {
+		opts.ReadyTimeout = 10 * time.Second
+	}
+	ns, err := server.NewServer(&server.Options{
+		ServerName: opts.ServerName,
+		Host:       opts.Host,
+		Port:       opts.Port,
+		JetStream:  true,
+		StoreDir:   opts.StoreDir,
+		NoSigs:     true,
+		NoLog:      true,
+		MaxPayload: 8 << 20,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded: new server: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(opts.ReadyTimeout) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("embedded: server not ready after %s", opts.ReadyTimeout)
+	}
+	return ns, nil
+}

@@ -1,0 +1,267 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus"
+)
+
+// BusConfig configures a [Bus].
+type BusConfig struct {
+	// Prefix is the subject prefix; default [DefaultPrefix].
+	Prefix string
+	// Source is the CloudEvent source of published events, e.g.
+	// "/actionbus/dispatcher". Required.
+	Source string
+	// Mode is the content mode of published events; default ModeBinary.
+	Mode Mode
+	// DataContentType of published data; default application/json.
+	DataContentType string
+	// Logger receives one line per rejected event; nil discards.
+	Logger *slog.Logger
+}
+
+func (c *BusConfig) setDefaults() {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.DataContentType == "" {
+		c.DataContentType = ContentTypeJSON
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Validate reports configuration errors.
+func (c *BusConfig) Validate() error {
+	if c.Source == "" {
+		return errors.New("events: BusConfig.Source is required")
+	}
+	if codecFor(c.DataContentType) == codecUnknown {
+		return fmt.Errorf("events: unsupported DataContentType %q", c.DataContentType)
+	}
+	if c.Mode != ModeBinary && c.Mode != ModeStructured {
+		return fmt.Errorf("events: unknown mode %d", c.Mode)
+	}
+	_, err := NewSubjects(c.Prefix)
+	return err
+}
+
+// Bus publishes and receives actionbus events on JetStream. It validates
+// every event against the catalog and its schema on the way out and on the
+// way in. A Bus is safe for concurrent use.
+type Bus struct {
+	js       jetstream.JetStream
+	subjects Subjects
+	cfg      BusConfig
+	log      *slog.Logger
+}
+
+// NewBus returns a Bus publishing through js.
+func NewBus(js jetstream.JetStream, cfg BusConfig) (*Bus, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if _, err := dataSchemas(); err != nil {
+		return nil, err
+	}
+	return &Bus{js: js, subjects: MustSubjects(cfg.Prefix), cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Subjects returns the subjects of the bus's prefix.
+func (b *Bus) Subjects() Subjects { return b.subjects }
+
+// JetStream returns the underlying JetStream context.
+func (b *Bus) JetStream() jetstream.JetStream { return b.js }
+
+// Extension is a CloudEvent extension attribute set by [Bus.New].
+type Extension struct {
+	Name  string
+	Value any
+}
+
+// Extension attribute names used by actionbus.
+const (
+	ExtRunID     = "runid"
+	ExtCycle     = "cycle"
+	ExtPlanIndex = "planindex"
+	ExtAttempt   = "attempt"
+	ExtPool      = "pool"
+)
+
+// New builds a validated event of eventType with the given id and data. A
+// non-empty runID is also set as the runid extension.
+func (b *Bus) New(eventType, id, runID string, data any, ext ...Extension) (*event.Event, error) {
+	e := event.New()
+	e.SetID(id)
+	e.SetType(eventType)
+	e.SetSource(b.cfg.Source)
+	e.SetTime(time.Now())
+	if u := SchemaURL(eventType); u != "" {
+		e.SetDataSchema(u)
+	}
+	if runID != "" {
+		e.SetExtension(ExtRunID, runID)
+	}
+	for _, x := range ext {
+		e.SetExtension(x.Name, x.Value)
+	}
+	if err := SetData(&e, b.cfg.DataContentType, data); err != nil {
+		return nil, err
+	}
+	if err := Validate(&e); err != nil {
+		return nil, fmt.Errorf("events: build %s: %w", eventType, err)
+	}
+	return &e, nil
+}
+
+// Publish validates e and publishes it on subject with Nats-Msg-Id set to the
+// event id. A republished event with the same id within the stream's
+// duplicate window is stored once (the ack then reports Duplicate).
+func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event) (*jetstream.PubAck, error) {
+	if err := Validate(e); err != nil {
+		return nil, fmt.Errorf("events: publish %s: %w", e.Type(), err)
+	}
+	msg, err := Encode(subject, e, b.cfg.Mode)
+	if err != nil {
+		return nil, err
+	}
+	ack, err := b.js.PublishMsg(ctx, msg)
+	if err != nil {
+		return nil, fmt.Errorf("events: publish %s on %s: %w", e.Type(), subject, err)
+	}
+	return ack, nil
+}
+
+// Emit builds an event with [Bus.New] and publishes it on the subject the
+// catalog gives its type ([Subjects.SubjectFor]).
+func (b *Bus) Emit(ctx context.Context, eventType, id, runID, pool string, data any, ext ...Extension) (*event.Event, error) {
+	subject, err := b.subjects.SubjectFor(eventType, runID, pool)
+	if err != nil {
+		return nil, err
+	}
+	e, err := b.New(eventType, id, runID, data, ext...)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := b.Publish(ctx, subject, e); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Received is a decoded and validated event.
+type Received struct {
+	// Event is the CloudEvent.
+	Event *event.Event
+	// Data is a pointer to the typed data struct of the event's type, e.g.
+	// *RunRequested.
+	Data any
+	// Subject is the subject the message was published on.
+	Subject string
+}
+
+// RunID returns the runid extension of the event ("" when absent).
+func (r *Received) RunID() string {
+	if v, ok := r.Event.Extensions()[ExtRunID]; ok {
+		if s, ok := v.(string); ok {
+			return s
+		}
+	}
+	return ""
+}
+
+// Receive decodes, validates and types a consumed message. The error is an
+// *actionbus.Error; hand it to [Bus.Reject].
+func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*Received, error) {
+	e, err := Decode(subject, h, body)
+	if err != nil {
+		return nil, err
+	}
+	if err := Validate(e); err != nil {
+		return nil, err
+	}
+	entry, _ := Lookup(e.Type())
+	data := entry.New()
+	if err := DataAs(e, data); err != nil {
+		return nil, err
+	}
+	return &Received{Event: e, Data: data, Subject: subject}, nil
+}
+
+// Reject handles a message that failed [Bus.Receive]: it republishes the
+// original headers and body under a new id on the rejected-events subject,
+// with the reason, and logs once. If the message was a run.requested whose
+// run id can be read from its subject, Reject also publishes the run's
+// run.failed so that its client does not wait forever. The caller acks msg
+// when Reject returns nil, and naks it (to retry later) otherwise: nothing is
+// lost.
+func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, reason error) error {
+	rej := EventRejected{
+		OriginalSubject: msg.Subject(),
+		OriginalHeaders: map[string][]string(msg.Headers()),
+		OriginalData:    msg.Data(),
+		Consumer:        consumer,
+	}
+	if abErr := new(actionbus.Error); errors.As(reason, &abErr) {
+		rej.Reason = *abErr
+	} else {
+		rej.Reason = actionbus.Error{Code: actionbus.CodeEventRejected, Message: reason.Error()}
+	}
+	rej.Reason.Details = nil
+	if rej.Reason.Message == "" {
+		rej.Reason.Message = reason.Error()
+	}
+	id := NewID()
+	stream := "unknown"
+	if md, err := msg.Metadata(); err == nil {
+		stream = md.Stream
+		rej.Stream = md.Stream
+		rej.StreamSequence = md.Sequence.Stream
+		// The same stored message rejected twice (a lost ack) yields one
+		// rejected event.
+		id = DerivedID("rejected", md.Stream, md.Sequence.Stream)
+	}
+	runID := b.subjects.RunIDFromSubject(msg.Subject())
+	rej.RunID = runID
+	if _, err := b.emitRejected(ctx, stream, id, rej); err != nil {
+		return fmt.Errorf("events: reject message from %s: %w", msg.Subject(), err)
+	}
+	b.log.Warn("event rejected", "subject", msg.Subject(), "consumer", consumer,
+		"code", rej.Reason.Code, "reason", rej.Reason.Message, "rejected_id", id)
+
+	if runID != "" && msg.Subject() == b.subjects.Run(runID, "requested") {
+		failed := RunFailed{RunID: runID, Error: actionbus.Error{
+			Code:    rej.Reason.Code,
+			Message: "run.requested rejected: " + rej.Reason.Message,
+		}}
+		if _, err := b.Emit(ctx, TypeRunFailed, TerminalID(runID), runID, "", failed); err != nil {
+			b.log.Warn("run.failed for a rejected run.requested not published", "run_id", runID, "err", err)
+		}
+	}
+	return nil
+}
+
+func (b *Bus) emitRejected(ctx context.Context, stream, id string, rej EventRejected) (*event.Event, error) {
+	e, err := b.New(TypeEventRejected, id, rej.RunID, rej)
+	if err != nil {
+		return nil, err
+	}
+	_, err = b.Publish(ctx, b.subjects.Rejected(stream), e)
+	return e, err
+}
+
+// TerminalID is the id of a run's terminal event (completed, failed or
+// canceled). All three share it, so JetStream stores at most one terminal
+// event per run within the duplicate window, whoever publishes it.
+func TerminalID(runID string) string { return DerivedID(runID, "terminal") }

@@ -1,0 +1,283 @@
+package events_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+func newBus(t *testing.T, srv *actionbustest.Server, mode events.Mode, ct string) *events.Bus {
+	t.Helper()
+	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/actionbus/test", Mode: mode, DataContentType: ct})
+	require.NoError(t, err)
+	return bus
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestRepublishedEventIsStoredOnce(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	bus := newBus(t, srv, events.ModeBinary, "")
+	ctx := ctxT(t)
+	runID := events.NewID()
+	e, err := bus.New(events.TypeRunRequested, runID, runID, &events.RunRequested{RunID: runID, Prompt: "hi"})
+	require.NoError(t, err)
+	subject := bus.Subjects().Run(runID, "requested")
+
+	first, err := bus.Publish(ctx, subject, e)
+	require.NoError(t, err)
+	assert.False(t, first.Duplicate)
+	second, err := bus.Publish(ctx, subject, e)
+	require.NoError(t, err)
+	assert.True(t, second.Duplicate)
+	assert.Equal(t, first.Sequence, second.Sequence)
+
+	stream, err := srv.JS.Stream(ctx, events.Topology{}.StreamRuns())
+	require.NoError(t, err)
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(subject))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), info.State.Msgs)
+}
+
+func TestTerminalEventsShareOneID(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	bus := newBus(t, srv, events.ModeBinary, "")
+	ctx := ctxT(t)
+	runID := events.NewID()
+	_, err := bus.Emit(ctx, events.TypeRunCompleted, events.TerminalID(runID), runID, "", &events.RunCompleted{RunID: runID, Cycles: 1})
+	require.NoError(t, err)
+	_, err = bus.Emit(ctx, events.TypeRunFailed, events.TerminalID(runID), runID, "", &events.RunFailed{RunID: runID, Error: actionbus.Error{Code: "x"}})
+	require.NoError(t, err)
+	stream, err := srv.JS.Stream(ctx, events.Topology{}.StreamRuns())
+	require.NoError(t, err)
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(bus.Subjects().RunEvents(runID)))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), info.State.Msgs, "a run stores at most one terminal event")
+}
+
+func TestPublishedEventsReachConsumersInBothModesAndCodecs(t *testing.T) {
+	for _, mode := range []events.Mode{events.ModeBinary, events.ModeStructured} {
+		for _, ct := range []string{events.ContentTypeJSON, events.ContentTypeMsgpack} {
+			t.Run(mode.String()+"/"+ct, func(t *testing.T) {
+				srv := actionbustest.NewServer(t)
+				bus := newBus(t, srv, mode, ct)
+				ctx := ctxT(t)
+				runID := events.NewID()
+				want := &events.RunRequested{RunID: runID, Prompt: "grüße 100 %", Scenario: "demo", AllowedModes: []string{"read"}}
+				_, err := bus.Emit(ctx, events.TypeRunRequested, runID, runID, "", want)
+				require.NoError(t, err)
+
+				got := make(chan *events.Received, 1)
+				serve(t, srv, bus, events.ConsumerDispatcher, func(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
+					got <- r
+					return nil
+				})
+				select {
+				case r := <-got:
+					assert.Equal(t, want, r.Data)
+					assert.Equal(t, runID, r.RunID())
+				case <-ctx.Done():
+					t.Fatal("event not consumed")
+				}
+			})
+		}
+	}
+}
+
+// serve runs bus.Serve on a durable consumer until the test ends.
+func serve(t *testing.T, srv *actionbustest.Server, bus *events.Bus, consumer string, h events.HandlerFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cons, err := srv.JS.Consumer(ctx, events.Topology{}.StreamRuns(), consumer)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- bus.Serve(ctx, cons, events.ServeOptions{Name: consumer, Concurrency: 4}, h) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
+}
+
+func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	bus := newBus(t, srv, events.ModeBinary, "")
+	ctx := ctxT(t)
+	rec := srv.Record(t, "")
+	subjects := bus.Subjects()
+
+	validHeaders := func(id, typ string) nats.Header {
+		return nats.Header{
+			"ce-specversion": {"1.0"}, "ce-id": {id}, "ce-source": {"/test"}, "ce-type": {typ},
+			"ce-datacontenttype": {"application/json"}, events.HeaderMsgID: {id},
+		}
+	}
+	truncated, err := msgpack.Marshal(map[string]any{"runId": "R5", "kind": "agent"})
+	require.NoError(t, err)
+
+	bad := []struct {
+		name   string
+		runID  string
+		header nats.Header
+		body   []byte
+		code   actionbus.Code
+	}{
+		{"malformed headers", "R1", nats.Header{"ce-specversion": {"1.0"}, "ce-id": {"%ZZ"}, events.HeaderMsgID: {"m1"}}, []byte(`{}`), actionbus.CodeMalformedEvent},
+		{"unknown type", "R2", validHeaders("m2", "io.actionbus.nope.happened"), []byte(`{}`), actionbus.CodeUnknownEventType},
+		{"data violating its schema", "R3", validHeaders("m3", events.TypeDecisionMade), []byte(`{"runId":"R3"}`), actionbus.CodeSchemaValidation},
+		{"wrong datacontenttype", "R4", func() nats.Header {
+			h := validHeaders("m4", events.TypeDecisionMade)
+			h["ce-datacontenttype"] = []string{"text/csv"}
+			return h
+		}(), []byte(`a,b`), actionbus.CodeUnsupportedContent},
+		{"truncated msgpack", "R5", func() nats.Header {
+			h := validHeaders("m5", events.TypeDecisionMade)
+			h["ce-datacontenttype"] = []string{events.ContentTypeMsgpack}
+			return h
+		}(), truncated[:len(truncated)-2], actionbus.CodeMalformedEvent},
+	}
+	for _, b := range bad {
+		_, err := srv.JS.PublishMsg(ctx, &nats.Msg{Subject: subjects.Run(b.runID, "decision"), Header: b.header, Data: b.body})
+		require.NoError(t, err, b.name)
+	}
+	runID := events.NewID()
+	decision := &events.DecisionMade{RunID: runID, Cycle: 1, Decision: events.Decision{Type: "final", Answer: "ok"}}
+	_, err = bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(runID, "decision", 1), runID, "", decision)
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	var handled []string
+	validSeen := make(chan struct{})
+	serve(t, srv, bus, events.ConsumerDispatcher, func(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
+		mu.Lock()
+		handled = append(handled, r.RunID())
+		mu.Unlock()
+		close(validSeen)
+		return nil
+	})
+	select {
+	case <-validSeen:
+	case <-ctx.Done():
+		t.Fatal("the valid event after the bad ones was not consumed")
+	}
+
+	for _, b := range bad {
+		t.Run(b.name, func(t *testing.T) {
+			r := rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
+				return r.Type() == events.TypeEventRejected && r.Subject == subjects.Rejected("AB_RUNS") &&
+					r.Event != nil && events.DataAs(r.Event, new(events.EventRejected)) == nil && rejectedRun(r) == b.runID
+			})
+			var rej events.EventRejected
+			require.NoError(t, events.DataAs(r.Event, &rej))
+			assert.Equal(t, b.code, rej.Reason.Code, rej.Reason.Message)
+			assert.NotEmpty(t, rej.Reason.Message)
+			assert.Equal(t, subjects.Run(b.runID, "decision"), rej.OriginalSubject)
+			assert.Equal(t, b.body, rej.OriginalData)
+			assert.Equal(t, b.header[events.HeaderMsgID], rej.OriginalHeaders[events.HeaderMsgID])
+			assert.NotEqual(t, b.header.Get(events.HeaderMsgID), r.Event.ID(), "rejected events get a new id")
+			assert.Equal(t, "dispatcher", rej.Consumer)
+			assert.NotZero(t, rej.StreamSequence)
+		})
+	}
+	mu.Lock()
+	assert.Equal(t, []string{runID}, handled, "only the valid event reaches the handler")
+	mu.Unlock()
+
+	// Every bad message was acked: nothing is left pending or redelivered.
+	cons, err := srv.JS.Consumer(ctx, "AB_RUNS", events.ConsumerDispatcher)
+	require.NoError(t, err)
+	info, err := cons.Info(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, info.NumAckPending)
+	assert.Zero(t, info.NumPending)
+}
+
+func rejectedRun(r actionbustest.Recorded) string {
+	var rej events.EventRejected
+	if events.DataAs(r.Event, &rej) != nil {
+		return ""
+	}
+	return rej.RunID
+}
+
+func TestRejectedRunRequestedFailsTheRun(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	bus := newBus(t, srv, events.ModeBinary, "")
+	ctx := ctxT(t)
+	rec := srv.Record(t, "")
+	runID := events.NewID()
+	_, err := srv.JS.PublishMsg(ctx, &nats.Msg{
+		Subject: bus.Subjects().Run(runID, "requested"),
+		Header: nats.Header{"ce-specversion": {"1.0"}, "ce-id": {runID}, "ce-source": {"/client"},
+			"ce-type": {events.TypeRunRequested}, "ce-datacontenttype": {"application/json"}},
+		Data: []byte(`{"runId":"` + runID + `","allowedModes":"everything"}`),
+	})
+	require.NoError(t, err)
+	serve(t, srv, bus, events.ConsumerDispatcher, func(context.Context, *events.Received, jetstream.Msg) error {
+		t.Error("an invalid run.requested reached the handler")
+		return nil
+	})
+	failed := rec.WaitForType(t, 0, events.TypeRunFailed, runID)
+	var data events.RunFailed
+	require.NoError(t, events.DataAs(failed.Event, &data))
+	assert.Equal(t, runID, data.RunID)
+	assert.Equal(t, actionbus.CodeSchemaValidation, data.Error.Code)
+	assert.Equal(t, events.TerminalID(runID), failed.Event.ID())
+}
+
+func TestHandlerErrorsAreRetriedAndPermanentOnesTerminated(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	bus := newBus(t, srv, events.ModeBinary, "")
+	ctx := ctxT(t)
+	transient, permanent := events.NewID(), events.NewID()
+	for _, id := range []string{transient, permanent} {
+		_, err := bus.Emit(ctx, events.TypeCancelRequested, events.DerivedID(id, "cancel"), id, "", &events.CancelRequested{RunID: id})
+		require.NoError(t, err)
+	}
+	var mu sync.Mutex
+	deliveries := map[string]int{}
+	retried := make(chan struct{})
+	serve(t, srv, bus, events.ConsumerDispatcher, func(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
+		mu.Lock()
+		defer mu.Unlock()
+		deliveries[r.RunID()]++
+		switch {
+		case r.RunID() == permanent:
+			return events.Permanent(assert.AnError)
+		case deliveries[r.RunID()] == 1:
+			return assert.AnError
+		default:
+			close(retried)
+			return nil
+		}
+	})
+	select {
+	case <-retried:
+	case <-ctx.Done():
+		t.Fatal("a transient handler error was not retried")
+	}
+	cons, err := srv.JS.Consumer(ctx, "AB_RUNS", events.ConsumerDispatcher)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	}, 10*time.Second, 20*time.Millisecond)
+	mu.Lock()
+	assert.Equal(t, 1, deliveries[permanent], "a permanent error is not redelivered")
+	assert.Equal(t, 2, deliveries[transient])
+	mu.Unlock()
+}

@@ -1,0 +1,185 @@
+package events
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Entry describes one event type of the catalog.
+type Entry struct {
+	// Type is the CloudEvent type.
+	Type string
+	// Subject is the subject pattern, with {prefix}, {runId} and {pool}
+	// placeholders.
+	Subject string
+	// Producer is the service that publishes the event.
+	Producer string
+	// Consumers are the services that consume it.
+	Consumers []string
+	// Schema is the file name of the data schema in schemas/.
+	Schema string
+	// New returns a pointer to a zero value of the event's data struct.
+	New func() any
+}
+
+// Catalog is the single list of event types. docs/events.md documents the
+// same list; TestCatalogMatchesDocs keeps both in step.
+var Catalog = []Entry{
+	{TypeRunRequested, "{prefix}.run.{runId}.requested", "client", []string{"dispatcher", "auditor"}, "run.requested.json", func() any { return new(RunRequested) }},
+	{TypeRunStarted, "{prefix}.run.{runId}.started", "dispatcher", []string{"auditor", "client"}, "run.started.json", func() any { return new(RunStarted) }},
+	{TypeRunStep, "{prefix}.run.{runId}.step", "dispatcher", []string{"auditor", "client"}, "run.step.json", func() any { return new(RunStep) }},
+	{TypeRunCompleted, "{prefix}.run.{runId}.completed", "dispatcher", []string{"auditor", "client"}, "run.completed.json", func() any { return new(RunCompleted) }},
+	{TypeRunFailed, "{prefix}.run.{runId}.failed", "dispatcher", []string{"auditor", "client"}, "run.failed.json", func() any { return new(RunFailed) }},
+	{TypeRunCanceled, "{prefix}.run.{runId}.canceled", "dispatcher", []string{"auditor", "client"}, "run.canceled.json", func() any { return new(RunCanceled) }},
+	{TypeCancelRequested, "{prefix}.run.{runId}.cancel", "client", []string{"dispatcher", "auditor"}, "cancel.requested.json", func() any { return new(CancelRequested) }},
+	{TypeDecisionRequested, "{prefix}.run.{runId}.decide", "dispatcher", []string{"planner", "auditor"}, "decision.requested.json", func() any { return new(DecisionRequested) }},
+	{TypeDecisionMade, "{prefix}.run.{runId}.decision", "planner", []string{"dispatcher", "auditor"}, "decision.made.json", func() any { return new(DecisionMade) }},
+	{TypeActionRequested, "{prefix}.pool.{pool}.request", "dispatcher", []string{"executor", "auditor"}, "action.requested.json", func() any { return new(ActionRequested) }},
+	{TypeActionCompleted, "{prefix}.run.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.completed.json", func() any { return new(ActionCompleted) }},
+	{TypeActionFailed, "{prefix}.run.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.failed.json", func() any { return new(ActionFailed) }},
+	{TypeEventRejected, "{prefix}.rejected.{stream}", "any consumer", []string{"auditor", "operators"}, "event.rejected.json", func() any { return new(EventRejected) }},
+	{TypeAuditRecorded, "{prefix}.audit.run.{runId}", "auditor", []string{"operators"}, "audit.recorded.json", func() any { return new(AuditRecorded) }},
+}
+
+var catalogByType = func() map[string]*Entry {
+	m := make(map[string]*Entry, len(Catalog))
+	for i := range Catalog {
+		m[Catalog[i].Type] = &Catalog[i]
+	}
+	return m
+}()
+
+// Lookup returns the catalog entry of an event type.
+func Lookup(eventType string) (*Entry, bool) {
+	e, ok := catalogByType[eventType]
+	return e, ok
+}
+
+// Subjects builds the subjects of one deployment from its prefix.
+// The zero value is not usable; use [NewSubjects].
+type Subjects struct {
+	prefix string
+}
+
+// DefaultPrefix is the subject prefix used when none is configured.
+const DefaultPrefix = "ab"
+
+// NewSubjects returns the subjects under prefix ("" means [DefaultPrefix]).
+// The prefix must be a valid sequence of NATS subject tokens without
+// wildcards.
+func NewSubjects(prefix string) (Subjects, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	for _, tok := range strings.Split(prefix, ".") {
+		if !validToken(tok) {
+			return Subjects{}, fmt.Errorf("events: invalid subject prefix %q", prefix)
+		}
+	}
+	return Subjects{prefix: prefix}, nil
+}
+
+// MustSubjects is NewSubjects that panics on an invalid prefix; for
+// constants and tests.
+func MustSubjects(prefix string) Subjects {
+	s, err := NewSubjects(prefix)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// validToken reports whether tok can be one subject token: non-empty, no
+// wildcards, whitespace or dots.
+func validToken(tok string) bool {
+	if tok == "" {
+		return false
+	}
+	for _, r := range tok {
+		if r <= ' ' || r == '*' || r == '>' || r == '.' || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// Prefix returns the subject prefix.
+func (s Subjects) Prefix() string { return s.prefix }
+
+// Run returns the subject of a per-run event: {prefix}.run.{runId}.{verb}.
+func (s Subjects) Run(runID, verb string) string {
+	return s.prefix + ".run." + runID + "." + verb
+}
+
+// AllRuns matches every per-run event.
+func (s Subjects) AllRuns() string { return s.prefix + ".run.>" }
+
+// RunEvents matches every event of one run.
+func (s Subjects) RunEvents(runID string) string { return s.prefix + ".run." + runID + ".>" }
+
+// AnyRun returns the filter for one verb across all runs.
+func (s Subjects) AnyRun(verb string) string { return s.prefix + ".run.*." + verb }
+
+// PoolRequest returns the work subject of an executor pool.
+func (s Subjects) PoolRequest(pool string) string { return s.prefix + ".pool." + pool + ".request" }
+
+// AllPools matches the work subjects of every pool.
+func (s Subjects) AllPools() string { return s.prefix + ".pool.*.request" }
+
+// Rejected returns the rejected-events subject for events read from stream.
+func (s Subjects) Rejected(stream string) string { return s.prefix + ".rejected." + stream }
+
+// AllRejected matches every rejected-events subject.
+func (s Subjects) AllRejected() string { return s.prefix + ".rejected.>" }
+
+// Audit returns the audit subject of one run.
+func (s Subjects) Audit(runID string) string { return s.prefix + ".audit.run." + runID }
+
+// AllAudit matches the audit subjects of every run.
+func (s Subjects) AllAudit() string { return s.prefix + ".audit.run.*" }
+
+// RunIDFromSubject returns the run id of a per-run subject, or "" when the
+// subject is not one.
+func (s Subjects) RunIDFromSubject(subject string) string {
+	rest, ok := strings.CutPrefix(subject, s.prefix+".run.")
+	if !ok {
+		return ""
+	}
+	id, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return ""
+	}
+	return id
+}
+
+// SubjectFor returns the subject an event of eventType is published on.
+// runID and pool fill the placeholders the type needs.
+func (s Subjects) SubjectFor(eventType, runID, pool string) (string, error) {
+	switch eventType {
+	case TypeRunRequested:
+		return s.Run(runID, "requested"), nil
+	case TypeRunStarted:
+		return s.Run(runID, "started"), nil
+	case TypeRunStep:
+		return s.Run(runID, "step"), nil
+	case TypeRunCompleted:
+		return s.Run(runID, "completed"), nil
+	case TypeRunFailed:
+		return s.Run(runID, "failed"), nil
+	case TypeRunCanceled:
+		return s.Run(runID, "canceled"), nil
+	case TypeCancelRequested:
+		return s.Run(runID, "cancel"), nil
+	case TypeDecisionRequested:
+		return s.Run(runID, "decide"), nil
+	case TypeDecisionMade:
+		return s.Run(runID, "decision"), nil
+	case TypeActionRequested:
+		return s.PoolRequest(pool), nil
+	case TypeActionCompleted, TypeActionFailed:
+		return s.Run(runID, "result"), nil
+	case TypeAuditRecorded:
+		return s.Audit(runID), nil
+	}
+	return "", fmt.Errorf("events: no subject rule for type %q", eventType)
+}

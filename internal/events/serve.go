@@ -1,0 +1,125 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// HandlerFunc handles one received, validated event. Returning nil acks the
+// message. Returning an error naks it with a delay so that it is redelivered
+// (for transient failures such as a revision conflict); wrap the error with
+// [Permanent] to terminate the message instead.
+type HandlerFunc func(ctx context.Context, r *Received, msg jetstream.Msg) error
+
+// permanentError marks an error that redelivery cannot fix.
+type permanentError struct{ err error }
+
+func (p permanentError) Error() string { return p.err.Error() }
+func (p permanentError) Unwrap() error { return p.err }
+
+// Permanent marks err as not retryable: [Bus.Serve] terminates the message
+// instead of redelivering it.
+func Permanent(err error) error { return permanentError{err} }
+
+// ServeOptions configures [Bus.Serve].
+type ServeOptions struct {
+	// Name identifies the consumer in logs and rejected events.
+	Name string
+	// Concurrency bounds handlers running at once; default 1.
+	Concurrency int
+	// NakDelay is the first redelivery delay after a handler error; it
+	// doubles per delivery up to 30s. Default 100ms.
+	NakDelay time.Duration
+}
+
+// Serve pulls messages from cons and runs h on each, at most
+// opts.Concurrency at a time, until ctx ends; then it stops pulling and
+// waits for running handlers (which see ctx canceled) before returning.
+//
+// Ack outcomes are decided here, in one place: a message that fails
+// decoding or validation is rejected ([Bus.Reject]) and acked; a handler's
+// nil acks; a [Permanent] error terminates; any other error naks with
+// backoff. Errors are logged once, here.
+func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOptions, h HandlerFunc) error {
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = 1
+	}
+	if opts.NakDelay <= 0 {
+		opts.NakDelay = 100 * time.Millisecond
+	}
+	log := b.log.With("consumer", opts.Name)
+	iter, err := cons.Messages(jetstream.PullMaxMessages(opts.Concurrency))
+	if err != nil {
+		return fmt.Errorf("events: serve %s: %w", opts.Name, err)
+	}
+	stop := context.AfterFunc(ctx, iter.Stop)
+	defer stop()
+
+	slots := make(chan struct{}, opts.Concurrency)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		msg, err := iter.Next()
+		if err != nil {
+			<-slots
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("events: serve %s: %w", opts.Name, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			b.handle(ctx, log, opts, msg, h)
+		}()
+	}
+}
+
+func (b *Bus) handle(ctx context.Context, log *slog.Logger, opts ServeOptions, msg jetstream.Msg, h HandlerFunc) {
+	rec, err := b.Receive(msg.Subject(), msg.Headers(), msg.Data())
+	if err != nil {
+		// Rejections must not be lost to a canceled serve context.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if rerr := b.Reject(rctx, msg, opts.Name, err); rerr != nil {
+			log.Error("reject failed; message will be redelivered", "subject", msg.Subject(), "err", rerr)
+			_ = msg.NakWithDelay(opts.NakDelay)
+			return
+		}
+		_ = msg.Ack()
+		return
+	}
+	herr := h(ctx, rec, msg)
+	switch {
+	case herr == nil:
+		if err := msg.Ack(); err != nil && ctx.Err() == nil {
+			log.Warn("ack failed", "subject", msg.Subject(), "err", err)
+		}
+	case errors.As(herr, new(permanentError)):
+		log.Error("event handling failed permanently", "subject", msg.Subject(), "type", rec.Event.Type(), "id", rec.Event.ID(), "err", herr)
+		_ = msg.TermWithReason(herr.Error())
+	default:
+		delay := opts.NakDelay
+		if md, err := msg.Metadata(); err == nil {
+			for i := uint64(1); i < md.NumDelivered && delay < 30*time.Second; i++ {
+				delay *= 2
+			}
+		}
+		if ctx.Err() == nil {
+			log.Debug("event handling failed; will retry", "subject", msg.Subject(), "type", rec.Event.Type(), "delay", delay, "err", herr)
+		}
+		_ = msg.NakWithDelay(delay)
+	}
+}

@@ -1,0 +1,337 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus"
+)
+
+// DefaultPool is the executor pool used when none is named.
+const DefaultPool = "default"
+
+// Consumer names. Pool work consumers are named PoolConsumer(pool).
+const (
+	ConsumerDispatcher      = "dispatcher"
+	ConsumerPlanner         = "planner"
+	ConsumerAuditorRuns     = "auditor-runs"
+	ConsumerAuditorWork     = "auditor-work"
+	ConsumerAuditorRejected = "auditor-rejected"
+)
+
+// PoolConsumer returns the name of the durable work consumer shared by all
+// executors of a pool.
+func PoolConsumer(pool string) string { return "pool-" + pool }
+
+// Topology declares every stream, consumer and bucket of one deployment. It
+// is the single place where their limits are set; docs/events.md documents
+// the same values.
+type Topology struct {
+	// Prefix is the subject prefix; default [DefaultPrefix]. Stream and
+	// bucket names are derived from it, so several deployments can share
+	// one NATS account.
+	Prefix string
+	// Pools are the executor pools to provision work consumers for;
+	// default [DefaultPool].
+	Pools []string
+	// Replicas of every stream and bucket; default 1 (3 in deploy/nats).
+	Replicas int
+	// DuplicateWindow of every stream; default 2 minutes.
+	DuplicateWindow time.Duration
+	// RunRetention is how long run events are kept; default 7 days.
+	RunRetention time.Duration
+	// AuditRetention is how long audit records are kept; default 365 days.
+	AuditRetention time.Duration
+}
+
+func (t Topology) withDefaults() Topology {
+	if t.Prefix == "" {
+		t.Prefix = DefaultPrefix
+	}
+	if len(t.Pools) == 0 {
+		t.Pools = []string{DefaultPool}
+	}
+	if t.Replicas == 0 {
+		t.Replicas = 1
+	}
+	if t.DuplicateWindow == 0 {
+		t.DuplicateWindow = 2 * time.Minute
+	}
+	if t.RunRetention == 0 {
+		t.RunRetention = 7 * 24 * time.Hour
+	}
+	if t.AuditRetention == 0 {
+		t.AuditRetention = 365 * 24 * time.Hour
+	}
+	return t
+}
+
+// Validate reports an invalid topology.
+func (t Topology) Validate() error {
+	t = t.withDefaults()
+	if _, err := NewSubjects(t.Prefix); err != nil {
+		return err
+	}
+	if strings.Contains(t.Prefix, ".") {
+		return fmt.Errorf("events: topology prefix %q must be one subject token (stream names derive from it)", t.Prefix)
+	}
+	for _, p := range t.Pools {
+		if !validToken(p) || strings.ContainsAny(p, " \t") {
+			return fmt.Errorf("events: invalid pool name %q", p)
+		}
+	}
+	if t.Replicas < 1 || t.Replicas > 5 {
+		return fmt.Errorf("events: replicas must be 1 to 5, got %d", t.Replicas)
+	}
+	return nil
+}
+
+func (t Topology) name(kind string) string {
+	return strings.ToUpper(t.withDefaults().Prefix) + "_" + kind
+}
+
+// StreamRuns is the stream of every per-run event (limits retention).
+func (t Topology) StreamRuns() string { return t.name("RUNS") }
+
+// StreamWork is the stream of executor work (interest retention, so the
+// auditor can read it alongside the pools).
+func (t Topology) StreamWork() string { return t.name("WORK") }
+
+// StreamRejected is the stream of rejected events.
+func (t Topology) StreamRejected() string { return t.name("REJECTED") }
+
+// StreamAudit is the long-retention audit stream.
+func (t Topology) StreamAudit() string { return t.name("AUDIT") }
+
+// BucketRuns is the key-value bucket of run state (revision-checked).
+func (t Topology) BucketRuns() string { return strings.ToLower(t.withDefaults().Prefix) + "_runs" }
+
+// BucketCatalog is the key-value bucket of action definitions.
+func (t Topology) BucketCatalog() string { return strings.ToLower(t.withDefaults().Prefix) + "_catalog" }
+
+// BucketPresence is the key-value bucket of executor presence (keys expire).
+func (t Topology) BucketPresence() string {
+	return strings.ToLower(t.withDefaults().Prefix) + "_presence"
+}
+
+// PresenceTTL is how long an executor's presence lasts without a refresh.
+const PresenceTTL = 15 * time.Second
+
+// Subjects returns the subjects of the topology's prefix.
+func (t Topology) Subjects() Subjects { return MustSubjects(t.withDefaults().Prefix) }
+
+// Streams returns the stream configurations.
+func (t Topology) Streams() []jetstream.StreamConfig {
+	t = t.withDefaults()
+	s := t.Subjects()
+	base := func(name, desc string, subjects []string) jetstream.StreamConfig {
+		return jetstream.StreamConfig{
+			Name:        name,
+			Description: desc,
+			Subjects:    subjects,
+			Storage:     jetstream.FileStorage,
+			Replicas:    t.Replicas,
+			Duplicates:  t.DuplicateWindow,
+			Discard:     jetstream.DiscardOld,
+		}
+	}
+	runs := base(t.StreamRuns(), "actionbus per-run events", []string{s.AllRuns()})
+	runs.Retention = jetstream.LimitsPolicy
+	runs.MaxAge = t.RunRetention
+	runs.AllowMsgSchedules = true
+
+	work := base(t.StreamWork(), "actionbus executor work", []string{s.AllPools()})
+	work.Retention = jetstream.InterestPolicy
+	work.MaxAge = t.RunRetention
+
+	rejected := base(t.StreamRejected(), "actionbus rejected events", []string{s.AllRejected()})
+	rejected.Retention = jetstream.LimitsPolicy
+	rejected.MaxAge = t.RunRetention
+
+	audit := base(t.StreamAudit(), "actionbus audit records", []string{s.AllAudit()})
+	audit.Retention = jetstream.LimitsPolicy
+	audit.MaxAge = t.AuditRetention
+	return []jetstream.StreamConfig{runs, work, rejected, audit}
+}
+
+// ConsumerSpec is a durable consumer and the stream it reads.
+type ConsumerSpec struct {
+	Stream string
+	Config jetstream.ConsumerConfig
+}
+
+// Delivery settings of every consumer. BackOff replaces AckWait for
+// redeliveries; JetStream redelivery is only for crashes and lost acks, so
+// the first redelivery comes soon and later ones back off.
+var (
+	consumerBackOff = []time.Duration{30 * time.Second, time.Minute, 2 * time.Minute, 5 * time.Minute}
+)
+
+const (
+	// DefaultMaxDeliver bounds redeliveries of one message.
+	DefaultMaxDeliver = 5
+	// DefaultMaxAckPending caps in-flight messages of one consumer.
+	DefaultMaxAckPending = 1000
+)
+
+func durable(name, desc string, filters ...string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        name,
+		Description:    desc,
+		FilterSubjects: filters,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckWait:        consumerBackOff[0],
+		BackOff:        consumerBackOff,
+		MaxDeliver:     DefaultMaxDeliver,
+		MaxAckPending:  DefaultMaxAckPending,
+	}
+}
+
+// Consumers returns the durable consumers.
+func (t Topology) Consumers() []ConsumerSpec {
+	t = t.withDefaults()
+	s := t.Subjects()
+	out := []ConsumerSpec{
+		{t.StreamRuns(), durable(ConsumerDispatcher, "dispatcher: run requests, decisions, results, cancels",
+			s.AnyRun("requested"), s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("cancel"))},
+		{t.StreamRuns(), durable(ConsumerPlanner, "planner: decision requests", s.AnyRun("decide"))},
+		{t.StreamRuns(), durable(ConsumerAuditorRuns, "auditor: every per-run event", s.AllRuns())},
+		{t.StreamWork(), durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools())},
+		{t.StreamRejected(), durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected())},
+	}
+	for _, p := range t.Pools {
+		out = append(out, ConsumerSpec{t.StreamWork(), durable(PoolConsumer(p), "executors of pool "+p, s.PoolRequest(p))})
+	}
+	return out
+}
+
+// Buckets returns the key-value bucket configurations.
+func (t Topology) Buckets() []jetstream.KeyValueConfig {
+	t = t.withDefaults()
+	return []jetstream.KeyValueConfig{
+		{Bucket: t.BucketRuns(), Description: "actionbus run state (revision-checked)", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention},
+		{Bucket: t.BucketCatalog(), Description: "actionbus action catalog", History: 5, Storage: jetstream.FileStorage, Replicas: t.Replicas},
+		{Bucket: t.BucketPresence(), Description: "actionbus executor presence", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: PresenceTTL},
+	}
+}
+
+// Provision creates or updates every stream, consumer and bucket. It is
+// idempotent: running it again changes nothing that is already as declared.
+// It needs JetStream admin rights; services only [Topology.Check].
+func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	for _, sc := range t.Streams() {
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("events: provision stream %s: %w", sc.Name, err)
+		}
+	}
+	for _, cs := range t.Consumers() {
+		if _, err := js.CreateOrUpdateConsumer(ctx, cs.Stream, cs.Config); err != nil {
+			return fmt.Errorf("events: provision consumer %s on %s: %w", cs.Config.Durable, cs.Stream, err)
+		}
+	}
+	for _, kc := range t.Buckets() {
+		if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
+			return fmt.Errorf("events: provision bucket %s: %w", kc.Bucket, err)
+		}
+	}
+	return nil
+}
+
+// Requirements names what one service needs to exist.
+type Requirements struct {
+	Streams   []string
+	Consumers []ConsumerSpec // only Stream and Config.Durable are read
+	Buckets   []string
+}
+
+// Needs returns what a service ("dispatcher", "planner", "executor",
+// "auditor", "client") needs. For "executor", pool names the pool.
+func (t Topology) Needs(service, pool string) Requirements {
+	t = t.withDefaults()
+	c := func(stream, name string) ConsumerSpec {
+		return ConsumerSpec{Stream: stream, Config: jetstream.ConsumerConfig{Durable: name}}
+	}
+	switch service {
+	case "dispatcher":
+		return Requirements{
+			Streams:   []string{t.StreamRuns(), t.StreamWork(), t.StreamRejected()},
+			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerDispatcher)},
+			Buckets:   []string{t.BucketRuns(), t.BucketCatalog()},
+		}
+	case "planner":
+		return Requirements{
+			Streams:   []string{t.StreamRuns(), t.StreamRejected()},
+			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerPlanner)},
+			Buckets:   []string{t.BucketCatalog()},
+		}
+	case "executor":
+		if pool == "" {
+			pool = DefaultPool
+		}
+		return Requirements{
+			Streams:   []string{t.StreamRuns(), t.StreamWork(), t.StreamRejected()},
+			Consumers: []ConsumerSpec{c(t.StreamWork(), PoolConsumer(pool))},
+			Buckets:   []string{t.BucketCatalog(), t.BucketPresence()},
+		}
+	case "auditor":
+		return Requirements{
+			Streams: []string{t.StreamRuns(), t.StreamWork(), t.StreamRejected(), t.StreamAudit()},
+			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerAuditorRuns), c(t.StreamWork(), ConsumerAuditorWork),
+				c(t.StreamRejected(), ConsumerAuditorRejected)},
+		}
+	default:
+		return Requirements{Streams: []string{t.StreamRuns()}}
+	}
+}
+
+// Check verifies that everything in req exists. The error is an
+// *actionbus.Error with code missing_topology whose message names every
+// missing stream, consumer and bucket, and says how to create them.
+func (t Topology) Check(ctx context.Context, js jetstream.JetStream, req Requirements) error {
+	var missing []string
+	var other []error
+	note := func(kind, name string, err error) {
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound),
+			errors.Is(err, jetstream.ErrBucketNotFound):
+			missing = append(missing, kind+" "+name)
+		default:
+			other = append(other, fmt.Errorf("%s %s: %w", kind, name, err))
+		}
+	}
+	for _, s := range req.Streams {
+		if _, err := js.Stream(ctx, s); err != nil {
+			note("stream", s, err)
+		}
+	}
+	for _, c := range req.Consumers {
+		if _, err := js.Consumer(ctx, c.Stream, c.Config.Durable); err != nil {
+			note("consumer", c.Stream+"/"+c.Config.Durable, err)
+		}
+	}
+	for _, b := range req.Buckets {
+		if _, err := js.KeyValue(ctx, b); err != nil {
+			note("bucket", b, err)
+		}
+	}
+	if len(other) > 0 {
+		return fmt.Errorf("events: check topology: %w", errors.Join(other...))
+	}
+	if len(missing) > 0 {
+		return (&actionbus.Error{
+			Code: actionbus.CodeMissingTopology,
+			Message: "missing " + strings.Join(missing, ", ") +
+				"; create them with `actionbus provision --nats <url>`",
+		}).WithDetail("missing", missing)
+	}
+	return nil
+}

@@ -1,0 +1,60 @@
+package events_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+func TestProvisionIsIdempotent(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{SkipProvision: true})
+	ctx := ctxT(t)
+	topo := events.Topology{Pools: []string{"default", "gpu"}}
+	require.NoError(t, topo.Provision(ctx, srv.JS))
+	require.NoError(t, topo.Provision(ctx, srv.JS), "provisioning twice changes nothing")
+	for _, svc := range []string{"dispatcher", "planner", "auditor", "client"} {
+		assert.NoError(t, topo.Check(ctx, srv.JS, topo.Needs(svc, "")), svc)
+	}
+	assert.NoError(t, topo.Check(ctx, srv.JS, topo.Needs("executor", "gpu")))
+
+	for _, cs := range topo.Consumers() {
+		cons, err := srv.JS.Consumer(ctx, cs.Stream, cs.Config.Durable)
+		require.NoError(t, err)
+		cfg := cons.CachedInfo().Config
+		assert.Equal(t, events.DefaultMaxAckPending, cfg.MaxAckPending, cs.Config.Durable)
+		assert.Equal(t, events.DefaultMaxDeliver, cfg.MaxDeliver, cs.Config.Durable)
+		assert.NotEmpty(t, cfg.BackOff, cs.Config.Durable)
+		assert.Equal(t, cfg.BackOff[0], cfg.AckWait)
+	}
+	for _, sc := range topo.Streams() {
+		st, err := srv.JS.Stream(ctx, sc.Name)
+		require.NoError(t, err)
+		assert.Equal(t, 2*time.Minute, st.CachedInfo().Config.Duplicates, sc.Name)
+	}
+}
+
+func TestCheckNamesWhatIsMissing(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{SkipProvision: true})
+	ctx := ctxT(t)
+	topo := events.Topology{}
+	err := topo.Check(ctx, srv.JS, topo.Needs("dispatcher", ""))
+	require.ErrorIs(t, err, actionbus.ErrMissingTopology)
+	for _, want := range []string{"stream AB_RUNS", "consumer AB_RUNS/dispatcher", "bucket ab_runs", "actionbus provision"} {
+		assert.Contains(t, err.Error(), want)
+	}
+	err = topo.Check(ctx, srv.JS, topo.Needs("executor", "gpu"))
+	assert.Contains(t, err.Error(), "consumer AB_WORK/pool-gpu")
+}
+
+func TestTopologyRejectsBadNames(t *testing.T) {
+	assert.Error(t, events.Topology{Prefix: "a.b"}.Validate())
+	assert.Error(t, events.Topology{Pools: []string{"gpu.*"}}.Validate())
+	assert.Error(t, events.Topology{Replicas: 7}.Validate())
+	assert.NoError(t, events.Topology{Prefix: "acme", Pools: []string{"io-bound"}}.Validate())
+}

@@ -1,0 +1,222 @@
+package events
+
+import (
+	"time"
+
+	"github.com/actionbus/actionbus"
+)
+
+// Event types. Every type is io.actionbus.<noun>.<verb>.
+const (
+	TypeRunRequested      = "io.actionbus.run.requested"
+	TypeRunStarted        = "io.actionbus.run.started"
+	TypeRunStep           = "io.actionbus.run.step"
+	TypeRunCompleted      = "io.actionbus.run.completed"
+	TypeRunFailed         = "io.actionbus.run.failed"
+	TypeRunCanceled       = "io.actionbus.run.canceled"
+	TypeCancelRequested   = "io.actionbus.cancel.requested"
+	TypeDecisionRequested = "io.actionbus.decision.requested"
+	TypeDecisionMade      = "io.actionbus.decision.made"
+	TypeActionRequested   = "io.actionbus.action.requested"
+	TypeActionCompleted   = "io.actionbus.action.completed"
+	TypeActionFailed      = "io.actionbus.action.failed"
+	TypeEventRejected     = "io.actionbus.event.rejected"
+	TypeAuditRecorded     = "io.actionbus.audit.recorded"
+)
+
+// Origins of action input (see the Conventions in docs/architecture.md).
+const (
+	// OriginModel marks input written by a planner (an LLM or a script):
+	// undeclared and host-only keys are stripped before the handler sees it.
+	OriginModel = "model"
+	// OriginHost marks input written by the host application (workflows,
+	// exec): it is trusted as far as its schema allows.
+	OriginHost = "host"
+)
+
+// Decision types a planner may return.
+const (
+	DecisionAction  = "action"
+	DecisionPlan    = "plan"
+	DecisionClarify = "clarify"
+	DecisionFinal   = "final"
+)
+
+// RunRequested asks the dispatcher to start a run. It is the one event that
+// users publish themselves, from any language.
+type RunRequested struct {
+	RunID        string         `json:"runId"`
+	Prompt       string         `json:"prompt,omitempty"`
+	Scenario     string         `json:"scenario,omitempty"`
+	Workflow     map[string]any `json:"workflow,omitempty"`
+	UserID       string         `json:"userId,omitempty"`
+	AllowedModes []string       `json:"allowedModes,omitempty"`
+	Metadata     map[string]any `json:"metadata,omitempty"`
+	// DeadlineMs bounds the whole run; 0 means the dispatcher's default.
+	DeadlineMs int64 `json:"deadlineMs,omitempty"`
+}
+
+// RunStarted records that the dispatcher accepted a run.
+type RunStarted struct {
+	RunID    string `json:"runId"`
+	Kind     string `json:"kind"`
+	Scenario string `json:"scenario,omitempty"`
+}
+
+// RunStep is one progress step of a run, named with the telemetry step names
+// (observe, decide, plan-executing, action-started, ...).
+type RunStep struct {
+	RunID     string `json:"runId"`
+	Name      string `json:"name"`
+	Cycle     int    `json:"cycle"`
+	PlanIndex *int   `json:"planIndex,omitempty"`
+	Action    string `json:"action,omitempty"`
+	Message   string `json:"message,omitempty"`
+	Status    string `json:"status,omitempty"`
+}
+
+// RunCompleted is the terminal event of a successful run.
+type RunCompleted struct {
+	RunID     string   `json:"runId"`
+	Answer    string   `json:"answer,omitempty"`
+	Output    any      `json:"output,omitempty"`
+	Citations []string `json:"citations,omitempty"`
+	Cycles    int      `json:"cycles"`
+}
+
+// RunFailed is the terminal event of a failed run.
+type RunFailed struct {
+	RunID  string          `json:"runId"`
+	Error  actionbus.Error `json:"error"`
+	Cycles int             `json:"cycles"`
+}
+
+// RunCanceled is the terminal event of a canceled run.
+type RunCanceled struct {
+	RunID  string `json:"runId"`
+	Reason string `json:"reason,omitempty"`
+	Cycles int    `json:"cycles"`
+}
+
+// CancelRequested asks the dispatcher to cancel a run.
+type CancelRequested struct {
+	RunID       string `json:"runId"`
+	Reason      string `json:"reason,omitempty"`
+	RequestedBy string `json:"requestedBy,omitempty"`
+}
+
+// Observation is what the planner sees of one executed action.
+type Observation struct {
+	Cycle     int              `json:"cycle"`
+	PlanIndex *int             `json:"planIndex,omitempty"`
+	Action    string           `json:"action"`
+	OK        bool             `json:"ok"`
+	Output    any              `json:"output,omitempty"`
+	Summary   string           `json:"summary,omitempty"`
+	Error     *actionbus.Error `json:"error,omitempty"`
+}
+
+// DecisionRequested asks a planner for the next decision of a run.
+type DecisionRequested struct {
+	RunID        string        `json:"runId"`
+	Cycle        int           `json:"cycle"`
+	Prompt       string        `json:"prompt,omitempty"`
+	Scenario     string        `json:"scenario,omitempty"`
+	Observations []Observation `json:"observations"`
+	// Feedback explains why the previous decision was rejected, so the
+	// planner can correct itself.
+	Feedback *actionbus.Error `json:"feedback,omitempty"`
+}
+
+// Decision is one planner envelope: action, plan, clarify or final.
+type Decision struct {
+	Type                  string         `json:"type"`
+	Name                  string         `json:"name,omitempty"`
+	Args                  map[string]any `json:"args,omitempty"`
+	Reasoning             string         `json:"reasoning,omitempty"`
+	Actions               []Decision     `json:"actions,omitempty"`
+	PartialOK             bool           `json:"partial_ok,omitempty"`
+	SynthesizeInstruction string         `json:"synthesize_instruction,omitempty"`
+	Question              string         `json:"question,omitempty"`
+	Answer                string         `json:"answer,omitempty"`
+	Citations             []string       `json:"citations,omitempty"`
+}
+
+// DecisionMade carries a planner's decision for one cycle.
+type DecisionMade struct {
+	RunID    string   `json:"runId"`
+	Cycle    int      `json:"cycle"`
+	Decision Decision `json:"decision"`
+	Planner  string   `json:"planner,omitempty"`
+}
+
+// ActionRequested asks an executor of a pool to run one action call.
+type ActionRequested struct {
+	RunID     string         `json:"runId"`
+	CallID    string         `json:"callId"`
+	Cycle     int            `json:"cycle"`
+	PlanIndex int            `json:"planIndex"`
+	Attempt   int            `json:"attempt"`
+	Action    string         `json:"action"`
+	Args      map[string]any `json:"args"`
+	Origin    string         `json:"origin"`
+	UserID    string         `json:"userId,omitempty"`
+	TimeoutMs int64          `json:"timeoutMs,omitempty"`
+}
+
+// ActionCompleted is the successful result of one action call.
+type ActionCompleted struct {
+	RunID      string `json:"runId"`
+	CallID     string `json:"callId"`
+	Cycle      int    `json:"cycle"`
+	PlanIndex  int    `json:"planIndex"`
+	Attempt    int    `json:"attempt"`
+	Action     string `json:"action"`
+	Output     any    `json:"output,omitempty"`
+	Summary    string `json:"summary,omitempty"`
+	Complete   bool   `json:"complete,omitempty"`
+	DurationMs int64  `json:"durationMs"`
+	Executor   string `json:"executor,omitempty"`
+}
+
+// ActionFailed is the failed result of one action call.
+type ActionFailed struct {
+	RunID      string          `json:"runId"`
+	CallID     string          `json:"callId"`
+	Cycle      int             `json:"cycle"`
+	PlanIndex  int             `json:"planIndex"`
+	Attempt    int             `json:"attempt"`
+	Action     string          `json:"action"`
+	Error      actionbus.Error `json:"error"`
+	DurationMs int64           `json:"durationMs"`
+	Executor   string          `json:"executor,omitempty"`
+}
+
+// EventRejected carries an event that failed decoding or validation, with
+// the reason and everything needed to inspect or replay it.
+type EventRejected struct {
+	Reason          actionbus.Error     `json:"reason"`
+	RunID           string              `json:"runId,omitempty"`
+	OriginalSubject string              `json:"originalSubject"`
+	OriginalHeaders map[string][]string `json:"originalHeaders,omitempty"`
+	OriginalData    []byte              `json:"originalData,omitempty"`
+	Stream          string              `json:"stream,omitempty"`
+	StreamSequence  uint64              `json:"streamSequence,omitempty"`
+	Consumer        string              `json:"consumer,omitempty"`
+}
+
+// AuditRecorded is one record of the audit stream.
+type AuditRecorded struct {
+	RunID        string    `json:"runId"`
+	EventID      string    `json:"eventId"`
+	EventType    string    `json:"eventType"`
+	EventSubject string    `json:"eventSubject"`
+	EventSource  string    `json:"eventSource"`
+	EventTime    time.Time `json:"eventTime"`
+	Action       string    `json:"action,omitempty"`
+	Status       string    `json:"status,omitempty"`
+	Summary      string    `json:"summary,omitempty"`
+	PayloadHash  string    `json:"payloadHash"`
+	PrevHash     string    `json:"prevHash"`
+	Hash         string    `json:"hash"`
+}

@@ -1,0 +1,71 @@
+package events
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/schema"
+	"github.com/actionbus/actionbus/schemas"
+)
+
+var (
+	compileOnce sync.Once
+	compiled    map[string]*schema.Compiled
+	compileErr  error
+)
+
+// dataSchemas compiles the embedded data schema of every catalog entry once.
+func dataSchemas() (map[string]*schema.Compiled, error) {
+	compileOnce.Do(func() {
+		set := schema.NewSet()
+		if compileErr = set.AddFS(schemas.FS, schemas.BaseURL); compileErr != nil {
+			return
+		}
+		compiled = make(map[string]*schema.Compiled, len(Catalog))
+		for _, entry := range Catalog {
+			c, err := set.Compile(schemas.BaseURL + entry.Schema)
+			if err != nil {
+				compileErr = fmt.Errorf("events: schema of %s: %w", entry.Type, err)
+				return
+			}
+			compiled[entry.Type] = c
+		}
+	})
+	return compiled, compileErr
+}
+
+// SchemaURL returns the dataschema URL of an event type ("" if unknown).
+func SchemaURL(eventType string) string {
+	if e, ok := Lookup(eventType); ok {
+		return schemas.BaseURL + e.Schema
+	}
+	return ""
+}
+
+// Validate checks an event the way every consumer and publisher does: the
+// CloudEvent attributes are valid, the type is in the [Catalog], the data
+// decodes with the codec its datacontenttype names, and the data is valid
+// against the type's JSON Schema. Errors are *actionbus.Error with codes
+// malformed_event, unknown_event_type, unsupported_content_type or
+// schema_validation. Validate never panics on input.
+func Validate(e *event.Event) error {
+	if err := e.Validate(); err != nil {
+		return actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: %w", err)
+	}
+	all, err := dataSchemas()
+	if err != nil {
+		return err
+	}
+	sc, ok := all[e.Type()]
+	if !ok {
+		return actionbus.Errorf(actionbus.CodeUnknownEventType, "event type %q is not in the catalog", e.Type())
+	}
+	doc, err := jsonInstance(e)
+	if err != nil {
+		return err
+	}
+	return sc.ValidateJSON(doc)
+}

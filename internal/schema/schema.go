@@ -1,0 +1,178 @@
+// Package schema validates JSON documents against JSON Schemas (draft
+// 2020-12, via github.com/santhosh-tekuri/jsonschema/v6) and reports every
+// violation as a JSON-Pointer path with a readable reason.
+//
+// It is shared by the event layer (data schemas of event types) and the
+// action layer (input and output schemas of actions). It knows nothing about
+// events or actions.
+package schema
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+
+	"github.com/actionbus/actionbus"
+)
+
+var printer = message.NewPrinter(language.English)
+
+// Issue is one schema violation.
+type Issue struct {
+	// Path is the JSON Pointer of the offending value ("" is the root).
+	Path string `json:"path"`
+	// Reason says what is wrong, e.g. "missing property 'runId'".
+	Reason string `json:"reason"`
+}
+
+// Compiled is a compiled schema. It is safe for concurrent use.
+type Compiled struct {
+	s *jsonschema.Schema
+}
+
+// Set is a set of schema documents that may reference each other.
+type Set struct {
+	c      *jsonschema.Compiler
+	loaded map[string]bool
+}
+
+// NewSet returns an empty set. Schemas may not load anything from the
+// network or the file system: only documents added with Add are known.
+func NewSet() *Set {
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft2020)
+	c.UseLoader(denyLoader{})
+	return &Set{c: c, loaded: map[string]bool{}}
+}
+
+type denyLoader struct{}
+
+func (denyLoader) Load(url string) (any, error) {
+	return nil, fmt.Errorf("schema: %s is not a known schema (remote loading is disabled)", url)
+}
+
+// Add adds a schema document under url.
+func (s *Set) Add(url string, doc []byte) error {
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return fmt.Errorf("schema: parse %s: %w", url, err)
+	}
+	if err := s.c.AddResource(url, v); err != nil {
+		return fmt.Errorf("schema: add %s: %w", url, err)
+	}
+	s.loaded[url] = true
+	return nil
+}
+
+// AddFS adds every *.json file of fsys under baseURL+name.
+func (s *Set) AddFS(fsys fs.FS, baseURL string) error {
+	names, err := fs.Glob(fsys, "*.json")
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		b, err := fs.ReadFile(fsys, n)
+		if err != nil {
+			return err
+		}
+		if err := s.Add(baseURL+n, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Compile compiles the schema at url (added before).
+func (s *Set) Compile(url string) (*Compiled, error) {
+	sc, err := s.c.Compile(url)
+	if err != nil {
+		return nil, fmt.Errorf("schema: compile %s: %w", url, err)
+	}
+	return &Compiled{s: sc}, nil
+}
+
+// CompileDocument compiles one standalone schema document.
+func CompileDocument(url string, doc []byte) (*Compiled, error) {
+	s := NewSet()
+	if err := s.Add(url, doc); err != nil {
+		return nil, err
+	}
+	return s.Compile(url)
+}
+
+// ValidateJSON validates a JSON document. It returns nil, or an
+// *actionbus.Error with code schema_validation whose details hold "issues"
+// ([]Issue, sorted by path).
+func (c *Compiled) ValidateJSON(doc []byte) error {
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return actionbus.Errorf(actionbus.CodeSchemaValidation, "not a JSON document: %w", err)
+	}
+	return c.Validate(v)
+}
+
+// Validate validates a value produced by jsonschema.UnmarshalJSON (or any
+// value made of map[string]any, []any, string, bool, nil, json.Number and
+// float64). Errors are as for ValidateJSON.
+func (c *Compiled) Validate(v any) error {
+	err := c.s.Validate(v)
+	if err == nil {
+		return nil
+	}
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return actionbus.Errorf(actionbus.CodeSchemaValidation, "%w", err)
+	}
+	issues := Issues(ve)
+	msgs := make([]string, 0, len(issues))
+	for _, is := range issues {
+		p := is.Path
+		if p == "" {
+			p = "/"
+		}
+		msgs = append(msgs, p+": "+is.Reason)
+	}
+	return (&actionbus.Error{
+		Code:    actionbus.CodeSchemaValidation,
+		Message: strings.Join(msgs, "; "),
+	}).WithDetail("issues", issues)
+}
+
+// Issues flattens a validation error into its leaf violations.
+func Issues(ve *jsonschema.ValidationError) []Issue {
+	var out []Issue
+	var walk func(e *jsonschema.ValidationError)
+	walk = func(e *jsonschema.ValidationError) {
+		if len(e.Causes) == 0 {
+			out = append(out, Issue{Path: Pointer(e.InstanceLocation), Reason: e.ErrorKind.LocalizedString(printer)})
+			return
+		}
+		for _, c := range e.Causes {
+			walk(c)
+		}
+	}
+	walk(ve)
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out
+}
+
+// Pointer renders path tokens as a JSON Pointer (RFC 6901).
+func Pointer(tokens []string) string {
+	if len(tokens) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for _, t := range tokens {
+		b.WriteByte('/')
+		t = strings.ReplaceAll(t, "~", "~0")
+		b.WriteString(strings.ReplaceAll(t, "/", "~1"))
+	}
+	return b.String()
+}
