@@ -128,7 +128,9 @@ func (b *Bus) New(eventType, id, runID string, data any, ext ...Extension) (*eve
 // Publish validates e and publishes it on subject with Nats-Msg-Id set to the
 // event id. A republished event with the same id within the stream's
 // duplicate window is stored once (the ack then reports Duplicate).
-func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event) (*jetstream.PubAck, error) {
+// Extra options (e.g. jetstream.WithExpectLastSequencePerSubject) are passed
+// to JetStream.
+func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
 	if err := Validate(e); err != nil {
 		return nil, fmt.Errorf("events: publish %s: %w", e.Type(), err)
 	}
@@ -136,7 +138,7 @@ func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event) (*jet
 	if err != nil {
 		return nil, err
 	}
-	ack, err := b.js.PublishMsg(ctx, msg)
+	ack, err := b.js.PublishMsg(ctx, msg, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("events: publish %s on %s: %w", e.Type(), subject, err)
 	}

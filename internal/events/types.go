@@ -54,12 +54,22 @@ type RunRequested struct {
 	Metadata     map[string]any `json:"metadata,omitempty"`
 	// DeadlineMs bounds the whole run; 0 means the dispatcher's default.
 	DeadlineMs int64 `json:"deadlineMs,omitempty"`
+	// Action makes the run a one-action host-origin run (actionbus exec):
+	// no planner is asked; the run ends with the action's result.
+	Action *ActionCall `json:"action,omitempty"`
+}
+
+// ActionCall names an action and its input.
+type ActionCall struct {
+	Name string         `json:"name"`
+	Args map[string]any `json:"args,omitempty"`
 }
 
 // RunStarted records that the dispatcher accepted a run.
 type RunStarted struct {
 	RunID    string `json:"runId"`
 	Kind     string `json:"kind"`
+	Prompt   string `json:"prompt,omitempty"`
 	Scenario string `json:"scenario,omitempty"`
 }
 
@@ -148,6 +158,9 @@ type DecisionMade struct {
 	Cycle    int      `json:"cycle"`
 	Decision Decision `json:"decision"`
 	Planner  string   `json:"planner,omitempty"`
+	// Error is set, instead of a usable decision, when the planner could
+	// not decide (unknown scenario, provider failure). It fails the run.
+	Error *actionbus.Error `json:"error,omitempty"`
 }
 
 // ActionRequested asks an executor of a pool to run one action call.

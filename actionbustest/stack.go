@@ -1,0 +1,74 @@
+package actionbustest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/dispatch"
+	"github.com/actionbus/actionbus/internal/planner"
+	"github.com/actionbus/actionbus/internal/stack"
+)
+
+// StackOptions configures [Server.StartStack].
+type StackOptions struct {
+	// Scenarios is a scenario document (YAML or JSON) for the script
+	// planner: {scenarios: {NAME: {decisions: [...]}}}.
+	Scenarios string
+	// Executors is the number of executor instances; default 1.
+	Executors int
+	// Slots per executor; default 8.
+	Slots int
+	// Register registers your actions on each executor instance.
+	Register func(*executor.Executor) error
+	// MaxPlanParallel bounds a plan's actions in flight; default 8.
+	MaxPlanParallel int
+	// NoAuditor leaves the auditor out.
+	NoAuditor bool
+}
+
+// Stack is the four services running in the test's process.
+type Stack struct {
+	// Client publishes and follows runs.
+	Client *client.Client
+	// Executors are the executor instances, in start order.
+	Executors []*executor.Executor
+}
+
+// StartStack starts the dispatcher, the script planner, the auditor and
+// opts.Executors executors (with your actions) against the server, and
+// returns once they serve. Everything stops, and is checked to have stopped
+// cleanly, in t.Cleanup.
+func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
+	t.Helper()
+	scenarios := map[string]planner.Scenario{}
+	if opts.Scenarios != "" {
+		var err error
+		if scenarios, err = planner.ParseScenarios([]byte(opts.Scenarios)); err != nil {
+			t.Fatalf("actionbustest: %v", err)
+		}
+	}
+	script, err := planner.NewScript(scenarios)
+	if err != nil {
+		t.Fatalf("actionbustest: %v", err)
+	}
+	st, err := stack.Start(context.Background(), s.Connect(t), stack.Config{
+		Prefix: s.Prefix, Provider: script, Executors: opts.Executors, Slots: opts.Slots,
+		Register: opts.Register, NoAuditor: opts.NoAuditor,
+		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel},
+	})
+	if err != nil {
+		t.Fatalf("actionbustest: start stack: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := st.Stop(); err != nil {
+			t.Errorf("actionbustest: stack stopped with errors: %v", err)
+		}
+	})
+	c, err := client.New(s.Connect(t), client.Options{Prefix: s.Prefix})
+	if err != nil {
+		t.Fatalf("actionbustest: client: %v", err)
+	}
+	return &Stack{Client: c, Executors: st.Executors}
+}

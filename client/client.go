@@ -1,0 +1,264 @@
+// Package client publishes actionbus runs and follows them from Go: start a
+// run (a prompt for an agent run, or one action), follow its events live,
+// wait for its terminal event, cancel it, read the action catalog.
+//
+// Other languages do the same by publishing the documented CloudEvents
+// (docs/events.md) directly; this package adds nothing they cannot do.
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// Options configures a [Client].
+type Options struct {
+	// Prefix is the subject prefix; default "ab".
+	Prefix string
+	// Source is the CloudEvent source of published events; default
+	// "/actionbus/client".
+	Source string
+}
+
+// Client publishes and follows runs. It is safe for concurrent use.
+type Client struct {
+	js   jetstream.JetStream
+	bus  *events.Bus
+	topo events.Topology
+}
+
+// New returns a client using nc.
+func New(nc *nats.Conn, opts ...Options) (*Client, error) {
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	if o.Source == "" {
+		o.Source = "/actionbus/client"
+	}
+	topo := events.Topology{Prefix: o.Prefix}
+	if err := topo.Validate(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	bus, err := events.NewBus(js, events.BusConfig{Prefix: o.Prefix, Source: o.Source})
+	if err != nil {
+		return nil, err
+	}
+	return &Client{js: js, bus: bus, topo: topo}, nil
+}
+
+// ActionCall names an action and its input.
+type ActionCall struct {
+	Name string
+	Args map[string]any
+}
+
+// RunRequest describes a run to start.
+type RunRequest struct {
+	// RunID is the run's id; a fresh ULID when empty. Reusing an id
+	// deduplicates: the run starts once.
+	RunID string
+	// Prompt is the user's request for an agent run.
+	Prompt string
+	// Scenario names the script planner's scenario.
+	Scenario string
+	// Action, when set, makes a one-action host-origin run: no planner is
+	// asked and the run ends with the action's result.
+	Action *ActionCall
+	// UserID is who the run acts for.
+	UserID string
+	// AllowedModes are the action modes the run may use; default read,
+	// draft and dryRun.
+	AllowedModes []string
+	// Metadata is request-scoped data for policies, handlers and audit.
+	Metadata map[string]any
+	// Deadline bounds the whole run; 0 means the dispatcher's default.
+	Deadline time.Duration
+}
+
+// Start publishes a run.requested event and returns the run id.
+func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
+	if req.RunID == "" {
+		req.RunID = events.NewID()
+	}
+	data := &events.RunRequested{RunID: req.RunID, Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
+		AllowedModes: req.AllowedModes, Metadata: req.Metadata, DeadlineMs: req.Deadline.Milliseconds()}
+	if req.Action != nil {
+		data.Action = &events.ActionCall{Name: req.Action.Name, Args: req.Action.Args}
+	}
+	if _, err := c.bus.Emit(ctx, events.TypeRunRequested, req.RunID, req.RunID, "", data); err != nil {
+		return "", fmt.Errorf("client: start run: %w", err)
+	}
+	return req.RunID, nil
+}
+
+// Cancel asks the dispatcher to cancel a run. A run that already ended is
+// not changed.
+func (c *Client) Cancel(ctx context.Context, runID, reason string) error {
+	_, err := c.bus.Emit(ctx, events.TypeCancelRequested, events.NewID(), runID, "",
+		&events.CancelRequested{RunID: runID, Reason: reason, RequestedBy: "client"})
+	return err
+}
+
+// Event is one event of a run, as followed by [Client.Follow].
+type Event struct {
+	ID      string
+	Type    string
+	Subject string
+	Time    time.Time
+	RunID   string
+	// Data is the event's data as JSON.
+	Data json.RawMessage
+}
+
+// Step decodes a run.step event's data.
+func (e Event) Step() (Step, bool) {
+	var s Step
+	if e.Type != events.TypeRunStep || json.Unmarshal(e.Data, &s) != nil {
+		return Step{}, false
+	}
+	return s, true
+}
+
+// Step is one progress step of a run.
+type Step struct {
+	Name      string `json:"name"`
+	Cycle     int    `json:"cycle"`
+	PlanIndex *int   `json:"planIndex,omitempty"`
+	Action    string `json:"action,omitempty"`
+	Message   string `json:"message,omitempty"`
+	Status    string `json:"status,omitempty"`
+}
+
+// Run statuses of a [Result].
+const (
+	StatusCompleted = "completed"
+	StatusFailed    = "failed"
+	StatusCanceled  = "canceled"
+)
+
+// Result is the terminal state of a run.
+type Result struct {
+	RunID     string
+	Status    string
+	Answer    string
+	Output    any
+	Citations []string
+	// Error is set when Status is failed.
+	Error *actionbus.Error
+	// Reason is set when Status is canceled.
+	Reason string
+	Cycles int
+}
+
+// Follow delivers every event of a run to fn (when not nil), from the
+// run's first event, until its terminal event, and returns the run's
+// result. It waits as long as ctx allows.
+func (c *Client) Follow(ctx context.Context, runID string, fn func(Event)) (*Result, error) {
+	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamRuns(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.topo.Subjects().RunEvents(runID)},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("client: follow %s: %w", runID, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("client: follow %s: %w", runID, err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("client: follow %s: %w", runID, err)
+		}
+		r, err := c.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
+		if err != nil {
+			continue // the dispatcher rejects and reports bad events; followers skip them
+		}
+		data, _ := json.Marshal(r.Data)
+		ev := Event{ID: r.Event.ID(), Type: r.Event.Type(), Subject: r.Subject, Time: r.Event.Time(), RunID: runID, Data: data}
+		if fn != nil {
+			fn(ev)
+		}
+		if res := terminal(r); res != nil {
+			return res, nil
+		}
+	}
+}
+
+func terminal(r *events.Received) *Result {
+	switch d := r.Data.(type) {
+	case *events.RunCompleted:
+		return &Result{RunID: d.RunID, Status: StatusCompleted, Answer: d.Answer, Output: d.Output, Citations: d.Citations, Cycles: d.Cycles}
+	case *events.RunFailed:
+		e := d.Error
+		return &Result{RunID: d.RunID, Status: StatusFailed, Error: &e, Cycles: d.Cycles}
+	case *events.RunCanceled:
+		return &Result{RunID: d.RunID, Status: StatusCanceled, Reason: d.Reason, Cycles: d.Cycles}
+	}
+	return nil
+}
+
+// Wait waits for a run's terminal event and returns its result.
+func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
+	return c.Follow(ctx, runID, nil)
+}
+
+// Run starts a run and follows it to its end.
+func (c *Client) Run(ctx context.Context, req RunRequest, fn func(Event)) (*Result, error) {
+	id, err := c.Start(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return c.Follow(ctx, id, fn)
+}
+
+// ActionInfo is one action of the catalog.
+type ActionInfo struct {
+	Name        string
+	Description string
+	Mode        string
+	Tier        int
+	Pool        string
+	Version     string
+	Hash        string
+	InputSchema json.RawMessage
+}
+
+// Actions lists the catalog, sorted by name.
+func (c *Client) Actions(ctx context.Context) ([]ActionInfo, error) {
+	kv, err := c.js.KeyValue(ctx, c.topo.BucketCatalog())
+	if err != nil {
+		return nil, fmt.Errorf("client: catalog: %w", err)
+	}
+	entries, err := actions.NewCatalog(kv).List(ctx)
+	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, err
+	}
+	out := make([]ActionInfo, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, ActionInfo{Name: e.Name, Description: e.Description, Mode: string(e.Mode), Tier: e.Tier,
+			Pool: e.Pool, Version: e.Version, Hash: e.Hash, InputSchema: e.InputSchema})
+	}
+	return out, nil
+}

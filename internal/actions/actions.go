@@ -1,0 +1,225 @@
+// Package actions defines what an action is: its definition (name, mode,
+// tier, schemas, version), the handler contract ({Output, Summary,
+// Complete} or an error), the in-process registry of one executor, and the
+// shared catalog of every pool's definitions in a JetStream key-value
+// bucket.
+//
+// It does not run actions (the executor package does) and does not decide
+// whether an action may run (the policy package does).
+package actions
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/gowebpki/jcs"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/schema"
+)
+
+// Mode says what an action does to the world.
+type Mode string
+
+// The action modes.
+const (
+	ModeRead   Mode = "read"
+	ModeDraft  Mode = "draft"
+	ModeDryRun Mode = "dryRun"
+	ModeMutate Mode = "mutate"
+)
+
+// Valid reports whether m is one of the four modes.
+func (m Mode) Valid() bool {
+	switch m {
+	case ModeRead, ModeDraft, ModeDryRun, ModeMutate:
+		return true
+	}
+	return false
+}
+
+// Definition describes one action. It is what executors publish to the
+// catalog and what planners and the dispatcher read.
+type Definition struct {
+	// Name is unique per catalog; letters, digits, '.', '_' and '-'.
+	Name string `json:"name"`
+	// Description is a short planner-facing description.
+	Description string `json:"description"`
+	// Mode is read, draft, dryRun or mutate; default read.
+	Mode Mode `json:"mode"`
+	// Tier is the default policy tier, 0 (allow) to 3 (deny).
+	Tier int `json:"tier"`
+	// InputSchema is the JSON Schema of the input (the args schema).
+	InputSchema json.RawMessage `json:"inputSchema,omitempty"`
+	// OutputSchema is the JSON Schema of the output.
+	OutputSchema json.RawMessage `json:"outputSchema,omitempty"`
+	// Version of the definition; default "1". Publishing another
+	// definition under the same name and version is a conflict.
+	Version string `json:"version"`
+	// TimeoutMs bounds one execution; 0 means the executor's default.
+	TimeoutMs int64 `json:"timeoutMs,omitempty"`
+	// Pool is the executor pool that hosts the action.
+	Pool string `json:"pool"`
+}
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// Normalize fills defaults and validates the definition.
+func (d *Definition) Normalize() error {
+	if !namePattern.MatchString(d.Name) {
+		return fmt.Errorf("actions: invalid action name %q (letters, digits, '.', '_', '-'; up to 128)", d.Name)
+	}
+	if d.Mode == "" {
+		d.Mode = ModeRead
+	}
+	if !d.Mode.Valid() {
+		return fmt.Errorf("actions: %s: unknown mode %q", d.Name, d.Mode)
+	}
+	if d.Tier < 0 || d.Tier > 3 {
+		return fmt.Errorf("actions: %s: tier must be 0 to 3, got %d", d.Name, d.Tier)
+	}
+	if d.Version == "" {
+		d.Version = "1"
+	}
+	for _, s := range []json.RawMessage{d.InputSchema, d.OutputSchema} {
+		if len(s) == 0 {
+			continue
+		}
+		if _, err := schema.CompileDocument("mem://"+d.Name, s); err != nil {
+			return fmt.Errorf("actions: %s: %w", d.Name, err)
+		}
+	}
+	return nil
+}
+
+// Hash is the SHA-256 over the RFC 8785 canonical JSON of the definition:
+// two executors publishing the same name and version must agree on it.
+func (d Definition) Hash() string {
+	b, err := json.Marshal(d)
+	if err != nil {
+		panic(err) // a Definition always marshals
+	}
+	canon, err := jcs.Transform(b)
+	if err != nil {
+		canon = b
+	}
+	sum := sha256.Sum256(canon)
+	return hex.EncodeToString(sum[:])
+}
+
+// Call is one invocation of an action as a handler sees it.
+type Call struct {
+	RunID   string
+	CallID  string
+	Action  string
+	UserID  string
+	Origin  string
+	Attempt int
+	// Input is the validated input as JSON.
+	Input json.RawMessage
+}
+
+// Result is what a handler returns: the output, a short summary for the
+// run's history, and whether the action completes the run.
+type Result struct {
+	Output   any
+	Summary  string
+	Complete bool
+}
+
+// Handler runs one call. Its ctx is canceled when the call times out or the
+// run is canceled.
+type Handler func(ctx context.Context, call Call) (Result, error)
+
+// Registered is a definition with its handler and compiled schemas.
+type Registered struct {
+	Def     Definition
+	Handler Handler
+	input   *schema.Compiled
+	output  *schema.Compiled
+}
+
+// ValidateInput checks input against the input schema.
+func (r *Registered) ValidateInput(input []byte) error {
+	if r.input == nil {
+		return nil
+	}
+	return r.input.ValidateJSON(input)
+}
+
+// ValidateOutput checks output against the output schema.
+func (r *Registered) ValidateOutput(output []byte) error {
+	if r.output == nil {
+		return nil
+	}
+	return r.output.ValidateJSON(output)
+}
+
+// Registry holds the actions of one executor. It is safe for concurrent use.
+type Registry struct {
+	mu      sync.RWMutex
+	actions map[string]*Registered
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{actions: map[string]*Registered{}} }
+
+// Register adds an action. Registering a name twice fails with
+// action_already_registered.
+func (r *Registry) Register(def Definition, h Handler) error {
+	if h == nil {
+		return fmt.Errorf("actions: %s: nil handler", def.Name)
+	}
+	if err := def.Normalize(); err != nil {
+		return err
+	}
+	reg := &Registered{Def: def, Handler: h}
+	var err error
+	if len(def.InputSchema) > 0 {
+		if reg.input, err = schema.CompileDocument("mem://"+def.Name+"/input", def.InputSchema); err != nil {
+			return err
+		}
+	}
+	if len(def.OutputSchema) > 0 {
+		if reg.output, err = schema.CompileDocument("mem://"+def.Name+"/output", def.OutputSchema); err != nil {
+			return err
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.actions[def.Name]; dup {
+		return actionbus.Errorf(actionbus.CodeActionAlreadyExists, "action %q is already registered", def.Name)
+	}
+	r.actions[def.Name] = reg
+	return nil
+}
+
+// Lookup returns a registered action.
+func (r *Registry) Lookup(name string) (*Registered, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	a, ok := r.actions[name]
+	return a, ok
+}
+
+// Definitions returns every definition, sorted by name.
+func (r *Registry) Definitions() []Definition {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]Definition, 0, len(r.actions))
+	for _, a := range r.actions {
+		out = append(out, a.Def)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// DefaultTimeout bounds an action without its own timeout.
+const DefaultTimeout = 30 * time.Second

@@ -1,0 +1,199 @@
+// Package audit is the auditor service: it consumes every stream of the
+// deployment and publishes one audit record per event on the run's audit
+// subject. Records of a run form a hash chain (each record hashes the
+// previous one), so removing or altering a record is detectable.
+//
+// The auditor never changes or acknowledges on behalf of other services; it
+// has its own durable consumers.
+package audit
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/gowebpki/jcs"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/keymutex"
+)
+
+// NoRun is the audit subject token of events that belong to no run.
+const NoRun = "norun"
+
+// Config configures a [Service].
+type Config struct {
+	// Prefix is the subject prefix; default "ab".
+	Prefix string
+	// Concurrency bounds events audited at once per consumer; default 16.
+	Concurrency int
+	// Logger receives the auditor's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Service is the auditor service.
+type Service struct {
+	cfg    Config
+	js     jetstream.JetStream
+	bus    *events.Bus
+	topo   events.Topology
+	log    *slog.Logger
+	locks  *keymutex.Striped
+	stream jetstream.Stream
+}
+
+// New returns an auditor using nc.
+func New(nc *nats.Conn, cfg Config) (*Service, error) {
+	if cfg.Prefix == "" {
+		cfg.Prefix = events.DefaultPrefix
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 16
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger.With("service", "auditor")
+	bus, err := events.NewBus(js, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/auditor", Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	return &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256)}, nil
+}
+
+// Run audits until ctx ends.
+func (s *Service) Run(ctx context.Context) error {
+	if err := s.topo.Check(ctx, s.js, s.topo.Needs("auditor", "")); err != nil {
+		return err
+	}
+	var err error
+	if s.stream, err = s.js.Stream(ctx, s.topo.StreamAudit()); err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for _, c := range s.topo.Needs("auditor", "").Consumers {
+		cons, err := s.js.Consumer(ctx, c.Stream, c.Config.Durable)
+		if err != nil {
+			return err
+		}
+		name := c.Config.Durable
+		g.Go(func() error {
+			return s.bus.Serve(gctx, cons, events.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency}, s.handle)
+		})
+	}
+	s.log.Info("auditor serving")
+	return g.Wait()
+}
+
+func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
+	rec := Record(r)
+	subject := s.bus.Subjects().Audit(rec.RunID)
+	unlock := s.locks.Lock(rec.RunID)
+	defer unlock()
+	for attempt := 0; attempt < 10; attempt++ {
+		prevHash, lastSeq, err := s.last(ctx, subject)
+		if err != nil {
+			return err
+		}
+		rec.PrevHash = prevHash
+		rec.Hash = ChainHash(rec)
+		e, err := s.bus.New(events.TypeAuditRecorded, events.DerivedID(r.Event.ID(), "audit"), rec.RunID, &rec)
+		if err != nil {
+			return events.Permanent(err)
+		}
+		_, err = s.bus.Publish(ctx, subject, e, jetstream.WithExpectLastSequencePerSubject(lastSeq))
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			continue // another auditor extended the chain; re-read it
+		}
+		return err
+	}
+	return fmt.Errorf("audit: run %s: too many concurrent appends", rec.RunID)
+}
+
+// last returns the hash and stream sequence of the last record on subject
+// ("" and 0 when there is none).
+func (s *Service) last(ctx context.Context, subject string) (string, uint64, error) {
+	msg, err := s.stream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	ev, err := events.Decode(subject, msg.Header, msg.Data)
+	if err != nil {
+		return "", 0, fmt.Errorf("audit: last record of %s: %w", subject, err)
+	}
+	var prev events.AuditRecorded
+	if err := events.DataAs(ev, &prev); err != nil {
+		return "", 0, fmt.Errorf("audit: last record of %s: %w", subject, err)
+	}
+	return prev.Hash, msg.Sequence, nil
+}
+
+// Record builds the audit record of an event (without its chain hashes).
+func Record(r *events.Received) events.AuditRecorded {
+	sum := sha256.Sum256(r.Event.Data())
+	rec := events.AuditRecorded{
+		RunID: r.RunID(), EventID: r.Event.ID(), EventType: r.Event.Type(), EventSubject: r.Subject,
+		EventSource: r.Event.Source(), EventTime: r.Event.Time().UTC(), PayloadHash: hex.EncodeToString(sum[:]),
+	}
+	switch d := r.Data.(type) {
+	case *events.ActionRequested:
+		rec.Action, rec.Status = d.Action, "requested"
+	case *events.ActionCompleted:
+		rec.Action, rec.Status, rec.Summary = d.Action, "succeeded", d.Summary
+	case *events.ActionFailed:
+		rec.Action, rec.Status, rec.Summary = d.Action, "failed", string(d.Error.Code)
+	case *events.RunCompleted:
+		rec.Status = "completed"
+	case *events.RunFailed:
+		rec.Status, rec.Summary = "failed", string(d.Error.Code)
+	case *events.RunCanceled:
+		rec.Status = "canceled"
+	case *events.EventRejected:
+		rec.RunID, rec.Status, rec.Summary = d.RunID, "rejected", string(d.Reason.Code)
+	}
+	if rec.RunID == "" {
+		rec.RunID = NoRun
+	}
+	return rec
+}
+
+// ChainHash is the hash of a record: SHA-256 over the RFC 8785 canonical
+// JSON of the record with its hash field empty (prevHash included).
+func ChainHash(rec events.AuditRecorded) string {
+	rec.Hash = ""
+	b, _ := json.Marshal(rec)
+	if c, err := jcs.Transform(b); err == nil {
+		b = c
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// Verify checks a run's chain of records in order: each record's hash is
+// right and names its predecessor. It returns the index of the first broken
+// record, or -1.
+func Verify(records []events.AuditRecorded) int {
+	prev := ""
+	for i, r := range records {
+		if r.PrevHash != prev || ChainHash(r) != r.Hash {
+			return i
+		}
+		prev = r.Hash
+	}
+	return -1
+}

@@ -1,0 +1,105 @@
+package dispatch
+
+import (
+	"time"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// Run statuses.
+const (
+	StatusRunning   = "running"
+	StatusCompleted = "completed"
+	StatusFailed    = "failed"
+	StatusCanceled  = "canceled"
+)
+
+// Phases of a running run.
+const (
+	PhaseDeciding = "deciding"
+	PhaseActing   = "acting"
+)
+
+// RunState is the dispatcher's record of one run, stored as JSON under the
+// run id in the runs bucket and only ever updated with a revision check.
+type RunState struct {
+	RunID        string               `json:"runId"`
+	Kind         string               `json:"kind"`
+	Status       string               `json:"status"`
+	Phase        string               `json:"phase,omitempty"`
+	Cycle        int                  `json:"cycle"`
+	Prompt       string               `json:"prompt,omitempty"`
+	Scenario     string               `json:"scenario,omitempty"`
+	UserID       string               `json:"userId,omitempty"`
+	AllowedModes []string             `json:"allowedModes,omitempty"`
+	Metadata     map[string]any       `json:"metadata,omitempty"`
+	Observations []events.Observation `json:"observations"`
+	// Calls are the action calls of the current cycle, in declaration
+	// order.
+	Calls     []CallState `json:"calls,omitempty"`
+	CreatedAt time.Time   `json:"createdAt"`
+	UpdatedAt time.Time   `json:"updatedAt"`
+	// Terminal holds the run's terminal event once it has one, so that a
+	// restarted dispatcher republishes exactly that event.
+	Terminal *Terminal `json:"terminal,omitempty"`
+}
+
+// CallState is one action call of the current cycle.
+type CallState struct {
+	PlanIndex  int              `json:"planIndex"`
+	CallID     string           `json:"callId"`
+	Action     string           `json:"action"`
+	Pool       string           `json:"pool"`
+	Args       map[string]any   `json:"args,omitempty"`
+	Origin     string           `json:"origin"`
+	Dispatched bool             `json:"dispatched,omitempty"`
+	Done       bool             `json:"done,omitempty"`
+	OK         bool             `json:"ok,omitempty"`
+	Output     any              `json:"output,omitempty"`
+	Summary    string           `json:"summary,omitempty"`
+	Complete   bool             `json:"complete,omitempty"`
+	Error      *actionbus.Error `json:"error,omitempty"`
+	Executor   string           `json:"executor,omitempty"`
+}
+
+// Terminal is a run's terminal event.
+type Terminal struct {
+	Type      string           `json:"type"`
+	Answer    string           `json:"answer,omitempty"`
+	Output    any              `json:"output,omitempty"`
+	Citations []string         `json:"citations,omitempty"`
+	Error     *actionbus.Error `json:"error,omitempty"`
+	Reason    string           `json:"reason,omitempty"`
+}
+
+// IsTerminal reports whether the run has ended.
+func (s *RunState) IsTerminal() bool { return s.Terminal != nil }
+
+func (s *RunState) inFlight() int {
+	n := 0
+	for _, c := range s.Calls {
+		if c.Dispatched && !c.Done {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *RunState) allDone() bool {
+	for _, c := range s.Calls {
+		if !c.Done {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *RunState) callIndex(callID string) int {
+	for i, c := range s.Calls {
+		if c.CallID == callID {
+			return i
+		}
+	}
+	return -1
+}

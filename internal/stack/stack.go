@@ -1,0 +1,147 @@
+// Package stack runs the four services (dispatcher, planner, auditor and
+// executors) in one process against one NATS connection, for `actionbus
+// dev`, the actionbustest kit and benchmarks.
+//
+// It is not how production runs: there each service is its own process
+// (cmd/<service>), scaled on its own.
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/audit"
+	"github.com/actionbus/actionbus/internal/dispatch"
+	"github.com/actionbus/actionbus/internal/planner"
+)
+
+// Config configures a stack.
+type Config struct {
+	// Prefix is the subject prefix; default "ab".
+	Prefix string
+	// Provider is the planner provider. Required.
+	Provider planner.Provider
+	// Executors is the number of executor instances; default 1.
+	Executors int
+	// Pool of the executors; default "default".
+	Pool string
+	// Slots per executor; default 8.
+	Slots int
+	// Register registers the actions of each executor instance.
+	Register func(*executor.Executor) error
+	// NoAuditor leaves the auditor out.
+	NoAuditor bool
+	// Dispatcher overrides dispatcher settings (Prefix and Logger are set
+	// from this Config).
+	Dispatcher dispatch.Config
+	// Logger receives every service's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Stack is a running set of services.
+type Stack struct {
+	// Executors are the executor instances, in start order.
+	Executors []*executor.Executor
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	errs      []error
+}
+
+type runner interface{ Run(context.Context) error }
+
+// Start starts every service and returns once the dispatcher has loaded
+// the catalog and every executor has published its actions. Services run
+// until ctx ends or Stop is called.
+func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
+	if cfg.Provider == nil {
+		return nil, errors.New("stack: Provider is required")
+	}
+	if cfg.Executors <= 0 {
+		cfg.Executors = 1
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	dcfg := cfg.Dispatcher
+	dcfg.Prefix, dcfg.Logger = cfg.Prefix, cfg.Logger
+	disp, err := dispatch.New(nc, dcfg)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := planner.New(nc, planner.Config{Prefix: cfg.Prefix, Provider: cfg.Provider, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	services := []runner{disp, plan}
+	if !cfg.NoAuditor {
+		aud, err := audit.New(nc, audit.Config{Prefix: cfg.Prefix, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		services = append(services, aud)
+	}
+	s := &Stack{}
+	for i := 0; i < cfg.Executors; i++ {
+		ex, err := executor.New(nc, executor.Config{Prefix: cfg.Prefix, Pool: cfg.Pool, Slots: cfg.Slots,
+			ID: fmt.Sprintf("executor-%d", i+1), Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		if cfg.Register != nil {
+			if err := cfg.Register(ex); err != nil {
+				return nil, err
+			}
+		}
+		s.Executors = append(s.Executors, ex)
+		services = append(services, ex)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	s.cancel = cancel
+	failed := make(chan struct{})
+	var failOnce sync.Once
+	for _, svc := range services {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := svc.Run(runCtx); err != nil {
+				s.mu.Lock()
+				s.errs = append(s.errs, err)
+				s.mu.Unlock()
+				failOnce.Do(func() { close(failed) })
+			}
+		}()
+	}
+	waitFor := []<-chan struct{}{disp.Ready()}
+	for _, ex := range s.Executors {
+		waitFor = append(waitFor, ex.Ready())
+	}
+	for _, ch := range waitFor {
+		select {
+		case <-ch:
+		case <-failed:
+			err := s.Stop()
+			return nil, fmt.Errorf("stack: a service failed to start: %w", err)
+		case <-ctx.Done():
+			s.Stop()
+			return nil, ctx.Err()
+		}
+	}
+	return s, nil
+}
+
+// Stop stops every service, waits for them to drain and returns their
+// errors.
+func (s *Stack) Stop() error {
+	s.cancel()
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return errors.Join(s.errs...)
+}
