@@ -281,4 +281,3 @@ func TestSubjectsFollowConventions(t *testing.T) {
 	_, err := events.NewSubjects("a.*")
 	assert.Error(t, err)
 }
-

@@ -1,8 +1,8 @@
 package events_test
 
 import (
-	"unicode/utf8"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"

@@ -112,7 +112,9 @@ func (t Topology) StreamAudit() string { return t.name("AUDIT") }
 func (t Topology) BucketRuns() string { return strings.ToLower(t.withDefaults().Prefix) + "_runs" }
 
 // BucketCatalog is the key-value bucket of action definitions.
-func (t Topology) BucketCatalog() string { return strings.ToLower(t.withDefaults().Prefix) + "_catalog" }
+func (t Topology) BucketCatalog() string {
+	return strings.ToLower(t.withDefaults().Prefix) + "_catalog"
+}
 
 // BucketPresence is the key-value bucket of executor presence (keys expire).
 func (t Topology) BucketPresence() string {
