@@ -1,0 +1,40 @@
+# actionbus — the two commands a newcomer needs are `make demo` and `make test`.
+GO      ?= go
+FUZZTIME ?= 15s
+PKG_FUZZ := ./internal/events
+
+.PHONY: all build test demo bench lint fuzz examples clean
+
+all: lint test
+
+build:
+	$(GO) build -o bin/ ./cmd/...
+
+## demo: embedded NATS + all four services in one process, a real run with live progress.
+demo:
+	$(GO) run ./cmd/actionbus dev --port -1 --exit-after-demo
+
+## test: the whole suite with the race detector, plus the separate example module.
+test: examples
+	$(GO) test -race -count=1 ./...
+
+examples:
+	cd examples/custom-executor && $(GO) build ./... && $(GO) vet ./...
+
+## bench: Go benchmarks plus the end-to-end harness table.
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+	$(GO) run ./bench
+
+lint:
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+## fuzz: every fuzz target for a short bounded time.
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
+	$(GO) test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
+	$(GO) test -run '^$$' -fuzz '^FuzzPercentRoundTrip$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
+
+clean:
+	rm -rf bin bench/results

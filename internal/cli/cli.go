@@ -1,0 +1,103 @@
+// Package cli is the actionbus command line: dev (everything in one
+// process), provision, run, exec, watch, cancel, actions and events tail.
+// cmd/actionbus only calls [Execute].
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// globals are the flags every command shares.
+type globals struct {
+	natsURL string
+	prefix  string
+	verbose bool
+	out     io.Writer
+	errOut  io.Writer
+}
+
+func (g *globals) logger() *slog.Logger {
+	level := slog.LevelWarn
+	if g.verbose {
+		level = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(g.errOut, &slog.HandlerOptions{Level: level}))
+}
+
+func (g *globals) connect() (*nats.Conn, error) {
+	nc, err := nats.Connect(g.natsURL, nats.Name("actionbus-cli"))
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", g.natsURL, err)
+	}
+	return nc, nil
+}
+
+func (g *globals) client() (*client.Client, *nats.Conn, error) {
+	nc, err := g.connect()
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := client.New(nc, client.Options{Prefix: g.prefix, Source: "/actionbus/cli"})
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return c, nc, nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// Execute runs the command line with args and returns the exit code.
+func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	g := &globals{out: stdout, errOut: stderr}
+	root := &cobra.Command{
+		Use:           "actionbus",
+		Short:         "Event-driven action runtime: named, schema-validated, policy-checked actions over NATS JetStream",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.natsURL, "nats", envOr("NATS_URL", nats.DefaultURL), "NATS server URL (env NATS_URL)")
+	root.PersistentFlags().StringVar(&g.prefix, "prefix", envOr("ACTIONBUS_PREFIX", events.DefaultPrefix), "subject prefix (env ACTIONBUS_PREFIX)")
+	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "log service activity")
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetArgs(args)
+	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), actionsCmd(g), eventsCmd(g))
+	if err := root.ExecuteContext(ctx); err != nil {
+		var exit exitError
+		if asExit(err, &exit) {
+			return exit.code
+		}
+		fmt.Fprintln(stderr, "actionbus:", err)
+		return 1
+	}
+	return 0
+}
+
+// exitError ends the command with a code and no further message.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+func asExit(err error, target *exitError) bool {
+	e, ok := err.(exitError)
+	if ok {
+		*target = e
+	}
+	return ok
+}

@@ -1,0 +1,257 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+func provisionCmd(g *globals) *cobra.Command {
+	var pools []string
+	var replicas int
+	cmd := &cobra.Command{
+		Use:   "provision",
+		Short: "Create or update every stream, consumer and bucket (idempotent; needs JetStream admin rights)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			nc, err := g.connect()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				return err
+			}
+			topo := events.Topology{Prefix: g.prefix, Pools: pools, Replicas: replicas}
+			if err := topo.Provision(cmd.Context(), js); err != nil {
+				return err
+			}
+			for _, s := range topo.Streams() {
+				fmt.Fprintf(g.out, "stream   %-14s %s\n", s.Name, strings.Join(s.Subjects, " "))
+			}
+			for _, c := range topo.Consumers() {
+				fmt.Fprintf(g.out, "consumer %-14s %s\n", c.Stream+"/"+c.Config.Durable, strings.Join(c.Config.FilterSubjects, " "))
+			}
+			for _, b := range topo.Buckets() {
+				fmt.Fprintf(g.out, "bucket   %s\n", b.Bucket)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringSliceVar(&pools, "pool", []string{events.DefaultPool}, "executor pools to provision work consumers for")
+	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of every stream and bucket (3 on a cluster)")
+	return cmd
+}
+
+type runFlags struct {
+	scenario, prompt, user string
+	modes                  []string
+	timeout                time.Duration
+}
+
+func (f *runFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.user, "user", os.Getenv("USER"), "user id the run acts for")
+	cmd.Flags().StringSliceVar(&f.modes, "allow-mode", nil, "action modes the run may use (default read, draft, dryRun)")
+	cmd.Flags().DurationVar(&f.timeout, "timeout", 5*time.Minute, "how long to follow the run")
+}
+
+// follow prints a run live and returns an exitError unless it completed.
+func follow(ctx context.Context, g *globals, c *client.Client, runID string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	p := newProgress(g.out)
+	res, err := c.Follow(ctx, runID, p.event)
+	if err != nil {
+		return fmt.Errorf("follow run %s: %w", runID, err)
+	}
+	if code := p.result(res); code != 0 {
+		return exitError{code}
+	}
+	return nil
+}
+
+func runCmd(g *globals) *cobra.Command {
+	var f runFlags
+	cmd := &cobra.Command{
+		Use:   "run [PROMPT]",
+		Short: "Publish a run.requested and print each step live until the run ends (exit 0 only on completed)",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				f.prompt = args[0]
+			}
+			c, nc, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			id, err := c.Start(cmd.Context(), client.RunRequest{Prompt: f.prompt, Scenario: f.scenario, UserID: f.user, AllowedModes: f.modes})
+			if err != nil {
+				return err
+			}
+			return follow(cmd.Context(), g, c, id, f.timeout)
+		},
+	}
+	cmd.Flags().StringVar(&f.scenario, "scenario", "", "script planner scenario")
+	f.add(cmd)
+	return cmd
+}
+
+func execCmd(g *globals) *cobra.Command {
+	var f runFlags
+	var input string
+	cmd := &cobra.Command{
+		Use:   "exec ACTION",
+		Short: "Run one action as a one-step host-origin run and print its output",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var in map[string]any
+			if err := json.Unmarshal([]byte(input), &in); err != nil {
+				return fmt.Errorf("--input must be a JSON object: %w", err)
+			}
+			c, nc, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			id, err := c.Start(cmd.Context(), client.RunRequest{Action: &client.ActionCall{Name: args[0], Args: in}, UserID: f.user, AllowedModes: f.modes})
+			if err != nil {
+				return err
+			}
+			return follow(cmd.Context(), g, c, id, f.timeout)
+		},
+	}
+	cmd.Flags().StringVar(&input, "input", "{}", "action input as a JSON object")
+	f.add(cmd)
+	return cmd
+}
+
+func watchCmd(g *globals) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "watch RUN_ID",
+		Short: "Print a run's steps, from its start, until it ends",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, nc, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			return follow(cmd.Context(), g, c, args[0], timeout)
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", time.Hour, "how long to watch")
+	return cmd
+}
+
+func cancelCmd(g *globals) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "cancel RUN_ID",
+		Short: "Ask the dispatcher to cancel a run",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, nc, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			if err := c.Cancel(cmd.Context(), args[0], reason); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.out, "cancel requested for %s\n", args[0])
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "canceled from the command line", "why")
+	return cmd
+}
+
+func actionsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "actions",
+		Short: "List the action catalog",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, nc, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			list, err := c.Actions(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tMODE\tTIER\tPOOL\tVERSION\tDESCRIPTION")
+			for _, a := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", a.Name, a.Mode, a.Tier, a.Pool, a.Version, a.Description)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func eventsCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "events", Short: "Inspect events"}
+	var subject string
+	tail := &cobra.Command{
+		Use:   "tail",
+		Short: "Print every event published under the prefix as it happens (Ctrl-C to stop)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			nc, err := g.connect()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			if subject == "" {
+				subject = g.prefix + ".>"
+			}
+			ch := make(chan string, 4096)
+			var dropped atomic.Int64
+			sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+				line := m.Subject
+				if e, err := events.Decode(m.Subject, m.Header, m.Data); err == nil {
+					line = fmt.Sprintf("%s %s %s %s", e.Time().Format(time.RFC3339Nano), e.Type(), e.ID(), m.Subject)
+				} else {
+					line += " (not a cloudevent: " + err.Error() + ")"
+				}
+				select {
+				case ch <- line:
+				default:
+					dropped.Add(1) // reported below: a tail never blocks the connection
+				}
+			})
+			if err != nil {
+				return err
+			}
+			defer sub.Unsubscribe()
+			for {
+				select {
+				case <-cmd.Context().Done():
+					return nil
+				case l := <-ch:
+					if n := dropped.Swap(0); n > 0 {
+						fmt.Fprintf(g.out, "(%d events not shown: the terminal could not keep up)\n", n)
+					}
+					fmt.Fprintln(g.out, l)
+				}
+			}
+		},
+	}
+	tail.Flags().StringVar(&subject, "subject", "", "subject filter (default PREFIX.>)")
+	cmd.AddCommand(tail)
+	return cmd
+}

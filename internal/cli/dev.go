@@ -1,0 +1,144 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/demo"
+	"github.com/actionbus/actionbus/internal/embedded"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/planner"
+	"github.com/actionbus/actionbus/internal/stack"
+)
+
+type devFlags struct {
+	host          string
+	port          int
+	store         string
+	executors     int
+	slots         int
+	scenarios     []string
+	demoScenario  string
+	prompt        string
+	noDemo        bool
+	exitAfterDemo bool
+	latency       time.Duration
+}
+
+func devCmd(g *globals) *cobra.Command {
+	var f devFlags
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run an embedded NATS server with JetStream and all four services in one process, then a demo run",
+		Long: `dev starts an embedded nats-server with JetStream on a loopback port,
+provisions every stream, consumer and bucket, starts the dispatcher, the
+script planner, the auditor and --executors executors hosting the
+delivery-ops example actions, and runs a demo whose steps print live.
+
+Other terminals can use the same server: actionbus --nats nats://HOST:PORT run ...`,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDev(cmd.Context(), g, f) },
+	}
+	cmd.Flags().StringVar(&f.host, "host", "127.0.0.1", "loopback address to listen on")
+	cmd.Flags().IntVar(&f.port, "port", 4222, "port to listen on (-1 picks a free one)")
+	cmd.Flags().StringVar(&f.store, "store", "", "JetStream store directory (default: a temporary directory removed at exit)")
+	cmd.Flags().IntVar(&f.executors, "executors", 2, "executor instances")
+	cmd.Flags().IntVar(&f.slots, "slots", 2, "slots per executor")
+	cmd.Flags().StringSliceVar(&f.scenarios, "scenarios", nil, "extra scenario files or directories (JSON or YAML)")
+	cmd.Flags().StringVar(&f.demoScenario, "demo", "delivery-triage", "scenario of the demo run")
+	cmd.Flags().StringVar(&f.prompt, "prompt", "Which failed delivery jobs can we retry?", "prompt of the demo run")
+	cmd.Flags().BoolVar(&f.noDemo, "no-demo", false, "start everything but run no demo")
+	cmd.Flags().BoolVar(&f.exitAfterDemo, "exit-after-demo", false, "stop after the demo run (exit code 0 only if it completed)")
+	cmd.Flags().DurationVar(&f.latency, "latency", 60*time.Millisecond, "simulated I/O time of each delivery action")
+	return cmd
+}
+
+func runDev(ctx context.Context, g *globals, f devFlags) error {
+	if ip := net.ParseIP(f.host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("--host %q is not a loopback address; dev mode has no authentication", f.host)
+	}
+	if f.store == "" {
+		dir, err := os.MkdirTemp("", "actionbus-dev-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		f.store = dir
+	}
+	ns, err := embedded.Start(embedded.Options{Host: f.host, Port: f.port, StoreDir: f.store})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	}()
+	url := ns.ClientURL()
+	nc, err := nats.Connect(url, nats.Name("actionbus-dev"))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if err := (events.Topology{Prefix: g.prefix}).Provision(ctx, js); err != nil {
+		return err
+	}
+
+	scenarios, err := demo.Scenarios()
+	if err != nil {
+		return err
+	}
+	if len(f.scenarios) > 0 {
+		extra, err := planner.LoadScenarios(f.scenarios...)
+		if err != nil {
+			return err
+		}
+		for k, v := range extra {
+			scenarios[k] = v
+		}
+	}
+	script, err := planner.NewScript(scenarios)
+	if err != nil {
+		return err
+	}
+	st, err := stack.Start(ctx, nc, stack.Config{
+		Prefix: g.prefix, Provider: script, Executors: f.executors, Slots: f.slots,
+		Register: func(ex *executor.Executor) error { return demo.Register(ex, demo.Options{Latency: f.latency}) },
+		Logger:   g.logger(),
+	})
+	if err != nil {
+		return err
+	}
+	defer st.Stop()
+	fmt.Fprintf(g.out, "actionbus dev: NATS with JetStream at %s (store %s)\n", url, f.store)
+	fmt.Fprintf(g.out, "  services: dispatcher, planner (script: %d scenarios), auditor, %d executors × %d slots\n", len(scenarios), f.executors, f.slots)
+
+	if !f.noDemo {
+		c, err := client.New(nc, client.Options{Prefix: g.prefix, Source: "/actionbus/dev"})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(g.out, "\ndemo: %q (scenario %s)\n", f.prompt, f.demoScenario)
+		id, err := c.Start(ctx, client.RunRequest{Prompt: f.prompt, Scenario: f.demoScenario, UserID: "dev"})
+		if err != nil {
+			return err
+		}
+		if err := follow(ctx, g, c, id, 2*time.Minute); err != nil || f.exitAfterDemo {
+			return err
+		}
+	}
+	fmt.Fprintf(g.out, "\nserving; try in another terminal:\n  go run ./cmd/actionbus --nats %s run --scenario echo \"hello\"\n  go run ./cmd/actionbus --nats %s actions\nCtrl-C stops.\n", url, url)
+	<-ctx.Done()
+	return nil
+}

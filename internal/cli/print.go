@@ -1,0 +1,68 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// progress prints a run's events live, one line per step.
+type progress struct {
+	w     io.Writer
+	start time.Time
+}
+
+func newProgress(w io.Writer) *progress { return &progress{w: w, start: time.Now()} }
+
+func (p *progress) event(e client.Event) {
+	elapsed := time.Since(p.start).Round(time.Millisecond)
+	prefix := fmt.Sprintf("%8s ", elapsed)
+	switch e.Type {
+	case events.TypeRunStarted:
+		var d events.RunStarted
+		_ = json.Unmarshal(e.Data, &d)
+		fmt.Fprintf(p.w, "%s▶ run %s started (%s)\n", prefix, e.RunID, d.Kind)
+	case events.TypeRunStep:
+		s, _ := e.Step()
+		where := ""
+		if s.PlanIndex != nil {
+			where = fmt.Sprintf("[%d] ", *s.PlanIndex)
+		}
+		mark := "·"
+		switch s.Status {
+		case "ok":
+			mark = "✓"
+		case "failed":
+			mark = "✗"
+		}
+		fmt.Fprintf(p.w, "%s%s cycle %d %-17s %s%s %s\n", prefix, mark, s.Cycle, s.Name, where, s.Action, s.Message)
+	}
+}
+
+// result prints the terminal state and returns the exit code: 0 only for
+// a completed run.
+func (p *progress) result(res *client.Result) int {
+	switch res.Status {
+	case client.StatusCompleted:
+		fmt.Fprintf(p.w, "✔ completed in %s after %d cycle(s)\n", time.Since(p.start).Round(time.Millisecond), res.Cycles)
+		if res.Answer != "" {
+			fmt.Fprintf(p.w, "\n%s\n", strings.TrimSpace(res.Answer))
+		}
+		if res.Output != nil {
+			b, _ := json.MarshalIndent(res.Output, "", "  ")
+			fmt.Fprintf(p.w, "\noutput: %s\n", b)
+		}
+		return 0
+	case client.StatusCanceled:
+		fmt.Fprintf(p.w, "■ canceled: %s\n", res.Reason)
+		return 3
+	default:
+		fmt.Fprintf(p.w, "✘ failed: %s\n", res.Error.Error())
+		return 2
+	}
+}

@@ -1,0 +1,89 @@
+// Package service holds what the four service binaries share: flags with
+// environment defaults, the logger, the NATS connection with reconnects,
+// and the run-until-signal lifecycle. It keeps cmd/<service>/main.go thin.
+package service
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Common are the settings every service has.
+type Common struct {
+	NATSURL string
+	Prefix  string
+	Verbose bool
+}
+
+// Env returns the value of key, or def.
+func Env(key, def string) string {
+	if v, ok := os.LookupEnv(key); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+// EnvInt returns the integer value of key, or def.
+func EnvInt(key string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(key)); err == nil {
+		return v
+	}
+	return def
+}
+
+// Flags registers the common flags on fs, defaulting to NATS_URL,
+// ACTIONBUS_PREFIX and ACTIONBUS_VERBOSE.
+func (c *Common) Flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.NATSURL, "nats", Env("NATS_URL", nats.DefaultURL), "NATS server URL (env NATS_URL)")
+	fs.StringVar(&c.Prefix, "prefix", Env("ACTIONBUS_PREFIX", "ab"), "subject prefix (env ACTIONBUS_PREFIX)")
+	fs.BoolVar(&c.Verbose, "v", Env("ACTIONBUS_VERBOSE", "") != "", "debug logging (env ACTIONBUS_VERBOSE)")
+}
+
+// Logger returns a JSON logger on stderr.
+func (c *Common) Logger(name string) *slog.Logger {
+	level := slog.LevelInfo
+	if c.Verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("service", name)
+}
+
+// Runner is a service.
+type Runner interface{ Run(context.Context) error }
+
+// Main connects to NATS, builds the service with build, runs it until
+// SIGINT or SIGTERM, drains the connection and returns the exit code.
+func Main(name string, c Common, build func(*nats.Conn, *slog.Logger) (Runner, error)) int {
+	log := c.Logger(name)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	nc, err := nats.Connect(c.NATSURL, nats.Name("actionbus-"+name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(500*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		log.Error("connect", "url", c.NATSURL, "err", err)
+		return 1
+	}
+	defer func() { _ = nc.Drain() }()
+	svc, err := build(nc, log)
+	if err != nil {
+		log.Error("configure", "err", err)
+		return 2
+	}
+	if err := svc.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("stopped", "err", err)
+		fmt.Fprintln(os.Stderr, name+":", err)
+		return 1
+	}
+	log.Info("stopped")
+	return 0
+}
