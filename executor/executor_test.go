@@ -1,0 +1,165 @@
+package executor_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+)
+
+type greetIn struct {
+	Name string `json:"name" jsonschema:"minLength=1"`
+}
+
+type greetOut struct {
+	Greeting string `json:"greeting"`
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestRegisteringANameTwiceFails(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	ex, err := executor.New(srv.Conn, executor.Config{})
+	require.NoError(t, err)
+	h := func(context.Context, greetIn, executor.Call) (executor.Result[greetOut], error) {
+		return executor.Result[greetOut]{}, nil
+	}
+	require.NoError(t, executor.Register(ex, executor.Action{Name: "greet"}, h))
+	err = executor.Register(ex, executor.Action{Name: "greet"}, h)
+	assert.ErrorIs(t, err, actionbus.ErrActionExists)
+	assert.Equal(t, actionbus.CodeActionAlreadyExists, actionbus.CodeOf(err))
+
+	for _, bad := range []executor.Action{
+		{Name: "has space"},
+		{Name: "x", Mode: "destroy"},
+		{Name: "y", Tier: 4},
+		{Name: "z", InputSchema: json.RawMessage(`{"type": 12}`)},
+	} {
+		assert.Error(t, executor.Register(ex, bad, h), "%+v", bad)
+	}
+}
+
+// failing registers actions that fail in every way a handler can.
+func failing(ex *executor.Executor) error {
+	type empty struct{}
+	regs := []error{
+		executor.Register(ex, executor.Action{Name: "test.greet"},
+			func(_ context.Context, in greetIn, _ executor.Call) (executor.Result[greetOut], error) {
+				return executor.Result[greetOut]{Output: greetOut{Greeting: "hello " + in.Name}}, nil
+			}),
+		executor.Register(ex, executor.Action{Name: "test.coded"},
+			func(context.Context, empty, executor.Call) (executor.Result[empty], error) {
+				return executor.Result[empty]{}, actionbus.Errorf("quota_exceeded", "tenant is over quota")
+			}),
+		executor.Register(ex, executor.Action{Name: "test.plain"},
+			func(context.Context, empty, executor.Call) (executor.Result[empty], error) {
+				return executor.Result[empty]{}, errors.New("database is down")
+			}),
+		executor.Register(ex, executor.Action{Name: "test.panic"},
+			func(context.Context, empty, executor.Call) (executor.Result[empty], error) {
+				panic("boom")
+			}),
+		executor.Register(ex, executor.Action{Name: "test.slow", Timeout: 50 * time.Millisecond},
+			func(ctx context.Context, _ empty, _ executor.Call) (executor.Result[empty], error) {
+				<-ctx.Done()
+				return executor.Result[empty]{}, ctx.Err()
+			}),
+		executor.Register(ex, executor.Action{Name: "test.badOutput", OutputSchema: json.RawMessage(`{"type":"object","required":["id"]}`)},
+			func(context.Context, empty, executor.Call) (executor.Result[map[string]any], error) {
+				return executor.Result[map[string]any]{Output: map[string]any{"name": "no id"}}, nil
+			}),
+	}
+	return errors.Join(regs...)
+}
+
+func TestHandlerFailuresBecomeCodedResults(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: failing})
+	ctx := ctxT(t)
+	cases := []struct {
+		action string
+		args   map[string]any
+		code   actionbus.Code
+	}{
+		{"test.greet", map[string]any{"name": ""}, actionbus.CodeSchemaValidation},
+		{"test.greet", map[string]any{"name": "ann", "extra": true}, actionbus.CodeSchemaValidation},
+		{"test.coded", nil, "quota_exceeded"},
+		{"test.plain", nil, actionbus.CodeHandlerFailed},
+		{"test.panic", nil, actionbus.CodeHandlerFailed},
+		{"test.slow", nil, actionbus.CodeTimeout},
+		{"test.badOutput", nil, actionbus.CodeSchemaValidation},
+	}
+	for _, c := range cases {
+		t.Run(c.action+"/"+string(c.code), func(t *testing.T) {
+			res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: c.action, Args: c.args}}, nil)
+			require.NoError(t, err)
+			require.Equal(t, client.StatusFailed, res.Status)
+			assert.Equal(t, c.code, res.Error.Code, res.Error.Message)
+			assert.NotEmpty(t, res.Error.Message)
+		})
+	}
+	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.greet", Args: map[string]any{"name": "ann"}}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status)
+	assert.Equal(t, map[string]any{"greeting": "hello ann"}, res.Output)
+}
+
+func TestCatalogListsRegisteredActionsWithDerivedSchemas(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: failing})
+	list, err := st.Client.Actions(ctxT(t))
+	require.NoError(t, err)
+	names := []string{}
+	for _, a := range list {
+		names = append(names, a.Name)
+		assert.Equal(t, "default", a.Pool)
+		assert.Len(t, a.Hash, 64)
+	}
+	assert.Equal(t, []string{"test.badOutput", "test.coded", "test.greet", "test.panic", "test.plain", "test.slow"}, names)
+	var schema map[string]any
+	require.NoError(t, json.Unmarshal(list[2].InputSchema, &schema))
+	assert.Equal(t, []any{"name"}, schema["required"])
+	assert.Equal(t, false, schema["additionalProperties"])
+}
+
+func TestSameVersionWithAnotherDefinitionConflicts(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	ctx := ctxT(t)
+	start := func(desc, version string) error {
+		ex, err := executor.New(srv.Conn, executor.Config{})
+		require.NoError(t, err)
+		require.NoError(t, executor.Register(ex, executor.Action{Name: "test.v", Description: desc, Version: version},
+			func(context.Context, greetIn, executor.Call) (executor.Result[greetOut], error) {
+				return executor.Result[greetOut]{}, nil
+			}))
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- ex.Run(runCtx) }()
+		select {
+		case <-ex.Ready():
+			cancel()
+			return <-done
+		case err := <-done:
+			cancel()
+			return err
+		}
+	}
+	require.NoError(t, start("first", "1"))
+	require.NoError(t, start("first", "1"), "the same definition again is fine")
+	err := start("changed", "1")
+	assert.Equal(t, actionbus.CodeCatalogConflict, actionbus.CodeOf(err), "%v", err)
+	require.NoError(t, start("changed", "2"), "a new version replaces the old")
+}

@@ -1,0 +1,73 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/internal/cli"
+)
+
+// TestDevDemo is `make demo`: a plan of at least three actions on at least
+// two executors, every step printed, then the answer, exit 0.
+func TestDevDemo(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code := cli.Execute(ctx, []string{"dev", "--port", "-1", "--store", t.TempDir(), "--exit-after-demo", "--latency", "20ms"}, &out, &errOut)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+	s := out.String()
+	assert.Contains(t, s, "plan-executing")
+	completed := regexp.MustCompile(`(?m)cycle 2 action-completed .*\(executor (executor-\d)\)$`).FindAllStringSubmatch(s, -1)
+	assert.GreaterOrEqual(t, len(completed), 3, s)
+	executors := map[string]bool{}
+	for _, m := range completed {
+		executors[m[1]] = true
+	}
+	assert.GreaterOrEqual(t, len(executors), 2, "the plan ran on at least two executors:\n%s", s)
+	assert.True(t, strings.Contains(s, "✔ completed"), s)
+	assert.Contains(t, s, "Retryable now: job_1041, job_1043")
+}
+
+func TestDevRefusesNonLoopbackHosts(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := cli.Execute(context.Background(), []string{"dev", "--host", "0.0.0.0", "--port", "-1"}, &out, &errOut)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut.String(), "not a loopback address")
+}
+
+func TestRunExitCodeFollowsTheTerminalState(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	// exec of an unknown action: the run fails, so the exit code is not 0.
+	done := make(chan int, 1)
+	devCtx, stopDev := context.WithCancel(ctx)
+	defer stopDev()
+	var devOut syncWriter
+	go func() {
+		done <- cli.Execute(devCtx, []string{"dev", "--port", "-1", "--store", t.TempDir(), "--no-demo"}, &devOut, &devOut)
+	}()
+	url := waitForURL(t, &devOut)
+	code := cli.Execute(ctx, []string{"--nats", url, "exec", "nope.missing", "--input", "{}"}, &out, &errOut)
+	assert.Equal(t, 2, code, out.String())
+	assert.Contains(t, out.String(), "action_not_found")
+
+	out.Reset()
+	code = cli.Execute(ctx, []string{"--nats", url, "run", "--scenario", "echo", "hi there"}, &out, &errOut)
+	assert.Equal(t, 0, code, out.String()+errOut.String())
+	assert.Contains(t, out.String(), "hi there")
+
+	out.Reset()
+	code = cli.Execute(ctx, []string{"--nats", url, "actions"}, &out, &errOut)
+	assert.Equal(t, 0, code)
+	assert.Contains(t, out.String(), "delivery.dryRunRetry  dryRun")
+	stopDev()
+	assert.Equal(t, 0, <-done)
+}
