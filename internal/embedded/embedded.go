@@ -26,6 +26,10 @@ type Options struct {
 	// ReadyTimeout bounds the wait for the server to accept connections;
 	// default 10s.
 	ReadyTimeout time.Duration
+	// ConfigFile, when set, is a nats-server configuration file (accounts,
+	// users, permissions) read first; Host, Port, StoreDir and ServerName
+	// above still apply.
+	ConfigFile string
 }
 
 // Start starts a JetStream-enabled server and waits until it accepts
@@ -46,16 +50,17 @@ func Start(opts Options) (*server.Server, error) {
 	if opts.ReadyTimeout == 0 {
 		opts.ReadyTimeout = 10 * time.Second
 	}
-	ns, err := server.NewServer(&server.Options{
-		ServerName: opts.ServerName,
-		Host:       opts.Host,
-		Port:       opts.Port,
-		JetStream:  true,
-		StoreDir:   opts.StoreDir,
-		NoSigs:     true,
-		NoLog:      true,
-		MaxPayload: 8 << 20,
-	})
+	so := &server.Options{}
+	if opts.ConfigFile != "" {
+		var err error
+		if so, err = server.ProcessConfigFile(opts.ConfigFile); err != nil {
+			return nil, fmt.Errorf("embedded: config %s: %w", opts.ConfigFile, err)
+		}
+	}
+	so.ServerName, so.Host, so.Port = opts.ServerName, opts.Host, opts.Port
+	so.JetStream, so.StoreDir = true, opts.StoreDir
+	so.NoSigs, so.NoLog, so.MaxPayload = true, true, 8<<20
+	ns, err := server.NewServer(so)
 	if err != nil {
 		return nil, fmt.Errorf("embedded: new server: %w", err)
 	}

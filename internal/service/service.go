@@ -55,7 +55,7 @@ func (c *Common) Logger(name string) *slog.Logger {
 	if c.Verbose {
 		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("service", name)
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
 // Runner is a service.
@@ -67,8 +67,17 @@ func Main(name string, c Common, build func(*nats.Conn, *slog.Logger) (Runner, e
 	log := c.Logger(name)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	nc, err := nats.Connect(c.NATSURL, nats.Name("actionbus-"+name), nats.MaxReconnects(-1),
-		nats.ReconnectWait(500*time.Millisecond), nats.RetryOnFailedConnect(true))
+	// Each service gets its own inbox prefix, so that least-privilege users
+	// (deploy/nats) can receive replies only on their own inboxes.
+	nc, err := nats.Connect(c.NATSURL, nats.Name("actionbus-"+name), nats.CustomInboxPrefix("_INBOX_"+name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(500*time.Millisecond), nats.RetryOnFailedConnect(true),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subject := ""
+			if sub != nil {
+				subject = sub.Subject
+			}
+			log.Error("nats async error", "subject", subject, "err", err)
+		}))
 	if err != nil {
 		log.Error("connect", "url", c.NATSURL, "err", err)
 		return 1

@@ -64,7 +64,7 @@ func (s *syncBuffer) String() string {
 
 // startService starts a service binary; it is stopped with SIGTERM (and
 // must exit 0) in t.Cleanup.
-func startService(t *testing.T, bin, natsURL string, args ...string) {
+func startService(t *testing.T, bin, natsURL string, args ...string) *syncBuffer {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL)
@@ -82,10 +82,12 @@ func startService(t *testing.T, bin, natsURL string, args ...string) {
 			_ = cmd.Process.Kill()
 			t.Errorf("%s did not stop on SIGTERM:\n%s", filepath.Base(bin), out.String())
 		}
+		assert.NotContains(t, strings.ToLower(out.String()), "permissions violation", "%s was refused something", filepath.Base(bin))
 		if t.Failed() {
 			t.Logf("%s output:\n%s", filepath.Base(bin), out.String())
 		}
 	})
+	return out
 }
 
 // readmeExample is the `nats pub` command of the README, parsed.
