@@ -26,6 +26,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/keymutex"
+	"github.com/actionbus/actionbus/internal/policy"
 )
 
 // Plan limits.
@@ -463,7 +464,7 @@ func (d *Dispatcher) startCalls(ctx context.Context, st *RunState, decs []events
 			}
 			return nil, err
 		}
-		if err := modeAllowed(st, entry); err != nil {
+		if err := policy.CheckMode(st.AllowedModes, entry.Name, entry.Mode); err != nil {
 			if len(decs) > 1 {
 				err = err.WithDetail("planIndex", i)
 			}
@@ -479,34 +480,6 @@ func (d *Dispatcher) startCalls(ctx context.Context, st *RunState, decs []events
 		out = append(out, step(st, "plan-executing", nil, "", fmt.Sprintf("%d actions, at most %d at once", len(calls), d.cfg.MaxPlanParallel), ""))
 	}
 	return append(out, d.dispatchMore(st)...), nil
-}
-
-// DefaultAllowedModes are the modes a run may use unless it names others.
-var DefaultAllowedModes = []string{"read", "draft", "dryRun"}
-
-// modeAllowed fails closed: an action whose mode the run does not allow is
-// refused, and mutate, even when allowed, needs an approval, which this
-// version cannot grant yet.
-func modeAllowed(st *RunState, entry *actions.Entry) *actionbus.Error {
-	allowed := st.AllowedModes
-	if len(allowed) == 0 {
-		allowed = DefaultAllowedModes
-	}
-	ok := false
-	for _, m := range allowed {
-		if m == string(entry.Mode) {
-			ok = true
-		}
-	}
-	if !ok {
-		return actionbus.Errorf(actionbus.CodeModeNotAllowed, "action %q has mode %s; the run allows %v", entry.Name, entry.Mode, allowed).
-			WithDetail("action", entry.Name).WithDetail("mode", string(entry.Mode))
-	}
-	if entry.Mode == actions.ModeMutate {
-		return actionbus.Errorf(actionbus.CodeApprovalRequired, "action %q mutates and needs an approval", entry.Name).
-			WithDetail("action", entry.Name)
-	}
-	return nil
 }
 
 // dispatchMore dispatches calls in declaration order while fewer than

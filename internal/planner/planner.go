@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 )
 
@@ -24,9 +25,17 @@ import (
 type Provider interface {
 	// Name identifies the provider in decision events ("script", "openai").
 	Name() string
-	// Decide returns one decision for req. An *actionbus.Error fails the
-	// run with its code; other errors are retried.
-	Decide(ctx context.Context, req *events.DecisionRequested) (events.Decision, error)
+	// Decide returns one decision. An *actionbus.Error fails the run with
+	// its code; other errors are retried.
+	Decide(ctx context.Context, in Input) (events.Decision, error)
+}
+
+// Input is what a provider decides from.
+type Input struct {
+	// Request is the run's decision request: prompt, cycle, observations.
+	Request *events.DecisionRequested
+	// Actions is the action catalog, sorted by name.
+	Actions []actions.Entry
 }
 
 // Config configures a [Service].
@@ -48,6 +57,7 @@ type Service struct {
 	bus  *events.Bus
 	topo events.Topology
 	log  *slog.Logger
+	cat  *actions.View
 }
 
 // New returns a planner service using nc.
@@ -81,6 +91,13 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := s.topo.Check(ctx, s.js, s.topo.Needs("planner", "")); err != nil {
 		return err
 	}
+	catKV, err := s.js.KeyValue(ctx, s.topo.BucketCatalog())
+	if err != nil {
+		return err
+	}
+	if s.cat, err = actions.NewCatalog(catKV).Watch(ctx); err != nil {
+		return err
+	}
 	cons, err := s.js.Consumer(ctx, s.topo.StreamRuns(), events.ConsumerPlanner)
 	if err != nil {
 		return err
@@ -95,7 +112,7 @@ func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Ms
 		return events.Permanent(fmt.Errorf("planner: unexpected %s", r.Event.Type()))
 	}
 	dm := &events.DecisionMade{RunID: req.RunID, Cycle: req.Cycle, Planner: s.cfg.Provider.Name()}
-	dec, err := s.cfg.Provider.Decide(ctx, req)
+	dec, err := s.cfg.Provider.Decide(ctx, Input{Request: req, Actions: s.cat.List()})
 	if err != nil {
 		var abErr *actionbus.Error
 		if !errors.As(err, &abErr) {

@@ -140,7 +140,8 @@ func (s *Script) Scenarios() []string {
 }
 
 // Decide implements Provider.
-func (s *Script) Decide(_ context.Context, req *events.DecisionRequested) (events.Decision, error) {
+func (s *Script) Decide(_ context.Context, in Input) (events.Decision, error) {
+	req := in.Request
 	sc, ok := s.scenarios[req.Scenario]
 	if !ok {
 		return events.Decision{}, actionbus.Errorf(actionbus.CodeScenarioNotFound, "scenario %q is not loaded (have %s)", req.Scenario, strings.Join(s.Scenarios(), ", "))

@@ -35,12 +35,12 @@ func TestScriptDecidesOnePerCycleWithTemplates(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 
-	d1, err := p.Decide(ctx, &events.DecisionRequested{RunID: "r", Cycle: 1, Prompt: "ops", Scenario: "s"})
+	d1, err := p.Decide(ctx, planner.Input{Request: &events.DecisionRequested{RunID: "r", Cycle: 1, Prompt: "ops", Scenario: "s"}})
 	require.NoError(t, err)
 	assert.Equal(t, events.Decision{Type: "action", Name: "jobs.search", Args: map[string]any{"status": []any{"FAILED"}, "note": "for ops"}}, d1)
 
 	obs := []events.Observation{{Cycle: 1, Action: "jobs.search", OK: true, Output: map[string]any{"ids": []any{"j1", "j2"}}}}
-	d2, err := p.Decide(ctx, &events.DecisionRequested{RunID: "r", Cycle: 2, Scenario: "s", Observations: obs})
+	d2, err := p.Decide(ctx, planner.Input{Request: &events.DecisionRequested{RunID: "r", Cycle: 2, Scenario: "s", Observations: obs}})
 	require.NoError(t, err)
 	assert.Equal(t, "plan", d2.Type)
 	assert.True(t, d2.PartialOK)
@@ -48,8 +48,8 @@ func TestScriptDecidesOnePerCycleWithTemplates(t *testing.T) {
 	assert.Equal(t, "j1", d2.Actions[0].Args["id"])
 	assert.Equal(t, []any{"j1", "j2"}, d2.Actions[1].Args["ids"], "a lone toJson template becomes the JSON value")
 
-	d3, err := p.Decide(ctx, &events.DecisionRequested{RunID: "r", Cycle: 3, Scenario: "s", Observations: append(obs,
-		events.Observation{Cycle: 2, Action: "jobs.get", OK: true}, events.Observation{Cycle: 2, Action: "jobs.retry", OK: true})})
+	d3, err := p.Decide(ctx, planner.Input{Request: &events.DecisionRequested{RunID: "r", Cycle: 3, Scenario: "s", Observations: append(obs,
+		events.Observation{Cycle: 2, Action: "jobs.get", OK: true}, events.Observation{Cycle: 2, Action: "jobs.retry", OK: true})}})
 	require.NoError(t, err)
 	assert.Equal(t, "2 results: j1, j2", d3.Answer)
 	assert.Equal(t, []string{"a"}, d3.Citations)
@@ -61,11 +61,11 @@ func TestScriptErrorsAreCoded(t *testing.T) {
 	p, err := planner.NewScript(sc)
 	require.NoError(t, err)
 	ctx := context.Background()
-	_, err = p.Decide(ctx, &events.DecisionRequested{Cycle: 1, Scenario: "nope"})
+	_, err = p.Decide(ctx, planner.Input{Request: &events.DecisionRequested{Cycle: 1, Scenario: "nope"}})
 	assert.ErrorIs(t, err, &actionbus.Error{Code: actionbus.CodeScenarioNotFound})
-	_, err = p.Decide(ctx, &events.DecisionRequested{Cycle: 9, Scenario: "s"})
+	_, err = p.Decide(ctx, planner.Input{Request: &events.DecisionRequested{Cycle: 9, Scenario: "s"}})
 	assert.Equal(t, actionbus.CodeInvalidDecision, actionbus.CodeOf(err))
-	_, err = p.Decide(ctx, &events.DecisionRequested{Cycle: 2, Scenario: "s"})
+	_, err = p.Decide(ctx, planner.Input{Request: &events.DecisionRequested{Cycle: 2, Scenario: "s"}})
 	assert.Equal(t, actionbus.CodeInvalidDecision, actionbus.CodeOf(err), "a template over a missing result fails clearly")
 }
 
