@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	"github.com/gowebpki/jcs"
 	"github.com/nats-io/nats.go"
@@ -47,7 +48,20 @@ type Service struct {
 	log    *slog.Logger
 	locks  *keymutex.Striped
 	stream jetstream.Stream
+
+	// heads caches the last record (hash and stream sequence) of each
+	// active run's chain, so appending usually skips a read. A stale head
+	// fails the append (expected last sequence) and is re-read.
+	headsMu sync.Mutex
+	heads   map[string]chainHead
 }
+
+type chainHead struct {
+	hash string
+	seq  uint64
+}
+
+const maxHeads = 20000
 
 // New returns an auditor using nc.
 func New(nc *nats.Conn, cfg Config) (*Service, error) {
@@ -69,7 +83,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256)}, nil
+	return &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), heads: map[string]chainHead{}}, nil
 }
 
 // Run audits until ctx ends.
@@ -102,9 +116,15 @@ func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Ms
 	unlock := s.locks.Lock(rec.RunID)
 	defer unlock()
 	for attempt := 0; attempt < 10; attempt++ {
-		prevHash, lastSeq, err := s.last(ctx, subject)
-		if err != nil {
-			return err
+		s.headsMu.Lock()
+		head, cached := s.heads[rec.RunID]
+		s.headsMu.Unlock()
+		prevHash, lastSeq := head.hash, head.seq
+		if !cached || attempt > 0 {
+			var err error
+			if prevHash, lastSeq, err = s.last(ctx, subject); err != nil {
+				return err
+			}
 		}
 		rec.PrevHash = prevHash
 		rec.Hash = ChainHash(rec)
@@ -112,14 +132,39 @@ func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Ms
 		if err != nil {
 			return events.Permanent(err)
 		}
-		_, err = s.bus.Publish(ctx, subject, e, jetstream.WithExpectLastSequencePerSubject(lastSeq))
+		ack, err := s.bus.Publish(ctx, subject, e, jetstream.WithExpectLastSequencePerSubject(lastSeq))
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
 			continue // another auditor extended the chain; re-read it
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		s.setHead(rec, ack)
+		return nil
 	}
 	return fmt.Errorf("audit: run %s: too many concurrent appends", rec.RunID)
+}
+
+func (s *Service) setHead(rec events.AuditRecorded, ack *jetstream.PubAck) {
+	s.headsMu.Lock()
+	defer s.headsMu.Unlock()
+	switch {
+	case ack.Duplicate:
+		// The record was stored before (a redelivery); the cached head
+		// may not be the chain's end any more.
+		delete(s.heads, rec.RunID)
+	case rec.EventType == events.TypeRunCompleted || rec.EventType == events.TypeRunFailed || rec.EventType == events.TypeRunCanceled:
+		delete(s.heads, rec.RunID)
+	default:
+		if len(s.heads) >= maxHeads {
+			for k := range s.heads {
+				delete(s.heads, k)
+				break
+			}
+		}
+		s.heads[rec.RunID] = chainHead{hash: rec.Hash, seq: ack.Sequence}
+	}
 }
 
 // last returns the hash and stream sequence of the last record on subject

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -100,6 +101,10 @@ type Dispatcher struct {
 	runs  jetstream.KeyValue
 	cat   *actions.View
 	ready chan struct{}
+	cache *stateCache
+
+	queueMu sync.Mutex
+	queues  map[string]*runQueue
 }
 
 // Ready is closed once Run has loaded the catalog and started serving.
@@ -120,7 +125,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Dispatcher{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), ready: make(chan struct{})}, nil
+	return &Dispatcher{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), ready: make(chan struct{}), cache: newStateCache(20000), queues: map[string]*runQueue{}}, nil
 }
 
 // Run serves run requests, decisions, results and cancels until ctx ends,
@@ -193,21 +198,6 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequested, redelivered bool) error {
 	unlock := d.locks.Lock(req.RunID)
 	defer unlock()
-	if entry, err := d.runs.Get(ctx, req.RunID); err == nil {
-		// A republished request: the run exists. Republish what it waits
-		// for only when this very message is redelivered (we may have
-		// crashed between storing and publishing).
-		if redelivered {
-			var st RunState
-			if err := json.Unmarshal(entry.Value(), &st); err != nil {
-				return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", req.RunID, err))
-			}
-			return d.publish(ctx, &st, d.pending(&st))
-		}
-		return nil
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return err
-	}
 	now := time.Now().UTC()
 	st := &RunState{
 		RunID: req.RunID, Status: StatusRunning, Kind: "agent", Prompt: req.Prompt, Scenario: req.Scenario,
@@ -234,74 +224,174 @@ func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequeste
 	if err != nil {
 		return events.Permanent(err)
 	}
-	if _, err := d.runs.Create(ctx, req.RunID, val); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return nil // another dispatcher took the run first
+	// Create-only: the first request of a run creates it; a republished
+	// request, or another dispatcher that got there first, finds it.
+	rev, err := d.runs.Create(ctx, req.RunID, val)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		if !redelivered {
+			return nil
 		}
+		// This very message is redelivered: we may have crashed between
+		// storing the run and publishing what it implies.
+		entry, err := d.runs.Get(ctx, req.RunID)
+		if err != nil {
+			return err
+		}
+		var cur RunState
+		if err := json.Unmarshal(entry.Value(), &cur); err != nil {
+			return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", req.RunID, err))
+		}
+		return d.publish(ctx, &cur, d.pending(&cur))
+	}
+	if err != nil {
 		return err
 	}
+	d.cache.put(req.RunID, val, rev, st.IsTerminal())
 	return d.publish(ctx, st, out)
 }
 
+// transitionFunc applies one event to a run's state and returns what to
+// publish. It returns nil emissions exactly when it changed nothing (a
+// duplicate or stale event).
+type transitionFunc func(*RunState) ([]emission, error)
+
+// job is one event waiting to be applied to its run.
+type job struct {
+	fn          transitionFunc
+	redelivered bool
+	done        chan error
+}
+
 // transition applies fn to the stored state of runID under a revision
-// check, retrying on conflicts, then publishes what fn emitted. A transition
-// that changes nothing republishes what the run waits for when the event
-// was redelivered.
-func (d *Dispatcher) transition(ctx context.Context, runID string, redelivered bool, fn func(*RunState) ([]emission, error)) error {
+// check and publishes what it emitted. Events of one run that arrive while
+// a transition of that run is being stored are applied together in the
+// next one (group commit): one read, one revision-checked write and one
+// publish batch for all of them, which is what keeps a plan's results from
+// queueing behind each other's round trips. A transition that changes
+// nothing republishes what the run waits for when its event was
+// redelivered.
+func (d *Dispatcher) transition(ctx context.Context, runID string, redelivered bool, fn transitionFunc) error {
+	j := &job{fn: fn, redelivered: redelivered, done: make(chan error, 1)}
+	d.queueMu.Lock()
+	q, leading := d.queues[runID]
+	if !leading {
+		q = &runQueue{}
+		d.queues[runID] = q
+	}
+	q.jobs = append(q.jobs, j)
+	d.queueMu.Unlock()
+	if !leading {
+		d.lead(ctx, runID)
+	}
+	select {
+	case err := <-j.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+type runQueue struct{ jobs []*job }
+
+// lead applies queued jobs of runID batch by batch until none is left.
+func (d *Dispatcher) lead(ctx context.Context, runID string) {
+	for {
+		d.queueMu.Lock()
+		q := d.queues[runID]
+		batch := q.jobs
+		q.jobs = nil
+		if len(batch) == 0 {
+			delete(d.queues, runID)
+			d.queueMu.Unlock()
+			return
+		}
+		d.queueMu.Unlock()
+		err := d.applyBatch(ctx, runID, batch)
+		for _, j := range batch {
+			j.done <- err
+		}
+	}
+}
+
+func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job) error {
 	unlock := d.locks.Lock(runID)
 	defer unlock()
 	for attempt := 0; attempt < 20; attempt++ {
-		entry, err := d.runs.Get(ctx, runID)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			// An event for a run we do not know (yet): the run.requested
-			// may still be on its way; retry with backoff, bounded by
-			// MaxDeliver.
-			return fmt.Errorf("dispatch: run %s not found", runID)
-		}
-		if err != nil {
-			return err
+		// The cached copy saves a read; its revision makes a stale copy
+		// (another dispatcher wrote since) fail the update and be reloaded.
+		before, revision, ok := d.cache.get(runID)
+		if !ok || attempt > 0 {
+			entry, err := d.runs.Get(ctx, runID)
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				// An event for a run we do not know (yet): the
+				// run.requested may still be on its way; retry with
+				// backoff, bounded by MaxDeliver.
+				return fmt.Errorf("dispatch: run %s not found", runID)
+			}
+			if err != nil {
+				return err
+			}
+			before, revision = entry.Value(), entry.Revision()
 		}
 		var st RunState
-		if err := json.Unmarshal(entry.Value(), &st); err != nil {
+		if err := json.Unmarshal(before, &st); err != nil {
 			return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
 		}
-		before := entry.Value()
-		out, err := fn(&st)
-		if err != nil {
-			return err
+		var out []emission
+		changed, republish := false, false
+		for _, j := range batch {
+			emitted, err := j.fn(&st)
+			if err != nil {
+				return err
+			}
+			if emitted != nil {
+				changed = true
+				out = append(out, emitted...)
+			} else if j.redelivered {
+				republish = true
+			}
+		}
+		if !changed {
+			d.cache.put(runID, before, revision, st.IsTerminal())
+			if republish {
+				return d.publish(ctx, &st, d.pending(&st))
+			}
+			return nil
+		}
+		if republish {
+			out = append(out, d.pending(&st)...)
 		}
 		st.UpdatedAt = time.Now().UTC()
 		after, err := json.Marshal(&st)
 		if err != nil {
 			return events.Permanent(err)
 		}
-		if out == nil && jsonEqualIgnoringTime(before, after) {
-			if redelivered {
-				return d.publish(ctx, &st, d.pending(&st))
-			}
-			return nil
-		}
-		if _, err := d.runs.Update(ctx, runID, after, entry.Revision()); err != nil {
+		rev, err := d.runs.Update(ctx, runID, after, revision)
+		if err != nil {
+			d.cache.drop(runID)
 			if isConflict(err) {
 				continue
 			}
 			return err
 		}
-		return d.publish(ctx, &st, out)
+		d.cache.put(runID, after, rev, st.IsTerminal())
+		return d.publish(ctx, &st, dedupe(out))
 	}
 	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
 }
 
-func jsonEqualIgnoringTime(a, b []byte) bool {
-	var x, y map[string]any
-	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
-		return false
+// dedupe drops emissions with an id already in the batch (the same event
+// implied twice, e.g. a republished pending request).
+func dedupe(out []emission) []emission {
+	seen := make(map[string]bool, len(out))
+	kept := out[:0]
+	for _, e := range out {
+		if !seen[e.id] {
+			seen[e.id] = true
+			kept = append(kept, e)
+		}
 	}
-	delete(x, "updatedAt")
-	delete(y, "updatedAt")
-	xa, _ := json.Marshal(x)
-	ya, _ := json.Marshal(y)
-	return string(xa) == string(ya)
+	return kept
 }
 
 func isConflict(err error) bool {
@@ -311,12 +401,14 @@ func isConflict(err error) bool {
 }
 
 func (d *Dispatcher) publish(ctx context.Context, st *RunState, out []emission) error {
-	for _, e := range out {
-		if _, err := d.bus.Emit(ctx, e.typ, e.id, st.RunID, e.pool, e.data, e.ext...); err != nil {
-			return err
-		}
+	if len(out) == 0 {
+		return nil
 	}
-	return nil
+	batch := make([]events.Emission, len(out))
+	for i, e := range out {
+		batch[i] = events.Emission{Type: e.typ, ID: e.id, RunID: st.RunID, Pool: e.pool, Data: e.data, Ext: e.ext}
+	}
+	return d.bus.EmitAll(ctx, batch)
 }
 
 // pending returns the events a run is waiting on in its current state: its

@@ -99,8 +99,9 @@ const (
 	ExtPool      = "pool"
 )
 
-// New builds a validated event of eventType with the given id and data. A
-// non-empty runID is also set as the runid extension.
+// New builds an event of eventType with the given id and data. A non-empty
+// runID is also set as the runid extension. The event is validated when it
+// is published.
 func (b *Bus) New(eventType, id, runID string, data any, ext ...Extension) (*event.Event, error) {
 	e := event.New()
 	e.SetID(id)
@@ -118,9 +119,6 @@ func (b *Bus) New(eventType, id, runID string, data any, ext ...Extension) (*eve
 	}
 	if err := SetData(&e, b.cfg.DataContentType, data); err != nil {
 		return nil, err
-	}
-	if err := Validate(&e); err != nil {
-		return nil, fmt.Errorf("events: build %s: %w", eventType, err)
 	}
 	return &e, nil
 }
@@ -160,6 +158,58 @@ func (b *Bus) Emit(ctx context.Context, eventType, id, runID, pool string, data 
 		return nil, err
 	}
 	return e, nil
+}
+
+// Emission is one event for [Bus.EmitAll].
+type Emission struct {
+	Type, ID, RunID, Pool string
+	Data                  any
+	Ext                   []Extension
+}
+
+// EmitAll validates and publishes several events at once: every publish is
+// sent before any acknowledgement is awaited, so a batch costs about one
+// round trip. It returns the first error; events published before it stay
+// published (their ids make a retry safe).
+func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
+	if len(batch) == 1 {
+		x := batch[0]
+		_, err := b.Emit(ctx, x.Type, x.ID, x.RunID, x.Pool, x.Data, x.Ext...)
+		return err
+	}
+	futures := make([]jetstream.PubAckFuture, 0, len(batch))
+	for _, x := range batch {
+		subject, err := b.subjects.SubjectFor(x.Type, x.RunID, x.Pool)
+		if err != nil {
+			return err
+		}
+		e, err := b.New(x.Type, x.ID, x.RunID, x.Data, x.Ext...)
+		if err != nil {
+			return err
+		}
+		if err := Validate(e); err != nil {
+			return fmt.Errorf("events: publish %s: %w", x.Type, err)
+		}
+		msg, err := Encode(subject, e, b.cfg.Mode)
+		if err != nil {
+			return err
+		}
+		f, err := b.js.PublishMsgAsync(msg)
+		if err != nil {
+			return fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("events: publish on %s: %w", f.Msg().Subject, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // Received is a decoded and validated event.

@@ -1,0 +1,52 @@
+package dispatch
+
+import "sync"
+
+// stateCache keeps the last stored state of active runs with its revision,
+// so a transition usually skips reading the bucket. It is only an
+// optimization: every write still carries the revision it read, so a stale
+// entry fails the write and is reloaded. Ended runs are evicted; when the
+// cache is full an arbitrary entry is.
+type stateCache struct {
+	mu      sync.Mutex
+	max     int
+	entries map[string]cachedState
+}
+
+type cachedState struct {
+	value    []byte
+	revision uint64
+}
+
+func newStateCache(max int) *stateCache {
+	return &stateCache{max: max, entries: make(map[string]cachedState)}
+}
+
+func (c *stateCache) get(runID string) ([]byte, uint64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[runID]
+	return e.value, e.revision, ok
+}
+
+func (c *stateCache) put(runID string, value []byte, revision uint64, terminal bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if terminal {
+		delete(c.entries, runID)
+		return
+	}
+	if _, ok := c.entries[runID]; !ok && len(c.entries) >= c.max {
+		for k := range c.entries {
+			delete(c.entries, k)
+			break
+		}
+	}
+	c.entries[runID] = cachedState{value: value, revision: revision}
+}
+
+func (c *stateCache) drop(runID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.entries, runID)
+}
