@@ -51,6 +51,13 @@ const (
 	CodeWorkflowAborted      Code = "workflow_aborted"
 	CodeScenarioNotFound     Code = "scenario_not_found"
 	CodeMissingTopology      Code = "missing_topology"
+	CodeActionArgsInvalid    Code = "action_args_invalid"
+	CodeInvalidAuditPolicy   Code = "invalid_audit_policy"
+	CodeInvalidDefinition    Code = "invalid_definition"
+	CodeWorkflowExecution    Code = "workflow_execution"
+	CodePlannerFailed        Code = "planner_failed"
+	CodeStageStalled         Code = "stage_stalled"
+	CodeRepeatedFailure      Code = "repeated_failure"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -61,7 +68,8 @@ var Codes = []Code{
 	CodePlanRejected, CodeMaxCycles, CodeRunDeadline, CodeCatalogConflict,
 	CodeMalformedEvent, CodeUnknownEventType, CodeUnsupportedContent, CodeEventRejected,
 	CodeInvalidStepReference, CodeDuplicateStep, CodeWorkflowValidation, CodeWorkflowAborted,
-	CodeScenarioNotFound, CodeMissingTopology,
+	CodeScenarioNotFound, CodeMissingTopology, CodeActionArgsInvalid, CodeInvalidAuditPolicy,
+	CodeInvalidDefinition, CodeWorkflowExecution, CodePlannerFailed, CodeStageStalled, CodeRepeatedFailure,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code
@@ -80,6 +88,10 @@ var (
 	ErrUnknownEventType  = &Error{Code: CodeUnknownEventType}
 	ErrUnsupportedData   = &Error{Code: CodeUnsupportedContent}
 	ErrMissingTopology   = &Error{Code: CodeMissingTopology}
+	ErrArgsInvalid       = &Error{Code: CodeActionArgsInvalid}
+	ErrInvalidDefinition = &Error{Code: CodeInvalidDefinition}
+	ErrStageStalled      = &Error{Code: CodeStageStalled}
+	ErrRepeatedFailure   = &Error{Code: CodeRepeatedFailure}
 )
 
 // Error is an actionbus failure with a stable code. It is the Go form of the

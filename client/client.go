@@ -233,16 +233,24 @@ func (c *Client) Run(ctx context.Context, req RunRequest, fn func(Event)) (*Resu
 	return c.Follow(ctx, id, fn)
 }
 
-// ActionInfo is one action of the catalog.
+// ActionInfo is one action of the catalog (the public listing).
 type ActionInfo struct {
-	Name        string
-	Description string
-	Mode        string
-	Tier        int
-	Pool        string
-	Version     string
-	Hash        string
-	InputSchema json.RawMessage
+	Name         string
+	Description  string
+	Mode         string
+	Tier         int
+	Pool         string
+	Version      string
+	Hash         string
+	InputSchema  json.RawMessage
+	OutputSchema json.RawMessage
+	// PlannerVisible is false for actions hidden from planners.
+	PlannerVisible bool
+	// Permission is the normalized permission metadata.
+	Permission   actions.NormalizedPermission
+	Tags         []string
+	ResourceType string
+	RiskLevel    string
 }
 
 // Actions lists the catalog, sorted by name.
@@ -258,7 +266,9 @@ func (c *Client) Actions(ctx context.Context) ([]ActionInfo, error) {
 	out := make([]ActionInfo, 0, len(entries))
 	for _, e := range entries {
 		out = append(out, ActionInfo{Name: e.Name, Description: e.Description, Mode: string(e.Mode), Tier: e.Tier,
-			Pool: e.Pool, Version: e.Version, Hash: e.Hash, InputSchema: e.InputSchema})
+			Pool: e.Pool, Version: e.Version, Hash: e.Hash, InputSchema: e.InputSchema, OutputSchema: e.OutputSchema,
+			PlannerVisible: e.PlannerVisible(), Permission: e.Permission, Tags: e.Tags, ResourceType: e.ResourceType,
+			RiskLevel: e.RiskLevel})
 	}
 	return out, nil
 }

@@ -156,7 +156,38 @@ type Action struct {
 	Version string
 	// Timeout bounds one execution; default Config.DefaultTimeout.
 	Timeout time.Duration
+	// Planner is the planner metadata (hide the action, aliases, args
+	// example, guidance); nil means visible with defaults.
+	Planner *PlannerMeta
+	// Permission is what the action may do to the world; missing fields
+	// fall back conservatively from the mode.
+	Permission *Permission
+	// Tags, ResourceType, RiskLevel and Examples document the action.
+	Tags         []string
+	ResourceType string
+	RiskLevel    string
+	Examples     []Example
+	// AuditPolicy says how much of input, output and error is audited.
+	AuditPolicy *AuditPolicy
+	// HostOnlyKeys are input keys only the host (workflows, exec) may set;
+	// they are stripped from model-planned input.
+	HostOnlyKeys []string
+	// HealFlattenedInto names an object property of the input that
+	// collects arguments a model put beside it instead of inside it.
+	HealFlattenedInto string
 }
+
+// PlannerMeta is an action's planner metadata.
+type PlannerMeta = actions.PlannerMeta
+
+// Permission is an action's declared permission metadata.
+type Permission = actions.Permission
+
+// AuditPolicy is an action's audit payload policy.
+type AuditPolicy = actions.AuditPolicy
+
+// Example is a documented use of an action.
+type Example = actions.Example
 
 // Call describes the invocation a handler serves.
 type Call struct {
@@ -187,6 +218,9 @@ func Register[In, Out any](ex *Executor, a Action, h HandlerFunc[In, Out]) error
 		Name: a.Name, Description: a.Description, Mode: a.Mode, Tier: a.Tier,
 		InputSchema: a.InputSchema, OutputSchema: a.OutputSchema, Version: a.Version,
 		TimeoutMs: a.Timeout.Milliseconds(), Pool: ex.cfg.Pool,
+		Planner: a.Planner, DeclaredPermission: a.Permission, Tags: a.Tags, ResourceType: a.ResourceType,
+		RiskLevel: a.RiskLevel, Examples: a.Examples, AuditPolicy: a.AuditPolicy, HostOnlyKeys: a.HostOnlyKeys,
+		HealFlattenedInto: a.HealFlattenedInto,
 	}
 	var err error
 	if len(def.InputSchema) == 0 {
@@ -365,12 +399,13 @@ func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, req *events.A
 	if !ok {
 		return res, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not registered on pool %s", req.Action, e.cfg.Pool), 0
 	}
-	input, merr := json.Marshal(req.Args)
-	if merr != nil || req.Args == nil {
-		input = []byte("{}")
+	args, _, issues := reg.Args.Prepare(req.Args, req.Origin)
+	if issues != nil {
+		return res, actions.ArgsError(req.Action, issues), 0
 	}
-	if verr := reg.ValidateInput(input); verr != nil {
-		return res, verr, 0
+	input, merr := json.Marshal(args)
+	if merr != nil {
+		return res, actionbus.Errorf(actionbus.CodeActionArgsInvalid, "input is not JSON: %w", merr), 0
 	}
 	timeout := e.cfg.DefaultTimeout
 	if reg.Def.TimeoutMs > 0 {

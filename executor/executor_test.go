@@ -94,8 +94,8 @@ func TestHandlerFailuresBecomeCodedResults(t *testing.T) {
 		args   map[string]any
 		code   actionbus.Code
 	}{
-		{"test.greet", map[string]any{"name": ""}, actionbus.CodeSchemaValidation},
-		{"test.greet", map[string]any{"name": "ann", "extra": true}, actionbus.CodeSchemaValidation},
+		{"test.greet", map[string]any{"name": ""}, actionbus.CodeActionArgsInvalid},
+		{"test.greet", map[string]any{"name": "ann", "extra": true}, actionbus.CodeActionArgsInvalid},
 		{"test.coded", nil, "quota_exceeded"},
 		{"test.plain", nil, actionbus.CodeHandlerFailed},
 		{"test.panic", nil, actionbus.CodeHandlerFailed},
@@ -162,4 +162,25 @@ func TestSameVersionWithAnotherDefinitionConflicts(t *testing.T) {
 	err := start("changed", "1")
 	assert.Equal(t, actionbus.CodeCatalogConflict, actionbus.CodeOf(err), "%v", err)
 	require.NoError(t, start("changed", "2"), "a new version replaces the old")
+}
+
+func TestHiddenActionsStayOutOfThePlannerListing(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		type in struct{}
+		h := func(context.Context, in, executor.Call) (executor.Result[in], error) { return executor.Result[in]{}, nil }
+		return errors.Join(
+			executor.Register(ex, executor.Action{Name: "visible", Permission: &executor.Permission{Effect: "external_network"}}, h),
+			executor.Register(ex, executor.Action{Name: "hidden", Planner: &executor.PlannerMeta{Hidden: true}}, h),
+		)
+	}})
+	list, err := st.Client.Actions(ctxT(t))
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	assert.Equal(t, "hidden", list[0].Name)
+	assert.False(t, list[0].PlannerVisible)
+	assert.True(t, list[1].PlannerVisible)
+	assert.Equal(t, "external_network", list[1].Permission.Effect)
+	assert.Equal(t, "fallback", list[1].Permission.Source)
+	assert.True(t, list[1].Permission.ReadOnly, "a read action without metadata is read-only")
 }

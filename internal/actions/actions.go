@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,35 +68,101 @@ type Definition struct {
 	TimeoutMs int64 `json:"timeoutMs,omitempty"`
 	// Pool is the executor pool that hosts the action.
 	Pool string `json:"pool"`
+	// Planner is the planner metadata; nil means visible with defaults.
+	Planner *PlannerMeta `json:"planner,omitempty"`
+	// DeclaredPermission is the permission metadata as the author gave
+	// it; Permission is its normalized form (set by Normalize).
+	DeclaredPermission *Permission          `json:"declaredPermission,omitempty"`
+	Permission         NormalizedPermission `json:"permission"`
+	// Tags, ResourceType, RiskLevel and Examples document the action for
+	// hosts and API reuse.
+	Tags         []string  `json:"tags,omitempty"`
+	ResourceType string    `json:"resourceType,omitempty"`
+	RiskLevel    string    `json:"riskLevel,omitempty"`
+	Examples     []Example `json:"examples,omitempty"`
+	// AuditPolicy says how much of input, output and error is audited.
+	AuditPolicy *AuditPolicy `json:"auditPolicy,omitempty"`
+	// HostOnlyKeys are input keys only the host may set: they are always
+	// stripped from model-origin input.
+	HostOnlyKeys []string `json:"hostOnlyKeys,omitempty"`
+	// HealFlattenedInto names an object property of the input that
+	// collects arguments a model flattened beside it (the seed's
+	// execute_skill_tool auto-heal).
+	HealFlattenedInto string `json:"healFlattenedInto,omitempty"`
 }
+
+// PlannerVisible reports whether planners may see and choose the action.
+func (d *Definition) PlannerVisible() bool { return d.Planner == nil || !d.Planner.Hidden }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // Normalize fills defaults and validates the definition.
 func (d *Definition) Normalize() error {
 	if !namePattern.MatchString(d.Name) {
-		return fmt.Errorf("actions: invalid action name %q (letters, digits, '.', '_', '-'; up to 128)", d.Name)
+		return actionbus.Errorf(actionbus.CodeInvalidDefinition, "invalid action name %q (letters, digits, '.', '_', '-'; up to 128)", d.Name)
 	}
 	if d.Mode == "" {
 		d.Mode = ModeRead
 	}
 	if !d.Mode.Valid() {
-		return fmt.Errorf("actions: %s: unknown mode %q", d.Name, d.Mode)
+		return actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %s: unknown mode %q", d.Name, d.Mode)
 	}
 	if d.Tier < 0 || d.Tier > 3 {
-		return fmt.Errorf("actions: %s: tier must be 0 to 3, got %d", d.Name, d.Tier)
+		return actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %s: tier must be 0 to 3, got %d", d.Name, d.Tier)
 	}
 	if d.Version == "" {
 		d.Version = "1"
+	}
+	invalid := func(format string, args ...any) error {
+		return actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %s: "+format, append([]any{d.Name}, args...)...).WithDetail("action", d.Name)
 	}
 	for _, s := range []json.RawMessage{d.InputSchema, d.OutputSchema} {
 		if len(s) == 0 {
 			continue
 		}
 		if _, err := schema.CompileDocument("mem://"+d.Name, s); err != nil {
-			return fmt.Errorf("actions: %s: %w", d.Name, err)
+			return invalid("%v", err)
 		}
 	}
+	if d.PlannerVisible() && len(d.InputSchema) == 0 && (d.Planner == nil || strings.TrimSpace(d.Planner.ArgsSchemaOptOut) == "") {
+		return invalid("a planner-visible action needs an input schema or a non-empty ArgsSchemaOptOut reason")
+	}
+	if d.Planner != nil {
+		switch d.Planner.DecisionType {
+		case "", "action", "clarify":
+		default:
+			return invalid("planner decision type %q (want action or clarify)", d.Planner.DecisionType)
+		}
+		for _, a := range d.Planner.Aliases {
+			if !namePattern.MatchString(a) {
+				return invalid("planner alias %q is not a valid action name", a)
+			}
+		}
+	}
+	if !riskLevels[d.RiskLevel] {
+		return invalid("risk level %q (want low, medium, high or critical)", d.RiskLevel)
+	}
+	if err := d.AuditPolicy.Validate(); err != nil {
+		return err
+	}
+	for _, k := range d.HostOnlyKeys {
+		if k == "" {
+			return invalid("empty host-only key")
+		}
+	}
+	if d.HealFlattenedInto != "" {
+		var s struct {
+			Properties map[string]struct {
+				Type any `json:"type"`
+			} `json:"properties"`
+		}
+		_ = json.Unmarshal(d.InputSchema, &s)
+		p, ok := s.Properties[d.HealFlattenedInto]
+		if !ok || p.Type != "object" {
+			return invalid("HealFlattenedInto %q must name an object property of the input schema", d.HealFlattenedInto)
+		}
+	}
+	d.Permission = d.DeclaredPermission.Normalize(d.Mode)
 	return nil
 }
 
@@ -142,16 +209,8 @@ type Handler func(ctx context.Context, call Call) (Result, error)
 type Registered struct {
 	Def     Definition
 	Handler Handler
-	input   *schema.Compiled
+	Args    *ArgsChecker
 	output  *schema.Compiled
-}
-
-// ValidateInput checks input against the input schema.
-func (r *Registered) ValidateInput(input []byte) error {
-	if r.input == nil {
-		return nil
-	}
-	return r.input.ValidateJSON(input)
 }
 
 // ValidateOutput checks output against the output schema.
@@ -182,10 +241,8 @@ func (r *Registry) Register(def Definition, h Handler) error {
 	}
 	reg := &Registered{Def: def, Handler: h}
 	var err error
-	if len(def.InputSchema) > 0 {
-		if reg.input, err = schema.CompileDocument("mem://"+def.Name+"/input", def.InputSchema); err != nil {
-			return err
-		}
+	if reg.Args, err = NewArgsChecker(def); err != nil {
+		return err
 	}
 	if len(def.OutputSchema) > 0 {
 		if reg.output, err = schema.CompileDocument("mem://"+def.Name+"/output", def.OutputSchema); err != nil {

@@ -202,3 +202,17 @@ func (v *View) List() []Entry {
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
+
+// ListForPlanner returns the planner-visible entries of the view (hidden
+// actions left out), sorted by name. It is the source of truth for what a
+// planner may choose.
+func (v *View) ListForPlanner() []Entry {
+	all := v.List()
+	out := all[:0]
+	for _, e := range all {
+		if e.PlannerVisible() {
+			out = append(out, e)
+		}
+	}
+	return out
+}

@@ -181,9 +181,10 @@ func cancelCmd(g *globals) *cobra.Command {
 }
 
 func actionsCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var plannerOnly bool
+	cmd := &cobra.Command{
 		Use:   "actions",
-		Short: "List the action catalog",
+		Short: "List the action catalog (--planner: only what planners may choose)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, nc, err := g.client()
 			if err != nil {
@@ -195,13 +196,18 @@ func actionsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tMODE\tTIER\tPOOL\tVERSION\tDESCRIPTION")
+			fmt.Fprintln(tw, "NAME\tMODE\tTIER\tPOOL\tVERSION\tEFFECT\tDESCRIPTION")
 			for _, a := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", a.Name, a.Mode, a.Tier, a.Pool, a.Version, a.Description)
+				if plannerOnly && !a.PlannerVisible {
+					continue
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", a.Name, a.Mode, a.Tier, a.Pool, a.Version, a.Permission.Effect, a.Description)
 			}
 			return tw.Flush()
 		},
 	}
+	cmd.Flags().BoolVar(&plannerOnly, "planner", false, "only planner-visible actions")
+	return cmd
 }
 
 func eventsCmd(g *globals) *cobra.Command {

@@ -1,6 +1,10 @@
 package dispatch
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/actionbus/actionbus/internal/actions"
+)
 
 // stateCache keeps the last stored state of active runs with its revision,
 // so a transition usually skips reading the bucket. It is only an
@@ -49,4 +53,27 @@ func (c *stateCache) drop(runID string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.entries, runID)
+}
+
+// checkerCache keeps one compiled argument checker per catalog definition
+// hash; a new definition version gets a new checker.
+type checkerCache struct {
+	mu sync.Mutex
+	m  map[string]*actions.ArgsChecker
+}
+
+func newCheckerCache() *checkerCache { return &checkerCache{m: map[string]*actions.ArgsChecker{}} }
+
+func (c *checkerCache) get(def actions.Definition, hash string) (*actions.ArgsChecker, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ch, ok := c.m[hash]; ok {
+		return ch, nil
+	}
+	ch, err := actions.NewArgsChecker(def)
+	if err != nil {
+		return nil, err
+	}
+	c.m[hash] = ch
+	return ch, nil
 }

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -92,16 +93,17 @@ func (c *Config) Validate() error {
 
 // Dispatcher is the dispatcher service.
 type Dispatcher struct {
-	cfg   Config
-	js    jetstream.JetStream
-	bus   *events.Bus
-	topo  events.Topology
-	log   *slog.Logger
-	locks *keymutex.Striped
-	runs  jetstream.KeyValue
-	cat   *actions.View
-	ready chan struct{}
-	cache *stateCache
+	cfg      Config
+	js       jetstream.JetStream
+	bus      *events.Bus
+	topo     events.Topology
+	log      *slog.Logger
+	locks    *keymutex.Striped
+	runs     jetstream.KeyValue
+	cat      *actions.View
+	ready    chan struct{}
+	cache    *stateCache
+	checkers *checkerCache
 
 	queueMu sync.Mutex
 	queues  map[string]*runQueue
@@ -125,7 +127,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Dispatcher{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), ready: make(chan struct{}), cache: newStateCache(20000), queues: map[string]*runQueue{}}, nil
+	return &Dispatcher{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), ready: make(chan struct{}), cache: newStateCache(20000), checkers: newCheckerCache(), queues: map[string]*runQueue{}}, nil
 }
 
 // Run serves run requests, decisions, results and cancels until ctx ends,
@@ -212,7 +214,7 @@ func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequeste
 		data: &events.RunStarted{RunID: req.RunID, Kind: st.Kind, Scenario: req.Scenario, Prompt: req.Prompt}})
 	if req.Action != nil {
 		st.Cycle = 1
-		more, err := d.startCalls(ctx, st, []events.Decision{{Type: events.DecisionAction, Name: req.Action.Name, Args: req.Action.Args}}, events.OriginHost)
+		more, err := d.startCalls(ctx, st, []events.Decision{{Type: events.DecisionAction, Name: req.Action.Name, Args: req.Action.Args}}, events.OriginHost, false, false)
 		if err != nil {
 			return err
 		}
@@ -431,12 +433,17 @@ func (d *Dispatcher) pending(st *RunState) []emission {
 }
 
 func step(st *RunState, name string, planIndex *int, action, message, status string) emission {
+	return stepWith(st, name, planIndex, action, message, status, nil)
+}
+
+func stepWith(st *RunState, name string, planIndex *int, action, message, status string, details map[string]any) emission {
 	parts := []any{"step", name, st.Cycle}
 	if planIndex != nil {
 		parts = append(parts, *planIndex)
 	}
 	return emission{typ: events.TypeRunStep, id: events.DerivedID(st.RunID, parts...),
-		data: &events.RunStep{RunID: st.RunID, Name: name, Cycle: st.Cycle, PlanIndex: planIndex, Action: action, Message: message, Status: status}}
+		data: &events.RunStep{RunID: st.RunID, Name: name, Cycle: st.Cycle, PlanIndex: planIndex, Action: action,
+			Message: message, Status: status, Details: details}}
 }
 
 func (d *Dispatcher) askPlanner(st *RunState) []emission {
@@ -452,8 +459,9 @@ func (d *Dispatcher) askPlanner(st *RunState) []emission {
 
 func (d *Dispatcher) decisionRequest(st *RunState) emission {
 	return emission{typ: events.TypeDecisionRequested, id: events.DerivedID(st.RunID, "decide", st.Cycle),
-		data: &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Prompt, Scenario: st.Scenario, Observations: st.Observations},
-		ext:  []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}}
+		data: &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Prompt, Scenario: st.Scenario,
+			Observations: st.Observations, Feedback: st.Feedback},
+		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}}
 }
 
 func (d *Dispatcher) actionRequest(st *RunState, c CallState) emission {
@@ -514,13 +522,14 @@ func (d *Dispatcher) onDecision(ctx context.Context, st *RunState, dm *events.De
 	if dm.Error != nil {
 		return d.fail(st, dm.Error), nil
 	}
+	st.Feedback = nil
 	dec := dm.Decision
 	switch dec.Type {
 	case events.DecisionFinal:
 		out := []emission{step(st, "final", nil, "", dec.Answer, "ok")}
 		return append(out, d.terminate(st, &Terminal{Type: events.TypeRunCompleted, Answer: dec.Answer, Citations: dec.Citations})...), nil
 	case events.DecisionAction:
-		return d.startCalls(ctx, st, []events.Decision{dec}, events.OriginModel)
+		return d.startCalls(ctx, st, []events.Decision{dec}, events.OriginModel, false, false)
 	case events.DecisionPlan:
 		if len(dec.Actions) == 0 {
 			return d.fail(st, actionbus.Errorf(actionbus.CodePlanRejected, "a plan needs at least one action")), nil
@@ -533,45 +542,125 @@ func (d *Dispatcher) onDecision(ctx context.Context, st *RunState, dm *events.De
 				return d.fail(st, actionbus.Errorf(actionbus.CodePlanRejected, "plan action %d has type %q; only action envelopes are allowed in a plan", i, a.Type)), nil
 			}
 		}
-		return d.startCalls(ctx, st, dec.Actions, events.OriginModel)
+		return d.startCalls(ctx, st, dec.Actions, events.OriginModel, true, dec.PartialOK)
 	case events.DecisionClarify:
 		return d.fail(st, actionbus.Errorf(actionbus.CodeInvalidDecision, "clarify decisions are not supported by this dispatcher version")), nil
 	}
 	return d.fail(st, actionbus.Errorf(actionbus.CodeInvalidDecision, "unknown decision type %q", dec.Type)), nil
 }
 
-// startCalls validates every action up front, then records the calls and
-// dispatches the first MaxPlanParallel of them.
-func (d *Dispatcher) startCalls(ctx context.Context, st *RunState, decs []events.Decision, origin string) ([]emission, error) {
+// startCalls validates every action up front (catalog, mode, arguments),
+// then records the calls and dispatches the first MaxPlanParallel of them.
+// Arguments that fail their schema are not executed: the planner gets them
+// back as action_args_invalid observations to correct itself. In a plan
+// without partial_ok one invalid action holds back the whole plan; with
+// partial_ok the valid actions run and the invalid ones are recorded as
+// failed results.
+func (d *Dispatcher) startCalls(ctx context.Context, st *RunState, decs []events.Decision, origin string, isPlan, partialOK bool) ([]emission, error) {
+	var out []emission
+	if isPlan {
+		out = append(out, step(st, "plan-validating", nil, "", fmt.Sprintf("%d actions", len(decs)), ""))
+	}
 	calls := make([]CallState, 0, len(decs))
+	invalid := 0
 	for i, dec := range decs {
+		var pi *int
+		if isPlan {
+			pi = &i
+		}
 		entry, err := d.cat.Get(ctx, dec.Name)
 		if err != nil {
 			if errors.Is(err, actionbus.ErrActionNotFound) {
 				abErr := actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not in the catalog", dec.Name).WithDetail("action", dec.Name)
-				if len(decs) > 1 {
+				if isPlan {
 					abErr = abErr.WithDetail("planIndex", i)
 				}
-				return d.fail(st, abErr), nil
+				return append(out, d.fail(st, abErr)...), nil
 			}
 			return nil, err
 		}
 		if err := policy.CheckMode(st.AllowedModes, entry.Name, entry.Mode); err != nil {
-			if len(decs) > 1 {
+			if isPlan {
 				err = err.WithDetail("planIndex", i)
 			}
-			return d.fail(st, err), nil
+			return append(out, d.fail(st, err)...), nil
 		}
-		calls = append(calls, CallState{PlanIndex: i, CallID: events.DerivedID(st.RunID, "call", st.Cycle, i, 1),
-			Action: dec.Name, Pool: entry.Pool, Args: dec.Args, Origin: origin})
+		checker, err := d.checkers.get(entry.Definition, entry.Hash)
+		if err != nil {
+			return nil, events.Permanent(err)
+		}
+		args, report, issues := checker.Prepare(dec.Args, origin)
+		out = append(out, d.recordArgsReport(st, pi, dec.Name, report)...)
+		call := CallState{PlanIndex: i, CallID: events.DerivedID(st.RunID, "call", st.Cycle, i, 1),
+			Action: dec.Name, Pool: entry.Pool, Args: args, Origin: origin}
+		if issues != nil {
+			for k := range issues {
+				issues[k].PlanIndex = pi
+			}
+			abErr := actions.ArgsError(dec.Name, issues)
+			out = append(out, stepWith(st, "action-args-invalid", pi, dec.Name, abErr.Message, "failed",
+				map[string]any{"issues": issues}))
+			call.Dispatched, call.Done, call.Error = true, true, abErr
+			invalid++
+		}
+		calls = append(calls, call)
+	}
+	if invalid > 0 && (!isPlan || !partialOK) {
+		if isPlan {
+			out = append(out, step(st, "plan-validation-failed", nil, "", fmt.Sprintf("%d of %d actions have invalid arguments; nothing ran", invalid, len(decs)), "failed"))
+		}
+		var first *actionbus.Error
+		for _, c := range calls {
+			if c.Error == nil {
+				continue
+			}
+			if first == nil {
+				first = c.Error
+			}
+			obs := events.Observation{Cycle: st.Cycle, Action: c.Action, OK: false, Error: c.Error}
+			if isPlan {
+				pi := c.PlanIndex
+				obs.PlanIndex = &pi
+			}
+			st.Observations = append(st.Observations, obs)
+		}
+		if st.Kind == "exec" {
+			return append(out, d.fail(st, first)...), nil
+		}
+		st.Feedback = first
+		return append(out, d.askPlanner(st)...), nil
 	}
 	st.Phase = PhaseActing
 	st.Calls = calls
-	var out []emission
-	if len(calls) > 1 {
+	if isPlan {
 		out = append(out, step(st, "plan-executing", nil, "", fmt.Sprintf("%d actions, at most %d at once", len(calls), d.cfg.MaxPlanParallel), ""))
 	}
-	return append(out, d.dispatchMore(st)...), nil
+	out = append(out, d.dispatchMore(st)...)
+	if st.allDone() {
+		out = append(out, d.evaluate(st)...)
+	}
+	return out, nil
+}
+
+// recordArgsReport records alias rewrites and stripped keys as steps and
+// run diagnostics.
+func (d *Dispatcher) recordArgsReport(st *RunState, pi *int, action string, rep actions.ArgsReport) []emission {
+	var out []emission
+	note := func(name string, details map[string]any, msg string) {
+		st.Diagnostics = append(st.Diagnostics, Diagnostic{Name: name, Cycle: st.Cycle, PlanIndex: pi, Action: action, Details: details})
+		out = append(out, stepWith(st, name, pi, action, msg, "", details))
+	}
+	if len(rep.Rewrites) > 0 {
+		note("action-args-alias-rewrite", map[string]any{"rewrites": rep.Rewrites}, fmt.Sprintf("%d alias(es) rewritten", len(rep.Rewrites)))
+	}
+	if len(rep.Healed) > 0 {
+		note("action-args-auto-heal", map[string]any{"keys": rep.Healed}, "flattened arguments lifted: "+strings.Join(rep.Healed, ", "))
+	}
+	if stripped := append(append([]string{}, rep.Stripped...), rep.HostOnlyStripped...); len(stripped) > 0 {
+		note("action.input.unexpected_keys_stripped", map[string]any{"keys": rep.Stripped, "hostOnlyKeys": rep.HostOnlyStripped},
+			"stripped "+strings.Join(stripped, ", "))
+	}
+	return out
 }
 
 // dispatchMore dispatches calls in declaration order while fewer than

@@ -43,6 +43,20 @@ type RunState struct {
 	// Terminal holds the run's terminal event once it has one, so that a
 	// restarted dispatcher republishes exactly that event.
 	Terminal *Terminal `json:"terminal,omitempty"`
+	// Feedback tells the planner why its last decision did not run.
+	Feedback *actionbus.Error `json:"feedback,omitempty"`
+	// Diagnostics are facts recorded about the run's inputs (alias
+	// rewrites, stripped keys).
+	Diagnostics []Diagnostic `json:"diagnostics,omitempty"`
+}
+
+// Diagnostic is one recorded fact about a run's inputs.
+type Diagnostic struct {
+	Name      string         `json:"name"`
+	Cycle     int            `json:"cycle"`
+	PlanIndex *int           `json:"planIndex,omitempty"`
+	Action    string         `json:"action"`
+	Details   map[string]any `json:"details"`
 }
 
 // CallState is one action call of the current cycle.

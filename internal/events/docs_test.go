@@ -27,11 +27,11 @@ func TestCatalogMatchesDocs(t *testing.T) {
 	for _, e := range events.Catalog {
 		row := "| `" + e.Type + "` | `" + e.Subject + "` | " + e.Producer + " | " + strings.Join(e.Consumers, ", ") +
 			" | [`schemas/" + e.Schema + "`](../schemas/" + e.Schema + ") |"
-		assert.Contains(t, doc, row, "docs/events.md row of %s", e.Type)
+		assert.True(t, strings.Contains(doc, row), "docs/events.md has no row\n%s", row)
 		_, err := schemas.FS.Open(e.Schema)
 		assert.NoError(t, err, "schema file of %s", e.Type)
 	}
 	for _, c := range actionbus.Codes {
-		assert.Contains(t, doc, "`"+string(c)+"`", "error code %s is not documented", c)
+		assert.True(t, strings.Contains(doc, "| `"+string(c)+"` |"), "error code %s has no row in docs/events.md", c)
 	}
 }

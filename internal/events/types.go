@@ -83,6 +83,8 @@ type RunStep struct {
 	Action    string `json:"action,omitempty"`
 	Message   string `json:"message,omitempty"`
 	Status    string `json:"status,omitempty"`
+	// Details holds structured facts of the step.
+	Details map[string]any `json:"details,omitempty"`
 }
 
 // RunCompleted is the terminal event of a successful run.

@@ -34,7 +34,8 @@ type Provider interface {
 type Input struct {
 	// Request is the run's decision request: prompt, cycle, observations.
 	Request *events.DecisionRequested
-	// Actions is the action catalog, sorted by name.
+	// Actions are the planner-visible actions of the catalog, sorted by
+	// name.
 	Actions []actions.Entry
 }
 
@@ -112,7 +113,7 @@ func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Ms
 		return events.Permanent(fmt.Errorf("planner: unexpected %s", r.Event.Type()))
 	}
 	dm := &events.DecisionMade{RunID: req.RunID, Cycle: req.Cycle, Planner: s.cfg.Provider.Name()}
-	dec, err := s.cfg.Provider.Decide(ctx, Input{Request: req, Actions: s.cat.List()})
+	dec, err := s.cfg.Provider.Decide(ctx, Input{Request: req, Actions: s.cat.ListForPlanner()})
 	if err != nil {
 		var abErr *actionbus.Error
 		if !errors.As(err, &abErr) {

@@ -33,8 +33,9 @@ type ScenarioFile struct {
 // Script is the script provider: decisions come from scenario files, chosen
 // by the scenario named in the run request, one per cycle. String values in
 // a decision are Go templates (text/template) rendered against the run so
-// far; see [TemplateData]. A string that is exactly one template action and
-// renders to JSON (with the toJson function) becomes that JSON value.
+// far; see [TemplateData]. Inside action arguments, a string that is
+// exactly one template action and renders to a JSON number, boolean, array
+// or object (e.g. with the toJson function) becomes that JSON value.
 type Script struct {
 	scenarios map[string]Scenario
 }
@@ -180,7 +181,7 @@ var funcs = template.FuncMap{
 }
 
 func checkTemplates(d events.Decision) error {
-	_, err := walkStrings(d, func(s string) (any, error) {
+	_, err := walkStrings(d, func(s string, _ bool) (any, error) {
 		if !strings.Contains(s, "{{") {
 			return s, nil
 		}
@@ -191,7 +192,7 @@ func checkTemplates(d events.Decision) error {
 }
 
 func render(d events.Decision, data TemplateData) (events.Decision, error) {
-	v, err := walkStrings(d, func(s string) (any, error) {
+	v, err := walkStrings(d, func(s string, inArgs bool) (any, error) {
 		if !strings.Contains(s, "{{") {
 			return s, nil
 		}
@@ -205,7 +206,7 @@ func render(d events.Decision, data TemplateData) (events.Decision, error) {
 		}
 		out := b.String()
 		trimmed := strings.TrimSpace(s)
-		if strings.HasPrefix(trimmed, "{{") && strings.HasSuffix(trimmed, "}}") && strings.Count(trimmed, "{{") == 1 {
+		if inArgs && strings.HasPrefix(trimmed, "{{") && strings.HasSuffix(trimmed, "}}") && strings.Count(trimmed, "{{") == 1 {
 			var j any
 			if json.Unmarshal([]byte(out), &j) == nil {
 				if _, isStr := j.(string); !isStr {
@@ -228,8 +229,8 @@ func render(d events.Decision, data TemplateData) (events.Decision, error) {
 }
 
 // walkStrings maps fn over every string of a decision, returned as generic
-// JSON.
-func walkStrings(d events.Decision, fn func(string) (any, error)) (any, error) {
+// JSON; fn learns whether the string is inside action arguments.
+func walkStrings(d events.Decision, fn func(s string, inArgs bool) (any, error)) (any, error) {
 	b, err := json.Marshal(d)
 	if err != nil {
 		return nil, err
@@ -238,17 +239,17 @@ func walkStrings(d events.Decision, fn func(string) (any, error)) (any, error) {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return nil, err
 	}
-	var walk func(any) (any, error)
-	walk = func(x any) (any, error) {
+	var walk func(any, bool) (any, error)
+	walk = func(x any, inArgs bool) (any, error) {
 		switch t := x.(type) {
 		case string:
-			return fn(t)
+			return fn(t, inArgs)
 		case map[string]any:
 			for k, e := range t {
-				if k == "type" || k == "name" {
+				if !inArgs && (k == "type" || k == "name") {
 					continue
 				}
-				nv, err := walk(e)
+				nv, err := walk(e, inArgs || k == "args")
 				if err != nil {
 					return nil, err
 				}
@@ -256,7 +257,7 @@ func walkStrings(d events.Decision, fn func(string) (any, error)) (any, error) {
 			}
 		case []any:
 			for i, e := range t {
-				nv, err := walk(e)
+				nv, err := walk(e, inArgs)
 				if err != nil {
 					return nil, err
 				}
@@ -265,5 +266,5 @@ func walkStrings(d events.Decision, fn func(string) (any, error)) (any, error) {
 		}
 		return x, nil
 	}
-	return walk(v)
+	return walk(v, false)
 }

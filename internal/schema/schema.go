@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
 
@@ -27,7 +28,12 @@ var printer = message.NewPrinter(language.English)
 // Issue is one schema violation.
 type Issue struct {
 	// Path is the JSON Pointer of the offending value ("" is the root).
+	// For a missing required property it is the pointer of the property
+	// that should be there.
 	Path string `json:"path"`
+	// Keyword is the schema keyword that failed ("required", "type",
+	// "minLength", "additionalProperties", ...).
+	Keyword string `json:"keyword"`
 	// Reason says what is wrong, e.g. "missing property 'runId'".
 	Reason string `json:"reason"`
 }
@@ -151,7 +157,18 @@ func Issues(ve *jsonschema.ValidationError) []Issue {
 	var walk func(e *jsonschema.ValidationError)
 	walk = func(e *jsonschema.ValidationError) {
 		if len(e.Causes) == 0 {
-			out = append(out, Issue{Path: Pointer(e.InstanceLocation), Reason: e.ErrorKind.LocalizedString(printer)})
+			kw := ""
+			if kp := e.ErrorKind.KeywordPath(); len(kp) > 0 {
+				kw = kp[len(kp)-1]
+			}
+			reason := e.ErrorKind.LocalizedString(printer)
+			if req, ok := e.ErrorKind.(*kind.Required); ok {
+				for _, m := range req.Missing {
+					out = append(out, Issue{Path: Pointer(append(append([]string{}, e.InstanceLocation...), m)), Keyword: kw, Reason: "missing required property"})
+				}
+				return
+			}
+			out = append(out, Issue{Path: Pointer(e.InstanceLocation), Keyword: kw, Reason: reason})
 			return
 		}
 		for _, c := range e.Causes {
