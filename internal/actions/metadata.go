@@ -27,6 +27,9 @@ type PlannerMeta struct {
 	// ArgsSchemaOptOut is the reason a planner-visible action has no input
 	// schema; required in that case.
 	ArgsSchemaOptOut string `json:"argsSchemaOptOut,omitempty"`
+	// StateMutator marks an action that changes planner state (like the
+	// seed's read_agent_skill): it must run alone, never inside a plan.
+	StateMutator bool `json:"stateMutator,omitempty"`
 }
 
 // Permission is what an action may do to the world, as declared by its

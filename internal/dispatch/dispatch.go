@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -24,11 +25,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/keymutex"
-	"github.com/actionbus/actionbus/internal/policy"
 )
 
 // Plan limits.
@@ -51,6 +50,24 @@ type Config struct {
 	MaxPlanParallel int
 	// Concurrency bounds events handled at once; default 64.
 	Concurrency int
+	// MaxFailedRounds stops the loop when the same action failed this many
+	// consecutive rounds; default 2.
+	MaxFailedRounds int
+	// RunDeadline bounds a whole run unless the request gives its own;
+	// default 10 minutes.
+	RunDeadline time.Duration
+	// DecisionTimeout bounds one planner decision; default 2 minutes.
+	DecisionTimeout time.Duration
+	// ActionGrace is added to an action's own timeout before the
+	// dispatcher declares the action stage stalled (the executor reports
+	// timeouts itself; this catches lost executors); default 30 seconds.
+	ActionGrace time.Duration
+	// InputTimeout bounds the wait for an answer to a clarify question;
+	// default 24 hours.
+	InputTimeout time.Duration
+	// ObservationBytes bounds one observation's output as given to the
+	// planner; larger outputs are replaced by a digest; default 4096.
+	ObservationBytes int
 	// Logger receives the dispatcher's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -71,9 +88,42 @@ func (c *Config) setDefaults() {
 	if c.Concurrency == 0 {
 		c.Concurrency = 64
 	}
+	if c.MaxFailedRounds == 0 {
+		c.MaxFailedRounds = 2
+	}
+	if c.RunDeadline == 0 {
+		c.RunDeadline = 10 * time.Minute
+	}
+	if c.DecisionTimeout == 0 {
+		c.DecisionTimeout = 2 * time.Minute
+	}
+	if c.ActionGrace == 0 {
+		c.ActionGrace = 30 * time.Second
+	}
+	if c.InputTimeout == 0 {
+		c.InputTimeout = 24 * time.Hour
+	}
+	if c.ObservationBytes == 0 {
+		c.ObservationBytes = 4096
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+}
+
+// ParsePlanLimit parses a MaxPlanActions setting from text (a flag or an
+// environment variable): a whole number from 1 to 20. Anything else (0,
+// 21, 1.5, "ten") is refused, so a bad setting stops the dispatcher at
+// start instead of being silently replaced by the default.
+func ParsePlanLimit(s string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("dispatch: max plan actions %q is not a whole number", s)
+	}
+	if n < 1 || n > MaxPlanActionsCeiling {
+		return 0, fmt.Errorf("dispatch: max plan actions must be 1 to %d (hard ceiling), got %d", MaxPlanActionsCeiling, n)
+	}
+	return n, nil
 }
 
 // Validate reports configuration errors.
@@ -87,6 +137,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("dispatch: MaxCycles must be at least 1, got %d", c.MaxCycles)
 	case c.Concurrency < 1:
 		return fmt.Errorf("dispatch: Concurrency must be at least 1, got %d", c.Concurrency)
+	case c.MaxFailedRounds < 1:
+		return fmt.Errorf("dispatch: MaxFailedRounds must be at least 1, got %d", c.MaxFailedRounds)
+	case c.RunDeadline < time.Second || c.DecisionTimeout < time.Second || c.ActionGrace < 0 || c.InputTimeout < time.Second:
+		return fmt.Errorf("dispatch: deadlines must be at least one second (timers have second precision)")
+	case c.ObservationBytes < 256:
+		return fmt.Errorf("dispatch: ObservationBytes must be at least 256, got %d", c.ObservationBytes)
 	}
 	return events.Topology{Prefix: c.Prefix}.Validate()
 }
@@ -162,6 +218,9 @@ type emission struct {
 	typ, id, pool string
 	data          any
 	ext           []events.Extension
+	// subject and header are set for timer schedules only.
+	subject string
+	header  nats.Header
 }
 
 func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
@@ -190,7 +249,16 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 			if st.IsTerminal() {
 				return nil, nil
 			}
-			return d.terminate(st, &Terminal{Type: events.TypeRunCanceled, Reason: data.Reason}), nil
+			return append([]emission{step(st, "canceled", nil, "", data.Reason, "")},
+				d.terminate(st, &Terminal{Type: events.TypeRunCanceled, Reason: data.Reason})...), nil
+		})
+	case *events.InputProvided:
+		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
+			return d.onInput(st, data), nil
+		})
+	case *events.TimerFired:
+		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
+			return d.onTimer(st, data), nil
 		})
 	}
 	d.log.Warn("ignoring an event the dispatcher does not handle", "type", r.Event.Type(), "subject", r.Subject)
@@ -210,11 +278,17 @@ func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequeste
 	if req.Action != nil {
 		st.Kind = "exec"
 	}
+	deadline := d.cfg.RunDeadline
+	if req.DeadlineMs > 0 {
+		deadline = time.Duration(req.DeadlineMs) * time.Millisecond
+	}
+	st.Deadline = now.Add(deadline)
 	out = append(out, emission{typ: events.TypeRunStarted, id: events.DerivedID(req.RunID, "started"),
-		data: &events.RunStarted{RunID: req.RunID, Kind: st.Kind, Scenario: req.Scenario, Prompt: req.Prompt}})
+		data: &events.RunStarted{RunID: req.RunID, Kind: st.Kind, Scenario: req.Scenario, Prompt: req.Prompt}},
+		d.timer(st, events.TimerRunDeadline, "run", "", "run", deadline))
 	if req.Action != nil {
 		st.Cycle = 1
-		more, err := d.startCalls(ctx, st, []events.Decision{{Type: events.DecisionAction, Name: req.Action.Name, Args: req.Action.Args}}, events.OriginHost, false, false)
+		more, err := d.startCalls(ctx, st, []events.Decision{{Type: events.DecisionAction, Name: req.Action.Name, Args: req.Action.Args}}, events.OriginHost, nil)
 		if err != nil {
 			return err
 		}
@@ -408,7 +482,8 @@ func (d *Dispatcher) publish(ctx context.Context, st *RunState, out []emission) 
 	}
 	batch := make([]events.Emission, len(out))
 	for i, e := range out {
-		batch[i] = events.Emission{Type: e.typ, ID: e.id, RunID: st.RunID, Pool: e.pool, Data: e.data, Ext: e.ext}
+		batch[i] = events.Emission{Type: e.typ, ID: e.id, RunID: st.RunID, Pool: e.pool, Data: e.data, Ext: e.ext,
+			Subject: e.subject, Header: e.header}
 	}
 	return d.bus.EmitAll(ctx, batch)
 }
@@ -444,294 +519,4 @@ func stepWith(st *RunState, name string, planIndex *int, action, message, status
 	return emission{typ: events.TypeRunStep, id: events.DerivedID(st.RunID, parts...),
 		data: &events.RunStep{RunID: st.RunID, Name: name, Cycle: st.Cycle, PlanIndex: planIndex, Action: action,
 			Message: message, Status: status, Details: details}}
-}
-
-func (d *Dispatcher) askPlanner(st *RunState) []emission {
-	st.Cycle++
-	st.Phase = PhaseDeciding
-	st.Calls = nil
-	if st.Cycle > d.cfg.MaxCycles {
-		return d.terminate(st, &Terminal{Type: events.TypeRunFailed, Error: actionbus.Errorf(actionbus.CodeMaxCycles,
-			"run used its %d planner cycles without a final answer", d.cfg.MaxCycles)})
-	}
-	return []emission{step(st, "decide", nil, "", fmt.Sprintf("asking the planner (cycle %d)", st.Cycle), ""), d.decisionRequest(st)}
-}
-
-func (d *Dispatcher) decisionRequest(st *RunState) emission {
-	return emission{typ: events.TypeDecisionRequested, id: events.DerivedID(st.RunID, "decide", st.Cycle),
-		data: &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Prompt, Scenario: st.Scenario,
-			Observations: st.Observations, Feedback: st.Feedback},
-		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}}
-}
-
-func (d *Dispatcher) actionRequest(st *RunState, c CallState) emission {
-	return emission{typ: events.TypeActionRequested, id: c.CallID, pool: c.Pool,
-		data: &events.ActionRequested{RunID: st.RunID, CallID: c.CallID, Cycle: st.Cycle, PlanIndex: c.PlanIndex, Attempt: 1,
-			Action: c.Action, Args: nonNilArgs(c.Args), Origin: c.Origin, UserID: st.UserID},
-		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}, {Name: events.ExtPlanIndex, Value: c.PlanIndex}, {Name: events.ExtPool, Value: c.Pool}}}
-}
-
-func nonNilArgs(a map[string]any) map[string]any {
-	if a == nil {
-		return map[string]any{}
-	}
-	return a
-}
-
-func terminalEmission(st *RunState) emission {
-	t := st.Terminal
-	e := emission{typ: t.Type, id: events.TerminalID(st.RunID)}
-	switch t.Type {
-	case events.TypeRunCompleted:
-		e.data = &events.RunCompleted{RunID: st.RunID, Answer: t.Answer, Output: t.Output, Citations: t.Citations, Cycles: st.Cycle}
-	case events.TypeRunCanceled:
-		e.data = &events.RunCanceled{RunID: st.RunID, Reason: t.Reason, Cycles: st.Cycle}
-	default:
-		e.data = &events.RunFailed{RunID: st.RunID, Error: *t.Error, Cycles: st.Cycle}
-	}
-	return e
-}
-
-// terminate ends the run: it stores its terminal event and returns it.
-func (d *Dispatcher) terminate(st *RunState, t *Terminal) []emission {
-	st.Terminal = t
-	st.Phase = ""
-	switch t.Type {
-	case events.TypeRunCompleted:
-		st.Status = StatusCompleted
-	case events.TypeRunCanceled:
-		st.Status = StatusCanceled
-	default:
-		st.Status = StatusFailed
-	}
-	return []emission{terminalEmission(st)}
-}
-
-func (d *Dispatcher) fail(st *RunState, err error) []emission {
-	var abErr *actionbus.Error
-	if !errors.As(err, &abErr) {
-		abErr = &actionbus.Error{Code: actionbus.CodeInternal, Message: err.Error()}
-	}
-	return d.terminate(st, &Terminal{Type: events.TypeRunFailed, Error: abErr})
-}
-
-func (d *Dispatcher) onDecision(ctx context.Context, st *RunState, dm *events.DecisionMade) ([]emission, error) {
-	if st.IsTerminal() || st.Phase != PhaseDeciding || dm.Cycle != st.Cycle {
-		return nil, nil // stale or duplicate decision
-	}
-	if dm.Error != nil {
-		return d.fail(st, dm.Error), nil
-	}
-	st.Feedback = nil
-	dec := dm.Decision
-	switch dec.Type {
-	case events.DecisionFinal:
-		out := []emission{step(st, "final", nil, "", dec.Answer, "ok")}
-		return append(out, d.terminate(st, &Terminal{Type: events.TypeRunCompleted, Answer: dec.Answer, Citations: dec.Citations})...), nil
-	case events.DecisionAction:
-		return d.startCalls(ctx, st, []events.Decision{dec}, events.OriginModel, false, false)
-	case events.DecisionPlan:
-		if len(dec.Actions) == 0 {
-			return d.fail(st, actionbus.Errorf(actionbus.CodePlanRejected, "a plan needs at least one action")), nil
-		}
-		if len(dec.Actions) > d.cfg.MaxPlanActions {
-			return d.fail(st, actionbus.Errorf(actionbus.CodePlanRejected, "plan has %d actions; at most %d are allowed", len(dec.Actions), d.cfg.MaxPlanActions)), nil
-		}
-		for i, a := range dec.Actions {
-			if a.Type != events.DecisionAction {
-				return d.fail(st, actionbus.Errorf(actionbus.CodePlanRejected, "plan action %d has type %q; only action envelopes are allowed in a plan", i, a.Type)), nil
-			}
-		}
-		return d.startCalls(ctx, st, dec.Actions, events.OriginModel, true, dec.PartialOK)
-	case events.DecisionClarify:
-		return d.fail(st, actionbus.Errorf(actionbus.CodeInvalidDecision, "clarify decisions are not supported by this dispatcher version")), nil
-	}
-	return d.fail(st, actionbus.Errorf(actionbus.CodeInvalidDecision, "unknown decision type %q", dec.Type)), nil
-}
-
-// startCalls validates every action up front (catalog, mode, arguments),
-// then records the calls and dispatches the first MaxPlanParallel of them.
-// Arguments that fail their schema are not executed: the planner gets them
-// back as action_args_invalid observations to correct itself. In a plan
-// without partial_ok one invalid action holds back the whole plan; with
-// partial_ok the valid actions run and the invalid ones are recorded as
-// failed results.
-func (d *Dispatcher) startCalls(ctx context.Context, st *RunState, decs []events.Decision, origin string, isPlan, partialOK bool) ([]emission, error) {
-	var out []emission
-	if isPlan {
-		out = append(out, step(st, "plan-validating", nil, "", fmt.Sprintf("%d actions", len(decs)), ""))
-	}
-	calls := make([]CallState, 0, len(decs))
-	invalid := 0
-	for i, dec := range decs {
-		var pi *int
-		if isPlan {
-			pi = &i
-		}
-		entry, err := d.cat.Get(ctx, dec.Name)
-		if err != nil {
-			if errors.Is(err, actionbus.ErrActionNotFound) {
-				abErr := actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not in the catalog", dec.Name).WithDetail("action", dec.Name)
-				if isPlan {
-					abErr = abErr.WithDetail("planIndex", i)
-				}
-				return append(out, d.fail(st, abErr)...), nil
-			}
-			return nil, err
-		}
-		if err := policy.CheckMode(st.AllowedModes, entry.Name, entry.Mode); err != nil {
-			if isPlan {
-				err = err.WithDetail("planIndex", i)
-			}
-			return append(out, d.fail(st, err)...), nil
-		}
-		checker, err := d.checkers.get(entry.Definition, entry.Hash)
-		if err != nil {
-			return nil, events.Permanent(err)
-		}
-		args, report, issues := checker.Prepare(dec.Args, origin)
-		out = append(out, d.recordArgsReport(st, pi, dec.Name, report)...)
-		call := CallState{PlanIndex: i, CallID: events.DerivedID(st.RunID, "call", st.Cycle, i, 1),
-			Action: dec.Name, Pool: entry.Pool, Args: args, Origin: origin}
-		if issues != nil {
-			for k := range issues {
-				issues[k].PlanIndex = pi
-			}
-			abErr := actions.ArgsError(dec.Name, issues)
-			out = append(out, stepWith(st, "action-args-invalid", pi, dec.Name, abErr.Message, "failed",
-				map[string]any{"issues": issues}))
-			call.Dispatched, call.Done, call.Error = true, true, abErr
-			invalid++
-		}
-		calls = append(calls, call)
-	}
-	if invalid > 0 && (!isPlan || !partialOK) {
-		if isPlan {
-			out = append(out, step(st, "plan-validation-failed", nil, "", fmt.Sprintf("%d of %d actions have invalid arguments; nothing ran", invalid, len(decs)), "failed"))
-		}
-		var first *actionbus.Error
-		for _, c := range calls {
-			if c.Error == nil {
-				continue
-			}
-			if first == nil {
-				first = c.Error
-			}
-			obs := events.Observation{Cycle: st.Cycle, Action: c.Action, OK: false, Error: c.Error}
-			if isPlan {
-				pi := c.PlanIndex
-				obs.PlanIndex = &pi
-			}
-			st.Observations = append(st.Observations, obs)
-		}
-		if st.Kind == "exec" {
-			return append(out, d.fail(st, first)...), nil
-		}
-		st.Feedback = first
-		return append(out, d.askPlanner(st)...), nil
-	}
-	st.Phase = PhaseActing
-	st.Calls = calls
-	if isPlan {
-		out = append(out, step(st, "plan-executing", nil, "", fmt.Sprintf("%d actions, at most %d at once", len(calls), d.cfg.MaxPlanParallel), ""))
-	}
-	out = append(out, d.dispatchMore(st)...)
-	if st.allDone() {
-		out = append(out, d.evaluate(st)...)
-	}
-	return out, nil
-}
-
-// recordArgsReport records alias rewrites and stripped keys as steps and
-// run diagnostics.
-func (d *Dispatcher) recordArgsReport(st *RunState, pi *int, action string, rep actions.ArgsReport) []emission {
-	var out []emission
-	note := func(name string, details map[string]any, msg string) {
-		st.Diagnostics = append(st.Diagnostics, Diagnostic{Name: name, Cycle: st.Cycle, PlanIndex: pi, Action: action, Details: details})
-		out = append(out, stepWith(st, name, pi, action, msg, "", details))
-	}
-	if len(rep.Rewrites) > 0 {
-		note("action-args-alias-rewrite", map[string]any{"rewrites": rep.Rewrites}, fmt.Sprintf("%d alias(es) rewritten", len(rep.Rewrites)))
-	}
-	if len(rep.Healed) > 0 {
-		note("action-args-auto-heal", map[string]any{"keys": rep.Healed}, "flattened arguments lifted: "+strings.Join(rep.Healed, ", "))
-	}
-	if stripped := append(append([]string{}, rep.Stripped...), rep.HostOnlyStripped...); len(stripped) > 0 {
-		note("action.input.unexpected_keys_stripped", map[string]any{"keys": rep.Stripped, "hostOnlyKeys": rep.HostOnlyStripped},
-			"stripped "+strings.Join(stripped, ", "))
-	}
-	return out
-}
-
-// dispatchMore dispatches calls in declaration order while fewer than
-// MaxPlanParallel are in flight.
-func (d *Dispatcher) dispatchMore(st *RunState) []emission {
-	var out []emission
-	for i := range st.Calls {
-		if st.inFlight() >= d.cfg.MaxPlanParallel {
-			break
-		}
-		c := &st.Calls[i]
-		if c.Dispatched {
-			continue
-		}
-		c.Dispatched = true
-		pi := c.PlanIndex
-		out = append(out, step(st, "action-dispatched", &pi, c.Action, "to pool "+c.Pool, ""), d.actionRequest(st, *c))
-	}
-	return out
-}
-
-func (d *Dispatcher) onResult(st *RunState, callID, executor string, ok bool, output any, summary string, complete bool, abErr *actionbus.Error) ([]emission, error) {
-	if st.IsTerminal() {
-		return nil, nil
-	}
-	i := st.callIndex(callID)
-	if i < 0 || st.Calls[i].Done {
-		return nil, nil // a duplicate or a result of an earlier cycle
-	}
-	c := &st.Calls[i]
-	c.Done, c.OK, c.Output, c.Summary, c.Complete, c.Error, c.Executor = true, ok, output, summary, complete, abErr, executor
-	pi := c.PlanIndex
-	status, msg := "ok", summary
-	if !ok {
-		status, msg = "failed", string(abErr.Code)+": "+abErr.Message
-	}
-	out := []emission{step(st, "action-"+map[bool]string{true: "completed", false: "failed"}[ok], &pi, c.Action, msg+" (executor "+executor+")", status)}
-	out = append(out, d.dispatchMore(st)...)
-	if !st.allDone() {
-		return out, nil
-	}
-	return append(out, d.evaluate(st)...), nil
-}
-
-// evaluate runs when every call of the cycle has a result: results are
-// recorded in declaration order, whatever order they arrived in.
-func (d *Dispatcher) evaluate(st *RunState) []emission {
-	var out []emission
-	if len(st.Calls) > 1 {
-		out = append(out, step(st, "plan-executed", nil, "", fmt.Sprintf("%d actions", len(st.Calls)), ""))
-	}
-	for _, c := range st.Calls {
-		pi := c.PlanIndex
-		obs := events.Observation{Cycle: st.Cycle, Action: c.Action, OK: c.OK, Output: c.Output, Summary: c.Summary, Error: c.Error}
-		if len(st.Calls) > 1 {
-			obs.PlanIndex = &pi
-		}
-		st.Observations = append(st.Observations, obs)
-	}
-	if st.Kind == "exec" {
-		c := st.Calls[0]
-		if !c.OK {
-			return append(out, d.terminate(st, &Terminal{Type: events.TypeRunFailed, Error: c.Error})...)
-		}
-		return append(out, d.terminate(st, &Terminal{Type: events.TypeRunCompleted, Output: c.Output, Answer: c.Summary})...)
-	}
-	// A handler result with Complete ends the run; declaration order wins.
-	for _, c := range st.Calls {
-		if c.OK && c.Complete {
-			return append(out, d.terminate(st, &Terminal{Type: events.TypeRunCompleted, Output: c.Output, Answer: c.Summary})...)
-		}
-	}
-	return append(out, d.askPlanner(st)...)
 }

@@ -9,16 +9,18 @@ import (
 
 // Run statuses.
 const (
-	StatusRunning   = "running"
-	StatusCompleted = "completed"
-	StatusFailed    = "failed"
-	StatusCanceled  = "canceled"
+	StatusRunning       = "running"
+	StatusAwaitingInput = "awaiting_input"
+	StatusCompleted     = "completed"
+	StatusFailed        = "failed"
+	StatusCanceled      = "canceled"
 )
 
 // Phases of a running run.
 const (
-	PhaseDeciding = "deciding"
-	PhaseActing   = "acting"
+	PhaseDeciding      = "deciding"
+	PhaseActing        = "acting"
+	PhaseAwaitingInput = "awaiting_input"
 )
 
 // RunState is the dispatcher's record of one run, stored as JSON under the
@@ -48,6 +50,24 @@ type RunState struct {
 	// Diagnostics are facts recorded about the run's inputs (alias
 	// rewrites, stripped keys).
 	Diagnostics []Diagnostic `json:"diagnostics,omitempty"`
+	// Plan describes the current cycle's plan, when it is one.
+	Plan *PlanState `json:"plan,omitempty"`
+	// Question is the clarify question the run waits on.
+	Question string `json:"question,omitempty"`
+	// Synthesize is the synthesize instruction for the next decision.
+	Synthesize string `json:"synthesize,omitempty"`
+	// FailStreaks counts, per action, consecutive rounds that failed.
+	FailStreaks map[string]int `json:"failStreaks,omitempty"`
+	// FailEvidence keeps the errors of the current streaks.
+	FailEvidence map[string][]actionbus.Error `json:"failEvidence,omitempty"`
+	// Deadline is when the whole run times out.
+	Deadline time.Time `json:"deadline"`
+}
+
+// PlanState is what the dispatcher remembers of a plan decision.
+type PlanState struct {
+	PartialOK             bool   `json:"partialOk,omitempty"`
+	SynthesizeInstruction string `json:"synthesizeInstruction,omitempty"`
 }
 
 // Diagnostic is one recorded fact about a run's inputs.
@@ -75,6 +95,7 @@ type CallState struct {
 	Complete   bool             `json:"complete,omitempty"`
 	Error      *actionbus.Error `json:"error,omitempty"`
 	Executor   string           `json:"executor,omitempty"`
+	TimeoutMs  int64            `json:"timeoutMs,omitempty"`
 }
 
 // Terminal is a run's terminal event.

@@ -165,6 +165,33 @@ type Emission struct {
 	Type, ID, RunID, Pool string
 	Data                  any
 	Ext                   []Extension
+	// Subject overrides the catalog subject (timer schedules).
+	Subject string
+	// Header adds NATS headers (timer schedules).
+	Header nats.Header
+}
+
+// Schedule headers (JetStream message scheduling).
+const (
+	HeaderSchedule       = "Nats-Schedule"
+	HeaderScheduleTarget = "Nats-Schedule-Target"
+)
+
+// TimerEmission returns the schedule of a durable timer: the timer.fired
+// event published on the run's schedule subject name, to be copied by the
+// server onto the run's timer subject at (rounded up to the second).
+func (b *Bus) TimerEmission(id, name string, at time.Time, t *TimerFired) Emission {
+	at = at.UTC().Truncate(time.Second).Add(time.Second)
+	t.DueAt = at
+	return Emission{
+		Type: TypeTimerFired, ID: id, RunID: t.RunID, Data: t,
+		Ext:     []Extension{{Name: ExtCycle, Value: t.Cycle}},
+		Subject: b.subjects.Schedule(t.RunID, name),
+		Header: nats.Header{
+			HeaderSchedule:       []string{"@at " + at.Format(time.RFC3339)},
+			HeaderScheduleTarget: []string{b.subjects.Run(t.RunID, "timer")},
+		},
+	}
 }
 
 // EmitAll validates and publishes several events at once: every publish is
@@ -172,16 +199,19 @@ type Emission struct {
 // round trip. It returns the first error; events published before it stay
 // published (their ids make a retry safe).
 func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
-	if len(batch) == 1 {
+	if len(batch) == 1 && batch[0].Subject == "" && batch[0].Header == nil {
 		x := batch[0]
 		_, err := b.Emit(ctx, x.Type, x.ID, x.RunID, x.Pool, x.Data, x.Ext...)
 		return err
 	}
 	futures := make([]jetstream.PubAckFuture, 0, len(batch))
 	for _, x := range batch {
-		subject, err := b.subjects.SubjectFor(x.Type, x.RunID, x.Pool)
-		if err != nil {
-			return err
+		subject := x.Subject
+		if subject == "" {
+			var err error
+			if subject, err = b.subjects.SubjectFor(x.Type, x.RunID, x.Pool); err != nil {
+				return err
+			}
 		}
 		e, err := b.New(x.Type, x.ID, x.RunID, x.Data, x.Ext...)
 		if err != nil {
@@ -194,23 +224,35 @@ func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 		if err != nil {
 			return err
 		}
+		for k, v := range x.Header {
+			msg.Header[k] = v
+		}
 		f, err := b.js.PublishMsgAsync(msg)
 		if err != nil {
 			return fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
 		}
 		futures = append(futures, f)
 	}
+	// A publish the server never acknowledges (a permissions violation,
+	// no stream) must not hang the caller.
+	timeout := time.NewTimer(PublishTimeout)
+	defer timeout.Stop()
 	for _, f := range futures {
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
 			return fmt.Errorf("events: publish on %s: %w", f.Msg().Subject, err)
+		case <-timeout.C:
+			return fmt.Errorf("events: publish on %s: no acknowledgement within %s", f.Msg().Subject, PublishTimeout)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 	return nil
 }
+
+// PublishTimeout bounds the wait for JetStream to acknowledge a batch.
+const PublishTimeout = 10 * time.Second
 
 // Received is a decoded and validated event.
 type Received struct {

@@ -39,6 +39,8 @@ var Catalog = []Entry{
 	{TypeActionFailed, "{prefix}.run.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.failed.json", func() any { return new(ActionFailed) }},
 	{TypeEventRejected, "{prefix}.rejected.{stream}", "any consumer", []string{"auditor", "operators"}, "event.rejected.json", func() any { return new(EventRejected) }},
 	{TypeAuditRecorded, "{prefix}.audit.run.{runId}", "auditor", []string{"operators"}, "audit.recorded.json", func() any { return new(AuditRecorded) }},
+	{TypeInputProvided, "{prefix}.run.{runId}.input", "client", []string{"dispatcher", "auditor"}, "input.provided.json", func() any { return new(InputProvided) }},
+	{TypeTimerFired, "{prefix}.run.{runId}.timer", "dispatcher (scheduled)", []string{"dispatcher", "auditor"}, "timer.fired.json", func() any { return new(TimerFired) }},
 }
 
 var catalogByType = func() map[string]*Entry {
@@ -111,6 +113,14 @@ func (s Subjects) Run(runID, verb string) string {
 	return s.prefix + ".run." + runID + "." + verb
 }
 
+// Schedule returns the subject of one of a run's timer schedules:
+// {prefix}.run.{runId}.sched.{name}. A new schedule on the same subject
+// replaces the previous one. Schedule subjects have five tokens, so the
+// four-token filters of the per-run consumers never match them.
+func (s Subjects) Schedule(runID, name string) string {
+	return s.prefix + ".run." + runID + ".sched." + name
+}
+
 // AllRuns matches every per-run event.
 func (s Subjects) AllRuns() string { return s.prefix + ".run.>" }
 
@@ -180,6 +190,10 @@ func (s Subjects) SubjectFor(eventType, runID, pool string) (string, error) {
 		return s.Run(runID, "result"), nil
 	case TypeAuditRecorded:
 		return s.Audit(runID), nil
+	case TypeInputProvided:
+		return s.Run(runID, "input"), nil
+	case TypeTimerFired:
+		return s.Run(runID, "timer"), nil
 	}
 	return "", fmt.Errorf("events: no subject rule for type %q", eventType)
 }

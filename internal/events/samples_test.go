@@ -44,4 +44,7 @@ var samples = map[string]any{
 		EventSource: "/actionbus/dispatcher", EventTime: time.Date(2026, 11, 30, 8, 0, 0, 123, time.UTC), Status: "ok",
 		PayloadHash: "0f3c4e0b1a2d3c4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6", PrevHash: "",
 		Hash: "aa3c4e0b1a2d3c4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6"},
+	events.TypeInputProvided: &events.InputProvided{RunID: sampleRun, Answer: "the blue one", ProvidedBy: "operator_1"},
+	events.TypeTimerFired: &events.TimerFired{RunID: sampleRun, Kind: events.TimerDecision, Cycle: 2, Stage: "planner",
+		DueAt: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)},
 }

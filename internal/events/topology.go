@@ -200,10 +200,10 @@ func (t Topology) Consumers() []ConsumerSpec {
 	t = t.withDefaults()
 	s := t.Subjects()
 	out := []ConsumerSpec{
-		{t.StreamRuns(), durable(ConsumerDispatcher, "dispatcher: run requests, decisions, results, cancels",
-			s.AnyRun("requested"), s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("cancel"))},
+		{t.StreamRuns(), durable(ConsumerDispatcher, "dispatcher: run requests, decisions, results, cancels, inputs, timers",
+			s.AnyRun("requested"), s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("cancel"), s.AnyRun("input"), s.AnyRun("timer"))},
 		{t.StreamRuns(), durable(ConsumerPlanner, "planner: decision requests", s.AnyRun("decide"))},
-		{t.StreamRuns(), durable(ConsumerAuditorRuns, "auditor: every per-run event", s.AllRuns())},
+		{t.StreamRuns(), durable(ConsumerAuditorRuns, "auditor: every per-run event (not timer schedules)", s.AnyRun("*"))},
 		{t.StreamWork(), durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools())},
 		{t.StreamRejected(), durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected())},
 	}

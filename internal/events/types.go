@@ -22,6 +22,8 @@ const (
 	TypeActionFailed      = "io.actionbus.action.failed"
 	TypeEventRejected     = "io.actionbus.event.rejected"
 	TypeAuditRecorded     = "io.actionbus.audit.recorded"
+	TypeInputProvided     = "io.actionbus.input.provided"
+	TypeTimerFired        = "io.actionbus.timer.fired"
 )
 
 // Origins of action input (see the Conventions in docs/architecture.md).
@@ -138,6 +140,37 @@ type DecisionRequested struct {
 	// Feedback explains why the previous decision was rejected, so the
 	// planner can correct itself.
 	Feedback *actionbus.Error `json:"feedback,omitempty"`
+	// Synthesize is the plan's synthesize_instruction when the previous
+	// cycle ran a plan that asked for synthesis: the planner should answer
+	// with a final built from the observations.
+	Synthesize string `json:"synthesize,omitempty"`
+}
+
+// InputProvided answers a run's clarify question and resumes it.
+type InputProvided struct {
+	RunID      string `json:"runId"`
+	Answer     string `json:"answer"`
+	ProvidedBy string `json:"providedBy,omitempty"`
+}
+
+// Timer kinds.
+const (
+	TimerRunDeadline = "run_deadline"
+	TimerDecision    = "decision"
+	TimerAction      = "action"
+	TimerInput       = "input"
+)
+
+// TimerFired is a durable timer of a run coming due. The dispatcher
+// publishes it as a JetStream message schedule whose target is the run's
+// timer subject, so it fires even if every service restarted meanwhile.
+type TimerFired struct {
+	RunID  string    `json:"runId"`
+	Kind   string    `json:"kind"`
+	Cycle  int       `json:"cycle"`
+	CallID string    `json:"callId,omitempty"`
+	Stage  string    `json:"stage"`
+	DueAt  time.Time `json:"dueAt"`
 }
 
 // Decision is one planner envelope: action, plan, clarify or final.
