@@ -3,6 +3,7 @@ package actionbustest
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
@@ -24,8 +25,20 @@ type StackOptions struct {
 	Register func(*executor.Executor) error
 	// MaxPlanParallel bounds a plan's actions in flight; default 8.
 	MaxPlanParallel int
+	// MaxPlanActions bounds a plan's actions; default 10, at most 20.
+	MaxPlanActions int
+	// MaxFailedRounds stops the loop after this many consecutive failed
+	// rounds of one action; default 2.
+	MaxFailedRounds int
+	// DecisionTimeout bounds one planner decision; default 2 minutes.
+	// Timers have second precision.
+	DecisionTimeout time.Duration
+	// RunDeadline bounds a whole run; default 10 minutes.
+	RunDeadline time.Duration
 	// NoAuditor leaves the auditor out.
 	NoAuditor bool
+	// NoPlanner leaves the planner out, for tests of stalled decisions.
+	NoPlanner bool
 }
 
 // Stack is the four services running in the test's process.
@@ -55,8 +68,9 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 	}
 	st, err := stack.Start(context.Background(), s.Connect(t), stack.Config{
 		Prefix: s.Prefix, Provider: script, Executors: opts.Executors, Slots: opts.Slots,
-		Register: opts.Register, NoAuditor: opts.NoAuditor,
-		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel},
+		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner,
+		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel, MaxPlanActions: opts.MaxPlanActions,
+			MaxFailedRounds: opts.MaxFailedRounds, DecisionTimeout: opts.DecisionTimeout, RunDeadline: opts.RunDeadline},
 	})
 	if err != nil {
 		t.Fatalf("actionbustest: start stack: %v", err)

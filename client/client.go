@@ -114,6 +114,14 @@ func (c *Client) Cancel(ctx context.Context, runID, reason string) error {
 	return err
 }
 
+// Input answers a run's clarify question; the run resumes with the answer
+// as an observation.
+func (c *Client) Input(ctx context.Context, runID, answer string) error {
+	_, err := c.bus.Emit(ctx, events.TypeInputProvided, events.NewID(), runID, "",
+		&events.InputProvided{RunID: runID, Answer: answer, ProvidedBy: "client"})
+	return err
+}
+
 // Event is one event of a run, as followed by [Client.Follow].
 type Event struct {
 	ID      string

@@ -108,6 +108,11 @@ type Executor struct {
 
 	ready     chan struct{}
 	readyOnce sync.Once
+
+	// inflight maps a run id to the cancel functions of its running
+	// handlers, so that a run's cancellation reaches them.
+	inflightMu sync.Mutex
+	inflight   map[string]map[string]context.CancelCauseFunc
 }
 
 // New returns an executor using nc. It does not touch the server until Run.
@@ -126,7 +131,8 @@ func New(nc *nats.Conn, cfg Config) (*Executor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Executor{cfg: cfg, nc: nc, js: js, bus: bus, topo: topo, reg: actions.NewRegistry(), log: log, ready: make(chan struct{})}, nil
+	return &Executor{cfg: cfg, nc: nc, js: js, bus: bus, topo: topo, reg: actions.NewRegistry(), log: log, ready: make(chan struct{}),
+		inflight: map[string]map[string]context.CancelCauseFunc{}}, nil
 }
 
 // Ready is closed once Run has published the executor's actions to the
@@ -279,6 +285,15 @@ func (e *Executor) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Runs that end while their actions run: cancel those handlers. Core
+	// subscriptions see every executor's copy of the terminal event.
+	for _, verb := range []string{"canceled", "failed"} {
+		sub, err := e.nc.Subscribe(e.topo.Subjects().AnyRun(verb), e.onRunEnded)
+		if err != nil {
+			return fmt.Errorf("executor: subscribe to run ends: %w", err)
+		}
+		defer sub.Unsubscribe() //nolint:errcheck // best effort at shutdown
+	}
 	e.log.Info("executor serving", "actions", len(e.reg.Definitions()), "slots", e.cfg.Slots)
 	e.readyOnce.Do(func() { close(e.ready) })
 
@@ -313,6 +328,39 @@ func (e *Executor) Run(ctx context.Context) error {
 	wg.Wait()
 	_ = presence.Delete(context.Background(), e.presenceKey())
 	return nil
+}
+
+// ErrRunEnded is the cause of a handler context canceled because its run
+// was canceled or failed.
+var ErrRunEnded = errors.New("executor: the run ended")
+
+func (e *Executor) onRunEnded(m *nats.Msg) {
+	runID := e.topo.Subjects().RunIDFromSubject(m.Subject)
+	e.inflightMu.Lock()
+	calls := e.inflight[runID]
+	delete(e.inflight, runID)
+	e.inflightMu.Unlock()
+	for callID, cancel := range calls {
+		e.log.Info("run ended; canceling its running action", "run_id", runID, "call_id", callID)
+		cancel(ErrRunEnded)
+	}
+}
+
+func (e *Executor) track(runID, callID string, cancel context.CancelCauseFunc) (untrack func()) {
+	e.inflightMu.Lock()
+	if e.inflight[runID] == nil {
+		e.inflight[runID] = map[string]context.CancelCauseFunc{}
+	}
+	e.inflight[runID][callID] = cancel
+	e.inflightMu.Unlock()
+	return func() {
+		e.inflightMu.Lock()
+		delete(e.inflight[runID], callID)
+		if len(e.inflight[runID]) == 0 {
+			delete(e.inflight, runID)
+		}
+		e.inflightMu.Unlock()
+	}
 }
 
 func (e *Executor) presenceKey() string { return e.cfg.Pool + "." + e.cfg.ID }
@@ -414,7 +462,11 @@ func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, req *events.A
 	if req.TimeoutMs > 0 && time.Duration(req.TimeoutMs)*time.Millisecond < timeout {
 		timeout = time.Duration(req.TimeoutMs) * time.Millisecond
 	}
-	hctx, cancel := context.WithTimeout(ctx, timeout)
+	runCtx, cancelRun := context.WithCancelCause(ctx)
+	defer cancelRun(nil)
+	untrack := e.track(req.RunID, req.CallID, cancelRun)
+	defer untrack()
+	hctx, cancel := context.WithTimeout(runCtx, timeout)
 	defer cancel()
 
 	// Heartbeats keep JetStream from redelivering a long-running action.
@@ -443,6 +495,9 @@ func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, req *events.A
 	}
 	if err != nil && errors.Is(err, context.DeadlineExceeded) && actionbus.CodeOf(err) == actionbus.CodeInternal {
 		err = actionbus.Errorf(actionbus.CodeTimeout, "action %s exceeded its %s timeout: %w", req.Action, timeout, err)
+	}
+	if errors.Is(context.Cause(runCtx), ErrRunEnded) {
+		err = actionbus.Errorf(actionbus.CodeCanceled, "action %s was canceled: its run ended", req.Action)
 	}
 	if err == nil {
 		out, merr := json.Marshal(res.Output)

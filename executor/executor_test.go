@@ -168,7 +168,9 @@ func TestHiddenActionsStayOutOfThePlannerListing(t *testing.T) {
 	srv := actionbustest.NewServer(t)
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		type in struct{}
-		h := func(context.Context, in, executor.Call) (executor.Result[in], error) { return executor.Result[in]{}, nil }
+		h := func(context.Context, in, executor.Call) (executor.Result[in], error) {
+			return executor.Result[in]{}, nil
+		}
 		return errors.Join(
 			executor.Register(ex, executor.Action{Name: "visible", Permission: &executor.Permission{Effect: "external_network"}}, h),
 			executor.Register(ex, executor.Action{Name: "hidden", Planner: &executor.PlannerMeta{Hidden: true}}, h),

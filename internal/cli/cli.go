@@ -4,11 +4,13 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -22,6 +24,7 @@ type globals struct {
 	natsURL string
 	prefix  string
 	verbose bool
+	in      *bufio.Reader
 	out     io.Writer
 	errOut  io.Writer
 }
@@ -63,8 +66,12 @@ func envOr(key, def string) string {
 }
 
 // Execute runs the command line with args and returns the exit code.
-func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	g := &globals{out: stdout, errOut: stderr}
+// stdin answers clarify questions of followed runs.
+func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if stdin == nil {
+		stdin = strings.NewReader("")
+	}
+	g := &globals{in: bufio.NewReader(stdin), out: stdout, errOut: stderr}
 	root := &cobra.Command{
 		Use:           "actionbus",
 		Short:         "Event-driven action runtime: named, schema-validated, policy-checked actions over NATS JetStream",
@@ -77,7 +84,7 @@ func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), actionsCmd(g), eventsCmd(g))
+	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), inputCmd(g), actionsCmd(g), eventsCmd(g))
 	if err := root.ExecuteContext(ctx); err != nil {
 		var exit exitError
 		if asExit(err, &exit) {

@@ -72,7 +72,12 @@ func follow(ctx context.Context, g *globals, c *client.Client, runID string, tim
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	p := newProgress(g.out)
-	res, err := c.Follow(ctx, runID, p.event)
+	res, err := c.Follow(ctx, runID, func(e client.Event) {
+		p.event(e)
+		if s, ok := e.Step(); ok && s.Name == "awaiting-input" {
+			answerQuestion(ctx, g, c, runID, s.Message)
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("follow run %s: %w", runID, err)
 	}
@@ -80,6 +85,37 @@ func follow(ctx context.Context, g *globals, c *client.Client, runID string, tim
 		return exitError{code}
 	}
 	return nil
+}
+
+// answerQuestion reads the answer to a clarify question from stdin and
+// sends it; without one, it says how to answer from elsewhere.
+func answerQuestion(ctx context.Context, g *globals, c *client.Client, runID, question string) {
+	fmt.Fprintf(g.out, "? %s\n> ", question)
+	line, err := g.in.ReadString('\n')
+	answer := strings.TrimSpace(line)
+	if answer == "" && err != nil {
+		fmt.Fprintf(g.out, "\n(no answer on stdin; answer with: actionbus input %s \"...\")\n", runID)
+		return
+	}
+	if err := c.Input(ctx, runID, answer); err != nil {
+		fmt.Fprintf(g.errOut, "actionbus: sending the answer: %v\n", err)
+	}
+}
+
+func inputCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "input RUN_ID ANSWER",
+		Short: "Answer a run's clarify question",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, nc, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			return c.Input(cmd.Context(), args[0], args[1])
+		},
+	}
 }
 
 func runCmd(g *globals) *cobra.Command {

@@ -20,7 +20,7 @@ func TestDevDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var out, errOut bytes.Buffer
-	code := cli.Execute(ctx, []string{"dev", "--port", "-1", "--store", t.TempDir(), "--exit-after-demo", "--latency", "20ms"}, &out, &errOut)
+	code := cli.Execute(ctx, []string{"dev", "--port", "-1", "--store", t.TempDir(), "--exit-after-demo", "--latency", "20ms"}, nil, &out, &errOut)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
 	s := out.String()
 	assert.Contains(t, s, "plan-executing")
@@ -37,7 +37,7 @@ func TestDevDemo(t *testing.T) {
 
 func TestDevRefusesNonLoopbackHosts(t *testing.T) {
 	var out, errOut bytes.Buffer
-	code := cli.Execute(context.Background(), []string{"dev", "--host", "0.0.0.0", "--port", "-1"}, &out, &errOut)
+	code := cli.Execute(context.Background(), []string{"dev", "--host", "0.0.0.0", "--port", "-1"}, nil, &out, &errOut)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut.String(), "not a loopback address")
 }
@@ -52,20 +52,20 @@ func TestRunExitCodeFollowsTheTerminalState(t *testing.T) {
 	defer stopDev()
 	var devOut syncWriter
 	go func() {
-		done <- cli.Execute(devCtx, []string{"dev", "--port", "-1", "--store", t.TempDir(), "--no-demo"}, &devOut, &devOut)
+		done <- cli.Execute(devCtx, []string{"dev", "--port", "-1", "--store", t.TempDir(), "--no-demo"}, nil, &devOut, &devOut)
 	}()
 	url := waitForURL(t, &devOut)
-	code := cli.Execute(ctx, []string{"--nats", url, "exec", "nope.missing", "--input", "{}"}, &out, &errOut)
+	code := cli.Execute(ctx, []string{"--nats", url, "exec", "nope.missing", "--input", "{}"}, nil, &out, &errOut)
 	assert.Equal(t, 2, code, out.String())
 	assert.Contains(t, out.String(), "action_not_found")
 
 	out.Reset()
-	code = cli.Execute(ctx, []string{"--nats", url, "run", "--scenario", "echo", "hi there"}, &out, &errOut)
+	code = cli.Execute(ctx, []string{"--nats", url, "run", "--scenario", "echo", "hi there"}, nil, &out, &errOut)
 	assert.Equal(t, 0, code, out.String()+errOut.String())
 	assert.Contains(t, out.String(), "hi there")
 
 	out.Reset()
-	code = cli.Execute(ctx, []string{"--nats", url, "actions"}, &out, &errOut)
+	code = cli.Execute(ctx, []string{"--nats", url, "actions"}, nil, &out, &errOut)
 	assert.Equal(t, 0, code)
 	assert.Contains(t, out.String(), "delivery.dryRunRetry  dryRun")
 	stopDev()

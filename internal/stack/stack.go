@@ -37,6 +37,8 @@ type Config struct {
 	Register func(*executor.Executor) error
 	// NoAuditor leaves the auditor out.
 	NoAuditor bool
+	// NoPlanner leaves the planner out (decision requests go unanswered).
+	NoPlanner bool
 	// Dispatcher overrides dispatcher settings (Prefix and Logger are set
 	// from this Config).
 	Dispatcher dispatch.Config
@@ -60,7 +62,7 @@ type runner interface{ Run(context.Context) error }
 // the catalog and every executor has published its actions. Services run
 // until ctx ends or Stop is called.
 func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
-	if cfg.Provider == nil {
+	if cfg.Provider == nil && !cfg.NoPlanner {
 		return nil, errors.New("stack: Provider is required")
 	}
 	if cfg.Executors <= 0 {
@@ -75,11 +77,14 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	plan, err := planner.New(nc, planner.Config{Prefix: cfg.Prefix, Provider: cfg.Provider, Logger: cfg.Logger})
-	if err != nil {
-		return nil, err
+	services := []runner{disp}
+	if !cfg.NoPlanner {
+		plan, err := planner.New(nc, planner.Config{Prefix: cfg.Prefix, Provider: cfg.Provider, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		services = append(services, plan)
 	}
-	services := []runner{disp, plan}
 	if !cfg.NoAuditor {
 		aud, err := audit.New(nc, audit.Config{Prefix: cfg.Prefix, Logger: cfg.Logger})
 		if err != nil {
