@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime/debug"
 	"sync"
 	"time"
 
@@ -66,11 +65,24 @@ type Config struct {
 	// context ends before canceling them and handing their messages back;
 	// default 10s.
 	ShutdownGrace time.Duration
+	// MaxOutputBytes is the largest output carried inside a result; a
+	// larger one is stored as an artifact and the result carries a
+	// reference and a bounded preview. Default 256 KiB.
+	MaxOutputBytes int
+	// PreviewBytes bounds an artifact's preview; default 1024.
+	PreviewBytes int
 	// Logger receives the executor's logs; nil discards them.
 	Logger *slog.Logger
 }
 
 func (c *Config) setDefaults() {
+	if c.MaxOutputBytes <= 0 {
+		c.MaxOutputBytes = 256 << 10
+	}
+	if c.PreviewBytes <= 0 {
+		c.PreviewBytes = 1024
+	}
+
 	if c.Pool == "" {
 		c.Pool = events.DefaultPool
 	}
@@ -113,6 +125,10 @@ type Executor struct {
 	// handlers, so that a run's cancellation reaches them.
 	inflightMu sync.Mutex
 	inflight   map[string]map[string]context.CancelCauseFunc
+
+	heartbeat time.Duration
+	idem      jetstream.KeyValue
+	artifacts jetstream.ObjectStore
 }
 
 // New returns an executor using nc. It does not touch the server until Run.
@@ -281,6 +297,12 @@ func (e *Executor) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if e.idem, err = e.js.KeyValue(ctx, e.topo.BucketIdempotency()); err != nil {
+		return err
+	}
+	if e.artifacts, err = e.js.ObjectStore(ctx, e.topo.BucketArtifacts()); err != nil {
+		return err
+	}
 	cons, err := e.js.Consumer(ctx, e.topo.StreamWork(), events.PoolConsumer(e.cfg.Pool))
 	if err != nil {
 		return err
@@ -297,9 +319,15 @@ func (e *Executor) Run(ctx context.Context) error {
 	e.log.Info("executor serving", "actions", len(e.reg.Definitions()), "slots", e.cfg.Slots)
 	e.readyOnce.Do(func() { close(e.ready) })
 
-	// Handlers outlive ctx by up to ShutdownGrace: shutdown drains.
-	handlerCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelHandlers()
+	// Handlers outlive ctx by up to ShutdownGrace: shutdown drains. What
+	// does not finish in time is canceled with errShutdown and handed back.
+	handlerCtx, cancelHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelHandlers(nil)
+	ackWait := events.DefaultAckWait
+	if info, err := cons.Info(ctx); err == nil && info.Config.AckWait > 0 {
+		ackWait = info.Config.AckWait
+	}
+	e.heartbeat = ackWait / 3
 
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -321,8 +349,8 @@ func (e *Executor) Run(ctx context.Context) error {
 	select {
 	case <-drained:
 	case <-time.After(e.cfg.ShutdownGrace):
-		e.log.Warn("shutdown grace over; canceling running handlers")
-		cancelHandlers()
+		e.log.Warn("shutdown grace over; canceling running handlers and handing their work back")
+		cancelHandlers(errShutdown)
 		<-drained
 	}
 	wg.Wait()
@@ -381,162 +409,3 @@ func (e *Executor) announce(ctx context.Context, kv jetstream.KeyValue) {
 	}
 }
 
-// work is one slot: it pulls one message only when it is free.
-func (e *Executor) work(ctx, handlerCtx context.Context, cons jetstream.Consumer) {
-	for ctx.Err() == nil {
-		msg, err := cons.Next(jetstream.FetchContext(ctx))
-		if err != nil {
-			if ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-				e.log.Warn("pull failed", "err", err)
-				select {
-				case <-ctx.Done():
-				case <-time.After(200 * time.Millisecond):
-				}
-			}
-			continue
-		}
-		e.handle(handlerCtx, msg)
-	}
-}
-
-// handle runs one message and decides its ack outcome.
-func (e *Executor) handle(ctx context.Context, msg jetstream.Msg) {
-	rec, err := e.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
-	if err != nil {
-		if rerr := e.bus.Reject(ctx, msg, events.PoolConsumer(e.cfg.Pool), err); rerr != nil {
-			_ = msg.NakWithDelay(time.Second)
-			return
-		}
-		_ = msg.Ack()
-		return
-	}
-	req, ok := rec.Data.(*events.ActionRequested)
-	if !ok {
-		_ = e.bus.Reject(ctx, msg, events.PoolConsumer(e.cfg.Pool),
-			actionbus.Errorf(actionbus.CodeUnknownEventType, "%s does not belong on a work subject", rec.Event.Type()))
-		_ = msg.Ack()
-		return
-	}
-	log := e.log.With("run_id", req.RunID, "call_id", req.CallID, "action", req.Action)
-
-	var (
-		res  actions.Result
-		herr error
-		took time.Duration
-	)
-	md, mdErr := msg.Metadata()
-	if mdErr == nil && md.NumDelivered >= events.DefaultMaxDeliver {
-		herr = actionbus.Errorf(actionbus.CodeDeliveryExhausted,
-			"delivered %d times without a result; not running it again", md.NumDelivered)
-	} else {
-		res, herr, took = e.execute(ctx, msg, req)
-	}
-
-	if err := e.publishResult(context.WithoutCancel(ctx), req, res, herr, took); err != nil {
-		log.Error("result not published; handing the request back", "err", err)
-		_ = msg.NakWithDelay(time.Second)
-		return
-	}
-	if err := msg.Ack(); err != nil {
-		log.Warn("ack failed", "err", err)
-	}
-}
-
-func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, req *events.ActionRequested) (res actions.Result, err error, took time.Duration) {
-	reg, ok := e.reg.Lookup(req.Action)
-	if !ok {
-		return res, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not registered on pool %s", req.Action, e.cfg.Pool), 0
-	}
-	args, _, issues := reg.Args.Prepare(req.Args, req.Origin)
-	if issues != nil {
-		return res, actions.ArgsError(req.Action, issues), 0
-	}
-	input, merr := json.Marshal(args)
-	if merr != nil {
-		return res, actionbus.Errorf(actionbus.CodeActionArgsInvalid, "input is not JSON: %w", merr), 0
-	}
-	timeout := e.cfg.DefaultTimeout
-	if reg.Def.TimeoutMs > 0 {
-		timeout = time.Duration(reg.Def.TimeoutMs) * time.Millisecond
-	}
-	if req.TimeoutMs > 0 && time.Duration(req.TimeoutMs)*time.Millisecond < timeout {
-		timeout = time.Duration(req.TimeoutMs) * time.Millisecond
-	}
-	runCtx, cancelRun := context.WithCancelCause(ctx)
-	defer cancelRun(nil)
-	untrack := e.track(req.RunID, req.CallID, cancelRun)
-	defer untrack()
-	hctx, cancel := context.WithTimeout(runCtx, timeout)
-	defer cancel()
-
-	// Heartbeats keep JetStream from redelivering a long-running action.
-	stopBeat := make(chan struct{})
-	defer close(stopBeat)
-	go func() {
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopBeat:
-				return
-			case <-t.C:
-				_ = msg.InProgress()
-			}
-		}
-	}()
-
-	start := time.Now()
-	call := actions.Call{RunID: req.RunID, CallID: req.CallID, Action: req.Action, UserID: req.UserID,
-		Origin: req.Origin, Attempt: req.Attempt, Input: input}
-	res, err = runHandler(hctx, reg.Handler, call)
-	took = time.Since(start)
-	if err == nil && hctx.Err() != nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
-		err = actionbus.Errorf(actionbus.CodeTimeout, "action %s exceeded its %s timeout", req.Action, timeout)
-	}
-	if err != nil && errors.Is(err, context.DeadlineExceeded) && actionbus.CodeOf(err) == actionbus.CodeInternal {
-		err = actionbus.Errorf(actionbus.CodeTimeout, "action %s exceeded its %s timeout: %w", req.Action, timeout, err)
-	}
-	if errors.Is(context.Cause(runCtx), ErrRunEnded) {
-		err = actionbus.Errorf(actionbus.CodeCanceled, "action %s was canceled: its run ended", req.Action)
-	}
-	if err == nil {
-		out, merr := json.Marshal(res.Output)
-		if merr != nil {
-			err = actionbus.Errorf(actionbus.CodeHandlerFailed, "output is not JSON: %w", merr)
-		} else if verr := reg.ValidateOutput(out); verr != nil {
-			err = verr
-		}
-	}
-	return res, err, took
-}
-
-// runHandler runs h, turning a panic into a handler_failed error.
-func runHandler(ctx context.Context, h actions.Handler, call actions.Call) (res actions.Result, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = (&actionbus.Error{Code: actionbus.CodeHandlerFailed, Message: fmt.Sprintf("handler panicked: %v", p)}).
-				WithDetail("stack", string(debug.Stack()))
-		}
-	}()
-	return h(ctx, call)
-}
-
-func (e *Executor) publishResult(ctx context.Context, req *events.ActionRequested, res actions.Result, herr error, took time.Duration) error {
-	id := events.DerivedID(req.CallID, "result")
-	ext := []events.Extension{{Name: events.ExtCycle, Value: req.Cycle}, {Name: events.ExtPlanIndex, Value: req.PlanIndex}}
-	if herr != nil {
-		var abErr *actionbus.Error
-		if !errors.As(herr, &abErr) {
-			abErr = &actionbus.Error{Code: actionbus.CodeHandlerFailed, Message: herr.Error()}
-		}
-		failed := &events.ActionFailed{RunID: req.RunID, CallID: req.CallID, Cycle: req.Cycle, PlanIndex: req.PlanIndex,
-			Attempt: req.Attempt, Action: req.Action, Error: *abErr, DurationMs: took.Milliseconds(), Executor: e.cfg.ID}
-		_, err := e.bus.Emit(ctx, events.TypeActionFailed, id, req.RunID, "", failed, ext...)
-		return err
-	}
-	done := &events.ActionCompleted{RunID: req.RunID, CallID: req.CallID, Cycle: req.Cycle, PlanIndex: req.PlanIndex,
-		Attempt: req.Attempt, Action: req.Action, Output: res.Output, Summary: res.Summary, Complete: res.Complete,
-		DurationMs: took.Milliseconds(), Executor: e.cfg.ID}
-	_, err := e.bus.Emit(ctx, events.TypeActionCompleted, id, req.RunID, "", done, ext...)
-	return err
-}

@@ -191,6 +191,8 @@ type Call struct {
 	Attempt int
 	// Input is the validated input as JSON.
 	Input json.RawMessage
+	// IdempotencyKey is the call's idempotency key ("" when it has none).
+	IdempotencyKey string
 }
 
 // Result is what a handler returns: the output, a short summary for the

@@ -154,16 +154,15 @@ func decisionRequest(t *testing.T, rec *actionbustest.Recorder, runID string, cy
 	return d
 }
 
-func stepNames(rec *actionbustest.Recorder, runID string) []string {
-	var names []string
-	for _, r := range rec.All() {
+// waitStep waits until the run has published a step of that name.
+func waitStep(t *testing.T, rec *actionbustest.Recorder, runID, name string) {
+	t.Helper()
+	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
-		if r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID {
-			names = append(names, s.Name)
-		}
-	}
-	return names
+		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == name
+	})
 }
+
 
 func TestClarifyWaitsForInputThenResumes(t *testing.T) {
 	_, rec, st, _ := startLoop(t, actionbustest.StackOptions{})
@@ -184,9 +183,8 @@ func TestClarifyWaitsForInputThenResumes(t *testing.T) {
 	require.Len(t, d.Observations, 1)
 	assert.Equal(t, "ask_clarification", d.Observations[0].Action)
 	assert.Equal(t, map[string]any{"question": "Which region?", "answer": "eu-west"}, d.Observations[0].Output)
-	names := stepNames(rec, runID)
-	assert.Contains(t, names, "input-received")
-	assert.Contains(t, names, "orient")
+	waitStep(t, rec, runID, "input-received")
+	waitStep(t, rec, runID, "orient")
 }
 
 func TestPlanRulesRefuseBadPlansWithAClearMessage(t *testing.T) {
@@ -204,7 +202,7 @@ func TestPlanRulesRefuseBadPlansWithAClearMessage(t *testing.T) {
 			require.NotNil(t, d.Feedback)
 			assert.Equal(t, actionbus.CodePlanRejected, d.Feedback.Code)
 			assert.Contains(t, d.Feedback.Message, tc.want)
-			assert.Contains(t, stepNames(rec, res.RunID), "plan-validation-failed")
+			waitStep(t, rec, res.RunID, "plan-validation-failed")
 			assert.Zero(t, rec.Count(func(r actionbustest.Recorded) bool {
 				return r.Type() == events.TypeActionRequested && r.Event.Extensions()[events.ExtRunID] == res.RunID
 			}), "nothing of a refused plan runs")
@@ -293,7 +291,7 @@ func TestDirectFinalDeclarationOrderWins(t *testing.T) {
 	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
 	assert.Equal(t, "first", res.Answer)
 	assert.Equal(t, 1, res.Cycles, "no further planner cycle")
-	assert.Contains(t, stepNames(rec, res.RunID), "direct-final-emitted")
+	waitStep(t, rec, res.RunID, "direct-final-emitted")
 }
 
 func TestRepeatedFailuresStopTheLoopAfterTwoRounds(t *testing.T) {
@@ -307,7 +305,7 @@ func TestRepeatedFailuresStopTheLoopAfterTwoRounds(t *testing.T) {
 	evidence, _ := res.Error.Details["evidence"].([]any)
 	require.Len(t, evidence, 2)
 	assert.Equal(t, "upstream 1 is down", evidence[0].(map[string]any)["message"])
-	assert.Contains(t, stepNames(rec, res.RunID), "action-repeated-failure")
+	waitStep(t, rec, res.RunID, "action-repeated-failure")
 	assert.Equal(t, 2, rec.Count(func(r actionbustest.Recorded) bool {
 		return r.Type() == events.TypeActionRequested && r.Event.Extensions()[events.ExtRunID] == res.RunID
 	}))

@@ -47,7 +47,16 @@ type Topology struct {
 	RunRetention time.Duration
 	// AuditRetention is how long audit records are kept; default 365 days.
 	AuditRetention time.Duration
+	// AckWait is how long a consumer waits for an ack before redelivering;
+	// default 30 seconds. Later redeliveries back off (2×, 4×, 10×).
+	AckWait time.Duration
+	// IdempotencyTTL is how long results of calls with an idempotency key
+	// are kept for replays; default 24 hours.
+	IdempotencyTTL time.Duration
 }
+
+// DefaultAckWait is the ack wait of every consumer unless configured.
+const DefaultAckWait = 30 * time.Second
 
 func (t Topology) withDefaults() Topology {
 	if t.Prefix == "" {
@@ -67,6 +76,12 @@ func (t Topology) withDefaults() Topology {
 	}
 	if t.AuditRetention == 0 {
 		t.AuditRetention = 365 * 24 * time.Hour
+	}
+	if t.AckWait == 0 {
+		t.AckWait = DefaultAckWait
+	}
+	if t.IdempotencyTTL == 0 {
+		t.IdempotencyTTL = 24 * time.Hour
 	}
 	return t
 }
@@ -121,6 +136,17 @@ func (t Topology) BucketPresence() string {
 	return strings.ToLower(t.withDefaults().Prefix) + "_presence"
 }
 
+// BucketIdempotency is the key-value bucket of idempotency keys: a
+// reservation while a call runs, then its result.
+func (t Topology) BucketIdempotency() string {
+	return strings.ToLower(t.withDefaults().Prefix) + "_idempotency"
+}
+
+// BucketArtifacts is the object store of large action outputs.
+func (t Topology) BucketArtifacts() string {
+	return strings.ToLower(t.withDefaults().Prefix) + "_artifacts"
+}
+
 // PresenceTTL is how long an executor's presence lasts without a refresh.
 const PresenceTTL = 15 * time.Second
 
@@ -167,12 +193,13 @@ type ConsumerSpec struct {
 	Config jetstream.ConsumerConfig
 }
 
-// Delivery settings of every consumer. BackOff replaces AckWait for
-// redeliveries; JetStream redelivery is only for crashes and lost acks, so
-// the first redelivery comes soon and later ones back off.
-var (
-	consumerBackOff = []time.Duration{30 * time.Second, time.Minute, 2 * time.Minute, 5 * time.Minute}
-)
+// backOff returns the redelivery delays of every consumer: AckWait first,
+// then 2×, 4× and 10× it. JetStream redelivery is only for crashes and lost
+// acks, so the first redelivery comes soon and later ones back off.
+func (t Topology) backOff() []time.Duration {
+	a := t.withDefaults().AckWait
+	return []time.Duration{a, 2 * a, 4 * a, 10 * a}
+}
 
 const (
 	// DefaultMaxDeliver bounds redeliveries of one message.
@@ -181,7 +208,8 @@ const (
 	DefaultMaxAckPending = 1000
 )
 
-func durable(name, desc string, filters ...string) jetstream.ConsumerConfig {
+func (t Topology) durable(name, desc string, filters ...string) jetstream.ConsumerConfig {
+	consumerBackOff := t.backOff()
 	return jetstream.ConsumerConfig{
 		Durable:        name,
 		Description:    desc,
@@ -200,15 +228,15 @@ func (t Topology) Consumers() []ConsumerSpec {
 	t = t.withDefaults()
 	s := t.Subjects()
 	out := []ConsumerSpec{
-		{t.StreamRuns(), durable(ConsumerDispatcher, "dispatcher: run requests, decisions, results, cancels, inputs, timers",
+		{t.StreamRuns(), t.durable(ConsumerDispatcher, "dispatcher: run requests, decisions, results, cancels, inputs, timers",
 			s.AnyRun("requested"), s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("cancel"), s.AnyRun("input"), s.AnyRun("timer"))},
-		{t.StreamRuns(), durable(ConsumerPlanner, "planner: decision requests", s.AnyRun("decide"))},
-		{t.StreamRuns(), durable(ConsumerAuditorRuns, "auditor: every per-run event (not timer schedules)", s.AnyRun("*"))},
-		{t.StreamWork(), durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools())},
-		{t.StreamRejected(), durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected())},
+		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision requests", s.AnyRun("decide"))},
+		{t.StreamRuns(), t.durable(ConsumerAuditorRuns, "auditor: every per-run event (not timer schedules)", s.AnyRun("*"))},
+		{t.StreamWork(), t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools())},
+		{t.StreamRejected(), t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected())},
 	}
 	for _, p := range t.Pools {
-		out = append(out, ConsumerSpec{t.StreamWork(), durable(PoolConsumer(p), "executors of pool "+p, s.PoolRequest(p))})
+		out = append(out, ConsumerSpec{t.StreamWork(), t.durable(PoolConsumer(p), "executors of pool "+p, s.PoolRequest(p))})
 	}
 	return out
 }
@@ -220,6 +248,15 @@ func (t Topology) Buckets() []jetstream.KeyValueConfig {
 		{Bucket: t.BucketRuns(), Description: "actionbus run state (revision-checked)", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention},
 		{Bucket: t.BucketCatalog(), Description: "actionbus action catalog", History: 5, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: t.BucketPresence(), Description: "actionbus executor presence", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: PresenceTTL},
+		{Bucket: t.BucketIdempotency(), Description: "actionbus idempotency keys and their results", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.IdempotencyTTL},
+	}
+}
+
+// ObjectStores returns the object store configurations.
+func (t Topology) ObjectStores() []jetstream.ObjectStoreConfig {
+	t = t.withDefaults()
+	return []jetstream.ObjectStoreConfig{
+		{Bucket: t.BucketArtifacts(), Description: "actionbus large action outputs", Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention},
 	}
 }
 
@@ -245,6 +282,11 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 			return fmt.Errorf("events: provision bucket %s: %w", kc.Bucket, err)
 		}
 	}
+	for _, oc := range t.ObjectStores() {
+		if _, err := js.CreateOrUpdateObjectStore(ctx, oc); err != nil {
+			return fmt.Errorf("events: provision object store %s: %w", oc.Bucket, err)
+		}
+	}
 	return nil
 }
 
@@ -253,6 +295,7 @@ type Requirements struct {
 	Streams   []string
 	Consumers []ConsumerSpec // only Stream and Config.Durable are read
 	Buckets   []string
+	Objects   []string
 }
 
 // Needs returns what a service ("dispatcher", "planner", "executor",
@@ -282,7 +325,8 @@ func (t Topology) Needs(service, pool string) Requirements {
 		return Requirements{
 			Streams:   []string{t.StreamRuns(), t.StreamWork(), t.StreamRejected()},
 			Consumers: []ConsumerSpec{c(t.StreamWork(), PoolConsumer(pool))},
-			Buckets:   []string{t.BucketCatalog(), t.BucketPresence()},
+			Buckets:   []string{t.BucketCatalog(), t.BucketPresence(), t.BucketIdempotency()},
+			Objects:   []string{t.BucketArtifacts()},
 		}
 	case "auditor":
 		return Requirements{
@@ -304,7 +348,7 @@ func (t Topology) Check(ctx context.Context, js jetstream.JetStream, req Require
 	note := func(kind, name string, err error) {
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound),
-			errors.Is(err, jetstream.ErrBucketNotFound):
+			errors.Is(err, jetstream.ErrBucketNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
 			missing = append(missing, kind+" "+name)
 		default:
 			other = append(other, fmt.Errorf("%s %s: %w", kind, name, err))
@@ -323,6 +367,11 @@ func (t Topology) Check(ctx context.Context, js jetstream.JetStream, req Require
 	for _, b := range req.Buckets {
 		if _, err := js.KeyValue(ctx, b); err != nil {
 			note("bucket", b, err)
+		}
+	}
+	for _, o := range req.Objects {
+		if _, err := js.ObjectStore(ctx, o); err != nil {
+			note("object store", o, err)
 		}
 	}
 	if len(other) > 0 {

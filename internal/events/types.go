@@ -63,8 +63,9 @@ type RunRequested struct {
 
 // ActionCall names an action and its input.
 type ActionCall struct {
-	Name string         `json:"name"`
-	Args map[string]any `json:"args,omitempty"`
+	Name           string         `json:"name"`
+	Args           map[string]any `json:"args,omitempty"`
+	IdempotencyKey string         `json:"idempotencyKey,omitempty"`
 }
 
 // RunStarted records that the dispatcher accepted a run.
@@ -210,6 +211,21 @@ type ActionRequested struct {
 	Origin    string         `json:"origin"`
 	UserID    string         `json:"userId,omitempty"`
 	TimeoutMs int64          `json:"timeoutMs,omitempty"`
+	// IdempotencyKey makes a retried or redelivered call return the first
+	// result instead of running the handler again.
+	IdempotencyKey string `json:"idempotencyKey,omitempty"`
+}
+
+// ArtifactRef points at a large output stored in the artifact object store.
+type ArtifactRef struct {
+	ID          string `json:"id"`
+	Role        string `json:"role"`
+	MediaType   string `json:"mediaType"`
+	Bytes       int64  `json:"bytes"`
+	PreviewSize int    `json:"previewSize"`
+	SHA256      string `json:"sha256"`
+	Truncated   bool   `json:"truncated"`
+	Preview     string `json:"preview,omitempty"`
 }
 
 // ActionCompleted is the successful result of one action call.
@@ -225,6 +241,14 @@ type ActionCompleted struct {
 	Complete   bool   `json:"complete,omitempty"`
 	DurationMs int64  `json:"durationMs"`
 	Executor   string `json:"executor,omitempty"`
+	// Deliveries is how many times JetStream delivered the request.
+	Deliveries int `json:"deliveries,omitempty"`
+	// Replayed is true when the result is the stored result of an earlier
+	// execution with the same idempotency key (the handler did not run).
+	Replayed bool `json:"replayed,omitempty"`
+	// Artifacts reference outputs too large to carry in the event; Output
+	// then holds the artifact reference.
+	Artifacts []ArtifactRef `json:"artifacts,omitempty"`
 }
 
 // ActionFailed is the failed result of one action call.
@@ -238,6 +262,7 @@ type ActionFailed struct {
 	Error      actionbus.Error `json:"error"`
 	DurationMs int64           `json:"durationMs"`
 	Executor   string          `json:"executor,omitempty"`
+	Deliveries int             `json:"deliveries,omitempty"`
 }
 
 // EventRejected carries an event that failed decoding or validation, with

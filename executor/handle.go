@@ -1,0 +1,341 @@
+package executor
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// errShutdown is the cause of handler contexts canceled because the
+// executor stops; their messages are handed back, not reported failed.
+var errShutdown = errors.New("executor: shutting down")
+
+// outcome is what one message comes to; ack decisions are made from it in
+// one place ([Executor.settle]).
+type outcome int
+
+const (
+	// outcomeResult: a result (success or failure) was published; ack.
+	outcomeResult outcome = iota
+	// outcomeHandBack: the executor cannot finish it (shutdown); nak now
+	// so another executor takes it.
+	outcomeHandBack
+	// outcomeRetryLater: someone else holds the call's idempotency key;
+	// nak with a delay.
+	outcomeRetryLater
+	// outcomePublishFailed: the result could not be published; nak so the
+	// call is redelivered (its idempotency key, if any, replays it).
+	outcomePublishFailed
+)
+
+// work is one slot: it pulls one message only when it is free, so no
+// message waits in a buffer while slots are busy.
+func (e *Executor) work(ctx, handlerCtx context.Context, cons jetstream.Consumer) {
+	for ctx.Err() == nil {
+		msg, err := cons.Next(jetstream.FetchContext(ctx))
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+				e.log.Warn("pull failed", "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+			continue
+		}
+		e.handle(handlerCtx, msg)
+	}
+}
+
+// handle runs one message.
+func (e *Executor) handle(ctx context.Context, msg jetstream.Msg) {
+	rec, err := e.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
+	if err != nil {
+		if rerr := e.bus.Reject(context.WithoutCancel(ctx), msg, events.PoolConsumer(e.cfg.Pool), err); rerr != nil {
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+		_ = msg.Ack()
+		return
+	}
+	req, ok := rec.Data.(*events.ActionRequested)
+	if !ok {
+		_ = e.bus.Reject(context.WithoutCancel(ctx), msg, events.PoolConsumer(e.cfg.Pool),
+			actionbus.Errorf(actionbus.CodeUnknownEventType, "%s does not belong on a work subject", rec.Event.Type()))
+		_ = msg.Ack()
+		return
+	}
+	deliveries := 1
+	if md, err := msg.Metadata(); err == nil {
+		deliveries = int(md.NumDelivered)
+	}
+	out, delay := e.run(ctx, msg, req, deliveries)
+	e.settle(msg, req, out, delay)
+}
+
+// settle decides the ack outcome of a message, in one place.
+func (e *Executor) settle(msg jetstream.Msg, req *events.ActionRequested, out outcome, delay time.Duration) {
+	log := e.log.With("run_id", req.RunID, "call_id", req.CallID, "action", req.Action)
+	var err error
+	switch out {
+	case outcomeResult:
+		err = msg.Ack()
+	case outcomeHandBack:
+		log.Info("handing the call back to the pool")
+		err = msg.Nak()
+	case outcomeRetryLater:
+		err = msg.NakWithDelay(delay)
+	case outcomePublishFailed:
+		err = msg.NakWithDelay(time.Second)
+	}
+	if err != nil {
+		log.Warn("ack outcome not delivered; JetStream will redeliver", "err", err)
+	}
+}
+
+// run executes a request and publishes its result; it returns the outcome.
+func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.ActionRequested, deliveries int) (outcome, time.Duration) {
+	log := e.log.With("run_id", req.RunID, "call_id", req.CallID, "action", req.Action)
+	publish := func(res actions.Result, herr error, took time.Duration, replayed bool) (outcome, time.Duration) {
+		if err := e.publishResult(context.WithoutCancel(ctx), req, res, herr, took, deliveries, replayed); err != nil {
+			log.Error("result not published; the request will be redelivered", "err", err)
+			return outcomePublishFailed, 0
+		}
+		return outcomeResult, 0
+	}
+	if deliveries >= events.DefaultMaxDeliver {
+		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeDeliveryExhausted,
+			"delivered %d times without a result; not running it again", deliveries), 0, false)
+	}
+	reg, ok := e.reg.Lookup(req.Action)
+	if !ok {
+		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not registered on pool %s", req.Action, e.cfg.Pool), 0, false)
+	}
+	args, _, issues := reg.Args.Prepare(req.Args, req.Origin)
+	if issues != nil {
+		return publish(actions.Result{}, actions.ArgsError(req.Action, issues), 0, false)
+	}
+	input, err := json.Marshal(args)
+	if err != nil {
+		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeActionArgsInvalid, "input is not JSON: %w", err), 0, false)
+	}
+	timeout := e.cfg.DefaultTimeout
+	if reg.Def.TimeoutMs > 0 {
+		timeout = time.Duration(reg.Def.TimeoutMs) * time.Millisecond
+	}
+	if req.TimeoutMs > 0 && time.Duration(req.TimeoutMs)*time.Millisecond < timeout {
+		timeout = time.Duration(req.TimeoutMs) * time.Millisecond
+	}
+
+	key := req.IdempotencyKey
+	if key == "" && reg.Def.Mode == actions.ModeMutate {
+		key = req.CallID // a mutate call is always idempotent per call
+	}
+	var claim *idemClaim
+	if key != "" {
+		c, stored, wait, err := e.reserve(ctx, key, req, timeout)
+		switch {
+		case err != nil:
+			log.Error("idempotency key not reserved", "err", err)
+			return outcomePublishFailed, 0
+		case stored != nil:
+			log.Info("replaying the stored result of an idempotency key")
+			return publish(actions.Result{Output: stored.Output, Summary: stored.Summary, Complete: stored.Complete}, nil, 0, true)
+		case wait > 0:
+			return outcomeRetryLater, wait
+		}
+		claim = c
+	}
+
+	call := actions.Call{RunID: req.RunID, CallID: req.CallID, Action: req.Action, UserID: req.UserID,
+		Origin: req.Origin, Attempt: req.Attempt, Input: input, IdempotencyKey: key}
+	res, herr, took, abandoned := e.execute(ctx, msg, reg, call, timeout)
+	if abandoned != nil {
+		defer func() { <-abandoned }() // the slot is freed when the handler returns
+	}
+	if errors.Is(context.Cause(ctx), errShutdown) && errors.Is(herr, errShutdown) {
+		if claim != nil {
+			e.release(claim)
+		}
+		return outcomeHandBack, 0
+	}
+	if herr == nil {
+		herr = e.checkOutput(reg, &res)
+	}
+	if claim != nil {
+		if herr == nil {
+			if err := e.complete(ctx, claim, res); err != nil {
+				log.Warn("result not stored under its idempotency key", "err", err)
+			}
+		} else {
+			e.release(claim)
+		}
+	}
+	return publish(res, herr, took, false)
+}
+
+// execute runs the handler under its timeout and the run's cancellation,
+// with heartbeats. A handler that ignores its context is reported as timed
+// out at the deadline; its late output is discarded, and its slot stays
+// taken until it returns (documented: a context-ignoring handler costs a
+// slot for as long as it really runs, so the executor never runs more
+// handlers at once than it has slots).
+//
+// The returned channel, when not nil, closes when an abandoned handler
+// finally returns; the caller publishes the timeout first and then waits
+// on it before taking more work.
+func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, reg *actions.Registered, call actions.Call, timeout time.Duration) (actions.Result, error, time.Duration, <-chan struct{}) {
+	runCtx, cancelRun := context.WithCancelCause(ctx)
+	defer cancelRun(nil)
+	untrack := e.track(call.RunID, call.CallID, cancelRun)
+	defer untrack()
+	hctx, cancel := context.WithTimeoutCause(runCtx, timeout, context.DeadlineExceeded)
+	defer cancel()
+
+	type result struct {
+		res actions.Result
+		err error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		res, err := runHandler(hctx, reg.Handler, call)
+		done <- result{res, err}
+	}()
+	beat := time.NewTicker(e.heartbeatInterval())
+	defer beat.Stop()
+	for {
+		select {
+		case r := <-done:
+			err := r.err
+			switch cause := context.Cause(hctx); {
+			case errors.Is(cause, errShutdown):
+				return r.res, errShutdown, time.Since(start), nil
+			case errors.Is(cause, ErrRunEnded):
+				err = actionbus.Errorf(actionbus.CodeCanceled, "action %s was canceled: its run ended", call.Action)
+			case err != nil && errors.Is(err, context.DeadlineExceeded) && actionbus.CodeOf(err) == actionbus.CodeInternal,
+				err == nil && errors.Is(hctx.Err(), context.DeadlineExceeded):
+				err = actionbus.Errorf(actionbus.CodeTimeout, "action %s exceeded its %s timeout", call.Action, timeout)
+			}
+			return r.res, err, time.Since(start), nil
+		case <-beat.C:
+			_ = msg.InProgress()
+		case <-hctx.Done():
+			if !errors.Is(context.Cause(hctx), context.DeadlineExceeded) {
+				continue // canceled: wait for the handler to return
+			}
+			took := time.Since(start)
+			e.log.Warn("handler ignored its deadline; reporting a timeout and discarding its late output",
+				"action", call.Action, "call_id", call.CallID, "timeout", timeout)
+			abandoned := make(chan struct{})
+			go func() {
+				<-done // the late output is discarded
+				close(abandoned)
+			}()
+			return actions.Result{}, actionbus.Errorf(actionbus.CodeTimeout, "action %s exceeded its %s timeout (the handler ignored its context)", call.Action, timeout),
+				took, abandoned
+		}
+	}
+}
+
+func (e *Executor) heartbeatInterval() time.Duration {
+	if e.heartbeat > 0 {
+		return e.heartbeat
+	}
+	return events.DefaultAckWait / 3
+}
+
+// runHandler runs h, turning a panic into a handler_failed error.
+func runHandler(ctx context.Context, h actions.Handler, call actions.Call) (res actions.Result, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = (&actionbus.Error{Code: actionbus.CodeHandlerFailed, Message: fmt.Sprintf("handler panicked: %v", p)}).
+				WithDetail("stack", string(debug.Stack()))
+		}
+	}()
+	return h(ctx, call)
+}
+
+// checkOutput validates the output against the output schema and moves a
+// large output into the artifact store.
+func (e *Executor) checkOutput(reg *actions.Registered, res *actions.Result) error {
+	out, err := json.Marshal(res.Output)
+	if err != nil {
+		return actionbus.Errorf(actionbus.CodeHandlerFailed, "output is not JSON: %w", err)
+	}
+	return reg.ValidateOutput(out)
+}
+
+func (e *Executor) publishResult(ctx context.Context, req *events.ActionRequested, res actions.Result, herr error, took time.Duration, deliveries int, replayed bool) error {
+	id := events.DerivedID(req.CallID, "result")
+	ext := []events.Extension{{Name: events.ExtCycle, Value: req.Cycle}, {Name: events.ExtPlanIndex, Value: req.PlanIndex}}
+	if herr != nil {
+		var abErr *actionbus.Error
+		if !errors.As(herr, &abErr) {
+			abErr = &actionbus.Error{Code: actionbus.CodeHandlerFailed, Message: herr.Error()}
+		}
+		failed := &events.ActionFailed{RunID: req.RunID, CallID: req.CallID, Cycle: req.Cycle, PlanIndex: req.PlanIndex,
+			Attempt: req.Attempt, Action: req.Action, Error: *abErr, DurationMs: took.Milliseconds(), Executor: e.cfg.ID, Deliveries: deliveries}
+		_, err := e.bus.Emit(ctx, events.TypeActionFailed, id, req.RunID, "", failed, ext...)
+		return err
+	}
+	done := &events.ActionCompleted{RunID: req.RunID, CallID: req.CallID, Cycle: req.Cycle, PlanIndex: req.PlanIndex,
+		Attempt: req.Attempt, Action: req.Action, Output: res.Output, Summary: res.Summary, Complete: res.Complete,
+		DurationMs: took.Milliseconds(), Executor: e.cfg.ID, Deliveries: deliveries, Replayed: replayed}
+	if err := e.offload(ctx, req, done); err != nil {
+		return err
+	}
+	_, err := e.bus.Emit(ctx, events.TypeActionCompleted, id, req.RunID, "", done, ext...)
+	return err
+}
+
+// offload stores an output larger than MaxOutputBytes as an artifact and
+// replaces it with its reference (which includes a bounded preview).
+func (e *Executor) offload(ctx context.Context, req *events.ActionRequested, done *events.ActionCompleted) error {
+	if ref, ok := done.Output.(map[string]any); ok && ref["artifact"] != nil {
+		return nil // a replayed reference
+	}
+	data, err := json.Marshal(done.Output)
+	if err != nil || len(data) <= e.cfg.MaxOutputBytes {
+		return err
+	}
+	ref, err := e.putArtifact(ctx, events.DerivedID(req.CallID, "artifact", "output"), "output", "application/json", data)
+	if err != nil {
+		return fmt.Errorf("executor: store a %d-byte output as an artifact: %w", len(data), err)
+	}
+	done.Artifacts = []events.ArtifactRef{ref}
+	done.Output = map[string]any{"artifact": ref}
+	return nil
+}
+
+// putArtifact stores data in the artifact store under id.
+func (e *Executor) putArtifact(ctx context.Context, id, role, mediaType string, data []byte) (events.ArtifactRef, error) {
+	sum := sha256.Sum256(data)
+	meta := jetstream.ObjectMeta{Name: id, Description: role, Headers: nats.Header{"Content-Type": []string{mediaType}}}
+	if _, err := e.artifacts.Put(ctx, meta, bytes.NewReader(data)); err != nil {
+		return events.ArtifactRef{}, err
+	}
+	preview := data
+	if len(preview) > e.cfg.PreviewBytes {
+		preview = preview[:e.cfg.PreviewBytes]
+		for len(preview) > 0 && !utf8.Valid(preview) {
+			preview = preview[:len(preview)-1]
+		}
+	}
+	return events.ArtifactRef{ID: id, Role: role, MediaType: mediaType, Bytes: int64(len(data)), PreviewSize: len(preview),
+		SHA256: hex.EncodeToString(sum[:]), Truncated: len(preview) < len(data), Preview: string(preview)}, nil
+}

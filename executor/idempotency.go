@@ -1,0 +1,120 @@
+package executor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// Idempotency keys (see docs/architecture.md, "Idempotent effects"):
+//
+//   - Before a call with a key runs, the executor reserves the key in the
+//     idempotency bucket with a create-if-absent write. Keys are stored
+//     as their SHA-256, never raw.
+//   - A key whose result is stored replays that result: the handler does
+//     not run again (result.replayed is true).
+//   - A key reserved by a call still within its timeout (running on
+//     another executor, or this very delivery's duplicate) is retried
+//     later (nak with delay).
+//   - A reservation older than the call's timeout plus the ack wait was
+//     left by a crashed executor: this executor takes it over and runs the
+//     handler again, with the same key, so that a domain store can make
+//     the effect itself idempotent. Without that, the effect may happen
+//     twice: the runtime can replay results, not undo effects.
+//   - A failed call releases its key, so a retry runs again.
+
+// idemEntry is what the bucket holds under a key.
+type idemEntry struct {
+	State      string    `json:"state"` // reserved | done
+	CallID     string    `json:"callId"`
+	Executor   string    `json:"executor"`
+	ReservedAt time.Time `json:"reservedAt"`
+	TimeoutMs  int64     `json:"timeoutMs"`
+	Output     any       `json:"output,omitempty"`
+	Summary    string    `json:"summary,omitempty"`
+	Complete   bool      `json:"complete,omitempty"`
+}
+
+type idemClaim struct {
+	key      string
+	revision uint64
+	entry    idemEntry
+}
+
+// idemKey is the bucket key of an idempotency key.
+func idemKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "k." + hex.EncodeToString(sum[:])
+}
+
+// reserve claims key for req. It returns the claim, or the stored result
+// to replay, or how long to wait before retrying.
+func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRequested, timeout time.Duration) (*idemClaim, *idemEntry, time.Duration, error) {
+	k := idemKey(key)
+	entry := idemEntry{State: "reserved", CallID: req.CallID, Executor: e.cfg.ID, ReservedAt: time.Now().UTC(), TimeoutMs: timeout.Milliseconds()}
+	val, _ := json.Marshal(entry)
+	for attempt := 0; attempt < 5; attempt++ {
+		rev, err := e.idem.Create(ctx, k, val)
+		if err == nil {
+			return &idemClaim{key: k, revision: rev, entry: entry}, nil, 0, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, nil, 0, err
+		}
+		cur, err := e.idem.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // released meanwhile
+		}
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		var held idemEntry
+		if err := json.Unmarshal(cur.Value(), &held); err != nil {
+			return nil, nil, 0, fmt.Errorf("executor: idempotency entry: %w", err)
+		}
+		if held.State == "done" {
+			return nil, &held, 0, nil
+		}
+		staleAt := held.ReservedAt.Add(time.Duration(held.TimeoutMs)*time.Millisecond + e.heartbeatInterval())
+		if wait := time.Until(staleAt); wait > 0 {
+			return nil, nil, wait, nil
+		}
+		e.log.Warn("taking over an abandoned idempotency reservation; the handler runs again with the same key",
+			"call_id", req.CallID, "previous_executor", held.Executor)
+		rev, err = e.idem.Update(ctx, k, val, cur.Revision())
+		if err == nil {
+			return &idemClaim{key: k, revision: rev, entry: entry}, nil, 0, nil
+		}
+	}
+	return nil, nil, 0, errors.New("executor: idempotency key contended")
+}
+
+// complete stores the result under the claimed key.
+func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Result) error {
+	done := c.entry
+	done.State, done.Output, done.Summary, done.Complete = "done", res.Output, res.Summary, res.Complete
+	val, err := json.Marshal(done)
+	if err != nil {
+		return err
+	}
+	_, err = e.idem.Update(context.WithoutCancel(ctx), c.key, val, c.revision)
+	return err
+}
+
+// release gives the key up so a retry can run.
+func (e *Executor) release(c *idemClaim) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.idem.Delete(ctx, c.key, jetstream.LastRevision(c.revision)); err != nil {
+		e.log.Warn("idempotency key not released", "err", err)
+	}
+}
