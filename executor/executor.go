@@ -408,4 +408,3 @@ func (e *Executor) announce(ctx context.Context, kv jetstream.KeyValue) {
 		}
 	}
 }
-

@@ -163,7 +163,6 @@ func waitStep(t *testing.T, rec *actionbustest.Recorder, runID, name string) {
 	})
 }
 
-
 func TestClarifyWaitsForInputThenResumes(t *testing.T) {
 	_, rec, st, _ := startLoop(t, actionbustest.StackOptions{})
 	ctx := ctxT(t)
