@@ -29,6 +29,9 @@ type Options struct {
 	// SkipProvision leaves the server empty (no streams, consumers or
 	// buckets), for tests of provisioning itself.
 	SkipProvision bool
+	// AckWait of every consumer; default 30s. Tests of redelivery after a
+	// crash use a short one.
+	AckWait time.Duration
 }
 
 // Server is an embedded JetStream server for one test.
@@ -80,7 +83,7 @@ func NewServer(t testing.TB, opts ...Options) *Server {
 	if !o.SkipProvision {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		topo := events.Topology{Prefix: o.Prefix, Pools: o.Pools}
+		topo := events.Topology{Prefix: o.Prefix, Pools: o.Pools, AckWait: o.AckWait}
 		if err := topo.Provision(ctx, s.JS); err != nil {
 			t.Fatalf("actionbustest: provision: %v", err)
 		}

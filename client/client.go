@@ -8,6 +8,8 @@ package client
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -65,6 +67,9 @@ func New(nc *nats.Conn, opts ...Options) (*Client, error) {
 type ActionCall struct {
 	Name string
 	Args map[string]any
+	// IdempotencyKey makes a retried call return its first result instead
+	// of running again.
+	IdempotencyKey string
 }
 
 // RunRequest describes a run to start.
@@ -98,7 +103,7 @@ func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 	data := &events.RunRequested{RunID: req.RunID, Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
 		AllowedModes: req.AllowedModes, Metadata: req.Metadata, DeadlineMs: req.Deadline.Milliseconds()}
 	if req.Action != nil {
-		data.Action = &events.ActionCall{Name: req.Action.Name, Args: req.Action.Args}
+		data.Action = &events.ActionCall{Name: req.Action.Name, Args: req.Action.Args, IdempotencyKey: req.Action.IdempotencyKey}
 	}
 	if _, err := c.bus.Emit(ctx, events.TypeRunRequested, req.RunID, req.RunID, "", data); err != nil {
 		return "", fmt.Errorf("client: start run: %w", err)
@@ -239,6 +244,21 @@ func (c *Client) Run(ctx context.Context, req RunRequest, fn func(Event)) (*Resu
 		return nil, err
 	}
 	return c.Follow(ctx, id, fn)
+}
+
+// Artifact reads back a stored artifact (a large action output) exactly
+// as it was stored, with its SHA-256 as hex.
+func (c *Client) Artifact(ctx context.Context, id string) ([]byte, string, error) {
+	store, err := c.js.ObjectStore(ctx, c.topo.BucketArtifacts())
+	if err != nil {
+		return nil, "", fmt.Errorf("client: artifacts: %w", err)
+	}
+	data, err := store.GetBytes(ctx, id)
+	if err != nil {
+		return nil, "", fmt.Errorf("client: artifact %s: %w", id, err)
+	}
+	sum := sha256.Sum256(data)
+	return data, hex.EncodeToString(sum[:]), nil
 }
 
 // ActionInfo is one action of the catalog (the public listing).

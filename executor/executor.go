@@ -219,6 +219,11 @@ type Call struct {
 	UserID  string
 	Origin  string
 	Attempt int
+	// IdempotencyKey is the call's idempotency key ("" when it has none;
+	// always set for mutate actions). Use it in your own store to make a
+	// side effect happen once even if the executor crashes after the
+	// effect and before its result is stored.
+	IdempotencyKey string
 }
 
 // Result is what a handler returns. Complete ends the run with Output.
@@ -261,7 +266,7 @@ func Register[In, Out any](ex *Executor, a Action, h HandlerFunc[In, Out]) error
 			return actions.Result{}, actionbus.Errorf(actionbus.CodeSchemaValidation, "input does not fit %T: %w", in, err)
 		}
 		res, err := h(ctx, in, Call{RunID: call.RunID, CallID: call.CallID, Action: call.Action,
-			UserID: call.UserID, Origin: call.Origin, Attempt: call.Attempt})
+			UserID: call.UserID, Origin: call.Origin, Attempt: call.Attempt, IdempotencyKey: call.IdempotencyKey})
 		if err != nil {
 			return actions.Result{}, err
 		}

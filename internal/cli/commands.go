@@ -147,7 +147,7 @@ func runCmd(g *globals) *cobra.Command {
 
 func execCmd(g *globals) *cobra.Command {
 	var f runFlags
-	var input string
+	var input, idemKey string
 	cmd := &cobra.Command{
 		Use:   "exec ACTION",
 		Short: "Run one action as a one-step host-origin run and print its output",
@@ -162,7 +162,7 @@ func execCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			id, err := c.Start(cmd.Context(), client.RunRequest{Action: &client.ActionCall{Name: args[0], Args: in}, UserID: f.user, AllowedModes: f.modes})
+			id, err := c.Start(cmd.Context(), client.RunRequest{Action: &client.ActionCall{Name: args[0], Args: in, IdempotencyKey: idemKey}, UserID: f.user, AllowedModes: f.modes})
 			if err != nil {
 				return err
 			}
@@ -170,6 +170,7 @@ func execCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&input, "input", "{}", "action input as a JSON object")
+	cmd.Flags().StringVar(&idemKey, "idempotency-key", "", "a retried exec with the same key returns the first result")
 	f.add(cmd)
 	return cmd
 }
@@ -243,6 +244,32 @@ func actionsCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&plannerOnly, "planner", false, "only planner-visible actions")
+	return cmd
+}
+
+func artifactsCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "artifacts", Short: "Read large action outputs"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "get ID",
+		Short: "Write an artifact to stdout exactly as stored (its SHA-256 goes to stderr)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, nc, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			data, sum, err := c.Artifact(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if _, err := g.out.Write(data); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.errOut, "sha256 %s  %d bytes\n", sum, len(data))
+			return nil
+		},
+	})
 	return cmd
 }
 

@@ -288,7 +288,7 @@ func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequeste
 		d.timer(st, events.TimerRunDeadline, "run", "", "run", deadline))
 	if req.Action != nil {
 		st.Cycle = 1
-		more, err := d.startCalls(ctx, st, []events.Decision{{Type: events.DecisionAction, Name: req.Action.Name, Args: req.Action.Args}}, events.OriginHost, nil)
+		more, err := d.startCalls(ctx, st, []events.Decision{{Type: events.DecisionAction, Name: req.Action.Name, Args: req.Action.Args, IdempotencyKey: req.Action.IdempotencyKey}}, events.OriginHost, nil)
 		if err != nil {
 			return err
 		}

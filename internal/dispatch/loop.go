@@ -75,7 +75,8 @@ func (d *Dispatcher) timer(st *RunState, kind, name, callID, stage string, after
 func (d *Dispatcher) actionRequest(st *RunState, c CallState) emission {
 	return emission{typ: events.TypeActionRequested, id: c.CallID, pool: c.Pool,
 		data: &events.ActionRequested{RunID: st.RunID, CallID: c.CallID, Cycle: st.Cycle, PlanIndex: c.PlanIndex, Attempt: 1,
-			Action: c.Action, Args: nonNilArgs(c.Args), Origin: c.Origin, UserID: st.UserID, TimeoutMs: c.TimeoutMs},
+			Action: c.Action, Args: nonNilArgs(c.Args), Origin: c.Origin, UserID: st.UserID, TimeoutMs: c.TimeoutMs,
+			IdempotencyKey: c.IdempotencyKey},
 		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}, {Name: events.ExtPlanIndex, Value: c.PlanIndex}, {Name: events.ExtPool, Value: c.Pool}}}
 }
 
@@ -297,6 +298,9 @@ func (d *Dispatcher) startCalls(ctx context.Context, st *RunState, decs []events
 		}
 		call := CallState{PlanIndex: i, CallID: events.DerivedID(st.RunID, "call", st.Cycle, i, 1),
 			Action: dec.Name, Pool: entry.Pool, Args: args, Origin: origin, TimeoutMs: timeout}
+		if origin == events.OriginHost {
+			call.IdempotencyKey = dec.IdempotencyKey
+		}
 		if issues != nil {
 			for k := range issues {
 				issues[k].PlanIndex = pi

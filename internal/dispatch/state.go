@@ -96,6 +96,8 @@ type CallState struct {
 	Error      *actionbus.Error `json:"error,omitempty"`
 	Executor   string           `json:"executor,omitempty"`
 	TimeoutMs  int64            `json:"timeoutMs,omitempty"`
+	// IdempotencyKey travels with the call to the executor.
+	IdempotencyKey string `json:"idempotencyKey,omitempty"`
 }
 
 // Terminal is a run's terminal event.

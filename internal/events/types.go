@@ -176,7 +176,10 @@ type TimerFired struct {
 
 // Decision is one planner envelope: action, plan, clarify or final.
 type Decision struct {
-	Type                  string         `json:"type"`
+	Type string `json:"type"`
+	// IdempotencyKey is set by hosts (exec, workflows), never taken from
+	// a planner.
+	IdempotencyKey        string         `json:"-"`
 	Name                  string         `json:"name,omitempty"`
 	Args                  map[string]any `json:"args,omitempty"`
 	Reasoning             string         `json:"reasoning,omitempty"`

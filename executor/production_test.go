@@ -1,0 +1,115 @@
+package executor_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+type blobOut struct {
+	Blob string `json:"blob"`
+}
+
+func TestLargeOutputsBecomeArtifactsThatReadBackExactly(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	blob := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "test.big"},
+			func(context.Context, struct{}, executor.Call) (executor.Result[blobOut], error) {
+				return executor.Result[blobOut]{Output: blobOut{Blob: blob}, Summary: "a big one"}, nil
+			})
+	}})
+	ctx := ctxT(t)
+	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.big"}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	ref := res.Output.(map[string]any)["artifact"].(map[string]any)
+	assert.Equal(t, "output", ref["role"])
+	assert.Equal(t, "application/json", ref["mediaType"])
+	assert.Equal(t, true, ref["truncated"])
+	assert.LessOrEqual(t, len(ref["preview"].(string)), 1024, "the preview is bounded")
+	assert.Equal(t, float64(len(`{"blob":""}`)+len(blob)), ref["bytes"])
+
+	data, sum, err := st.Client.Artifact(ctx, ref["id"].(string))
+	require.NoError(t, err)
+	want := []byte(`{"blob":"` + blob + `"}`)
+	assert.True(t, bytes.Equal(want, data), "the artifact reads back byte-identical")
+	wantSum := sha256.Sum256(want)
+	assert.Equal(t, hex.EncodeToString(wantSum[:]), sum)
+	assert.Equal(t, sum, ref["sha256"])
+}
+
+func TestAHandlerIgnoringItsDeadlineIsReportedTimedOutAtTheDeadline(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	release := make(chan struct{})
+	var returned atomic.Bool
+	st := srv.StartStack(t, actionbustest.StackOptions{Slots: 1, Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "test.stubborn", Timeout: 200 * time.Millisecond},
+			func(context.Context, struct{}, executor.Call) (executor.Result[blobOut], error) {
+				<-release // ignores its context on purpose
+				returned.Store(true)
+				return executor.Result[blobOut]{Output: blobOut{Blob: "late"}}, nil
+			})
+	}})
+	ctx := ctxT(t)
+	start := time.Now()
+	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.stubborn"}}, nil)
+	took := time.Since(start)
+	require.NoError(t, err)
+	assert.Equal(t, client.StatusFailed, res.Status)
+	assert.ErrorIs(t, res.Error, actionbus.ErrTimeout)
+	assert.Contains(t, res.Error.Message, "ignored its context")
+	assert.False(t, returned.Load(), "the timeout was reported while the handler still ran")
+	assert.Less(t, took, 5*time.Second)
+	close(release) // the late output is discarded; the slot frees up
+	res, err = st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.stubborn"}}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, client.StatusCompleted, res.Status, "the slot was given back once the handler returned")
+}
+
+func TestAnIdempotencyKeyReplaysTheFirstResult(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	var runs atomic.Int32
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "test.charge"},
+			func(_ context.Context, in map[string]any, call executor.Call) (executor.Result[map[string]any], error) {
+				n := runs.Add(1)
+				return executor.Result[map[string]any]{Output: map[string]any{"charge": n, "key": call.IdempotencyKey}}, nil
+			})
+	}})
+	ctx := ctxT(t)
+	rec := srv.Record(t, "ab.run.*.result")
+	first, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.charge", IdempotencyKey: "order-42"}}, nil)
+	require.NoError(t, err)
+	second, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.charge", IdempotencyKey: "order-42"}}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, int32(1), runs.Load(), "the handler ran once")
+	assert.Equal(t, first.Output, second.Output)
+	assert.Equal(t, map[string]any{"charge": 1.0, "key": "order-42"}, second.Output)
+	r := rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
+		var c events.ActionCompleted
+		return r.Type() == events.TypeActionCompleted && events.DataAs(r.Event, &c) == nil && c.RunID == second.RunID
+	})
+	var done events.ActionCompleted
+	require.NoError(t, events.DataAs(r.Event, &done))
+	assert.True(t, done.Replayed)
+	assert.Equal(t, 1, done.Deliveries)
+
+	other, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.charge", IdempotencyKey: "order-43"}}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 2.0, other.Output.(map[string]any)["charge"], "another key runs")
+}
