@@ -39,6 +39,9 @@ type StackOptions struct {
 	NoAuditor bool
 	// NoPlanner leaves the planner out, for tests of stalled decisions.
 	NoPlanner bool
+	// NoExecutors starts no executor: the test runs its own (for example
+	// as separate processes).
+	NoExecutors bool
 }
 
 // Stack is the four services running in the test's process.
@@ -68,7 +71,7 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 	}
 	st, err := stack.Start(context.Background(), s.Connect(t), stack.Config{
 		Prefix: s.Prefix, Provider: script, Executors: opts.Executors, Slots: opts.Slots,
-		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner,
+		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner, NoExecutors: opts.NoExecutors,
 		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel, MaxPlanActions: opts.MaxPlanActions,
 			MaxFailedRounds: opts.MaxFailedRounds, DecisionTimeout: opts.DecisionTimeout, RunDeadline: opts.RunDeadline},
 	})

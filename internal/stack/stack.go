@@ -39,6 +39,8 @@ type Config struct {
 	NoAuditor bool
 	// NoPlanner leaves the planner out (decision requests go unanswered).
 	NoPlanner bool
+	// NoExecutors starts no executor (they run elsewhere).
+	NoExecutors bool
 	// Dispatcher overrides dispatcher settings (Prefix and Logger are set
 	// from this Config).
 	Dispatcher dispatch.Config
@@ -67,6 +69,9 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	}
 	if cfg.Executors <= 0 {
 		cfg.Executors = 1
+	}
+	if cfg.NoExecutors {
+		cfg.Executors = 0
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -1,0 +1,106 @@
+// Command testexecutor is an executor for the process tests: its actions
+// record every invocation in files, so a test can count handler runs
+// across processes that are killed.
+//
+//	test.slow   sleeps SLOW_MS (default 300) milliseconds, honoring its context
+//	test.count  (mutate) increments a counter file; with {"useKey": true} it
+//	            applies each idempotency key once; with CRASH_AFTER_EFFECT=1
+//	            the process kills itself right after the effect
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/actionbus/actionbus/executor"
+)
+
+type slowIn struct {
+	N int `json:"n"`
+}
+
+type countIn struct {
+	UseKey bool `json:"useKey"`
+}
+
+func appendLine(path, line string) {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		panic(err)
+	}
+	defer f.Close()
+	fmt.Fprintln(f, line)
+	_ = f.Sync()
+}
+
+func main() {
+	dir := os.Getenv("TEST_DIR")
+	id := os.Getenv("ACTIONBUS_EXECUTOR_ID")
+	slowMS, _ := strconv.Atoi(os.Getenv("SLOW_MS"))
+	if slowMS == 0 {
+		slowMS = 300
+	}
+	slots, _ := strconv.Atoi(os.Getenv("SLOTS"))
+	grace, _ := time.ParseDuration(os.Getenv("GRACE"))
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer nc.Close()
+	ex, err := executor.New(nc, executor.Config{ID: id, Slots: slots, ShutdownGrace: grace, Logger: log})
+	if err != nil {
+		panic(err)
+	}
+	must := func(err error) {
+		if err != nil {
+			panic(err)
+		}
+	}
+	must(executor.Register(ex, executor.Action{Name: "test.slow", Timeout: 20 * time.Second},
+		func(ctx context.Context, in slowIn, call executor.Call) (executor.Result[slowIn], error) {
+			appendLine(filepath.Join(dir, "invocations"), id+" "+call.CallID)
+			t := time.NewTimer(time.Duration(slowMS) * time.Millisecond)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return executor.Result[slowIn]{}, ctx.Err()
+			}
+			appendLine(filepath.Join(dir, "completions"), id+" "+call.CallID)
+			return executor.Result[slowIn]{Output: in, Summary: "slept on " + id}, nil
+		}))
+	must(executor.Register(ex, executor.Action{Name: "test.count", Mode: executor.ModeMutate, Timeout: time.Second},
+		func(ctx context.Context, in countIn, call executor.Call) (executor.Result[countIn], error) {
+			keys := filepath.Join(dir, "applied-keys")
+			if in.UseKey {
+				seen, _ := os.ReadFile(keys)
+				if strings.Contains(string(seen), call.IdempotencyKey+"\n") {
+					return executor.Result[countIn]{Output: in, Summary: "already applied"}, nil
+				}
+			}
+			appendLine(filepath.Join(dir, "counter"), "+1 by "+id)
+			appendLine(keys, call.IdempotencyKey)
+			if os.Getenv("CRASH_AFTER_EFFECT") == "1" {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {}
+			}
+			return executor.Result[countIn]{Output: in, Summary: "counted"}, nil
+		}))
+	if err := ex.Run(ctx); err != nil {
+		log.Error("run", "err", err)
+		os.Exit(1)
+	}
+}
