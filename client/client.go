@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,6 +35,7 @@ type Options struct {
 
 // Client publishes and follows runs. It is safe for concurrent use.
 type Client struct {
+	nc   *nats.Conn
 	js   jetstream.JetStream
 	bus  *events.Bus
 	topo events.Topology
@@ -60,7 +62,7 @@ func New(nc *nats.Conn, opts ...Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{js: js, bus: bus, topo: topo}, nil
+	return &Client{nc: nc, js: js, bus: bus, topo: topo}, nil
 }
 
 // ActionCall names an action and its input.
@@ -189,6 +191,13 @@ func (c *Client) Follow(ctx context.Context, runID string, fn func(Event)) (*Res
 	if err != nil {
 		return nil, fmt.Errorf("client: follow %s: %w", runID, err)
 	}
+	// The ordered consumer is deleted when following ends, so many
+	// followers do not pile up consumers on the stream.
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = c.js.DeleteConsumer(dctx, c.topo.StreamRuns(), cons.CachedInfo().Name)
+	}()
 	it, err := cons.Messages()
 	if err != nil {
 		return nil, fmt.Errorf("client: follow %s: %w", runID, err)
@@ -232,16 +241,70 @@ func terminal(r *events.Received) *Result {
 	return nil
 }
 
-// Wait waits for a run's terminal event and returns its result.
+// Wait waits for a run's terminal event and returns its result. It costs
+// one subscription and at most three stream reads, no consumer, so many
+// runs can be waited on at once.
 func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
-	return c.Follow(ctx, runID, nil)
+	subjects := c.topo.Subjects()
+	// Only terminal events go into the channel; the callback never blocks
+	// (at most one terminal event is ever published per run).
+	terminals := make(chan *nats.Msg, 4)
+	sub, err := c.nc.Subscribe(subjects.Run(runID, "*"), func(m *nats.Msg) {
+		switch m.Subject[strings.LastIndexByte(m.Subject, '.')+1:] {
+		case "completed", "failed", "canceled":
+			select {
+			case terminals <- m:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("client: wait %s: %w", runID, err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck // best effort
+	decode := func(subject string, h nats.Header, data []byte) *Result {
+		r, err := c.bus.Receive(subject, h, data)
+		if err != nil {
+			return nil
+		}
+		return terminal(r)
+	}
+	// The run may have ended before the subscription started.
+	stream, err := c.js.Stream(ctx, c.topo.StreamRuns())
+	if err != nil {
+		return nil, fmt.Errorf("client: wait %s: %w", runID, err)
+	}
+	for _, verb := range []string{"completed", "failed", "canceled"} {
+		msg, err := stream.GetLastMsgForSubject(ctx, subjects.Run(runID, verb))
+		if err == nil {
+			if res := decode(msg.Subject, msg.Header, msg.Data); res != nil {
+				return res, nil
+			}
+		} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, fmt.Errorf("client: wait %s: %w", runID, err)
+		}
+	}
+	for {
+		select {
+		case m := <-terminals:
+			if res := decode(m.Subject, m.Header, m.Data); res != nil {
+				return res, nil
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }
 
-// Run starts a run and follows it to its end.
+// Run starts a run and follows it to its end. With a nil fn it only waits
+// for the result ([Client.Wait]).
 func (c *Client) Run(ctx context.Context, req RunRequest, fn func(Event)) (*Result, error) {
 	id, err := c.Start(ctx, req)
 	if err != nil {
 		return nil, err
+	}
+	if fn == nil {
+		return c.Wait(ctx, id)
 	}
 	return c.Follow(ctx, id, fn)
 }
