@@ -45,7 +45,9 @@ func (g *globals) connect() (*nats.Conn, error) {
 	return nc, nil
 }
 
-func (g *globals) client() (*client.Client, *nats.Conn, error) {
+// client connects and returns a client and the function that closes its
+// connection.
+func (g *globals) client() (*client.Client, func(), error) {
 	nc, err := g.connect()
 	if err != nil {
 		return nil, nil, err
@@ -55,7 +57,7 @@ func (g *globals) client() (*client.Client, *nats.Conn, error) {
 		nc.Close()
 		return nil, nil, err
 	}
-	return c, nc, nil
+	return c, nc.Close, nil
 }
 
 func envOr(key, def string) string {

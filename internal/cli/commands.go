@@ -108,11 +108,11 @@ func inputCmd(g *globals) *cobra.Command {
 		Short: "Answer a run's clarify question",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, nc, err := g.client()
+			c, done, err := g.client()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
+			defer done()
 			return c.Input(cmd.Context(), args[0], args[1])
 		},
 	}
@@ -128,11 +128,11 @@ func runCmd(g *globals) *cobra.Command {
 			if len(args) == 1 {
 				f.prompt = args[0]
 			}
-			c, nc, err := g.client()
+			c, done, err := g.client()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
+			defer done()
 			id, err := c.Start(cmd.Context(), client.RunRequest{Prompt: f.prompt, Scenario: f.scenario, UserID: f.user, AllowedModes: f.modes})
 			if err != nil {
 				return err
@@ -157,11 +157,11 @@ func execCmd(g *globals) *cobra.Command {
 			if err := json.Unmarshal([]byte(input), &in); err != nil {
 				return fmt.Errorf("--input must be a JSON object: %w", err)
 			}
-			c, nc, err := g.client()
+			c, done, err := g.client()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
+			defer done()
 			id, err := c.Start(cmd.Context(), client.RunRequest{Action: &client.ActionCall{Name: args[0], Args: in, IdempotencyKey: idemKey}, UserID: f.user, AllowedModes: f.modes})
 			if err != nil {
 				return err
@@ -182,11 +182,11 @@ func watchCmd(g *globals) *cobra.Command {
 		Short: "Print a run's steps, from its start, until it ends",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, nc, err := g.client()
+			c, done, err := g.client()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
+			defer done()
 			return follow(cmd.Context(), g, c, args[0], timeout)
 		},
 	}
@@ -201,11 +201,11 @@ func cancelCmd(g *globals) *cobra.Command {
 		Short: "Ask the dispatcher to cancel a run",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, nc, err := g.client()
+			c, done, err := g.client()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
+			defer done()
 			if err := c.Cancel(cmd.Context(), args[0], reason); err != nil {
 				return err
 			}
@@ -223,11 +223,11 @@ func actionsCmd(g *globals) *cobra.Command {
 		Use:   "actions",
 		Short: "List the action catalog (--planner: only what planners may choose)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, nc, err := g.client()
+			c, done, err := g.client()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
+			defer done()
 			list, err := c.Actions(cmd.Context())
 			if err != nil {
 				return err
@@ -254,11 +254,11 @@ func artifactsCmd(g *globals) *cobra.Command {
 		Short: "Write an artifact to stdout exactly as stored (its SHA-256 goes to stderr)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, nc, err := g.client()
+			c, done, err := g.client()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
+			defer done()
 			data, sum, err := c.Artifact(cmd.Context(), args[0])
 			if err != nil {
 				return err
