@@ -406,6 +406,12 @@ func (d *Dispatcher) onResult(st *RunState, callID, executor string, ok bool, ou
 	}
 	c := &st.Calls[i]
 	c.Done, c.OK, c.Output, c.Summary, c.Complete, c.Error, c.Executor = true, ok, output, summary, complete, abErr, executor
+	// Run state keeps full outputs only where they become the run's
+	// output; everything else is kept as the bounded digest the planner
+	// sees, so state stays far below the server's message size limit.
+	if _, skipped := directFinal(*c); st.Kind != "exec" && !complete && !isDirectFinal(*c) && !skipped {
+		c.Output = digest(output, d.cfg.ObservationBytes)
+	}
 	pi := c.PlanIndex
 	status, msg := "ok", summary
 	if !ok {
@@ -462,6 +468,11 @@ func directFinal(c CallState) (markdown string, skipped bool) {
 		return "", true
 	}
 	return md, false
+}
+
+func isDirectFinal(c CallState) bool {
+	md, _ := directFinal(c)
+	return md != ""
 }
 
 // evaluate runs when every call of the cycle has a result: results are

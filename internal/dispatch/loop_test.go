@@ -50,6 +50,9 @@ func (a *loopActions) register(ex *executor.Executor) error {
 		r("t.final", func(_ context.Context, in anyIn, _ executor.Call) (executor.Result[anyIn], error) {
 			return executor.Result[anyIn]{Output: anyIn{"resultKind": "final", "markdown": in["md"]}}, nil
 		}),
+		r("t.big", func(_ context.Context, _ anyIn, _ executor.Call) (executor.Result[anyIn], error) {
+			return executor.Result[anyIn]{Output: anyIn{"rows": strings.Repeat("x", 150<<10)}, Summary: "150 KiB"}, nil
+		}),
 		// t.slow counts how many run at once and waits for release.
 		r("t.slow", func(ctx context.Context, _ anyIn, _ executor.Call) (executor.Result[anyIn], error) {
 			a.mu.Lock()
@@ -127,6 +130,12 @@ scenarios:
       - {type: action, name: t.fail, args: {v: 2}}
       - {type: action, name: t.fail, args: {v: 3}}
       - {type: final, answer: 'not reached'}
+  big:
+    decisions:
+      - type: plan
+        actions: [{type: action, name: t.big}, {type: action, name: t.big}, {type: action, name: t.big}, {type: action, name: t.big},
+                  {type: action, name: t.big}, {type: action, name: t.big}, {type: action, name: t.big}, {type: action, name: t.big}]
+      - {type: final, answer: '{{ (index .Last 0).Output.bytes }}'}
   block:
     decisions:
       - {type: action, name: t.block}
@@ -361,4 +370,26 @@ func TestCancelReachesARunningHandler(t *testing.T) {
 		return r.Type() == events.TypeAuditRecorded && auditedType(r) == events.TypeCancelRequested && strings.Contains(r.Subject, runID)
 	})
 	assert.Equal(t, 1, terminalCount(rec, runID))
+}
+
+func TestLargeOutputsReachThePlannerAsBoundedDigests(t *testing.T) {
+	srv, rec, st, _ := startLoop(t, actionbustest.StackOptions{})
+	ctx := ctxT(t)
+	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "big"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	assert.Equal(t, "153611", res.Answer, `the digest gives the full size of {"rows":"x…"}`)
+	d := decisionRequest(t, rec, res.RunID, 2)
+	require.Len(t, d.Observations, 8)
+	for _, o := range d.Observations {
+		dig := o.Output.(map[string]any)
+		assert.Equal(t, true, dig["truncated"])
+		assert.Len(t, dig["sha256"], 64)
+		assert.LessOrEqual(t, len(dig["preview"].(string)), 2048)
+	}
+	kv, err := srv.JS.KeyValue(ctx, "ab_runs")
+	require.NoError(t, err)
+	entry, err := kv.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	assert.Less(t, len(entry.Value()), 64<<10, "run state stays small although the plan produced 1.2 MiB")
 }
