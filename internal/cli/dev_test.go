@@ -65,6 +65,12 @@ func TestRunExitCodeFollowsTheTerminalState(t *testing.T) {
 	assert.Contains(t, out.String(), "hi there")
 
 	out.Reset()
+	code = cli.Execute(ctx, []string{"--nats", url, "run", "--scenario", "clarify"}, strings.NewReader("dhl-express\n"), &out, &errOut)
+	assert.Equal(t, 0, code, out.String()+errOut.String())
+	assert.Contains(t, out.String(), "? Which carrier should I check?", "the question is asked on the terminal")
+	assert.Contains(t, out.String(), "Checking carrier dhl-express.", "the typed answer resumed the run")
+
+	out.Reset()
 	code = cli.Execute(ctx, []string{"--nats", url, "actions"}, nil, &out, &errOut)
 	assert.Equal(t, 0, code)
 	assert.Contains(t, out.String(), "delivery.dryRunRetry  dryRun")

@@ -177,3 +177,20 @@ func TestReadmeExampleRunsAgainstServiceProcesses(t *testing.T) {
 	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
 	assert.Contains(t, res.Answer, "Retryable now: job_1041, job_1043")
 }
+
+func TestTheDispatcherRefusesABadPlanLimitAtStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the service binaries")
+	}
+	bin := buildServices(t)
+	srv := actionbustest.NewServer(t)
+	for _, bad := range []string{"21", "0", "1.5"} {
+		cmd := exec.Command(filepath.Join(bin, "dispatcher"))
+		cmd.Env = append(os.Environ(), "NATS_URL="+srv.URL, "ACTIONBUS_MAX_PLAN_ACTIONS="+bad)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, "ACTIONBUS_MAX_PLAN_ACTIONS=%s: %s", bad, out)
+		assert.Equal(t, 2, exit.ExitCode(), "%s", out)
+		assert.Contains(t, string(out), "max plan actions", "%s", out)
+	}
+}
