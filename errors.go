@@ -58,6 +58,10 @@ const (
 	CodePlannerFailed        Code = "planner_failed"
 	CodeStageStalled         Code = "stage_stalled"
 	CodeRepeatedFailure      Code = "repeated_failure"
+	CodeApprovalDenied       Code = "approval_denied"
+	CodeApprovalExpired      Code = "approval_expired"
+	CodeApprovalInvalid      Code = "approval_invalid"
+	CodeApprovalReplayed     Code = "approval_replayed"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -70,6 +74,7 @@ var Codes = []Code{
 	CodeInvalidStepReference, CodeDuplicateStep, CodeWorkflowValidation, CodeWorkflowAborted,
 	CodeScenarioNotFound, CodeMissingTopology, CodeActionArgsInvalid, CodeInvalidAuditPolicy,
 	CodeInvalidDefinition, CodeWorkflowExecution, CodePlannerFailed, CodeStageStalled, CodeRepeatedFailure,
+	CodeApprovalDenied, CodeApprovalExpired, CodeApprovalInvalid, CodeApprovalReplayed,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code

@@ -9,6 +9,7 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/planner"
+	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/stack"
 )
 
@@ -42,6 +43,13 @@ type StackOptions struct {
 	// NoExecutors starts no executor: the test runs its own (for example
 	// as separate processes).
 	NoExecutors bool
+	// Policy is a policy document (JSON: explicit per-action policy,
+	// required roles and scopes).
+	Policy string
+	// ApprovalKeys verify approval tokens: "kid:base64secret,...".
+	ApprovalKeys string
+	// ApprovalTTL is how long approvals stay valid; default 1 hour.
+	ApprovalTTL time.Duration
 }
 
 // Stack is the four services running in the test's process.
@@ -69,11 +77,22 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 	if err != nil {
 		t.Fatalf("actionbustest: %v", err)
 	}
+	var pol *policy.Config
+	if opts.Policy != "" {
+		if pol, err = policy.ParseConfig([]byte(opts.Policy)); err != nil {
+			t.Fatalf("actionbustest: %v", err)
+		}
+	}
+	keys, err := policy.ParseKeys(opts.ApprovalKeys)
+	if err != nil {
+		t.Fatalf("actionbustest: %v", err)
+	}
 	st, err := stack.Start(context.Background(), s.Connect(t), stack.Config{
 		Prefix: s.Prefix, Provider: script, Executors: opts.Executors, Slots: opts.Slots,
 		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner, NoExecutors: opts.NoExecutors,
 		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel, MaxPlanActions: opts.MaxPlanActions,
-			MaxFailedRounds: opts.MaxFailedRounds, DecisionTimeout: opts.DecisionTimeout, RunDeadline: opts.RunDeadline},
+			MaxFailedRounds: opts.MaxFailedRounds, DecisionTimeout: opts.DecisionTimeout, RunDeadline: opts.RunDeadline,
+			Policy: pol, ApprovalKeys: keys, ApprovalTTL: opts.ApprovalTTL},
 	})
 	if err != nil {
 		t.Fatalf("actionbustest: start stack: %v", err)

@@ -22,6 +22,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
 )
 
 // Options configures a [Client].
@@ -126,6 +127,81 @@ func (c *Client) Cancel(ctx context.Context, runID, reason string) error {
 func (c *Client) Input(ctx context.Context, runID, answer string) error {
 	_, err := c.bus.Emit(ctx, events.TypeInputProvided, events.NewID(), runID, "",
 		&events.InputProvided{RunID: runID, Answer: answer, ProvidedBy: "client"})
+	return err
+}
+
+// PendingApproval is an approval request as an approver reads it.
+type PendingApproval struct {
+	Context events.ApprovalContext
+	// Input is the call's input as it will run.
+	Input  map[string]any
+	Reason string
+}
+
+// Approval reads the request of an approval id (its run id is the part
+// before the first '-').
+func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingApproval, error) {
+	runID, _, ok := strings.Cut(approvalID, "-")
+	if !ok {
+		return nil, fmt.Errorf("client: %q is not an approval id", approvalID)
+	}
+	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamRuns(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.topo.Subjects().Run(runID, "approval")}, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("client: approval %s: %w", approvalID, err)
+	}
+	defer func() {
+		_ = c.js.DeleteConsumer(context.WithoutCancel(ctx), c.topo.StreamRuns(), cons.CachedInfo().Name)
+	}()
+	for {
+		batch, err := cons.FetchNoWait(100)
+		if err != nil {
+			return nil, err
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			r, err := c.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
+			if err != nil {
+				continue
+			}
+			if req, ok := r.Data.(*events.ApprovalRequested); ok && req.Context.ApprovalID == approvalID {
+				return &PendingApproval{Context: req.Context, Input: req.Input, Reason: req.Reason}, nil
+			}
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("client: no approval request %s", approvalID)
+		}
+	}
+}
+
+// Approve signs the approval context of approvalID with the key and
+// publishes the grant. The dispatcher verifies the token against the
+// context it stored; a token for another context, an unknown key or an
+// expired approval is refused.
+func (c *Client) Approve(ctx context.Context, approvalID, keyID string, key []byte, approver string) error {
+	p, err := c.Approval(ctx, approvalID)
+	if err != nil {
+		return err
+	}
+	token, err := policy.Sign(keyID, key, policy.ApprovalContext(p.Context))
+	if err != nil {
+		return err
+	}
+	_, err = c.bus.Emit(ctx, events.TypeApprovalGranted, events.NewID(), p.Context.RunID, "",
+		&events.ApprovalGranted{RunID: p.Context.RunID, ApprovalID: approvalID, Token: token, Approver: approver})
+	return err
+}
+
+// Deny refuses an approval; the run ends with approval_denied.
+func (c *Client) Deny(ctx context.Context, approvalID, approver, reason string) error {
+	runID, _, ok := strings.Cut(approvalID, "-")
+	if !ok {
+		return fmt.Errorf("client: %q is not an approval id", approvalID)
+	}
+	_, err := c.bus.Emit(ctx, events.TypeApprovalDenied, events.NewID(), runID, "",
+		&events.ApprovalDenied{RunID: runID, ApprovalID: approvalID, Approver: approver, Reason: reason})
 	return err
 }
 

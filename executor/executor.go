@@ -224,7 +224,18 @@ type Call struct {
 	// side effect happen once even if the executor crashes after the
 	// effect and before its result is stored.
 	IdempotencyKey string
+	// InputHash is the stable hash of the input: SHA-256 over its RFC 8785
+	// canonical JSON (docs/approvals.md).
+	InputHash string
+	// Approval is the verified approval of a call that needed one (always
+	// for mutate actions). Re-check it at the mutation point: its
+	// Context.InputHash must equal InputHash, and Context.ExpiresAt must
+	// not have passed.
+	Approval *Approval
 }
+
+// Approval is a verified approval as a handler sees it.
+type Approval = events.ApprovalGrant
 
 // Result is what a handler returns. Complete ends the run with Output.
 type Result[Out any] struct {
@@ -266,7 +277,8 @@ func Register[In, Out any](ex *Executor, a Action, h HandlerFunc[In, Out]) error
 			return actions.Result{}, actionbus.Errorf(actionbus.CodeSchemaValidation, "input does not fit %T: %w", in, err)
 		}
 		res, err := h(ctx, in, Call{RunID: call.RunID, CallID: call.CallID, Action: call.Action,
-			UserID: call.UserID, Origin: call.Origin, Attempt: call.Attempt, IdempotencyKey: call.IdempotencyKey})
+			UserID: call.UserID, Origin: call.Origin, Attempt: call.Attempt, IdempotencyKey: call.IdempotencyKey,
+			InputHash: call.InputHash, Approval: call.Approval})
 		if err != nil {
 			return actions.Result{}, err
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
 )
 
 // errShutdown is the cause of handler contexts canceled because the
@@ -133,6 +134,20 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 	if err != nil {
 		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeActionArgsInvalid, "input is not JSON: %w", err), 0, false)
 	}
+	inputHash, err := policy.InputHash(args)
+	if err != nil {
+		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeActionArgsInvalid, "input has no canonical form: %w", err), 0, false)
+	}
+	// Defense in depth: a mutation runs only with an approval bound to
+	// exactly this input.
+	if reg.Def.Mode == actions.ModeMutate {
+		switch {
+		case req.Approval == nil:
+			return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeApprovalRequired, "mutate action %s arrived without an approval", req.Action), 0, false)
+		case req.Approval.Context.InputHash != inputHash || req.Approval.Context.Action != req.Action:
+			return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeApprovalInvalid, "the approval of %s is bound to other input", req.Action), 0, false)
+		}
+	}
 	timeout := e.cfg.DefaultTimeout
 	if reg.Def.TimeoutMs > 0 {
 		timeout = time.Duration(reg.Def.TimeoutMs) * time.Millisecond
@@ -162,7 +177,7 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 	}
 
 	call := actions.Call{RunID: req.RunID, CallID: req.CallID, Action: req.Action, UserID: req.UserID,
-		Origin: req.Origin, Attempt: req.Attempt, Input: input, IdempotencyKey: key}
+		Origin: req.Origin, Attempt: req.Attempt, Input: input, IdempotencyKey: key, InputHash: inputHash, Approval: req.Approval}
 	res, herr, took, abandoned := e.execute(ctx, msg, reg, call, timeout)
 	if abandoned != nil {
 		defer func() { <-abandoned }() // the slot is freed when the handler returns

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus/internal/dispatch"
+	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/service"
 )
 
@@ -32,11 +33,24 @@ func main() {
 	flag.IntVar(&cfg.Concurrency, "concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", 64), "events handled at once (env ACTIONBUS_CONCURRENCY)")
 	flag.DurationVar(&cfg.RunDeadline, "run-deadline", envDuration("ACTIONBUS_RUN_DEADLINE", 10*time.Minute), "default whole-run deadline")
 	flag.DurationVar(&cfg.DecisionTimeout, "decision-timeout", envDuration("ACTIONBUS_DECISION_TIMEOUT", 2*time.Minute), "planner decision deadline")
+	policyFile := flag.String("policy", service.Env("ACTIONBUS_POLICY_FILE", ""), "policy document (JSON); the policy bucket can replace it at run time")
 	flag.Parse()
 	os.Exit(service.Main("dispatcher", c, func(nc *nats.Conn, log *slog.Logger) (service.Runner, error) {
 		n, err := dispatch.ParsePlanLimit(*maxPlan)
 		if err != nil {
 			return nil, err
+		}
+		if cfg.ApprovalKeys, err = policy.ParseKeys(os.Getenv("ACTIONBUS_APPROVAL_KEYS")); err != nil {
+			return nil, err
+		}
+		if *policyFile != "" {
+			b, err := os.ReadFile(*policyFile)
+			if err != nil {
+				return nil, err
+			}
+			if cfg.Policy, err = policy.ParseConfig(b); err != nil {
+				return nil, err
+			}
 		}
 		cfg.Prefix, cfg.Logger, cfg.MaxPlanActions = c.Prefix, log, n
 		return dispatch.New(nc, cfg)

@@ -23,6 +23,7 @@ import (
 	"github.com/gowebpki/jcs"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/schema"
 )
 
@@ -193,6 +194,10 @@ type Call struct {
 	Input json.RawMessage
 	// IdempotencyKey is the call's idempotency key ("" when it has none).
 	IdempotencyKey string
+	// InputHash is the stable hash of the input (policy.InputHash).
+	InputHash string
+	// Approval is the call's verified approval, if it needed one.
+	Approval *events.ApprovalGrant
 }
 
 // Result is what a handler returns: the output, a short summary for the

@@ -16,6 +16,7 @@ import (
 
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
 )
 
 func provisionCmd(g *globals) *cobra.Command {
@@ -116,6 +117,62 @@ func inputCmd(g *globals) *cobra.Command {
 			return c.Input(cmd.Context(), args[0], args[1])
 		},
 	}
+}
+
+func approveCmd(g *globals) *cobra.Command {
+	var keySpec, approver string
+	cmd := &cobra.Command{
+		Use:   "approve APPROVAL_ID",
+		Short: "Approve a pending action with a token signed by an approval key (--key or ACTIONBUS_APPROVAL_KEY: kid:base64secret)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			keys, err := policy.ParseKeys(keySpec)
+			if err != nil {
+				return err
+			}
+			if len(keys) != 1 {
+				return fmt.Errorf("approve needs exactly one key (--key kid:base64secret)")
+			}
+			c, done, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			p, err := c.Approval(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.out, "approving %s: %s for %s, input hash %s, expires %s\n", args[0], p.Context.Action, p.Context.UserID,
+				p.Context.InputHash, p.Context.ExpiresAt.Format(time.RFC3339))
+			for kid, key := range keys {
+				return c.Approve(cmd.Context(), args[0], kid, key, approver)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&keySpec, "key", os.Getenv("ACTIONBUS_APPROVAL_KEY"), "approval key kid:base64secret (env ACTIONBUS_APPROVAL_KEY)")
+	cmd.Flags().StringVar(&approver, "as", os.Getenv("USER"), "who approves")
+	return cmd
+}
+
+func denyCmd(g *globals) *cobra.Command {
+	var approver, reason string
+	cmd := &cobra.Command{
+		Use:   "deny APPROVAL_ID",
+		Short: "Deny a pending action; its run ends with approval_denied",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			return c.Deny(cmd.Context(), args[0], approver, reason)
+		},
+	}
+	cmd.Flags().StringVar(&approver, "as", os.Getenv("USER"), "who denies")
+	cmd.Flags().StringVar(&reason, "reason", "", "why")
+	return cmd
 }
 
 func runCmd(g *globals) *cobra.Command {

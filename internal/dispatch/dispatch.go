@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,6 +29,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/keymutex"
+	"github.com/actionbus/actionbus/internal/policy"
 )
 
 // Plan limits.
@@ -68,6 +70,18 @@ type Config struct {
 	// ObservationBytes bounds one observation's output as given to the
 	// planner; larger outputs are replaced by a digest; default 4096.
 	ObservationBytes int
+	// Policy is the operator's policy configuration (explicit per-action
+	// policy, required roles and scopes); nil means tier defaults only. A
+	// document under the key "config" of the policy bucket replaces it
+	// without a restart.
+	Policy *policy.Config
+	// ExtraPolicies are custom Go policies composed after the configured
+	// ones.
+	ExtraPolicies []policy.Policy
+	// ApprovalKeys verify approval tokens (key id to secret).
+	ApprovalKeys policy.Keys
+	// ApprovalTTL is how long an approval request stays valid; default 1h.
+	ApprovalTTL time.Duration
 	// Logger receives the dispatcher's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -105,6 +119,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ObservationBytes == 0 {
 		c.ObservationBytes = 4096
+	}
+	if c.ApprovalTTL == 0 {
+		c.ApprovalTTL = time.Hour
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -160,6 +177,7 @@ type Dispatcher struct {
 	ready    chan struct{}
 	cache    *stateCache
 	checkers *checkerCache
+	policy   atomic.Pointer[policy.Evaluator]
 
 	queueMu sync.Mutex
 	queues  map[string]*runQueue
@@ -183,7 +201,9 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Dispatcher{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), ready: make(chan struct{}), cache: newStateCache(20000), checkers: newCheckerCache(), queues: map[string]*runQueue{}}, nil
+	d := &Dispatcher{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), ready: make(chan struct{}), cache: newStateCache(20000), checkers: newCheckerCache(), queues: map[string]*runQueue{}}
+	d.policy.Store(&policy.Evaluator{Config: cfg.Policy, Extra: cfg.ExtraPolicies})
+	return d, nil
 }
 
 // Run serves run requests, decisions, results and cancels until ctx ends,
@@ -201,6 +221,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return err
 	}
 	if d.cat, err = actions.NewCatalog(catKV).Watch(ctx); err != nil {
+		return err
+	}
+	if err := d.watchPolicy(ctx); err != nil {
 		return err
 	}
 	cons, err := d.js.Consumer(ctx, d.topo.StreamRuns(), events.ConsumerDispatcher)
@@ -255,6 +278,14 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 	case *events.InputProvided:
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
 			return d.onInput(st, data), nil
+		})
+	case *events.ApprovalGranted:
+		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
+			return d.onApprovalGranted(st, data), nil
+		})
+	case *events.ApprovalDenied:
+		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
+			return d.onApprovalDenied(st, data), nil
 		})
 	case *events.TimerFired:
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {

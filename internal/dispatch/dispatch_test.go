@@ -347,37 +347,3 @@ func sorted(m map[string]bool) []string {
 	sort.Strings(out)
 	return out
 }
-
-func TestModesFailClosed(t *testing.T) {
-	srv := actionbustest.NewServer(t)
-	ran := make(chan struct{}, 1)
-	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
-		return executor.Register(ex, executor.Action{Name: "test.mutate", Mode: executor.ModeMutate},
-			func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
-				ran <- struct{}{}
-				return executor.Result[map[string]any]{}, nil
-			})
-	}})
-	ctx := ctxT(t)
-	cases := []struct {
-		name  string
-		modes []string
-		want  *actionbus.Error
-	}{
-		{"mutate is not allowed by default", nil, actionbus.ErrModeNotAllowed},
-		{"allowed mutate still needs an approval", []string{"read", "mutate"}, actionbus.ErrApprovalRequired},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.mutate"}, AllowedModes: c.modes}, nil)
-			require.NoError(t, err)
-			assert.Equal(t, client.StatusFailed, res.Status)
-			assert.ErrorIs(t, res.Error, c.want)
-		})
-	}
-	select {
-	case <-ran:
-		t.Fatal("a mutate action ran without approval")
-	default:
-	}
-}

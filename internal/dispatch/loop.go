@@ -76,7 +76,7 @@ func (d *Dispatcher) actionRequest(st *RunState, c CallState) emission {
 	return emission{typ: events.TypeActionRequested, id: c.CallID, pool: c.Pool,
 		data: &events.ActionRequested{RunID: st.RunID, CallID: c.CallID, Cycle: st.Cycle, PlanIndex: c.PlanIndex, Attempt: 1,
 			Action: c.Action, Args: nonNilArgs(c.Args), Origin: c.Origin, UserID: st.UserID, TimeoutMs: c.TimeoutMs,
-			IdempotencyKey: c.IdempotencyKey},
+			IdempotencyKey: c.IdempotencyKey, Approval: c.Approval},
 		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}, {Name: events.ExtPlanIndex, Value: c.PlanIndex}, {Name: events.ExtPool, Value: c.Pool}}}
 }
 
@@ -232,6 +232,14 @@ func (d *Dispatcher) onTimer(st *RunState, t *events.TimerFired) []emission {
 		if st.Phase == PhaseAwaitingInput && st.Cycle == t.Cycle {
 			return stalled("input")
 		}
+	case events.TimerApproval:
+		if p, ok := st.Approvals[t.CallID]; ok {
+			delete(st.Approvals, t.CallID)
+			st.ApprovalsDone = append(st.ApprovalsDone, t.CallID)
+			err := actionbus.Errorf(actionbus.CodeApprovalExpired, "approval %s was not given before %s", t.CallID, p.Context.ExpiresAt.Format(time.RFC3339)).
+				WithDetail("approvalId", t.CallID).WithDetail("action", p.Context.Action)
+			return append([]emission{step(st, "approval-expired", nil, p.Context.Action, err.Message, "failed")}, d.fail(st, err)...)
+		}
 	case events.TimerAction:
 		if st.Phase != PhaseActing || st.Cycle != t.Cycle {
 			return nil
@@ -297,7 +305,7 @@ func (d *Dispatcher) startCalls(ctx context.Context, st *RunState, decs []events
 			timeout = actions.DefaultTimeout.Milliseconds()
 		}
 		call := CallState{PlanIndex: i, CallID: events.DerivedID(st.RunID, "call", st.Cycle, i, 1),
-			Action: dec.Name, Pool: entry.Pool, Args: args, Origin: origin, TimeoutMs: timeout}
+			Action: dec.Name, Pool: entry.Pool, Args: args, Origin: origin, TimeoutMs: timeout, Mode: string(entry.Mode)}
 		if origin == events.OriginHost {
 			call.IdempotencyKey = dec.IdempotencyKey
 		}
@@ -310,6 +318,33 @@ func (d *Dispatcher) startCalls(ctx context.Context, st *RunState, decs []events
 				map[string]any{"issues": issues}))
 			call.Dispatched, call.Done, call.Error = true, true, abErr
 			invalid++
+			calls = append(calls, call)
+			continue
+		}
+		// Policy: every call is judged and the snapshot recorded. Nothing
+		// in the call's input takes part: model input cannot grant
+		// approval.
+		snap := d.policy.Load().Evaluate(ctx, policy.Request{Action: entry.Name, Mode: entry.Mode, Tier: entry.Tier,
+			Permission: entry.Permission, Origin: origin, UserID: st.UserID, Metadata: st.Metadata})
+		st.PolicySnapshots = append(st.PolicySnapshots, snap)
+		out = append(out, stepWith(st, "policy-evaluated", pi, dec.Name, snap.Action+": "+snap.Reason, "",
+			map[string]any{"snapshot": snap}))
+		switch {
+		case snap.Action == policy.Deny:
+			err := actionbus.Errorf(actionbus.CodePolicyRejected, "policy denies %s: %s", dec.Name, snap.Reason).
+				WithDetail("action", dec.Name).WithDetail("snapshot", snap)
+			if isPlan {
+				return append(out, d.reject(st, "plan-validation-failed", err.WithDetail("planIndex", i))...), nil
+			}
+			return append(out, d.fail(st, err)...), nil
+		case snap.Action == policy.Ask && isPlan:
+			// The seed's rule: a plan cannot pause for approval; any
+			// non-allow action rejects the whole plan.
+			err := actionbus.Errorf(actionbus.CodeApprovalRequired, "%s needs approval (%s); run it as a single action, not inside a plan", dec.Name, snap.Reason).
+				WithDetail("action", dec.Name).WithDetail("planIndex", i)
+			return append(out, d.reject(st, "plan-validation-failed", err)...), nil
+		case snap.Action == policy.Ask:
+			call.NeedsApproval = true
 		}
 		calls = append(calls, call)
 	}
@@ -343,6 +378,13 @@ func (d *Dispatcher) startCalls(ctx context.Context, st *RunState, decs []events
 	st.Phase = PhaseActing
 	st.Calls = calls
 	st.Plan = plan
+	if !isPlan && len(calls) == 1 && calls[0].NeedsApproval && calls[0].Error == nil {
+		more, err := d.requestApproval(st, 0, st.PolicySnapshots[len(st.PolicySnapshots)-1])
+		if err != nil {
+			return nil, err
+		}
+		return append(out, more...), nil
+	}
 	if isPlan {
 		out = append(out, step(st, "plan-executing", nil, "", fmt.Sprintf("%d actions, at most %d at once", len(calls), d.cfg.MaxPlanParallel), ""))
 	}
@@ -384,7 +426,7 @@ func (d *Dispatcher) dispatchMore(st *RunState) []emission {
 			break
 		}
 		c := &st.Calls[i]
-		if c.Dispatched {
+		if c.Dispatched || c.NeedsApproval {
 			continue
 		}
 		c.Dispatched = true
@@ -406,6 +448,11 @@ func (d *Dispatcher) onResult(st *RunState, callID, executor string, ok bool, ou
 	}
 	c := &st.Calls[i]
 	c.Done, c.OK, c.Output, c.Summary, c.Complete, c.Error, c.Executor = true, ok, output, summary, complete, abErr, executor
+	if ok && c.Mode == "dryRun" {
+		if h, err := policy.InputHash(c.Args); err == nil {
+			st.DryRunHash = h
+		}
+	}
 	// Run state keeps full outputs only where they become the run's
 	// output; everything else is kept as the bounded digest the planner
 	// sees, so state stays far below the server's message size limit.

@@ -5,22 +5,25 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
 )
 
 // Run statuses.
 const (
-	StatusRunning       = "running"
-	StatusAwaitingInput = "awaiting_input"
-	StatusCompleted     = "completed"
-	StatusFailed        = "failed"
-	StatusCanceled      = "canceled"
+	StatusRunning          = "running"
+	StatusAwaitingInput    = "awaiting_input"
+	StatusAwaitingApproval = "awaiting_approval"
+	StatusCompleted        = "completed"
+	StatusFailed           = "failed"
+	StatusCanceled         = "canceled"
 )
 
 // Phases of a running run.
 const (
-	PhaseDeciding      = "deciding"
-	PhaseActing        = "acting"
-	PhaseAwaitingInput = "awaiting_input"
+	PhaseDeciding         = "deciding"
+	PhaseActing           = "acting"
+	PhaseAwaitingInput    = "awaiting_input"
+	PhaseAwaitingApproval = "awaiting_approval"
 )
 
 // RunState is the dispatcher's record of one run, stored as JSON under the
@@ -62,6 +65,23 @@ type RunState struct {
 	FailEvidence map[string][]actionbus.Error `json:"failEvidence,omitempty"`
 	// Deadline is when the whole run times out.
 	Deadline time.Time `json:"deadline"`
+	// Approvals are the pending approvals, by approval id. They live in
+	// the run state, so they survive restarts of every service.
+	Approvals map[string]*PendingApproval `json:"approvals,omitempty"`
+	// ApprovalsDone are the ids of answered approvals (replays are
+	// refused).
+	ApprovalsDone []string `json:"approvalsDone,omitempty"`
+	// PolicySnapshots record every policy evaluation of the run.
+	PolicySnapshots []policy.Snapshot `json:"policySnapshots,omitempty"`
+	// DryRunHash is the input hash of the latest successful dryRun call,
+	// recorded in the approval context of a mutation that follows it.
+	DryRunHash string `json:"dryRunHash,omitempty"`
+}
+
+// PendingApproval is an approval the run waits for.
+type PendingApproval struct {
+	Context   events.ApprovalContext `json:"context"`
+	CallIndex int                    `json:"callIndex"`
 }
 
 // PlanState is what the dispatcher remembers of a plan decision.
@@ -98,6 +118,12 @@ type CallState struct {
 	TimeoutMs  int64            `json:"timeoutMs,omitempty"`
 	// IdempotencyKey travels with the call to the executor.
 	IdempotencyKey string `json:"idempotencyKey,omitempty"`
+	// Approval is the call's verified approval, when it needed one.
+	Approval *events.ApprovalGrant `json:"approval,omitempty"`
+	// NeedsApproval marks a call held until its approval is granted.
+	NeedsApproval bool `json:"needsApproval,omitempty"`
+	// Mode is the action's mode.
+	Mode string `json:"mode,omitempty"`
 }
 
 // Terminal is a run's terminal event.

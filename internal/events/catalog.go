@@ -41,6 +41,9 @@ var Catalog = []Entry{
 	{TypeAuditRecorded, "{prefix}.audit.run.{runId}", "auditor", []string{"operators"}, "audit.recorded.json", func() any { return new(AuditRecorded) }},
 	{TypeInputProvided, "{prefix}.run.{runId}.input", "client", []string{"dispatcher", "auditor"}, "input.provided.json", func() any { return new(InputProvided) }},
 	{TypeTimerFired, "{prefix}.run.{runId}.timer", "dispatcher (scheduled)", []string{"dispatcher", "auditor"}, "timer.fired.json", func() any { return new(TimerFired) }},
+	{TypeApprovalRequested, "{prefix}.run.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.requested.json", func() any { return new(ApprovalRequested) }},
+	{TypeApprovalGranted, "{prefix}.run.{runId}.approve", "approver", []string{"dispatcher", "auditor"}, "approval.granted.json", func() any { return new(ApprovalGranted) }},
+	{TypeApprovalDenied, "{prefix}.run.{runId}.deny", "approver", []string{"dispatcher", "auditor"}, "approval.denied.json", func() any { return new(ApprovalDenied) }},
 }
 
 var catalogByType = func() map[string]*Entry {
@@ -194,6 +197,12 @@ func (s Subjects) SubjectFor(eventType, runID, pool string) (string, error) {
 		return s.Run(runID, "input"), nil
 	case TypeTimerFired:
 		return s.Run(runID, "timer"), nil
+	case TypeApprovalRequested:
+		return s.Run(runID, "approval"), nil
+	case TypeApprovalGranted:
+		return s.Run(runID, "approve"), nil
+	case TypeApprovalDenied:
+		return s.Run(runID, "deny"), nil
 	}
 	return "", fmt.Errorf("events: no subject rule for type %q", eventType)
 }

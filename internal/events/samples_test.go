@@ -47,4 +47,9 @@ var samples = map[string]any{
 	events.TypeInputProvided: &events.InputProvided{RunID: sampleRun, Answer: "the blue one", ProvidedBy: "operator_1"},
 	events.TypeTimerFired: &events.TimerFired{RunID: sampleRun, Kind: events.TimerDecision, Cycle: 2, Stage: "planner",
 		DueAt: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)},
+	events.TypeApprovalRequested: &events.ApprovalRequested{RunID: sampleRun, Input: map[string]any{"jobIds": []any{"job_1"}}, Reason: "tier 2",
+		Context: events.ApprovalContext{ApprovalID: sampleRun + "-1-0", RunID: sampleRun, StepID: "c1", UserID: "u", Action: "delivery.retry",
+			InputHash: "0f3c4e0b1a2d3c4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6", ExpiresAt: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}},
+	events.TypeApprovalGranted: &events.ApprovalGranted{RunID: sampleRun, ApprovalID: sampleRun + "-1-0", Token: "k1.abc", Approver: "ops"},
+	events.TypeApprovalDenied:  &events.ApprovalDenied{RunID: sampleRun, ApprovalID: sampleRun + "-1-0", Approver: "ops", Reason: "not today"},
 }

@@ -142,6 +142,11 @@ func (t Topology) BucketIdempotency() string {
 	return strings.ToLower(t.withDefaults().Prefix) + "_idempotency"
 }
 
+// BucketPolicy is the key-value bucket of the reloadable policy document.
+func (t Topology) BucketPolicy() string {
+	return strings.ToLower(t.withDefaults().Prefix) + "_policy"
+}
+
 // BucketArtifacts is the object store of large action outputs.
 func (t Topology) BucketArtifacts() string {
 	return strings.ToLower(t.withDefaults().Prefix) + "_artifacts"
@@ -229,7 +234,7 @@ func (t Topology) Consumers() []ConsumerSpec {
 	s := t.Subjects()
 	out := []ConsumerSpec{
 		{t.StreamRuns(), t.durable(ConsumerDispatcher, "dispatcher: run requests, decisions, results, cancels, inputs, timers",
-			s.AnyRun("requested"), s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("cancel"), s.AnyRun("input"), s.AnyRun("timer"))},
+			s.AnyRun("requested"), s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("cancel"), s.AnyRun("input"), s.AnyRun("timer"), s.AnyRun("approve"), s.AnyRun("deny"))},
 		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision requests", s.AnyRun("decide"))},
 		{t.StreamRuns(), t.durable(ConsumerAuditorRuns, "auditor: every per-run event (not timer schedules)", s.AnyRun("*"))},
 		{t.StreamWork(), t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools())},
@@ -248,6 +253,7 @@ func (t Topology) Buckets() []jetstream.KeyValueConfig {
 		{Bucket: t.BucketRuns(), Description: "actionbus run state (revision-checked)", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention},
 		{Bucket: t.BucketCatalog(), Description: "actionbus action catalog", History: 5, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: t.BucketPresence(), Description: "actionbus executor presence", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: PresenceTTL},
+		{Bucket: t.BucketPolicy(), Description: "actionbus policy document (reloaded without restart)", History: 10, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: t.BucketIdempotency(), Description: "actionbus idempotency keys and their results", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.IdempotencyTTL},
 	}
 }
@@ -310,7 +316,7 @@ func (t Topology) Needs(service, pool string) Requirements {
 		return Requirements{
 			Streams:   []string{t.StreamRuns(), t.StreamWork(), t.StreamRejected()},
 			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerDispatcher)},
-			Buckets:   []string{t.BucketRuns(), t.BucketCatalog()},
+			Buckets:   []string{t.BucketRuns(), t.BucketCatalog(), t.BucketPolicy()},
 		}
 	case "planner":
 		return Requirements{

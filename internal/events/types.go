@@ -24,6 +24,9 @@ const (
 	TypeAuditRecorded     = "io.actionbus.audit.recorded"
 	TypeInputProvided     = "io.actionbus.input.provided"
 	TypeTimerFired        = "io.actionbus.timer.fired"
+	TypeApprovalRequested = "io.actionbus.approval.requested"
+	TypeApprovalGranted   = "io.actionbus.approval.granted"
+	TypeApprovalDenied    = "io.actionbus.approval.denied"
 )
 
 // Origins of action input (see the Conventions in docs/architecture.md).
@@ -160,6 +163,7 @@ const (
 	TimerDecision    = "decision"
 	TimerAction      = "action"
 	TimerInput       = "input"
+	TimerApproval    = "approval"
 )
 
 // TimerFired is a durable timer of a run coming due. The dispatcher
@@ -217,6 +221,55 @@ type ActionRequested struct {
 	// IdempotencyKey makes a retried or redelivered call return the first
 	// result instead of running the handler again.
 	IdempotencyKey string `json:"idempotencyKey,omitempty"`
+	// Approval is the verified approval of the call, for handlers that
+	// re-check at the mutation point.
+	Approval *ApprovalGrant `json:"approval,omitempty"`
+}
+
+// ApprovalContext is what an approval is bound to (see internal/policy).
+type ApprovalContext struct {
+	ApprovalID  string    `json:"approvalId"`
+	RunID       string    `json:"runId"`
+	StepID      string    `json:"stepId"`
+	UserID      string    `json:"userId"`
+	Action      string    `json:"action"`
+	InputHash   string    `json:"inputHash"`
+	ResourceIDs []string  `json:"resourceIds,omitempty"`
+	DryRunHash  string    `json:"dryRunHash,omitempty"`
+	ExpiresAt   time.Time `json:"expiresAt"`
+}
+
+// ApprovalGrant is a verified approval as the executor receives it.
+type ApprovalGrant struct {
+	Context  ApprovalContext `json:"context"`
+	Token    string          `json:"token"`
+	Approver string          `json:"approver,omitempty"`
+}
+
+// ApprovalRequested asks an approver to approve or deny one action call.
+type ApprovalRequested struct {
+	RunID   string          `json:"runId"`
+	Context ApprovalContext `json:"context"`
+	// Input is the call's input, as it will run, for the approver to read.
+	Input map[string]any `json:"input"`
+	// Policy is the evaluation that asked for approval.
+	Reason string `json:"reason,omitempty"`
+}
+
+// ApprovalGranted answers an approval with a token signed over its context.
+type ApprovalGranted struct {
+	RunID      string `json:"runId"`
+	ApprovalID string `json:"approvalId"`
+	Token      string `json:"token"`
+	Approver   string `json:"approver,omitempty"`
+}
+
+// ApprovalDenied refuses an approval.
+type ApprovalDenied struct {
+	RunID      string `json:"runId"`
+	ApprovalID string `json:"approvalId"`
+	Approver   string `json:"approver,omitempty"`
+	Reason     string `json:"reason,omitempty"`
 }
 
 // ArtifactRef points at a large output stored in the artifact object store.

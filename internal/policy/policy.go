@@ -1,13 +1,20 @@
-// Package policy decides whether an action may run in a run: which action
-// modes the run allows and what an action's mode requires.
+// Package policy decides whether an action may run in a run: the modes the
+// run allows, default tier policy, explicit per-action policy, composable
+// restrictions (role, scope, custom Go functions), and the evaluation
+// snapshot recorded for every decision. It also holds the approval model:
+// approval contexts bound to a stable input hash and signed tokens.
 //
-// It decides; it does not execute, and it never looks at action input.
-// Tiers, per-action policies, composable policies and approvals build on
-// this package.
+// It decides; it does not execute, and it never reads approval state from
+// action input.
 package policy
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"slices"
+	"sort"
+	"strings"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
@@ -30,18 +37,316 @@ func AllowedModes(requested []string) []actions.Mode {
 	return out
 }
 
-// CheckMode fails closed: an action whose mode the run does not allow is
-// refused with mode_not_allowed; a mutate action, even when allowed, needs
-// an approval (approval_required) that this version cannot grant yet.
+// CheckMode refuses an action whose mode the run does not allow with
+// mode_not_allowed. mutate must be named explicitly in the run request.
 func CheckMode(requested []string, action string, mode actions.Mode) *actionbus.Error {
 	allowed := AllowedModes(requested)
 	if !slices.Contains(allowed, mode) {
 		return actionbus.Errorf(actionbus.CodeModeNotAllowed, "action %q has mode %s; the run allows %v", action, mode, allowed).
 			WithDetail("action", action).WithDetail("mode", string(mode))
 	}
-	if mode == actions.ModeMutate {
-		return actionbus.Errorf(actionbus.CodeApprovalRequired, "action %q mutates and needs an approval", action).
-			WithDetail("action", action)
-	}
 	return nil
+}
+
+// Effects of a policy decision.
+const (
+	Allow = "allow"
+	Ask   = "ask"
+	Deny  = "deny"
+)
+
+// Verdict is one policy's opinion. An empty Effect means no opinion.
+type Verdict struct {
+	Effect string `json:"action"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Request is what a policy judges: one action call of a run.
+type Request struct {
+	Action     string
+	Mode       actions.Mode
+	Tier       int
+	Permission actions.NormalizedPermission
+	Origin     string
+	UserID     string
+	// Metadata is the run request's metadata (roles, scopes, tenant, ...).
+	Metadata map[string]any
+}
+
+// Policy is a composable rule. Built-ins and custom policies have this
+// shape; return an empty Verdict for no opinion.
+type Policy func(ctx context.Context, r Request) Verdict
+
+// Compose runs policies in order: the first deny wins at once; otherwise
+// any ask makes the result ask; otherwise any allow makes it allow;
+// otherwise there is no opinion.
+func Compose(ps ...Policy) Policy {
+	return func(ctx context.Context, r Request) Verdict {
+		var ask, allow *Verdict
+		for _, p := range ps {
+			v := p(ctx, r)
+			switch v.Effect {
+			case Deny:
+				return v
+			case Ask:
+				if ask == nil {
+					ask = &v
+				}
+			case Allow:
+				if allow == nil {
+					allow = &v
+				}
+			}
+		}
+		switch {
+		case ask != nil:
+			return *ask
+		case allow != nil:
+			return *allow
+		}
+		return Verdict{}
+	}
+}
+
+// RequireRole denies unless the run's metadata key (e.g. "roles") holds
+// role, as a string or in a list of strings.
+func RequireRole(key, role string) Policy {
+	return func(_ context.Context, r Request) Verdict {
+		if metadataHas(r.Metadata, key, role) {
+			return Verdict{}
+		}
+		return Verdict{Effect: Deny, Reason: fmt.Sprintf("requires role %q in metadata %q", role, key)}
+	}
+}
+
+// RequireScope denies unless the run's metadata key (e.g. "scopes") holds
+// scope, as a string or in a list of strings.
+func RequireScope(key, scope string) Policy {
+	return func(_ context.Context, r Request) Verdict {
+		if metadataHas(r.Metadata, key, scope) {
+			return Verdict{}
+		}
+		return Verdict{Effect: Deny, Reason: fmt.Sprintf("requires scope %q in metadata %q", scope, key)}
+	}
+}
+
+// AllowModes denies actions whose mode is not listed (an operator-wide
+// ceiling on top of each run's allowed modes).
+func AllowModes(modes ...actions.Mode) Policy {
+	return func(_ context.Context, r Request) Verdict {
+		if slices.Contains(modes, r.Mode) {
+			return Verdict{}
+		}
+		return Verdict{Effect: Deny, Reason: fmt.Sprintf("mode %s is not allowed by policy", r.Mode)}
+	}
+}
+
+// ForActions limits a policy to the named actions.
+func ForActions(p Policy, names ...string) Policy {
+	return func(ctx context.Context, r Request) Verdict {
+		if slices.Contains(names, r.Action) {
+			return p(ctx, r)
+		}
+		return Verdict{}
+	}
+}
+
+func metadataHas(md map[string]any, key, want string) bool {
+	switch v := md[key].(type) {
+	case string:
+		for _, part := range strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' }) {
+			if part == want {
+				return true
+			}
+		}
+	case []any:
+		for _, x := range v {
+			if s, ok := x.(string); ok && s == want {
+				return true
+			}
+		}
+	case []string:
+		return slices.Contains(v, want)
+	}
+	return false
+}
+
+// TierDefault is the seed's default: tier 0 allows, 1 and 2 ask, 3 denies.
+func TierDefault(tier int) Verdict {
+	switch {
+	case tier <= 0:
+		return Verdict{Effect: Allow, Reason: "tier 0"}
+	case tier >= 3:
+		return Verdict{Effect: Deny, Reason: "tier 3"}
+	}
+	return Verdict{Effect: Ask, Reason: fmt.Sprintf("tier %d", tier)}
+}
+
+// Explicit is per-action policy: action name to a verdict. In config it is
+// a string ("allow", "ask", "deny") or an object {"action": ..., "reason":
+// ...}; anything else is refused.
+type Explicit map[string]Verdict
+
+// UnmarshalJSON reads the string-or-object form and refuses unknown values.
+func (e *Explicit) UnmarshalJSON(b []byte) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	out := Explicit{}
+	for name, v := range raw {
+		var s string
+		if json.Unmarshal(v, &s) == nil {
+			out[name] = Verdict{Effect: s}
+		} else {
+			var obj struct {
+				Action string `json:"action"`
+				Reason string `json:"reason"`
+			}
+			dec := json.NewDecoder(strings.NewReader(string(v)))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&obj); err != nil {
+				return fmt.Errorf("policy for %q: want \"allow\", \"ask\", \"deny\" or {\"action\", \"reason\"}: %w", name, err)
+			}
+			out[name] = Verdict{Effect: obj.Action, Reason: obj.Reason}
+		}
+		switch out[name].Effect {
+		case Allow, Ask, Deny:
+		default:
+			return fmt.Errorf("policy for %q: unknown value %q (want allow, ask or deny)", name, out[name].Effect)
+		}
+	}
+	*e = out
+	return nil
+}
+
+// Config is the operator's policy configuration, loaded at start (a file)
+// and reloadable from the policy bucket.
+type Config struct {
+	// Actions is explicit per-action policy; it wins over tiers.
+	Actions Explicit `json:"actions,omitempty"`
+	// RequireRoles maps an action name ("*" for all) to a role required in
+	// run metadata RoleKey.
+	RequireRoles map[string]string `json:"requireRoles,omitempty"`
+	// RequireScopes maps an action name ("*" for all) to a scope required
+	// in run metadata ScopeKey.
+	RequireScopes map[string]string `json:"requireScopes,omitempty"`
+	// RoleKey and ScopeKey name the metadata keys; default "roles" and
+	// "scopes".
+	RoleKey  string `json:"roleKey,omitempty"`
+	ScopeKey string `json:"scopeKey,omitempty"`
+}
+
+// ParseConfig reads a configuration document, refusing unknown fields and
+// values.
+func ParseConfig(b []byte) (*Config, error) {
+	var c Config
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	return &c, nil
+}
+
+// Policies returns the configuration's restrictions as composable policies,
+// in a stable order (roles, then scopes, by action name).
+func (c *Config) Policies() []Policy {
+	if c == nil {
+		return nil
+	}
+	roleKey, scopeKey := c.RoleKey, c.ScopeKey
+	if roleKey == "" {
+		roleKey = "roles"
+	}
+	if scopeKey == "" {
+		scopeKey = "scopes"
+	}
+	var out []Policy
+	add := func(m map[string]string, mk func(string) Policy) {
+		names := make([]string, 0, len(m))
+		for n := range m {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			p := mk(m[n])
+			if n != "*" {
+				p = ForActions(p, n)
+			}
+			out = append(out, p)
+		}
+	}
+	add(c.RequireRoles, func(v string) Policy { return RequireRole(roleKey, v) })
+	add(c.RequireScopes, func(v string) Policy { return RequireScope(scopeKey, v) })
+	return out
+}
+
+// Snapshot is the evaluation record kept for every policy decision:
+// {action, actionName, tier, source, reason, permission}.
+type Snapshot struct {
+	Action     string                       `json:"action"`
+	ActionName string                       `json:"actionName"`
+	Tier       int                          `json:"tier"`
+	Source     string                       `json:"source"`
+	Reason     string                       `json:"reason"`
+	Permission actions.NormalizedPermission `json:"permission"`
+}
+
+// Evaluator evaluates requests against a configuration and extra
+// policies. It is safe for concurrent use if its fields are not changed
+// after construction; swap whole evaluators to reload.
+type Evaluator struct {
+	Config *Config
+	Extra  []Policy
+}
+
+// Trusted reports whether an action's metadata comes from the host or a
+// built-in (registered in code): dynamic sources (e.g. mounted tools) are
+// untrusted and fail closed to ask.
+func Trusted(p actions.NormalizedPermission) bool {
+	switch p.Source {
+	case actions.SourceBuiltIn, actions.SourceHost, actions.SourceFallback:
+		return true
+	}
+	return false
+}
+
+// Evaluate decides one request. Order: restrictions (configured roles and
+// scopes, then extra policies) — a deny wins and an ask is kept; then the
+// explicit per-action policy if any, else the tier default; untrusted
+// metadata is at least ask; a mutate action always needs approval (ask)
+// unless denied. The snapshot records the outcome and why.
+func (ev *Evaluator) Evaluate(ctx context.Context, r Request) Snapshot {
+	snap := Snapshot{ActionName: r.Action, Tier: r.Tier, Permission: r.Permission, Source: "tier"}
+	var restrictions []Policy
+	if ev != nil {
+		restrictions = append(ev.Config.Policies(), ev.Extra...)
+	}
+	restricted := Compose(restrictions...)(ctx, r)
+	if restricted.Effect == Deny {
+		snap.Action, snap.Reason, snap.Source = Deny, restricted.Reason, "policy"
+		return snap
+	}
+	v := TierDefault(r.Tier)
+	if ev != nil && ev.Config != nil {
+		if ex, ok := ev.Config.Actions[r.Action]; ok {
+			v = ex
+			snap.Source = "explicit"
+			if v.Reason == "" {
+				v.Reason = "explicit " + v.Effect
+			}
+		}
+	}
+	if restricted.Effect == Ask && v.Effect == Allow {
+		v, snap.Source = restricted, "policy"
+	}
+	if !Trusted(r.Permission) && v.Effect == Allow {
+		v, snap.Source = Verdict{Effect: Ask, Reason: "untrusted metadata (source " + r.Permission.Source + ") fails closed to ask"}, "judge"
+	}
+	if v.Effect != Deny && (r.Mode == actions.ModeMutate || r.Permission.NeedsApproval) && v.Effect == Allow {
+		v, snap.Source = Verdict{Effect: Ask, Reason: "needs approval (" + string(r.Mode) + ")"}, "permission"
+	}
+	snap.Action, snap.Reason = v.Effect, v.Reason
+	return snap
 }

@@ -1,9 +1,11 @@
 package policy_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
@@ -22,7 +24,7 @@ func TestCheckMode(t *testing.T) {
 		{"dryRun by default", nil, actions.ModeDryRun, ""},
 		{"mutate not by default", nil, actions.ModeMutate, actionbus.CodeModeNotAllowed},
 		{"explicit list replaces the defaults", []string{"read"}, actions.ModeDryRun, actionbus.CodeModeNotAllowed},
-		{"allowed mutate needs approval", []string{"read", "mutate"}, actions.ModeMutate, actionbus.CodeApprovalRequired},
+		{"mutate when named", []string{"read", "mutate"}, actions.ModeMutate, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -37,4 +39,96 @@ func TestCheckMode(t *testing.T) {
 			}
 		})
 	}
+}
+
+func readPerm(source string) actions.NormalizedPermission {
+	p := (*actions.Permission)(nil).Normalize(actions.ModeRead)
+	p.Source = source
+	return p
+}
+
+func TestEvaluate(t *testing.T) {
+	cfg, err := policy.ParseConfig([]byte(`{
+	  "actions": {"ops.restart": "allow", "ops.wipe": {"action": "deny", "reason": "never from agents"}, "ops.peek": {"action": "ask", "reason": "sensitive"}},
+	  "requireRoles": {"billing.refund": "finance"},
+	  "requireScopes": {"*": "actions:run"},
+	  "roleKey": "roles"
+	}`))
+	require.NoError(t, err)
+	ev := &policy.Evaluator{Config: cfg}
+	scoped := map[string]any{"scopes": []any{"actions:run"}}
+	cases := []struct {
+		name   string
+		req    policy.Request
+		effect string
+		source string
+	}{
+		{"tier 0 allows", policy.Request{Action: "a", Tier: 0, Permission: readPerm("fallback"), Metadata: scoped}, policy.Allow, "tier"},
+		{"tier 1 asks", policy.Request{Action: "a", Tier: 1, Permission: readPerm("fallback"), Metadata: scoped}, policy.Ask, "tier"},
+		{"tier 2 asks", policy.Request{Action: "a", Tier: 2, Permission: readPerm("fallback"), Metadata: scoped}, policy.Ask, "tier"},
+		{"tier 3 denies", policy.Request{Action: "a", Tier: 3, Permission: readPerm("fallback"), Metadata: scoped}, policy.Deny, "tier"},
+		{"explicit string wins over tier", policy.Request{Action: "ops.restart", Tier: 2, Permission: readPerm("host_metadata"), Metadata: scoped}, policy.Allow, "explicit"},
+		{"explicit object with reason", policy.Request{Action: "ops.wipe", Tier: 0, Permission: readPerm("host_metadata"), Metadata: scoped}, policy.Deny, "explicit"},
+		{"explicit ask", policy.Request{Action: "ops.peek", Tier: 0, Permission: readPerm("host_metadata"), Metadata: scoped}, policy.Ask, "explicit"},
+		{"missing scope denies", policy.Request{Action: "a", Tier: 0, Permission: readPerm("fallback")}, policy.Deny, "policy"},
+		{"scope as a string", policy.Request{Action: "a", Permission: readPerm("fallback"), Metadata: map[string]any{"scopes": "x actions:run"}}, policy.Allow, "tier"},
+		{"role required and missing", policy.Request{Action: "billing.refund", Permission: readPerm("fallback"), Metadata: scoped}, policy.Deny, "policy"},
+		{"role present in a list", policy.Request{Action: "billing.refund", Permission: readPerm("fallback"),
+			Metadata: map[string]any{"scopes": "actions:run", "roles": []any{"ops", "finance"}}}, policy.Allow, "tier"},
+		{"untrusted metadata fails closed to ask", policy.Request{Action: "mcp.tool", Permission: readPerm("dynamic"), Metadata: scoped}, policy.Ask, "judge"},
+		{"mutate always asks", policy.Request{Action: "ops.restart", Mode: actions.ModeMutate, Permission: (*actions.Permission)(nil).Normalize(actions.ModeMutate), Metadata: scoped}, policy.Ask, "permission"},
+		{"a deny beats mutate's ask", policy.Request{Action: "ops.wipe", Mode: actions.ModeMutate, Permission: (*actions.Permission)(nil).Normalize(actions.ModeMutate), Metadata: scoped}, policy.Deny, "explicit"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			snap := ev.Evaluate(context.Background(), c.req)
+			assert.Equal(t, c.effect, snap.Action, snap.Reason)
+			assert.Equal(t, c.source, snap.Source)
+			assert.Equal(t, c.req.Action, snap.ActionName)
+			assert.Equal(t, c.req.Tier, snap.Tier)
+			assert.NotEmpty(t, snap.Reason)
+		})
+	}
+}
+
+func TestUnknownPolicyValuesAreRefused(t *testing.T) {
+	for _, doc := range []string{
+		`{"actions": {"a": "maybe"}}`,
+		`{"actions": {"a": {"action": "allow", "because": "x"}}}`,
+		`{"actions": {"a": 3}}`,
+		`{"actionz": {}}`,
+	} {
+		_, err := policy.ParseConfig([]byte(doc))
+		assert.Error(t, err, doc)
+	}
+}
+
+func TestComposeOrder(t *testing.T) {
+	say := func(effect string) policy.Policy {
+		return func(context.Context, policy.Request) policy.Verdict {
+			return policy.Verdict{Effect: effect, Reason: effect}
+		}
+	}
+	ctx := context.Background()
+	cases := []struct {
+		ps   []policy.Policy
+		want string
+	}{
+		{[]policy.Policy{say(policy.Allow), say(policy.Ask)}, policy.Ask},
+		{[]policy.Policy{say(policy.Ask), say(policy.Deny), say(policy.Allow)}, policy.Deny},
+		{[]policy.Policy{say(policy.Allow), say("")}, policy.Allow},
+		{[]policy.Policy{say(""), say("")}, ""},
+		{nil, ""},
+	}
+	for _, c := range cases {
+		assert.Equal(t, c.want, policy.Compose(c.ps...)(ctx, policy.Request{}).Effect)
+	}
+	// A custom Go policy composes like the built-ins.
+	businessHours := func(context.Context, policy.Request) policy.Verdict {
+		return policy.Verdict{Effect: policy.Deny, Reason: "outside business hours"}
+	}
+	ev := &policy.Evaluator{Extra: []policy.Policy{businessHours}}
+	snap := ev.Evaluate(ctx, policy.Request{Action: "a", Permission: readPerm("fallback")})
+	assert.Equal(t, policy.Deny, snap.Action)
+	assert.Equal(t, "outside business hours", snap.Reason)
 }

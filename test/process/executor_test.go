@@ -16,6 +16,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
 )
 
 // testExecutor is a running test executor process.
@@ -153,9 +154,14 @@ func TestAnIdempotentEffectSurvivesACrashAfterTheEffect(t *testing.T) {
 			require.NoError(t, err)
 			runID := events.NewID()
 			callID := events.DerivedID(runID, "call", 1, 0, 1)
+			args := map[string]any{"useKey": tc.useKey}
+			hash, err := policy.InputHash(args)
+			require.NoError(t, err)
+			approval := &events.ApprovalGrant{Token: "k1.test", Approver: "test", Context: events.ApprovalContext{
+				ApprovalID: runID + "-1-0", RunID: runID, StepID: callID, Action: "test.count", InputHash: hash, ExpiresAt: time.Now().Add(time.Hour)}}
 			_, err = bus.Emit(ctx, events.TypeActionRequested, callID, runID, "default", &events.ActionRequested{
 				RunID: runID, CallID: callID, Cycle: 1, Attempt: 1, Action: "test.count", Origin: events.OriginHost,
-				Args: map[string]any{"useKey": tc.useKey}, IdempotencyKey: "transfer-991"})
+				Args: args, IdempotencyKey: "transfer-991", Approval: approval})
 			require.NoError(t, err)
 			<-a.exited // it killed itself right after the effect
 			lines(t, filepath.Join(dir, "counter"), 1)

@@ -1,0 +1,166 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
+)
+
+// PolicyKey is the key of the policy document in the policy bucket.
+const PolicyKey = "config"
+
+// watchPolicy follows the policy bucket: a valid document under PolicyKey
+// replaces the running policy configuration at once; an invalid one is
+// logged and ignored (the previous policy stays in force).
+func (d *Dispatcher) watchPolicy(ctx context.Context) error {
+	kv, err := d.js.KeyValue(ctx, d.topo.BucketPolicy())
+	if err != nil {
+		return fmt.Errorf("dispatch: policy bucket: %w", err)
+	}
+	w, err := kv.Watch(ctx, PolicyKey)
+	if err != nil {
+		return fmt.Errorf("dispatch: watch policy: %w", err)
+	}
+	go func() {
+		defer w.Stop() //nolint:errcheck // best effort
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e == nil {
+					continue
+				}
+				if e.Operation() != jetstream.KeyValuePut {
+					d.policy.Store(&policy.Evaluator{Config: d.cfg.Policy, Extra: d.cfg.ExtraPolicies})
+					d.log.Info("policy reset to the configured one")
+					continue
+				}
+				cfg, err := policy.ParseConfig(e.Value())
+				if err != nil {
+					d.log.Error("policy document refused; the previous policy stays in force", "revision", e.Revision(), "err", err)
+					continue
+				}
+				d.policy.Store(&policy.Evaluator{Config: cfg, Extra: d.cfg.ExtraPolicies})
+				d.log.Info("policy reloaded", "revision", e.Revision())
+			}
+		}
+	}()
+	return nil
+}
+
+// approvalID names the approval of a call: the run id, the cycle and the
+// plan index, so an approver can find the run from the id alone.
+func approvalID(runID string, cycle, planIndex int) string {
+	return fmt.Sprintf("%s-%d-%d", runID, cycle, planIndex)
+}
+
+// requestApproval holds a call and asks for its approval.
+func (d *Dispatcher) requestApproval(st *RunState, i int, snap policy.Snapshot) ([]emission, error) {
+	c := &st.Calls[i]
+	hash, err := policy.InputHash(c.Args)
+	if err != nil {
+		return nil, err
+	}
+	ctx := events.ApprovalContext{
+		ApprovalID: approvalID(st.RunID, st.Cycle, c.PlanIndex), RunID: st.RunID, StepID: c.CallID,
+		UserID: st.UserID, Action: c.Action, InputHash: hash, DryRunHash: st.lastDryRunHash(),
+		ExpiresAt: time.Now().Add(d.cfg.ApprovalTTL).UTC().Truncate(time.Second),
+	}
+	if ids, ok := c.Args["resourceIds"].([]any); ok {
+		for _, id := range ids {
+			if s, ok := id.(string); ok {
+				ctx.ResourceIDs = append(ctx.ResourceIDs, s)
+			}
+		}
+	}
+	c.NeedsApproval = true
+	if st.Approvals == nil {
+		st.Approvals = map[string]*PendingApproval{}
+	}
+	st.Approvals[ctx.ApprovalID] = &PendingApproval{Context: ctx, CallIndex: i}
+	st.Phase = PhaseAwaitingApproval
+	st.Status = StatusAwaitingApproval
+	pi := c.PlanIndex
+	t := d.timer(st, events.TimerApproval, fmt.Sprintf("appr%d", c.PlanIndex), ctx.ApprovalID, "approval "+ctx.ApprovalID, d.cfg.ApprovalTTL)
+	return []emission{
+		stepWith(st, "awaiting-approval", &pi, c.Action, ctx.ApprovalID, "", map[string]any{"approvalId": ctx.ApprovalID, "reason": snap.Reason}),
+		{typ: events.TypeApprovalRequested, id: events.DerivedID(st.RunID, "approval", ctx.ApprovalID),
+			data: &events.ApprovalRequested{RunID: st.RunID, Context: ctx, Input: nonNilArgs(c.Args), Reason: snap.Reason}},
+		t,
+	}, nil
+}
+
+// lastDryRunHash is the input hash of the run's latest successful dryRun
+// result, which an approval of the mutation that follows it records.
+func (st *RunState) lastDryRunHash() string {
+	return st.DryRunHash
+}
+
+func toPolicyContext(c events.ApprovalContext) policy.ApprovalContext {
+	return policy.ApprovalContext(c)
+}
+
+func (d *Dispatcher) onApprovalGranted(st *RunState, g *events.ApprovalGranted) []emission {
+	refuse := func(err *actionbus.Error) []emission {
+		return []emission{stepWith(st, "approval-refused", nil, "", err.Error(), "failed",
+			map[string]any{"approvalId": g.ApprovalID, "code": string(err.Code)})}
+	}
+	// A replay is refused, and recorded, even after the run ended.
+	if slices.Contains(st.ApprovalsDone, g.ApprovalID) {
+		return refuse(actionbus.Errorf(actionbus.CodeApprovalReplayed, "approval %s was already answered", g.ApprovalID))
+	}
+	if st.IsTerminal() {
+		return nil
+	}
+	p, ok := st.Approvals[g.ApprovalID]
+	if !ok {
+		return refuse(actionbus.Errorf(actionbus.CodeApprovalInvalid, "no pending approval %s", g.ApprovalID))
+	}
+	if err := d.cfg.ApprovalKeys.Verify(g.Token, toPolicyContext(p.Context), time.Now()); err != nil {
+		var abErr *actionbus.Error
+		if errors.As(err, &abErr) && abErr.Code == actionbus.CodeApprovalExpired {
+			return d.fail(st, abErr.WithDetail("approvalId", g.ApprovalID))
+		}
+		if !errors.As(err, &abErr) {
+			abErr = &actionbus.Error{Code: actionbus.CodeApprovalInvalid, Message: err.Error()}
+		}
+		return refuse(abErr)
+	}
+	delete(st.Approvals, g.ApprovalID)
+	st.ApprovalsDone = append(st.ApprovalsDone, g.ApprovalID)
+	c := &st.Calls[p.CallIndex]
+	c.NeedsApproval = false
+	c.Approval = &events.ApprovalGrant{Context: p.Context, Token: g.Token, Approver: g.Approver}
+	pi := c.PlanIndex
+	out := []emission{stepWith(st, "approval-granted", &pi, c.Action, "approved by "+g.Approver, "ok", map[string]any{"approvalId": g.ApprovalID})}
+	if len(st.Approvals) == 0 {
+		st.Phase, st.Status = PhaseActing, StatusRunning
+	}
+	return append(out, d.dispatchMore(st)...)
+}
+
+func (d *Dispatcher) onApprovalDenied(st *RunState, dn *events.ApprovalDenied) []emission {
+	if st.IsTerminal() {
+		return nil
+	}
+	if _, ok := st.Approvals[dn.ApprovalID]; !ok {
+		return nil
+	}
+	delete(st.Approvals, dn.ApprovalID)
+	st.ApprovalsDone = append(st.ApprovalsDone, dn.ApprovalID)
+	err := actionbus.Errorf(actionbus.CodeApprovalDenied, "approval %s denied by %s: %s", dn.ApprovalID, dn.Approver, dn.Reason).
+		WithDetail("approvalId", dn.ApprovalID).WithDetail("approver", dn.Approver)
+	return append([]emission{step(st, "approval-denied", nil, "", err.Message, "failed")}, d.fail(st, err)...)
+}
