@@ -155,7 +155,7 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingAppro
 		_ = c.js.DeleteConsumer(context.WithoutCancel(ctx), c.topo.StreamRuns(), cons.CachedInfo().Name)
 	}()
 	for {
-		batch, err := cons.FetchNoWait(100)
+		batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			return nil, err
 		}

@@ -94,10 +94,12 @@ func (d *Dispatcher) requestApproval(st *RunState, i int, snap policy.Snapshot) 
 	st.Status = StatusAwaitingApproval
 	pi := c.PlanIndex
 	t := d.timer(st, events.TimerApproval, fmt.Sprintf("appr%d", c.PlanIndex), ctx.ApprovalID, "approval "+ctx.ApprovalID, d.cfg.ApprovalTTL)
+	// The request goes out before the step that announces it, so whoever
+	// reacts to the step finds the request stored.
 	return []emission{
-		stepWith(st, "awaiting-approval", &pi, c.Action, ctx.ApprovalID, "", map[string]any{"approvalId": ctx.ApprovalID, "reason": snap.Reason}),
 		{typ: events.TypeApprovalRequested, id: events.DerivedID(st.RunID, "approval", ctx.ApprovalID),
 			data: &events.ApprovalRequested{RunID: st.RunID, Context: ctx, Input: nonNilArgs(c.Args), Reason: snap.Reason}},
+		stepWith(st, "awaiting-approval", &pi, c.Action, ctx.ApprovalID, "", map[string]any{"approvalId": ctx.ApprovalID, "reason": snap.Reason}),
 		t,
 	}, nil
 }
