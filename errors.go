@@ -80,23 +80,24 @@ var Codes = []Code{
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code
 // matches its sentinel regardless of message or details.
 var (
-	ErrActionNotFound    = &Error{Code: CodeActionNotFound}
-	ErrActionExists      = &Error{Code: CodeActionAlreadyExists}
-	ErrSchemaValidation  = &Error{Code: CodeSchemaValidation}
-	ErrModeNotAllowed    = &Error{Code: CodeModeNotAllowed}
-	ErrPolicyRejected    = &Error{Code: CodePolicyRejected}
-	ErrApprovalRequired  = &Error{Code: CodeApprovalRequired}
-	ErrTimeout           = &Error{Code: CodeTimeout}
-	ErrDeliveryExhausted = &Error{Code: CodeDeliveryExhausted}
-	ErrCanceled          = &Error{Code: CodeCanceled}
-	ErrMalformedEvent    = &Error{Code: CodeMalformedEvent}
-	ErrUnknownEventType  = &Error{Code: CodeUnknownEventType}
-	ErrUnsupportedData   = &Error{Code: CodeUnsupportedContent}
-	ErrMissingTopology   = &Error{Code: CodeMissingTopology}
-	ErrArgsInvalid       = &Error{Code: CodeActionArgsInvalid}
-	ErrInvalidDefinition = &Error{Code: CodeInvalidDefinition}
-	ErrStageStalled      = &Error{Code: CodeStageStalled}
-	ErrRepeatedFailure   = &Error{Code: CodeRepeatedFailure}
+	ErrActionNotFound     = &Error{Code: CodeActionNotFound}
+	ErrActionExists       = &Error{Code: CodeActionAlreadyExists}
+	ErrSchemaValidation   = &Error{Code: CodeSchemaValidation}
+	ErrModeNotAllowed     = &Error{Code: CodeModeNotAllowed}
+	ErrPolicyRejected     = &Error{Code: CodePolicyRejected}
+	ErrApprovalRequired   = &Error{Code: CodeApprovalRequired}
+	ErrTimeout            = &Error{Code: CodeTimeout}
+	ErrDeliveryExhausted  = &Error{Code: CodeDeliveryExhausted}
+	ErrCanceled           = &Error{Code: CodeCanceled}
+	ErrMalformedEvent     = &Error{Code: CodeMalformedEvent}
+	ErrUnknownEventType   = &Error{Code: CodeUnknownEventType}
+	ErrUnsupportedData    = &Error{Code: CodeUnsupportedContent}
+	ErrMissingTopology    = &Error{Code: CodeMissingTopology}
+	ErrArgsInvalid        = &Error{Code: CodeActionArgsInvalid}
+	ErrInvalidDefinition  = &Error{Code: CodeInvalidDefinition}
+	ErrStageStalled       = &Error{Code: CodeStageStalled}
+	ErrRepeatedFailure    = &Error{Code: CodeRepeatedFailure}
+	ErrWorkflowValidation = &Error{Code: CodeWorkflowValidation}
 )
 
 // Error is an actionbus failure with a stable code. It is the Go form of the

@@ -87,6 +87,9 @@ type RunRequest struct {
 	// Action, when set, makes a one-action host-origin run: no planner is
 	// asked and the run ends with the action's result.
 	Action *ActionCall
+	// Workflow, when set, makes a workflow run (see [NewWorkflow]); its
+	// result's Output holds outputByStep and steps.
+	Workflow map[string]any
 	// UserID is who the run acts for.
 	UserID string
 	// AllowedModes are the action modes the run may use; default read,
@@ -105,6 +108,7 @@ func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 	}
 	data := &events.RunRequested{RunID: req.RunID, Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
 		AllowedModes: req.AllowedModes, Metadata: req.Metadata, DeadlineMs: req.Deadline.Milliseconds()}
+	data.Workflow = req.Workflow
 	if req.Action != nil {
 		data.Action = &events.ActionCall{Name: req.Action.Name, Args: req.Action.Args, IdempotencyKey: req.Action.IdempotencyKey}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/workflow"
 )
 
 func provisionCmd(g *globals) *cobra.Command {
@@ -175,8 +176,65 @@ func denyCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+func workflowCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "workflow", Short: "JSON workflows"}
+	var withCatalog bool
+	validate := &cobra.Command{
+		Use:   "validate FILE",
+		Short: "Validate a workflow file; print every issue with its code and path; exit 1 if there is any",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			doc, err := readWorkflow(args[0])
+			if err != nil {
+				return err
+			}
+			var catalog workflow.Catalog
+			if withCatalog {
+				c, done, err := g.client()
+				if err != nil {
+					return err
+				}
+				defer done()
+				list, err := c.Actions(cmd.Context())
+				if err != nil {
+					return err
+				}
+				catalog = workflow.Catalog{}
+				for _, a := range list {
+					catalog[a.Name] = a.Mode
+				}
+			}
+			issues := workflow.Validate(doc, catalog)
+			for _, is := range issues {
+				fmt.Fprintf(g.out, "%s\t%s\t%s\n", is.Path, is.Code, is.Message)
+			}
+			if len(issues) > 0 {
+				return exitError{1}
+			}
+			fmt.Fprintln(g.out, "valid")
+			return nil
+		},
+	}
+	validate.Flags().BoolVar(&withCatalog, "catalog", false, "also check actions and modes against the running catalog")
+	cmd.AddCommand(validate)
+	return cmd
+}
+
+func readWorkflow(path string) (map[string]any, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return nil, fmt.Errorf("%s: not a JSON object: %w", path, err)
+	}
+	return doc, nil
+}
+
 func runCmd(g *globals) *cobra.Command {
 	var f runFlags
+	var workflowFile string
 	cmd := &cobra.Command{
 		Use:   "run [PROMPT]",
 		Short: "Publish a run.requested and print each step live until the run ends (exit 0 only on completed)",
@@ -190,7 +248,13 @@ func runCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
-			id, err := c.Start(cmd.Context(), client.RunRequest{Prompt: f.prompt, Scenario: f.scenario, UserID: f.user, AllowedModes: f.modes})
+			req := client.RunRequest{Prompt: f.prompt, Scenario: f.scenario, UserID: f.user, AllowedModes: f.modes}
+			if workflowFile != "" {
+				if req.Workflow, err = readWorkflow(workflowFile); err != nil {
+					return err
+				}
+			}
+			id, err := c.Start(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
@@ -198,6 +262,7 @@ func runCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&f.scenario, "scenario", "", "script planner scenario")
+	cmd.Flags().StringVar(&workflowFile, "workflow", "", "run a JSON workflow file instead of a prompt")
 	f.add(cmd)
 	return cmd
 }

@@ -90,7 +90,9 @@ func (d *Dispatcher) requestApproval(st *RunState, i int, snap policy.Snapshot) 
 		st.Approvals = map[string]*PendingApproval{}
 	}
 	st.Approvals[ctx.ApprovalID] = &PendingApproval{Context: ctx, CallIndex: i}
-	st.Phase = PhaseAwaitingApproval
+	if st.Workflow == nil {
+		st.Phase = PhaseAwaitingApproval // a workflow's other steps go on
+	}
 	st.Status = StatusAwaitingApproval
 	pi := c.PlanIndex
 	t := d.timer(st, events.TimerApproval, fmt.Sprintf("appr%d", c.PlanIndex), ctx.ApprovalID, "approval "+ctx.ApprovalID, d.cfg.ApprovalTTL)
@@ -149,6 +151,9 @@ func (d *Dispatcher) onApprovalGranted(st *RunState, g *events.ApprovalGranted) 
 	out := []emission{stepWith(st, "approval-granted", &pi, c.Action, "approved by "+g.Approver, "ok", map[string]any{"approvalId": g.ApprovalID})}
 	if len(st.Approvals) == 0 {
 		st.Phase, st.Status = PhaseActing, StatusRunning
+	}
+	if st.Workflow != nil {
+		st.Workflow.Steps[p.CallIndex].Status = StepReady
 	}
 	return append(out, d.dispatchMore(st)...)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/keymutex"
@@ -260,17 +261,23 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		})
 	case *events.ActionCompleted:
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onResult(st, data.CallID, data.Executor, true, data.Output, data.Summary, data.Complete, nil)
+			return d.onResult(ctx, st, data.CallID, data.Executor, true, data.Output, data.Summary, data.Complete, nil)
 		})
 	case *events.ActionFailed:
 		errCopy := data.Error
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onResult(st, data.CallID, data.Executor, false, nil, "", false, &errCopy)
+			return d.onResult(ctx, st, data.CallID, data.Executor, false, nil, "", false, &errCopy)
 		})
 	case *events.CancelRequested:
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
 			if st.IsTerminal() {
 				return nil, nil
+			}
+			if st.waitingRetry() {
+				// The seed's rule: a cancel during a retry delay aborts the
+				// workflow; the step's handler is not called again.
+				err := actionbus.Errorf(actionbus.CodeWorkflowAborted, "workflow canceled during a retry delay: %s", data.Reason)
+				return append([]emission{step(st, "workflow-aborted", nil, "", data.Reason, "failed")}, d.fail(st, err)...), nil
 			}
 			return append([]emission{step(st, "canceled", nil, "", data.Reason, "")},
 				d.terminate(st, &Terminal{Type: events.TypeRunCanceled, Reason: data.Reason})...), nil
@@ -289,7 +296,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		})
 	case *events.TimerFired:
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onTimer(st, data), nil
+			return d.onTimer(ctx, st, data)
 		})
 	}
 	d.log.Warn("ignoring an event the dispatcher does not handle", "type", r.Event.Type(), "subject", r.Subject)
@@ -320,6 +327,13 @@ func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequeste
 	if req.Action != nil {
 		st.Cycle = 1
 		more, err := d.startCalls(ctx, st, []events.Decision{{Type: events.DecisionAction, Name: req.Action.Name, Args: req.Action.Args, IdempotencyKey: req.Action.IdempotencyKey}}, events.OriginHost, nil)
+		if err != nil {
+			return err
+		}
+		out = append(out, more...)
+	} else if req.Workflow != nil {
+		st.Kind = "workflow"
+		more, err := d.startWorkflow(ctx, st, req.Workflow)
 		if err != nil {
 			return err
 		}

@@ -74,7 +74,7 @@ func (d *Dispatcher) timer(st *RunState, kind, name, callID, stage string, after
 
 func (d *Dispatcher) actionRequest(st *RunState, c CallState) emission {
 	return emission{typ: events.TypeActionRequested, id: c.CallID, pool: c.Pool,
-		data: &events.ActionRequested{RunID: st.RunID, CallID: c.CallID, Cycle: st.Cycle, PlanIndex: c.PlanIndex, Attempt: 1,
+		data: &events.ActionRequested{RunID: st.RunID, CallID: c.CallID, Cycle: st.Cycle, PlanIndex: c.PlanIndex, Attempt: max(c.Attempt, 1),
 			Action: c.Action, Args: nonNilArgs(c.Args), Origin: c.Origin, UserID: st.UserID, TimeoutMs: c.TimeoutMs,
 			IdempotencyKey: c.IdempotencyKey, Approval: c.Approval},
 		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}, {Name: events.ExtPlanIndex, Value: c.PlanIndex}, {Name: events.ExtPool, Value: c.Pool}}}
@@ -204,10 +204,17 @@ func (d *Dispatcher) onInput(st *RunState, in *events.InputProvided) []emission 
 	return append(out, d.askPlanner(st)...)
 }
 
-func (d *Dispatcher) onTimer(st *RunState, t *events.TimerFired) []emission {
+func (d *Dispatcher) onTimer(ctx context.Context, st *RunState, t *events.TimerFired) ([]emission, error) {
 	if st.IsTerminal() {
-		return nil
+		return nil, nil
 	}
+	if t.Kind == events.TimerRetry {
+		return d.onRetryTimer(ctx, st, t.CallID)
+	}
+	return d.onStageTimer(st, t), nil
+}
+
+func (d *Dispatcher) onStageTimer(st *RunState, t *events.TimerFired) []emission {
 	stalled := func(stage string, details ...any) []emission {
 		err := actionbus.Errorf(actionbus.CodeStageStalled, "stage %s did not answer by %s", stage, t.DueAt.Format(time.RFC3339)).
 			WithDetail("stage", stage).WithDetail("cycle", t.Cycle)
@@ -438,7 +445,7 @@ func (d *Dispatcher) dispatchMore(st *RunState) []emission {
 	return out
 }
 
-func (d *Dispatcher) onResult(st *RunState, callID, executor string, ok bool, output any, summary string, complete bool, abErr *actionbus.Error) ([]emission, error) {
+func (d *Dispatcher) onResult(ctx context.Context, st *RunState, callID, executor string, ok bool, output any, summary string, complete bool, abErr *actionbus.Error) ([]emission, error) {
 	if st.IsTerminal() {
 		return nil, nil
 	}
@@ -456,7 +463,7 @@ func (d *Dispatcher) onResult(st *RunState, callID, executor string, ok bool, ou
 	// Run state keeps full outputs only where they become the run's
 	// output; everything else is kept as the bounded digest the planner
 	// sees, so state stays far below the server's message size limit.
-	if _, skipped := directFinal(*c); st.Kind != "exec" && !complete && !isDirectFinal(*c) && !skipped {
+	if _, skipped := directFinal(*c); st.Kind == "agent" && !complete && !isDirectFinal(*c) && !skipped {
 		c.Output = digest(output, d.cfg.ObservationBytes)
 	}
 	pi := c.PlanIndex
@@ -465,6 +472,10 @@ func (d *Dispatcher) onResult(st *RunState, callID, executor string, ok bool, ou
 		status, msg = "failed", string(abErr.Code)+": "+abErr.Message
 	}
 	out := []emission{step(st, "action-"+map[bool]string{true: "completed", false: "failed"}[ok], &pi, c.Action, msg+" (executor "+executor+")", status)}
+	if st.Workflow != nil {
+		more, err := d.onStepResult(ctx, st, i)
+		return append(out, more...), err
+	}
 	out = append(out, d.dispatchMore(st)...)
 	if !st.allDone() {
 		return out, nil

@@ -6,6 +6,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/workflow"
 )
 
 // Run statuses.
@@ -73,6 +74,8 @@ type RunState struct {
 	ApprovalsDone []string `json:"approvalsDone,omitempty"`
 	// PolicySnapshots record every policy evaluation of the run.
 	PolicySnapshots []policy.Snapshot `json:"policySnapshots,omitempty"`
+	// Workflow is set for workflow runs.
+	Workflow *WorkflowRun `json:"workflow,omitempty"`
 	// DryRunHash is the input hash of the latest successful dryRun call,
 	// recorded in the approval context of a mutation that follows it.
 	DryRunHash string `json:"dryRunHash,omitempty"`
@@ -124,6 +127,32 @@ type CallState struct {
 	NeedsApproval bool `json:"needsApproval,omitempty"`
 	// Mode is the action's mode.
 	Mode string `json:"mode,omitempty"`
+	// Attempt is the attempt number of a workflow step's call.
+	Attempt int `json:"attempt,omitempty"`
+}
+
+// WorkflowRun is the state of a workflow run: its definition and where
+// each step stands. Calls[i] is step i's current attempt.
+type WorkflowRun struct {
+	Def   workflow.Workflow `json:"def"`
+	Steps []StepRun         `json:"steps"`
+}
+
+// Step statuses.
+const (
+	StepPending      = "pending"
+	StepReady        = "ready"
+	StepWaitingRetry = "waiting_retry"
+	StepDone         = "done"
+	StepFailed       = "failed"
+)
+
+// StepRun is one step of a workflow run.
+type StepRun struct {
+	Status  string           `json:"status"`
+	Attempt int              `json:"attempt"`
+	Output  any              `json:"output,omitempty"`
+	Error   *actionbus.Error `json:"error,omitempty"`
 }
 
 // Terminal is a run's terminal event.

@@ -164,6 +164,7 @@ const (
 	TimerAction      = "action"
 	TimerInput       = "input"
 	TimerApproval    = "approval"
+	TimerRetry       = "retry"
 )
 
 // TimerFired is a durable timer of a run coming due. The dispatcher

@@ -1,0 +1,218 @@
+package dispatch_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// wfActions are the actions of the workflow tests.
+type wfActions struct {
+	flakyCalls atomic.Int32
+	mu         sync.Mutex
+	inFlight   int
+	maxSeen    int
+	gate       chan struct{}
+}
+
+func (w *wfActions) register(ex *executor.Executor) error {
+	type jobs struct {
+		Status []string `json:"status,omitempty"`
+		JobIDs []string `json:"jobIds,omitempty"`
+	}
+	return errors.Join(
+		executor.Register(ex, executor.Action{Name: "wf.search"}, func(_ context.Context, in jobs, _ executor.Call) (executor.Result[jobs], error) {
+			return executor.Result[jobs]{Output: jobs{JobIDs: []string{"job_1", "job_2"}}}, nil
+		}),
+		executor.Register(ex, executor.Action{Name: "wf.count", Mode: executor.ModeDryRun}, func(_ context.Context, in jobs, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: map[string]any{"count": len(in.JobIDs)}}, nil
+		}),
+		executor.Register(ex, executor.Action{Name: "wf.flaky"}, func(_ context.Context, _ map[string]any, call executor.Call) (executor.Result[map[string]any], error) {
+			if w.flakyCalls.Add(1) == 1 {
+				return executor.Result[map[string]any]{}, actionbus.Errorf("flaky", "first attempt fails")
+			}
+			return executor.Result[map[string]any]{Output: map[string]any{"attempt": call.Attempt}}, nil
+		}),
+		executor.Register(ex, executor.Action{Name: "wf.broken"}, func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{}, actionbus.Errorf("broken", "always fails")
+		}),
+		executor.Register(ex, executor.Action{Name: "wf.sleepy"}, func(ctx context.Context, _ map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			<-ctx.Done()
+			return executor.Result[map[string]any]{}, ctx.Err()
+		}),
+		executor.Register(ex, executor.Action{Name: "wf.gated"}, func(ctx context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			w.mu.Lock()
+			w.inFlight++
+			w.maxSeen = max(w.maxSeen, w.inFlight)
+			w.mu.Unlock()
+			defer func() { w.mu.Lock(); w.inFlight--; w.mu.Unlock() }()
+			select {
+			case <-w.gate:
+			case <-ctx.Done():
+				return executor.Result[map[string]any]{}, ctx.Err()
+			}
+			return executor.Result[map[string]any]{Output: in}, nil
+		}),
+		executor.Register(ex, executor.Action{Name: "wf.mutate", Mode: executor.ModeMutate}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: in}, nil
+		}),
+	)
+}
+
+func startWF(t *testing.T, opts actionbustest.StackOptions) (*actionbustest.Recorder, *actionbustest.Stack, *wfActions) {
+	t.Helper()
+	srv := actionbustest.NewServer(t)
+	rec := srv.Record(t, "")
+	w := &wfActions{gate: make(chan struct{})}
+	opts.Register = w.register
+	if opts.ApprovalKeys == "" {
+		opts.ApprovalKeys = approvalKeys()
+	}
+	return rec, srv.StartStack(t, opts), w
+}
+
+func output(res *client.Result) (map[string]any, []any) {
+	o := res.Output.(map[string]any)
+	return o["outputByStep"].(map[string]any), o["steps"].([]any)
+}
+
+func TestWorkflowReferencesRetriesAndContinueOnError(t *testing.T) {
+	_, st, w := startWF(t, actionbustest.StackOptions{})
+	ctx := ctxT(t)
+	wf := client.NewWorkflow("triage").
+		Step("jobs", "wf.search", map[string]any{"status": []any{"FAILED"}}).
+		Step("count", "wf.count", map[string]any{"jobIds": client.FromStep("jobs", "/jobIds")}).
+		Step("flaky", "wf.flaky", nil, client.Retry(2, 10, false)).
+		Step("broken", "wf.broken", nil, client.ContinueOnError()).
+		Step("after", "wf.count", map[string]any{"jobIds": client.FromStep("jobs", "/jobIds")}).
+		Build()
+	res, err := st.Client.Run(ctx, client.RunRequest{Workflow: wf}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	byStep, steps := output(res)
+	assert.Equal(t, map[string]any{"count": 2.0}, byStep["count"], "the reference resolved")
+	assert.Equal(t, map[string]any{"attempt": 2.0}, byStep["flaky"], "failed once with 2 attempts, then succeeded")
+	assert.Equal(t, map[string]any{"ok": false, "error": map[string]any{"code": "broken", "message": "always fails"}}, byStep["broken"])
+	assert.Equal(t, map[string]any{"count": 2.0}, byStep["after"], "later steps ran after a continued failure")
+	ids := []string{}
+	for _, s := range steps {
+		ids = append(ids, s.(map[string]any)["id"].(string))
+	}
+	assert.Equal(t, []string{"jobs", "count", "flaky", "broken", "after"}, ids, "declaration order")
+	assert.Equal(t, 2.0, steps[2].(map[string]any)["attempts"])
+	assert.Equal(t, int32(2), w.flakyCalls.Load())
+}
+
+func TestWorkflowFailuresAndTimeouts(t *testing.T) {
+	_, st, _ := startWF(t, actionbustest.StackOptions{})
+	ctx := ctxT(t)
+	res, err := st.Client.Run(ctx, client.RunRequest{Workflow: client.NewWorkflow("w").
+		Step("a", "wf.broken", nil, client.Retry(2, 0, false)).Step("b", "wf.search", nil).Build()}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, actionbus.CodeWorkflowExecution, res.Error.Code)
+	assert.Equal(t, "a", res.Error.Details["step"])
+	assert.Equal(t, 2.0, res.Error.Details["attempts"])
+
+	res, err = st.Client.Run(ctx, client.RunRequest{Workflow: client.NewWorkflow("w").
+		Step("slow", "wf.sleepy", nil, client.Timeout(100)).Build()}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, actionbus.CodeWorkflowExecution, res.Error.Code)
+	cause := res.Error.Details["cause"].(map[string]any)
+	assert.Equal(t, "timeout", cause["code"])
+
+	res, err = st.Client.Run(ctx, client.RunRequest{Workflow: map[string]any{"workflowName": "w", "steps": []any{
+		map[string]any{"id": "a", "action": "wf.search", "retry": map[string]any{"maxAttempts": 0}}}}}, nil)
+	require.NoError(t, err)
+	assert.ErrorIs(t, res.Error, actionbus.ErrWorkflowValidation)
+	issues := res.Error.Details["issues"].([]any)
+	assert.Equal(t, "/steps/0/retry/maxAttempts", issues[0].(map[string]any)["path"])
+}
+
+func TestIndependentStepsRunInParallelAndReportInDeclarationOrder(t *testing.T) {
+	_, st, w := startWF(t, actionbustest.StackOptions{MaxPlanParallel: 3, Slots: 8})
+	ctx := ctxT(t)
+	b := client.NewWorkflow("fan-out")
+	for _, id := range []string{"s1", "s2", "s3", "s4", "s5"} {
+		b.Step(id, "wf.gated", map[string]any{"id": id})
+	}
+	runID, err := st.Client.Start(ctx, client.RunRequest{Workflow: b.Build()})
+	require.NoError(t, err)
+	for released := 0; released < 5; released++ {
+		require.Eventually(t, func() bool {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return w.inFlight == min(3, 5-released)
+		}, 10*time.Second, time.Millisecond)
+		w.gate <- struct{}{}
+	}
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	w.mu.Lock()
+	assert.Equal(t, 3, w.maxSeen, "independent steps ran in parallel, bounded")
+	w.mu.Unlock()
+	_, steps := output(res)
+	for i, s := range steps {
+		assert.Equal(t, []string{"s1", "s2", "s3", "s4", "s5"}[i], s.(map[string]any)["id"])
+	}
+}
+
+func TestACancelDuringARetryDelayAbortsTheWorkflow(t *testing.T) {
+	rec, st, _ := startWF(t, actionbustest.StackOptions{})
+	ctx := ctxT(t)
+	runID, err := st.Client.Start(ctx, client.RunRequest{Workflow: client.NewWorkflow("w").
+		Step("a", "wf.broken", nil, client.Retry(3, 60000, false)).Build()})
+	require.NoError(t, err)
+	waitStep(t, rec, runID, "workflow-step-retry")
+	require.NoError(t, st.Client.Cancel(ctx, runID, "stop"))
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	assert.Equal(t, actionbus.CodeWorkflowAborted, res.Error.Code)
+	assert.Equal(t, 1, rec.Count(func(r actionbustest.Recorded) bool {
+		return r.Type() == events.TypeActionRequested && r.Event.Extensions()[events.ExtRunID] == runID
+	}), "the handler was not called again")
+}
+
+func TestTwoPendingApprovalsAnsweredInEitherOrder(t *testing.T) {
+	for _, order := range [][2]int{{0, 1}, {1, 0}} {
+		t.Run("", func(t *testing.T) {
+			rec, st, _ := startWF(t, actionbustest.StackOptions{})
+			ctx := ctxT(t)
+			runID, err := st.Client.Start(ctx, client.RunRequest{AllowedModes: []string{"read", "mutate"}, Workflow: client.NewWorkflow("w").
+				Step("m1", "wf.mutate", map[string]any{"n": 1}).Step("m2", "wf.mutate", map[string]any{"n": 2}).Build()})
+			require.NoError(t, err)
+			var ids []string
+			for _, r := range rec.WaitForN(t, 0, 2, func(r actionbustest.Recorded) bool {
+				var s events.RunStep
+				return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "awaiting-approval"
+			}) {
+				var s events.RunStep
+				require.NoError(t, events.DataAs(r.Event, &s))
+				ids = append(ids, s.Details["approvalId"].(string))
+			}
+			require.Len(t, ids, 2)
+			assert.NotEqual(t, ids[0], ids[1], "each approval has its own id")
+			for _, i := range order {
+				require.NoError(t, st.Client.Approve(ctx, ids[i], "k1", approvalKey, "alice"))
+			}
+			res, err := st.Client.Wait(ctx, runID)
+			require.NoError(t, err)
+			require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+			byStep, _ := output(res)
+			assert.Equal(t, map[string]any{"n": 1.0}, byStep["m1"])
+			assert.Equal(t, map[string]any{"n": 2.0}, byStep["m2"])
+		})
+	}
+}

@@ -1,0 +1,90 @@
+package workflow_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/internal/workflow"
+)
+
+var catalog = workflow.Catalog{"delivery.searchJobs": "read", "delivery.dryRunRetry": "dryRun", "delivery.executeRetry": "mutate", "odd.action": "teleport"}
+
+func TestValidationReportsEveryCheckWithCodeAndPath(t *testing.T) {
+	step := func(extra string) string {
+		return `{"id": "jobs", "action": "delivery.searchJobs", "input": {"status": ["FAILED"]}` + extra + `}`
+	}
+	cases := []struct {
+		name string
+		doc  string
+		want []workflow.Issue // code and path only
+	}{
+		{"valid", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "dry", "action": "delivery.dryRunRetry", "input": {"jobIds": {"$fromStep": "jobs", "path": "/jobIds"}}}]}`, nil},
+		{"missing workflow name", `{"steps": [` + step("") + `]}`, []workflow.Issue{{Code: "invalid_workflow_name", Path: "/workflowName"}}},
+		{"invalid workflow name", `{"workflowName": "has space", "steps": [` + step("") + `]}`, []workflow.Issue{{Code: "invalid_workflow_name", Path: "/workflowName"}}},
+		{"missing steps", `{"workflowName": "w"}`, []workflow.Issue{{Code: "missing_steps", Path: "/steps"}}},
+		{"empty steps", `{"workflowName": "w", "steps": []}`, []workflow.Issue{{Code: "missing_steps", Path: "/steps"}}},
+		{"duplicate step ids", `{"workflowName": "w", "steps": [` + step("") + `,` + step("") + `]}`, []workflow.Issue{{Code: "duplicate_step", Path: "/steps/1/id"}}},
+		{"unknown action", `{"workflowName": "w", "steps": [{"id": "a", "action": "nope.missing"}]}`, []workflow.Issue{{Code: "action_not_found", Path: "/steps/0/action"}}},
+		{"invalid action mode", `{"workflowName": "w", "steps": [{"id": "a", "action": "odd.action"}]}`, []workflow.Issue{{Code: "invalid_action_mode", Path: "/steps/0/action"}}},
+		{"allowedModes exclude the action's mode", `{"workflowName": "w", "steps": [` + step(`, "allowedModes": ["dryRun"]`) + `]}`, []workflow.Issue{{Code: "step_mode_excluded", Path: "/steps/0/allowedModes"}}},
+		{"unknown mode in allowedModes", `{"workflowName": "w", "steps": [` + step(`, "allowedModes": ["read", "yolo"]`) + `]}`, []workflow.Issue{{Code: "invalid_action_mode", Path: "/steps/0/allowedModes/1"}}},
+		{"maxAttempts below one", `{"workflowName": "w", "steps": [` + step(`, "retry": {"maxAttempts": 0}`) + `]}`, []workflow.Issue{{Code: "invalid_retry", Path: "/steps/0/retry/maxAttempts"}}},
+		{"maxAttempts not whole", `{"workflowName": "w", "steps": [` + step(`, "retry": {"maxAttempts": 1.5}`) + `]}`, []workflow.Issue{{Code: "invalid_retry", Path: "/steps/0/retry/maxAttempts"}}},
+		{"negative delay", `{"workflowName": "w", "steps": [` + step(`, "retry": {"maxAttempts": 2, "delayMs": -1}`) + `]}`, []workflow.Issue{{Code: "invalid_retry", Path: "/steps/0/retry/delayMs"}}},
+		{"retry not an object", `{"workflowName": "w", "steps": [` + step(`, "retry": 3`) + `]}`, []workflow.Issue{{Code: "invalid_retry", Path: "/steps/0/retry"}}},
+		{"zero timeout", `{"workflowName": "w", "steps": [` + step(`, "timeoutMs": 0`) + `]}`, []workflow.Issue{{Code: "invalid_timeout", Path: "/steps/0/timeoutMs"}}},
+		{"timeout as a string", `{"workflowName": "w", "steps": [` + step(`, "timeoutMs": "10"`) + `]}`, []workflow.Issue{{Code: "invalid_timeout", Path: "/steps/0/timeoutMs"}}},
+		{"continueOnError not a boolean", `{"workflowName": "w", "steps": [` + step(`, "continueOnError": "yes"`) + `]}`, []workflow.Issue{{Code: "invalid_continue_on_error", Path: "/steps/0/continueOnError"}}},
+		{"empty idempotency key", `{"workflowName": "w", "steps": [` + step(`, "idempotencyKey": " "`) + `]}`, []workflow.Issue{{Code: "invalid_idempotency_key", Path: "/steps/0/idempotencyKey"}}},
+		{"idempotency key not a string", `{"workflowName": "w", "steps": [` + step(`, "idempotencyKey": 7`) + `]}`, []workflow.Issue{{Code: "invalid_idempotency_key", Path: "/steps/0/idempotencyKey"}}},
+		{"reference to a missing step", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"jobIds": {"$fromStep": "ghost", "path": "/x"}}}]}`,
+			[]workflow.Issue{{Code: "invalid_step_reference", Path: "/steps/1/input/jobIds/$fromStep"}}},
+		{"reference to a future step", `{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.dryRunRetry", "input": {"jobIds": {"$fromStep": "b", "path": "/x"}}}, {"id": "b", "action": "delivery.searchJobs"}]}`,
+			[]workflow.Issue{{Code: "invalid_step_reference", Path: "/steps/0/input/jobIds/$fromStep"}}},
+		{"reference to itself", `{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.dryRunRetry", "input": {"jobIds": [{"$fromStep": "a"}]}}]}`,
+			[]workflow.Issue{{Code: "invalid_step_reference", Path: "/steps/0/input/jobIds/0/$fromStep"}}},
+		{"input not an object", `{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.searchJobs", "input": [1]}]}`, []workflow.Issue{{Code: "unsupported_input_value", Path: "/steps/0/input"}}},
+		{"reference with an extra key", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"x": {"$fromStep": "jobs", "path": "/a", "default": 1}}}]}`,
+			[]workflow.Issue{{Code: "unsupported_input_value", Path: "/steps/1/input/x/default"}}},
+		{"reference path not a pointer", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"x": {"$fromStep": "jobs", "path": "jobIds"}}}]}`,
+			[]workflow.Issue{{Code: "unsupported_input_value", Path: "/steps/1/input/x/path"}}},
+		{"unknown step field", `{"workflowName": "w", "steps": [` + step(`, "retries": 3`) + `]}`, []workflow.Issue{{Code: "unknown_field", Path: "/steps/0/retries"}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var doc any
+			require.NoError(t, json.Unmarshal([]byte(c.doc), &doc))
+			got := workflow.Validate(doc, catalog)
+			var slim []workflow.Issue
+			for _, is := range got {
+				assert.NotEmpty(t, is.Message)
+				slim = append(slim, workflow.Issue{Code: is.Code, Path: is.Path})
+			}
+			assert.Equal(t, c.want, slim)
+		})
+	}
+}
+
+func TestValidationWithoutACatalogSkipsActionChecks(t *testing.T) {
+	var doc any
+	require.NoError(t, json.Unmarshal([]byte(`{"workflowName": "w", "steps": [{"id": "a", "action": "not.known"}]}`), &doc))
+	assert.Empty(t, workflow.Validate(doc, nil))
+}
+
+func TestReferencesResolveByJSONPointer(t *testing.T) {
+	s := workflow.Step{ID: "b", Input: map[string]any{"ids": map[string]any{"$fromStep": "a", "path": "/jobs/1/id"},
+		"all": map[string]any{"$fromStep": "a", "path": ""}, "lit": 3.0}}
+	out := map[string]any{"a": map[string]any{"jobs": []any{map[string]any{"id": "j0"}, map[string]any{"id": "j1"}}}}
+	in, err := s.Resolve(out)
+	require.NoError(t, err)
+	assert.Equal(t, "j1", in["ids"])
+	assert.Equal(t, out["a"], in["all"])
+	assert.Equal(t, 3.0, in["lit"])
+	assert.Equal(t, []string{"a"}, s.Dependencies())
+	s.Input["bad"] = map[string]any{"$fromStep": "a", "path": "/nope"}
+	_, err = s.Resolve(out)
+	assert.ErrorContains(t, err, "invalid_step_reference")
+}
