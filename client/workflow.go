@@ -36,7 +36,9 @@ func Timeout(ms int64) StepOption { return func(s map[string]any) { s["timeoutMs
 func ContinueOnError() StepOption { return func(s map[string]any) { s["continueOnError"] = true } }
 
 // IdempotencyKey passes an idempotency key to the step's action.
-func IdempotencyKey(key string) StepOption { return func(s map[string]any) { s["idempotencyKey"] = key } }
+func IdempotencyKey(key string) StepOption {
+	return func(s map[string]any) { s["idempotencyKey"] = key }
+}
 
 // StepModes restricts the modes the step may use.
 func StepModes(modes ...string) StepOption {
