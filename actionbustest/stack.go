@@ -43,6 +43,9 @@ type StackOptions struct {
 	// NoExecutors starts no executor: the test runs its own (for example
 	// as separate processes).
 	NoExecutors bool
+	// NoDispatcher starts no dispatcher: the test runs its own (for
+	// example as a separate process).
+	NoDispatcher bool
 	// Policy is a policy document (JSON: explicit per-action policy,
 	// required roles and scopes).
 	Policy string
@@ -89,7 +92,7 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 	}
 	st, err := stack.Start(context.Background(), s.Connect(t), stack.Config{
 		Prefix: s.Prefix, Provider: script, Executors: opts.Executors, Slots: opts.Slots,
-		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner, NoExecutors: opts.NoExecutors,
+		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner, NoExecutors: opts.NoExecutors, NoDispatcher: opts.NoDispatcher,
 		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel, MaxPlanActions: opts.MaxPlanActions,
 			MaxFailedRounds: opts.MaxFailedRounds, DecisionTimeout: opts.DecisionTimeout, RunDeadline: opts.RunDeadline,
 			Policy: pol, ApprovalKeys: keys, ApprovalTTL: opts.ApprovalTTL},

@@ -52,7 +52,7 @@ func main() {
 				return nil, err
 			}
 		}
-		cfg.Prefix, cfg.Logger, cfg.MaxPlanActions = c.Prefix, log, n
+		cfg.Prefix, cfg.Logger, cfg.MaxPlanActions, cfg.InstanceID = c.Prefix, log, n, os.Getenv("ACTIONBUS_INSTANCE")
 		return dispatch.New(nc, cfg)
 	}))
 }

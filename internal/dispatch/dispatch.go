@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,6 +84,9 @@ type Config struct {
 	ApprovalKeys policy.Keys
 	// ApprovalTTL is how long an approval request stays valid; default 1h.
 	ApprovalTTL time.Duration
+	// InstanceID names this dispatcher in the source of its events
+	// (/actionbus/dispatcher/<id>); default <hostname>-<pid>.
+	InstanceID string
 	// Logger receives the dispatcher's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -123,6 +127,10 @@ func (c *Config) setDefaults() {
 	}
 	if c.ApprovalTTL == 0 {
 		c.ApprovalTTL = time.Hour
+	}
+	if c.InstanceID == "" {
+		host, _ := os.Hostname()
+		c.InstanceID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -198,7 +206,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("service", "dispatcher")
-	bus, err := events.NewBus(js, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/dispatcher", Logger: log})
+	bus, err := events.NewBus(js, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/dispatcher/" + cfg.InstanceID, Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -441,7 +449,8 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		// The cached copy saves a read; its revision makes a stale copy
 		// (another dispatcher wrote since) fail the update and be reloaded.
 		before, revision, ok := d.cache.get(runID)
-		if !ok || attempt > 0 {
+		fresh := !ok || attempt > 0
+		if fresh {
 			entry, err := d.runs.Get(ctx, runID)
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
 				// An event for a run we do not know (yet): the
@@ -473,6 +482,12 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			}
 		}
 		if !changed {
+			if !fresh {
+				// "Nothing to do" is only trusted on the stored state: a
+				// cached copy may predate what another dispatcher wrote
+				// (a result for a call this copy does not know yet).
+				continue
+			}
 			d.cache.put(runID, before, revision, st.IsTerminal())
 			if republish {
 				return d.publish(ctx, &st, d.pending(&st))

@@ -41,6 +41,8 @@ type Config struct {
 	NoPlanner bool
 	// NoExecutors starts no executor (they run elsewhere).
 	NoExecutors bool
+	// NoDispatcher starts no dispatcher (it runs elsewhere).
+	NoDispatcher bool
 	// Dispatcher overrides dispatcher settings (Prefix and Logger are set
 	// from this Config).
 	Dispatcher dispatch.Config
@@ -82,7 +84,10 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	services := []runner{disp}
+	var services []runner
+	if !cfg.NoDispatcher {
+		services = append(services, disp)
+	}
 	if !cfg.NoPlanner {
 		plan, err := planner.New(nc, planner.Config{Prefix: cfg.Prefix, Provider: cfg.Provider, Logger: cfg.Logger})
 		if err != nil {
@@ -128,7 +133,10 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 			}
 		}()
 	}
-	waitFor := []<-chan struct{}{disp.Ready()}
+	var waitFor []<-chan struct{}
+	if !cfg.NoDispatcher {
+		waitFor = append(waitFor, disp.Ready())
+	}
 	for _, ex := range s.Executors {
 		waitFor = append(waitFor, ex.Ready())
 	}
