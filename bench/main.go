@@ -162,11 +162,37 @@ func start(ctx context.Context, executors, slots int) *env {
 
 // run starts one run and waits for its terminal event.
 func (e *env) run(ctx context.Context, scenario string) (time.Duration, error) {
+	return e.start(ctx, client.RunRequest{Scenario: scenario})
+}
+
+func (e *env) runWorkflow(ctx context.Context, wf map[string]any) (time.Duration, error) {
+	return e.start(ctx, client.RunRequest{Workflow: wf})
+}
+
+func latencyOf(ctx context.Context, n int, one func() (time.Duration, error)) ([]time.Duration, error) {
+	for i := 0; i < 30; i++ {
+		if _, err := one(); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]time.Duration, 0, n)
+	for i := 0; i < n; i++ {
+		d, err := one()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func (e *env) start(ctx context.Context, req client.RunRequest) (time.Duration, error) {
 	id := events.NewID()
+	req.RunID = id
 	ch := make(chan string, 1)
 	e.waiters.Store(id, ch)
 	t0 := time.Now()
-	if _, err := e.c.Start(ctx, client.RunRequest{RunID: id, Scenario: scenario}); err != nil {
+	if _, err := e.c.Start(ctx, req); err != nil {
 		return 0, err
 	}
 	select {
@@ -287,7 +313,16 @@ func main() {
 		add(Figure{Name: sc.name + " p90", Value: ms(percentile(d, 0.9)), Unit: "ms"})
 		add(Figure{Name: sc.name + " p99", Value: ms(percentile(d, 0.99)), Unit: "ms"})
 	}
-	figs = append(figs, Figure{Name: "latency: 5-step chained workflow", Unit: "ms", Target: "p50 ≤ 5 ms", Note: "not measured: workflows arrive with issue 7/12"})
+	wf := client.NewWorkflow("chain").Step("s1", "bench.echo", map[string]any{"n": 1})
+	for i := 2; i <= 5; i++ {
+		wf.Step(fmt.Sprintf("s%d", i), "bench.echo", map[string]any{"n": client.FromStep(fmt.Sprintf("s%d", i-1), "/n")})
+	}
+	chain := wf.Build()
+	d, err := latencyOf(ctx, *runs, func() (time.Duration, error) { return e.runWorkflow(ctx, chain) })
+	must(err)
+	add(Figure{Name: "latency: 5-step chained workflow p50", Value: ms(percentile(d, 0.5)), Unit: "ms", Target: "p50 ≤ 5 ms"})
+	add(Figure{Name: "latency: 5-step chained workflow p90", Value: ms(percentile(d, 0.9)), Unit: "ms"})
+	add(Figure{Name: "latency: 5-step chained workflow p99", Value: ms(percentile(d, 0.99)), Unit: "ms"})
 	perAction := (lat10 - lat1) / 9
 	add(Figure{Name: "overhead: extra cost of one more plan action", Value: ms(perAction), Unit: "ms"})
 	add(Figure{Name: "overhead: ratio to the bare JetStream floor", Value: float64(perAction) / float64(floorPerAction), Unit: "×", Target: "≤ 2×"})

@@ -3,6 +3,8 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -76,4 +78,22 @@ func TestRunExitCodeFollowsTheTerminalState(t *testing.T) {
 	assert.Contains(t, out.String(), "delivery.dryRunRetry  dryRun")
 	stopDev()
 	assert.Equal(t, 0, <-done)
+}
+
+func TestWorkflowValidatePrintsEveryIssueAndFails(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"workflowName": "w", "steps": [{"id": "a", "action": "x.y", "retry": {"maxAttempts": 0}},
+	  {"id": "a", "action": "x.z", "input": {"v": {"$fromStep": "later", "path": "/x"}}}]}`), 0o600))
+	var out, errOut bytes.Buffer
+	code := cli.Execute(context.Background(), []string{"workflow", "validate", bad}, nil, &out, &errOut)
+	assert.Equal(t, 1, code)
+	for _, want := range []string{"/steps/0/retry/maxAttempts\tinvalid_retry", "/steps/1/id\tduplicate_step", "/steps/1/input/v/$fromStep\tinvalid_step_reference"} {
+		assert.Contains(t, out.String(), want)
+	}
+	good := filepath.Join(dir, "good.json")
+	require.NoError(t, os.WriteFile(good, []byte(`{"workflowName": "w", "steps": [{"id": "a", "action": "x.y"}]}`), 0o600))
+	out.Reset()
+	assert.Equal(t, 0, cli.Execute(context.Background(), []string{"workflow", "validate", good}, nil, &out, &errOut))
+	assert.Contains(t, out.String(), "valid")
 }

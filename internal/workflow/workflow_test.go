@@ -88,3 +88,11 @@ func TestReferencesResolveByJSONPointer(t *testing.T) {
 	_, err = s.Resolve(out)
 	assert.ErrorContains(t, err, "invalid_step_reference")
 }
+
+func TestRetryDelays(t *testing.T) {
+	fixed := &workflow.Retry{MaxAttempts: 4, DelayMs: 100}
+	exp := &workflow.Retry{MaxAttempts: 4, DelayMs: 100, Backoff: "exponential"}
+	assert.Equal(t, []int64{100, 100, 100}, []int64{fixed.Delay(2), fixed.Delay(3), fixed.Delay(4)})
+	assert.Equal(t, []int64{100, 200, 400}, []int64{exp.Delay(2), exp.Delay(3), exp.Delay(4)})
+	assert.Equal(t, 1, workflow.Step{}.Attempts())
+}
