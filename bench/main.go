@@ -16,7 +16,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
-	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -214,22 +213,6 @@ func percentile(d []time.Duration, p float64) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func latency(ctx context.Context, e *env, scenario string, n int) ([]time.Duration, error) {
-	for i := 0; i < 30; i++ { // warm-up
-		if _, err := e.run(ctx, scenario); err != nil {
-			return nil, err
-		}
-	}
-	out := make([]time.Duration, 0, n)
-	for i := 0; i < n; i++ {
-		d, err := e.run(ctx, scenario)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, d)
-	}
-	return out, nil
-}
 
 // throughput runs total runs of scenario with concurrency in flight and
 // returns runs per second; every run must complete or it returns an error.
@@ -267,10 +250,25 @@ func must(err error) {
 	}
 }
 
+// stats summarizes repeated measurements: median, min and max.
+type stats struct{ med, lo, hi float64 }
+
+func summarize(xs []float64) stats {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return stats{med: s[len(s)/2], lo: s[0], hi: s[len(s)-1]}
+}
+
+func (s stats) note(unit string) string {
+	return fmt.Sprintf("median of reps; min %.3f, max %.3f %s", s.lo, s.hi, unit)
+}
+
 func main() {
-	runs := flag.Int("runs", 300, "measured runs per latency figure")
-	total := flag.Int("total", 600, "runs per throughput figure")
+	runs := flag.Int("runs", 300, "measured runs per latency figure and repetition")
+	reps := flag.Int("reps", 5, "repetitions of every figure (the table shows medians)")
+	total := flag.Int("total", 300, "single-action runs per throughput repetition (plans use a third)")
 	concurrency := flag.Int("concurrency", 64, "runs in flight for throughput")
+	memRuns := flag.Int("memory-runs", 10000, "runs in flight for the memory figure (0 skips it)")
 	out := flag.String("out", "bench/results", "folder for the JSON figures")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -289,74 +287,96 @@ func main() {
 	}
 
 	fmt.Fprintln(os.Stderr, "floor: bare JetStream request→result")
-	floor1, floor10 := floorRoundTrip(ctx, *runs)
-	add(Figure{Name: "floor: bare JetStream round trip p50", Value: ms(floor1), Unit: "ms"})
-	add(Figure{Name: "floor: 10-way fan-out p50", Value: ms(floor10), Unit: "ms"})
-	floorPerAction := (floor10 - floor1) / 9
+	var f1s, f10s []float64
+	for r := 0; r < *reps; r++ {
+		f1, f10 := floorRoundTrip(ctx, *runs)
+		f1s, f10s = append(f1s, ms(f1)), append(f10s, ms(f10))
+	}
+	floor1, floor10 := summarize(f1s), summarize(f10s)
+	add(Figure{Name: "floor: bare JetStream round trip p50", Value: floor1.med, Unit: "ms", Note: floor1.note("ms")})
+	add(Figure{Name: "floor: 10-way fan-out p50", Value: floor10.med, Unit: "ms", Note: floor10.note("ms")})
+	floorPerAction := (floor10.med - floor1.med) / 9
 
 	fmt.Fprintln(os.Stderr, "latency (1 executor × 16 slots)")
 	e := start(ctx, 1, 16)
-	var lat1, lat10 time.Duration
-	for _, sc := range []struct{ scenario, name, target string }{
-		{"one", "latency: one action", "p50 ≤ 2 ms"},
-		{"plan10", "latency: 10-action plan", "p50 ≤ 4 ms"},
-	} {
-		d, err := latency(ctx, e, sc.scenario, *runs)
-		must(err)
-		p50 := percentile(d, 0.5)
-		if sc.scenario == "one" {
-			lat1 = p50
-		} else {
-			lat10 = p50
-		}
-		add(Figure{Name: sc.name + " p50", Value: ms(p50), Unit: "ms", Target: sc.target})
-		add(Figure{Name: sc.name + " p90", Value: ms(percentile(d, 0.9)), Unit: "ms"})
-		add(Figure{Name: sc.name + " p99", Value: ms(percentile(d, 0.99)), Unit: "ms"})
-	}
 	wf := client.NewWorkflow("chain").Step("s1", "bench.echo", map[string]any{"n": 1})
 	for i := 2; i <= 5; i++ {
 		wf.Step(fmt.Sprintf("s%d", i), "bench.echo", map[string]any{"n": client.FromStep(fmt.Sprintf("s%d", i-1), "/n")})
 	}
 	chain := wf.Build()
-	d, err := latencyOf(ctx, *runs, func() (time.Duration, error) { return e.runWorkflow(ctx, chain) })
-	must(err)
-	add(Figure{Name: "latency: 5-step chained workflow p50", Value: ms(percentile(d, 0.5)), Unit: "ms", Target: "p50 ≤ 5 ms"})
-	add(Figure{Name: "latency: 5-step chained workflow p90", Value: ms(percentile(d, 0.9)), Unit: "ms"})
-	add(Figure{Name: "latency: 5-step chained workflow p99", Value: ms(percentile(d, 0.99)), Unit: "ms"})
-	perAction := (lat10 - lat1) / 9
-	add(Figure{Name: "overhead: extra cost of one more plan action", Value: ms(perAction), Unit: "ms"})
-	add(Figure{Name: "overhead: ratio to the bare JetStream floor", Value: float64(perAction) / float64(floorPerAction), Unit: "×", Target: "≤ 2×"})
+	p50s := map[string]float64{}
+	for _, sc := range []struct {
+		name, target string
+		one          func() (time.Duration, error)
+	}{
+		{"latency: one action", "p50 ≤ 2 ms", func() (time.Duration, error) { return e.run(ctx, "one") }},
+		{"latency: 10-action plan", "p50 ≤ 4 ms", func() (time.Duration, error) { return e.run(ctx, "plan10") }},
+		{"latency: 5-step chained workflow", "p50 ≤ 5 ms", func() (time.Duration, error) { return e.runWorkflow(ctx, chain) }},
+	} {
+		var a, b, c []float64
+		for r := 0; r < *reps; r++ {
+			d, err := latencyOf(ctx, *runs, sc.one)
+			must(err)
+			a, b, c = append(a, ms(percentile(d, 0.5))), append(b, ms(percentile(d, 0.9))), append(c, ms(percentile(d, 0.99)))
+		}
+		p50 := summarize(a)
+		p50s[sc.name] = p50.med
+		add(Figure{Name: sc.name + " p50", Value: p50.med, Unit: "ms", Target: sc.target, Note: p50.note("ms")})
+		add(Figure{Name: sc.name + " p90", Value: summarize(b).med, Unit: "ms"})
+		add(Figure{Name: sc.name + " p99", Value: summarize(c).med, Unit: "ms"})
+	}
+	perAction := (p50s["latency: 10-action plan"] - p50s["latency: one action"]) / 9
+	add(Figure{Name: "overhead: extra cost of one more plan action", Value: perAction, Unit: "ms"})
+	add(Figure{Name: "overhead: ratio to the bare JetStream floor", Value: perAction / floorPerAction, Unit: "×", Target: "≤ 2×"})
 	e.stop()
 
 	for _, n := range []int{1, 2, 4} {
 		fmt.Fprintf(os.Stderr, "throughput with %d executor(s) × 8 slots, %d runs in flight\n", n, *concurrency)
 		e := start(ctx, n, 8)
-		r, err := throughput(ctx, e, "plan10", *total/4, *concurrency)
-		must(err)
-		add(Figure{Name: fmt.Sprintf("throughput: actions/s, 10-action plans, %d executor(s)", n), Value: r * 10, Unit: "actions/s", Target: map[bool]string{true: "≥ 5000"}[n == 4]})
-		r, err = throughput(ctx, e, "one", *total, *concurrency)
-		must(err)
-		add(Figure{Name: fmt.Sprintf("throughput: single-action runs/s, %d executor(s)", n), Value: r, Unit: "runs/s", Target: map[bool]string{true: "≥ 1000"}[n == 4]})
-		r, err = throughput(ctx, e, "plan10slow", *total/4, *concurrency)
-		must(err)
-		add(Figure{Name: fmt.Sprintf("throughput: actions/s, 10 ms actions, %d executor(s)", n), Value: r * 10, Unit: "actions/s", Note: "I/O-bound scaling"})
+		var plan, single, slow []float64
+		for r := 0; r < *reps; r++ {
+			x, err := throughput(ctx, e, "plan10", *total/3, *concurrency)
+			must(err)
+			plan = append(plan, x*10)
+			x, err = throughput(ctx, e, "one", *total, *concurrency)
+			must(err)
+			single = append(single, x)
+			x, err = throughput(ctx, e, "plan10slow", *total/5, *concurrency)
+			must(err)
+			slow = append(slow, x*10)
+		}
+		sp, ss, sl := summarize(plan), summarize(single), summarize(slow)
+		add(Figure{Name: fmt.Sprintf("throughput: actions/s, 10-action plans, %d executor(s)", n), Value: sp.med, Unit: "actions/s",
+			Target: map[bool]string{true: "≥ 5000"}[n == 4], Note: sp.note("")})
+		add(Figure{Name: fmt.Sprintf("throughput: single-action runs/s, %d executor(s)", n), Value: ss.med, Unit: "runs/s",
+			Target: map[bool]string{true: "≥ 1000"}[n == 4], Note: ss.note("")})
+		add(Figure{Name: fmt.Sprintf("throughput: actions/s, 10 ms actions, %d executor(s)", n), Value: sl.med, Unit: "actions/s",
+			Note: "I/O-bound scaling; " + sl.note("")})
 		e.stop()
 	}
 
+	heap := ""
+	if *memRuns > 0 {
+		fmt.Fprintf(os.Stderr, "memory: dispatcher process with %d runs in flight\n", *memRuns)
+		rss, top, err := memoryInFlight(ctx, *memRuns)
+		must(err)
+		add(Figure{Name: fmt.Sprintf("memory: dispatcher RSS, %d runs in flight", *memRuns), Value: rss, Unit: "MiB", Target: "< 100 MiB"})
+		heap = top
+	}
+
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "\nactionbus bench — %s, %d CPUs, %s\n\n", runtime.Version(), runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(tw, "\nactionbus bench — %s, %d CPUs, %s, %d repetitions\n\n", runtime.Version(), runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339), *reps)
 	fmt.Fprintln(tw, "FIGURE\tVALUE\tUNIT\tTARGET\tNOTE")
 	for _, f := range figs {
-		v := fmt.Sprintf("%.3f", f.Value)
-		if f.Note != "" && f.Value == 0 {
-			v = "—"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.Name, v, f.Unit, f.Target, f.Note)
+		fmt.Fprintf(tw, "%s\t%.3f\t%s\t%s\t%s\n", f.Name, f.Value, f.Unit, f.Target, f.Note)
 	}
 	must(tw.Flush())
+	if heap != "" {
+		fmt.Printf("\ndispatcher top in-use heap with %d runs in flight:\n%s\n", *memRuns, heap)
+	}
 	must(os.MkdirAll(*out, 0o755))
-	path := filepath.Join(*out, "bench-"+strings.ReplaceAll(time.Now().UTC().Format("20060102T150405Z"), ":", "")+".json")
-	b, _ := json.MarshalIndent(map[string]any{"go": runtime.Version(), "cpus": runtime.NumCPU(), "figures": figs}, "", "  ")
+	path := filepath.Join(*out, "bench-"+time.Now().UTC().Format("20060102T150405Z")+".json")
+	b, _ := json.MarshalIndent(map[string]any{"go": runtime.Version(), "cpus": runtime.NumCPU(), "reps": *reps, "figures": figs, "heap": heap}, "", "  ")
 	must(os.WriteFile(path, b, 0o644))
 	fmt.Printf("\nfigures written to %s\n", path)
 }

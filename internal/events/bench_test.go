@@ -21,23 +21,32 @@ func newEventB(b *testing.B, typ, ct string) *event.Event {
 	return &e
 }
 
-func BenchmarkEncodeBinary(b *testing.B) {
-	e := newEventB(b, events.TypeActionRequested, events.ContentTypeJSON)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := events.Encode("ab.pool.default.request", e, events.ModeBinary); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-func BenchmarkDecodeBinary(b *testing.B) {
-	e := newEventB(b, events.TypeActionRequested, events.ContentTypeJSON)
-	msg, _ := events.Encode("s", e, events.ModeBinary)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := events.Decode("s", msg.Header, msg.Data); err != nil {
-			b.Fatal(err)
+// BenchmarkRoundTrip is one event from typed data to the wire and back to
+// typed data: SetData + Encode, then Decode + DataAs, per codec and mode.
+func BenchmarkRoundTrip(b *testing.B) {
+	for _, ct := range []string{events.ContentTypeJSON, events.ContentTypeMsgpack} {
+		for _, mode := range []events.Mode{events.ModeBinary, events.ModeStructured} {
+			b.Run(mode.String()+"/"+ct, func(b *testing.B) {
+				e := newEventB(b, events.TypeActionRequested, ct)
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := events.SetData(e, ct, samples[events.TypeActionRequested]); err != nil {
+						b.Fatal(err)
+					}
+					msg, err := events.Encode("ab.pool.default.request", e, mode)
+					if err != nil {
+						b.Fatal(err)
+					}
+					out, err := events.Decode(msg.Subject, msg.Header, msg.Data)
+					if err != nil {
+						b.Fatal(err)
+					}
+					var req events.ActionRequested
+					if err := events.DataAs(out, &req); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		}
 	}
 }

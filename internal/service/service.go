@@ -9,6 +9,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
+	_ "net/http/pprof" // registers /debug/pprof on the debug address only
 	"os"
 	"os/signal"
 	"strconv"
@@ -87,6 +89,17 @@ func Main(name string, c Common, build func(*nats.Conn, *slog.Logger) (Runner, e
 	if err != nil {
 		log.Error("configure", "err", err)
 		return 2
+	}
+	if addr := os.Getenv("ACTIONBUS_DEBUG_ADDR"); addr != "" {
+		// pprof for profiling (make bench reads the heap); never exposed
+		// by default.
+		srv := &http.Server{Addr: addr, Handler: http.DefaultServeMux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("debug server", "addr", addr, "err", err)
+			}
+		}()
+		defer srv.Close()
 	}
 	if err := svc.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("stopped", "err", err)
