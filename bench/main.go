@@ -213,7 +213,6 @@ func percentile(d []time.Duration, p float64) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-
 // throughput runs total runs of scenario with concurrency in flight and
 // returns runs per second; every run must complete or it returns an error.
 func throughput(ctx context.Context, e *env, scenario string, total, concurrency int) (float64, error) {
