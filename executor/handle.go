@@ -178,7 +178,7 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 
 	call := actions.Call{RunID: req.RunID, CallID: req.CallID, Action: req.Action, UserID: req.UserID,
 		Origin: req.Origin, Attempt: req.Attempt, Input: input, IdempotencyKey: key, InputHash: inputHash, Approval: req.Approval}
-	res, herr, took, abandoned := e.execute(ctx, msg, reg, call, timeout)
+	res, took, abandoned, herr := e.execute(ctx, msg, reg, call, timeout)
 	if abandoned != nil {
 		defer func() { <-abandoned }() // the slot is freed when the handler returns
 	}
@@ -213,7 +213,7 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 // The returned channel, when not nil, closes when an abandoned handler
 // finally returns; the caller publishes the timeout first and then waits
 // on it before taking more work.
-func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, reg *actions.Registered, call actions.Call, timeout time.Duration) (actions.Result, error, time.Duration, <-chan struct{}) {
+func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, reg *actions.Registered, call actions.Call, timeout time.Duration) (actions.Result, time.Duration, <-chan struct{}, error) {
 	runCtx, cancelRun := context.WithCancelCause(ctx)
 	defer cancelRun(nil)
 	untrack := e.track(call.RunID, call.CallID, cancelRun)
@@ -239,14 +239,14 @@ func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, reg *actions.
 			err := r.err
 			switch cause := context.Cause(hctx); {
 			case errors.Is(cause, errShutdown):
-				return r.res, errShutdown, time.Since(start), nil
+				return r.res, time.Since(start), nil, errShutdown
 			case errors.Is(cause, ErrRunEnded):
 				err = actionbus.Errorf(actionbus.CodeCanceled, "action %s was canceled: its run ended", call.Action)
 			case err != nil && errors.Is(err, context.DeadlineExceeded) && actionbus.CodeOf(err) == actionbus.CodeInternal,
 				err == nil && errors.Is(hctx.Err(), context.DeadlineExceeded):
 				err = actionbus.Errorf(actionbus.CodeTimeout, "action %s exceeded its %s timeout", call.Action, timeout)
 			}
-			return r.res, err, time.Since(start), nil
+			return r.res, time.Since(start), nil, err
 		case <-beat.C:
 			_ = msg.InProgress()
 		case <-hctx.Done():
@@ -261,8 +261,8 @@ func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, reg *actions.
 				<-done // the late output is discarded
 				close(abandoned)
 			}()
-			return actions.Result{}, actionbus.Errorf(actionbus.CodeTimeout, "action %s exceeded its %s timeout (the handler ignored its context)", call.Action, timeout),
-				took, abandoned
+			return actions.Result{}, took, abandoned,
+				actionbus.Errorf(actionbus.CodeTimeout, "action %s exceeded its %s timeout (the handler ignored its context)", call.Action, timeout)
 		}
 	}
 }
