@@ -297,7 +297,8 @@ func (e *Executor) checkOutput(reg *actions.Registered, res *actions.Result) err
 
 func (e *Executor) publishResult(ctx context.Context, req *events.ActionRequested, res actions.Result, herr error, took time.Duration, deliveries int, replayed bool) error {
 	id := events.DerivedID(req.CallID, "result")
-	ext := []events.Extension{{Name: events.ExtCycle, Value: req.Cycle}, {Name: events.ExtPlanIndex, Value: req.PlanIndex}}
+	ext := []events.Extension{{Name: events.ExtCycle, Value: req.Cycle}, {Name: events.ExtPlanIndex, Value: req.PlanIndex},
+		{Name: events.ExtAttempt, Value: req.Attempt}}
 	if herr != nil {
 		var abErr *actionbus.Error
 		if !errors.As(herr, &abErr) {

@@ -75,7 +75,7 @@ func (d *Dispatcher) requestApproval(st *RunState, i int, snap policy.Snapshot) 
 	}
 	ctx := events.ApprovalContext{
 		ApprovalID: approvalID(st.RunID, st.Cycle, c.PlanIndex), RunID: st.RunID, StepID: c.CallID,
-		UserID: st.UserID, Action: c.Action, InputHash: hash, DryRunHash: st.lastDryRunHash(),
+		UserID: st.UserID, Action: c.Action, InputHash: hash, DryRunHash: st.DryRunHash,
 		ExpiresAt: time.Now().Add(d.cfg.ApprovalTTL).UTC().Truncate(time.Second),
 	}
 	if ids, ok := c.Args["resourceIds"].([]any); ok {
@@ -104,12 +104,6 @@ func (d *Dispatcher) requestApproval(st *RunState, i int, snap policy.Snapshot) 
 		stepWith(st, "awaiting-approval", &pi, c.Action, ctx.ApprovalID, "", map[string]any{"approvalId": ctx.ApprovalID, "reason": snap.Reason}),
 		t,
 	}, nil
-}
-
-// lastDryRunHash is the input hash of the run's latest successful dryRun
-// result, which an approval of the mutation that follows it records.
-func (st *RunState) lastDryRunHash() string {
-	return st.DryRunHash
 }
 
 func toPolicyContext(c events.ApprovalContext) policy.ApprovalContext {

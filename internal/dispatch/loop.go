@@ -77,7 +77,8 @@ func (d *Dispatcher) actionRequest(st *RunState, c CallState) emission {
 		data: &events.ActionRequested{RunID: st.RunID, CallID: c.CallID, Cycle: st.Cycle, PlanIndex: c.PlanIndex, Attempt: max(c.Attempt, 1),
 			Action: c.Action, Args: nonNilArgs(c.Args), Origin: c.Origin, UserID: st.UserID, TimeoutMs: c.TimeoutMs,
 			IdempotencyKey: c.IdempotencyKey, Approval: c.Approval},
-		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}, {Name: events.ExtPlanIndex, Value: c.PlanIndex}, {Name: events.ExtPool, Value: c.Pool}}}
+		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}, {Name: events.ExtPlanIndex, Value: c.PlanIndex},
+			{Name: events.ExtAttempt, Value: max(c.Attempt, 1)}, {Name: events.ExtPool, Value: c.Pool}}}
 }
 
 func nonNilArgs(a map[string]any) map[string]any {
