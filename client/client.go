@@ -443,3 +443,35 @@ func (c *Client) Actions(ctx context.Context) ([]ActionInfo, error) {
 	}
 	return out, nil
 }
+
+// AuditRecords reads the audit records of a run, in stream order.
+func (c *Client) AuditRecords(ctx context.Context, runID string) ([]events.AuditRecorded, error) {
+	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamAudit(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.topo.Subjects().Audit(runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("client: audit of %s: %w", runID, err)
+	}
+	defer func() { _ = c.js.DeleteConsumer(context.WithoutCancel(ctx), c.topo.StreamAudit(), cons.CachedInfo().Name) }()
+	var out []events.AuditRecorded
+	for {
+		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(500*time.Millisecond))
+		if err != nil {
+			return nil, err
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			r, err := c.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
+			if err != nil {
+				return nil, fmt.Errorf("client: audit record %s: %w", msg.Subject(), err)
+			}
+			if rec, ok := r.Data.(*events.AuditRecorded); ok {
+				out = append(out, *rec)
+			}
+		}
+		if n == 0 {
+			return out, nil
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/workflow"
@@ -389,6 +390,37 @@ func artifactsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(g.errOut, "sha256 %s  %d bytes\n", sum, len(data))
+			return nil
+		},
+	})
+	return cmd
+}
+
+func auditCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "audit", Short: "The audit stream"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "verify RUN_ID",
+		Short: "Recompute a run's audit hash chain over the stream; exit 1 and name the first broken link if it is not intact",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			recs, err := c.AuditRecords(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if len(recs) == 0 {
+				return fmt.Errorf("no audit records for run %s", args[0])
+			}
+			if i := audit.Verify(recs); i >= 0 {
+				fmt.Fprintf(g.out, "broken at record %d of %d (event %s, %s): its hash or its link to the previous record does not match\n",
+					i+1, len(recs), recs[i].EventID, recs[i].EventType)
+				return exitError{1}
+			}
+			fmt.Fprintf(g.out, "intact: %d records, head %s\n", len(recs), recs[len(recs)-1].Hash)
 			return nil
 		},
 	})

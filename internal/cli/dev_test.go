@@ -10,10 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/cli"
+	"github.com/actionbus/actionbus/internal/events"
 )
 
 // TestDevDemo is `make demo`: a plan of at least three actions on at least
@@ -96,4 +101,53 @@ func TestWorkflowValidatePrintsEveryIssueAndFails(t *testing.T) {
 	out.Reset()
 	assert.Equal(t, 0, cli.Execute(context.Background(), []string{"workflow", "validate", good}, nil, &out, &errOut))
 	assert.Contains(t, out.String(), "valid")
+}
+
+func TestAuditVerifyNamesTheFirstBrokenLink(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	rec := srv.Record(t, "ab.audit.run.*")
+	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: `
+scenarios:
+  echo:
+    decisions:
+      - {type: action, name: t.echo, args: {}}
+      - {type: final, answer: ok}
+`, Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "t.echo"}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: in}, nil
+		})
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "echo"}, nil)
+	require.NoError(t, err)
+	// Wait until the terminal event is audited: the chain is complete.
+	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
+		var a events.AuditRecorded
+		return r.Event != nil && events.DataAs(r.Event, &a) == nil && a.RunID == res.RunID && a.EventType == events.TypeRunCompleted
+	})
+
+	var out, errOut bytes.Buffer
+	code := cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", res.RunID}, nil, &out, &errOut)
+	require.Equal(t, 0, code, out.String()+errOut.String())
+	assert.Contains(t, out.String(), "intact:")
+
+	// Remove the third record from the stream: the fourth no longer links.
+	stream, err := srv.JS.Stream(ctx, "AB_AUDIT")
+	require.NoError(t, err)
+	var seqs []uint64
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ab.audit.run." + res.RunID}})
+	require.NoError(t, err)
+	batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
+	require.NoError(t, err)
+	for m := range batch.Messages() {
+		md, _ := m.Metadata()
+		seqs = append(seqs, md.Sequence.Stream)
+	}
+	require.Greater(t, len(seqs), 4)
+	require.NoError(t, stream.DeleteMsg(ctx, seqs[2]))
+	out.Reset()
+	code = cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", res.RunID}, nil, &out, &errOut)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, out.String(), "broken at record 3 of")
 }
