@@ -452,7 +452,9 @@ func (c *Client) AuditRecords(ctx context.Context, runID string) ([]events.Audit
 	if err != nil {
 		return nil, fmt.Errorf("client: audit of %s: %w", runID, err)
 	}
-	defer func() { _ = c.js.DeleteConsumer(context.WithoutCancel(ctx), c.topo.StreamAudit(), cons.CachedInfo().Name) }()
+	defer func() {
+		_ = c.js.DeleteConsumer(context.WithoutCancel(ctx), c.topo.StreamAudit(), cons.CachedInfo().Name)
+	}()
 	var out []events.AuditRecorded
 	for {
 		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(500*time.Millisecond))
