@@ -55,14 +55,11 @@ func New(nc *nats.Conn, opts ...Options) (*Client, error) {
 	if err := topo.Validate(); err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	bus, err := events.Open(nc, events.BusConfig{Prefix: o.Prefix, Source: o.Source})
 	if err != nil {
 		return nil, err
 	}
-	bus, err := events.NewBus(js, events.BusConfig{Prefix: o.Prefix, Source: o.Source})
-	if err != nil {
-		return nil, err
-	}
+	js := bus.JetStream()
 	return &Client{nc: nc, js: js, bus: bus, topo: topo}, nil
 }
 

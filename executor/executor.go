@@ -138,15 +138,12 @@ func New(nc *nats.Conn, cfg Config) (*Executor, error) {
 	if err := topo.Validate(); err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
 	log := cfg.Logger.With("service", "executor", "executor_id", cfg.ID, "pool", cfg.Pool)
-	bus, err := events.NewBus(js, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/executor/" + cfg.Pool, Logger: log})
+	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/executor/" + cfg.Pool, Logger: log})
 	if err != nil {
 		return nil, err
 	}
+	js := bus.JetStream()
 	return &Executor{cfg: cfg, nc: nc, js: js, bus: bus, topo: topo, reg: actions.NewRegistry(), log: log, ready: make(chan struct{}),
 		inflight: map[string]map[string]context.CancelCauseFunc{}}, nil
 }

@@ -45,6 +45,19 @@ func (g *globals) connect() (*nats.Conn, error) {
 	return nc, nil
 }
 
+// withClient adapts a command body that needs a client: it connects,
+// builds the client, runs the body and closes the connection.
+func (g *globals) withClient(run func(cmd *cobra.Command, args []string, c *client.Client) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, done, err := g.client()
+		if err != nil {
+			return err
+		}
+		defer done()
+		return run(cmd, args, c)
+	}
+}
+
 // client connects and returns a client and the function that closes its
 // connection.
 func (g *globals) client() (*client.Client, func(), error) {

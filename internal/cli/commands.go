@@ -110,14 +110,9 @@ func inputCmd(g *globals) *cobra.Command {
 		Use:   "input RUN_ID ANSWER",
 		Short: "Answer a run's clarify question",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			return c.Input(cmd.Context(), args[0], args[1])
-		},
+		}),
 	}
 }
 
@@ -163,14 +158,9 @@ func denyCmd(g *globals) *cobra.Command {
 		Use:   "deny APPROVAL_ID",
 		Short: "Deny a pending action; its run ends with approval_denied",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			return c.Deny(cmd.Context(), args[0], approver, reason)
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&approver, "as", os.Getenv("USER"), "who denies")
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
@@ -240,27 +230,24 @@ func runCmd(g *globals) *cobra.Command {
 		Use:   "run [PROMPT]",
 		Short: "Publish a run.requested and print each step live until the run ends (exit 0 only on completed)",
 		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			if len(args) == 1 {
 				f.prompt = args[0]
 			}
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
 			req := client.RunRequest{Prompt: f.prompt, Scenario: f.scenario, UserID: f.user, AllowedModes: f.modes}
 			if workflowFile != "" {
-				if req.Workflow, err = readWorkflow(workflowFile); err != nil {
+				wf, err := readWorkflow(workflowFile)
+				if err != nil {
 					return err
 				}
+				req.Workflow = wf
 			}
 			id, err := c.Start(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
 			return follow(cmd.Context(), g, c, id, f.timeout)
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&f.scenario, "scenario", "", "script planner scenario")
 	cmd.Flags().StringVar(&workflowFile, "workflow", "", "run a JSON workflow file instead of a prompt")
@@ -304,14 +291,9 @@ func watchCmd(g *globals) *cobra.Command {
 		Use:   "watch RUN_ID",
 		Short: "Print a run's steps, from its start, until it ends",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			return follow(cmd.Context(), g, c, args[0], timeout)
-		},
+		}),
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Hour, "how long to watch")
 	return cmd
@@ -323,18 +305,13 @@ func cancelCmd(g *globals) *cobra.Command {
 		Use:   "cancel RUN_ID",
 		Short: "Ask the dispatcher to cancel a run",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			if err := c.Cancel(cmd.Context(), args[0], reason); err != nil {
 				return err
 			}
 			fmt.Fprintf(g.out, "cancel requested for %s\n", args[0])
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&reason, "reason", "canceled from the command line", "why")
 	return cmd
@@ -345,12 +322,7 @@ func actionsCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "actions",
 		Short: "List the action catalog (--planner: only what planners may choose)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			list, err := c.Actions(cmd.Context())
 			if err != nil {
 				return err
@@ -364,7 +336,7 @@ func actionsCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", a.Name, a.Mode, a.Tier, a.Pool, a.Version, a.Permission.Effect, a.Description)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&plannerOnly, "planner", false, "only planner-visible actions")
 	return cmd
@@ -376,12 +348,7 @@ func artifactsCmd(g *globals) *cobra.Command {
 		Use:   "get ID",
 		Short: "Write an artifact to stdout exactly as stored (its SHA-256 goes to stderr)",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			data, sum, err := c.Artifact(cmd.Context(), args[0])
 			if err != nil {
 				return err
@@ -391,7 +358,7 @@ func artifactsCmd(g *globals) *cobra.Command {
 			}
 			fmt.Fprintf(g.errOut, "sha256 %s  %d bytes\n", sum, len(data))
 			return nil
-		},
+		}),
 	})
 	return cmd
 }
@@ -402,12 +369,7 @@ func auditCmd(g *globals) *cobra.Command {
 		Use:   "verify RUN_ID",
 		Short: "Recompute a run's audit hash chain over the stream; exit 1 and name the first broken link if it is not intact",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			recs, err := c.AuditRecords(cmd.Context(), args[0])
 			if err != nil {
 				return err
@@ -422,7 +384,7 @@ func auditCmd(g *globals) *cobra.Command {
 			}
 			fmt.Fprintf(g.out, "intact: %d records, head %s\n", len(recs), recs[len(recs)-1].Hash)
 			return nil
-		},
+		}),
 	})
 	return cmd
 }

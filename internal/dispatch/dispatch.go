@@ -201,15 +201,12 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
 	log := cfg.Logger.With("service", "dispatcher")
-	bus, err := events.NewBus(js, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/dispatcher/" + cfg.InstanceID, Logger: log})
+	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/dispatcher/" + cfg.InstanceID, Logger: log})
 	if err != nil {
 		return nil, err
 	}
+	js := bus.JetStream()
 	d := &Dispatcher{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), ready: make(chan struct{}), cache: newStateCache(20000), checkers: newCheckerCache(), queues: map[string]*runQueue{}}
 	d.policy.Store(&policy.Evaluator{Config: cfg.Policy, Extra: cfg.ExtraPolicies})
 	return d, nil

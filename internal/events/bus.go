@@ -78,6 +78,16 @@ func NewBus(js jetstream.JetStream, cfg BusConfig) (*Bus, error) {
 	return &Bus{js: js, subjects: MustSubjects(cfg.Prefix), cfg: cfg, log: cfg.Logger}, nil
 }
 
+// Open returns a Bus publishing through a new JetStream context on nc; the
+// context is [Bus.JetStream].
+func Open(nc *nats.Conn, cfg BusConfig) (*Bus, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("events: jetstream: %w", err)
+	}
+	return NewBus(js, cfg)
+}
+
 // Subjects returns the subjects of the bus's prefix.
 func (b *Bus) Subjects() Subjects { return b.subjects }
 

@@ -75,15 +75,12 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
 	log := cfg.Logger.With("service", "planner", "provider", cfg.Provider.Name())
-	bus, err := events.NewBus(js, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/planner", Logger: log})
+	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/planner", Logger: log})
 	if err != nil {
 		return nil, err
 	}
+	js := bus.JetStream()
 	return &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log}, nil
 }
 
