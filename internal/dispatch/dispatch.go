@@ -52,6 +52,9 @@ type Config struct {
 	MaxPlanActions int
 	// MaxPlanParallel bounds a plan's actions in flight; default 8.
 	MaxPlanParallel int
+	// MaxSectionParallel bounds the synthesis requests of a per-action
+	// synthesis in flight; default 4.
+	MaxSectionParallel int
 	// Concurrency bounds events handled at once; default 64.
 	Concurrency int
 	// MaxFailedRounds stops the loop when the same action failed this many
@@ -103,6 +106,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxPlanParallel == 0 {
 		c.MaxPlanParallel = DefaultMaxPlanParallel
+	}
+	if c.MaxSectionParallel == 0 {
+		c.MaxSectionParallel = 4
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = 64
@@ -159,6 +165,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("dispatch: MaxPlanActions must be 1 to %d, got %d", MaxPlanActionsCeiling, c.MaxPlanActions)
 	case c.MaxPlanParallel < 1:
 		return fmt.Errorf("dispatch: MaxPlanParallel must be at least 1, got %d", c.MaxPlanParallel)
+	case c.MaxSectionParallel < 1:
+		return fmt.Errorf("dispatch: MaxSectionParallel must be at least 1, got %d", c.MaxSectionParallel)
 	case c.MaxCycles < 1:
 		return fmt.Errorf("dispatch: MaxCycles must be at least 1, got %d", c.MaxCycles)
 	case c.Concurrency < 1:
@@ -299,6 +307,10 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
 			return d.onApprovalDenied(st, data), nil
 		})
+	case *events.SynthesisCompleted:
+		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
+			return d.onSynthesis(st, data), nil
+		})
 	case *events.TimerFired:
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
 			return d.onTimer(ctx, st, data)
@@ -313,7 +325,7 @@ func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequeste
 	defer unlock()
 	now := time.Now().UTC()
 	st := &RunState{
-		RunID: req.RunID, Status: StatusRunning, Kind: "agent", Prompt: req.Prompt, Scenario: req.Scenario,
+		RunID: req.RunID, Status: StatusRunning, Kind: "agent", Prompt: req.Prompt, Scenario: req.Scenario, Replay: req.Replay,
 		UserID: req.UserID, AllowedModes: req.AllowedModes, Metadata: req.Metadata,
 		Observations: []events.Observation{}, CreatedAt: now, UpdatedAt: now,
 	}
@@ -556,6 +568,14 @@ func (d *Dispatcher) pending(st *RunState) []emission {
 		return []emission{d.decisionRequest(st)}
 	}
 	var out []emission
+	if st.Phase == PhaseSynthesizing && st.Synthesis != nil {
+		for _, p := range st.Synthesis.Parts {
+			if p.Requested && !p.Done {
+				out = append(out, d.synthesisRequest(st, p))
+			}
+		}
+		return out
+	}
 	for _, c := range st.Calls {
 		if c.Dispatched && !c.Done {
 			out = append(out, d.actionRequest(st, c))

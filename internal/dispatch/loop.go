@@ -55,7 +55,7 @@ func (d *Dispatcher) askPlanner(st *RunState) []emission {
 func (d *Dispatcher) decisionRequest(st *RunState) emission {
 	return emission{typ: events.TypeDecisionRequested, id: events.DerivedID(st.RunID, "decide", st.Cycle),
 		data: &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Prompt, Scenario: st.Scenario,
-			Observations: st.Observations, Feedback: st.Feedback, Synthesize: st.Synthesize},
+			Observations: st.Observations, Feedback: st.Feedback, Synthesize: st.Synthesize, Replay: st.Replay},
 		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}}
 }
 
@@ -136,9 +136,24 @@ func (d *Dispatcher) onDecision(ctx context.Context, st *RunState, dm *events.De
 	if st.IsTerminal() || st.Phase != PhaseDeciding || dm.Cycle != st.Cycle {
 		return nil, nil // stale or duplicate decision
 	}
-	if dm.Error != nil {
-		return d.fail(st, dm.Error), nil
+	var diag []emission
+	if len(dm.Diagnostics) > 0 {
+		// Planning evidence, not executed work: one step names them all.
+		codes := make([]string, len(dm.Diagnostics))
+		for i, e := range dm.Diagnostics {
+			codes[i] = string(e.Code)
+		}
+		diag = append(diag, stepWith(st, "planner-diagnostics", nil, "", strings.Join(codes, ", "), "",
+			map[string]any{"diagnostics": dm.Diagnostics}))
 	}
+	if dm.Error != nil {
+		return append(diag, d.fail(st, dm.Error)...), nil
+	}
+	out, err := d.applyDecision(ctx, st, dm)
+	return append(diag, out...), err
+}
+
+func (d *Dispatcher) applyDecision(ctx context.Context, st *RunState, dm *events.DecisionMade) ([]emission, error) {
 	st.Feedback = nil
 	st.Synthesize = ""
 	dec := dm.Decision
@@ -155,7 +170,16 @@ func (d *Dispatcher) onDecision(ctx context.Context, st *RunState, dm *events.De
 		if err := d.checkPlanShape(dec); err != nil {
 			return d.reject(st, "plan-validation-failed", err), nil
 		}
-		return d.startCalls(ctx, st, dec.Actions, events.OriginModel, &PlanState{PartialOK: dec.PartialOK, SynthesizeInstruction: dec.SynthesizeInstruction})
+		if err := checkPerAction(dec); err != nil {
+			return d.reject(st, "plan-validation-failed", err), nil
+		}
+		ps := &PlanState{PartialOK: dec.PartialOK, SynthesizeInstruction: dec.SynthesizeInstruction, PerAction: dec.SynthesizePerAction, Stitch: dec.Stitch}
+		if dec.SynthesizePerAction {
+			for _, a := range dec.Actions {
+				ps.Sections = append(ps.Sections, *a.Section)
+			}
+		}
+		return d.startCalls(ctx, st, dec.Actions, events.OriginModel, ps)
 	case events.DecisionClarify:
 		if strings.TrimSpace(dec.Question) == "" {
 			return d.reject(st, "decision-invalid", actionbus.Errorf(actionbus.CodeInvalidDecision, "a clarify decision needs a question")), nil
@@ -239,6 +263,10 @@ func (d *Dispatcher) onStageTimer(st *RunState, t *events.TimerFired) []emission
 	case events.TimerInput:
 		if st.Phase == PhaseAwaitingInput && st.Cycle == t.Cycle {
 			return stalled("input")
+		}
+	case events.TimerSynthesis:
+		if st.Phase == PhaseSynthesizing && st.Cycle == t.Cycle {
+			return stalled("synthesis")
 		}
 	case events.TimerApproval:
 		if p, ok := st.Approvals[t.CallID]; ok {
@@ -579,6 +607,9 @@ func (d *Dispatcher) evaluate(st *RunState) []emission {
 		return out
 	}
 	out = append(out, step(st, "evaluate", nil, "", fmt.Sprintf("%d ok, %d failed", len(succeeded), len(failed)), ""))
+	if isPlan && st.Plan.PerAction && (st.Plan.PartialOK || len(failed) == 0) {
+		return append(out, d.startSynthesis(st)...)
+	}
 	if !isPlan || st.Plan.PartialOK || len(failed) == 0 {
 		// A direct final result ends the run; declaration order wins.
 		for _, c := range st.Calls {

@@ -25,6 +25,7 @@ const (
 	PhaseActing           = "acting"
 	PhaseAwaitingInput    = "awaiting_input"
 	PhaseAwaitingApproval = "awaiting_approval"
+	PhaseSynthesizing     = "synthesizing"
 )
 
 // RunState is the dispatcher's record of one run, stored as JSON under the
@@ -60,6 +61,10 @@ type RunState struct {
 	Question string `json:"question,omitempty"`
 	// Synthesize is the synthesize instruction for the next decision.
 	Synthesize string `json:"synthesize,omitempty"`
+	// Synthesis is the per-action synthesis in progress.
+	Synthesis *SynthesisState `json:"synthesis,omitempty"`
+	// Replay holds the recorded decisions of a replay run.
+	Replay *events.Replay `json:"replay,omitempty"`
 	// FailStreaks counts, per action, consecutive rounds that failed.
 	FailStreaks map[string]int `json:"failStreaks,omitempty"`
 	// FailEvidence keeps the errors of the current streaks.
@@ -91,6 +96,11 @@ type PendingApproval struct {
 type PlanState struct {
 	PartialOK             bool   `json:"partialOk,omitempty"`
 	SynthesizeInstruction string `json:"synthesizeInstruction,omitempty"`
+	// PerAction asks for a per-action synthesis; Sections are the plan
+	// actions' sections in declaration order.
+	PerAction bool             `json:"perAction,omitempty"`
+	Sections  []events.Section `json:"sections,omitempty"`
+	Stitch    *events.Stitch   `json:"stitch,omitempty"`
 }
 
 // Diagnostic is one recorded fact about a run's inputs.

@@ -44,6 +44,8 @@ var Catalog = []Entry{
 	{TypeApprovalRequested, "{prefix}.run.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.requested.json", func() any { return new(ApprovalRequested) }},
 	{TypeApprovalGranted, "{prefix}.run.{runId}.approve", "approver", []string{"dispatcher", "auditor"}, "approval.granted.json", func() any { return new(ApprovalGranted) }},
 	{TypeApprovalDenied, "{prefix}.run.{runId}.deny", "approver", []string{"dispatcher", "auditor"}, "approval.denied.json", func() any { return new(ApprovalDenied) }},
+	{TypeSynthesisRequested, "{prefix}.run.{runId}.synthesize", "dispatcher", []string{"planner", "auditor"}, "synthesis.requested.json", func() any { return new(SynthesisRequested) }},
+	{TypeSynthesisCompleted, "{prefix}.run.{runId}.synthesized", "planner", []string{"dispatcher", "auditor"}, "synthesis.completed.json", func() any { return new(SynthesisCompleted) }},
 }
 
 var catalogByType = func() map[string]*Entry {
@@ -124,6 +126,11 @@ func (s Subjects) Schedule(runID, name string) string {
 	return s.prefix + ".run." + runID + ".sched." + name
 }
 
+// Stream returns the core NATS subject on which a run's final answer is
+// streamed while it is written: {prefix}.stream.{runId}. It is outside
+// every stream, so tokens are neither stored nor audited.
+func (s Subjects) Stream(runID string) string { return s.prefix + ".stream." + runID }
+
 // AllRuns matches every per-run event.
 func (s Subjects) AllRuns() string { return s.prefix + ".run.>" }
 
@@ -203,6 +210,10 @@ func (s Subjects) SubjectFor(eventType, runID, pool string) (string, error) {
 		return s.Run(runID, "approve"), nil
 	case TypeApprovalDenied:
 		return s.Run(runID, "deny"), nil
+	case TypeSynthesisRequested:
+		return s.Run(runID, "synthesize"), nil
+	case TypeSynthesisCompleted:
+		return s.Run(runID, "synthesized"), nil
 	}
 	return "", fmt.Errorf("events: no subject rule for type %q", eventType)
 }

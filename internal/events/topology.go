@@ -234,8 +234,8 @@ func (t Topology) Consumers() []ConsumerSpec {
 	s := t.Subjects()
 	out := []ConsumerSpec{
 		{t.StreamRuns(), t.durable(ConsumerDispatcher, "dispatcher: run requests, decisions, results, cancels, inputs, timers",
-			s.AnyRun("requested"), s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("cancel"), s.AnyRun("input"), s.AnyRun("timer"), s.AnyRun("approve"), s.AnyRun("deny"))},
-		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision requests", s.AnyRun("decide"))},
+			s.AnyRun("requested"), s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("cancel"), s.AnyRun("input"), s.AnyRun("timer"), s.AnyRun("approve"), s.AnyRun("deny"), s.AnyRun("synthesized"))},
+		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision and synthesis requests", s.AnyRun("decide"), s.AnyRun("synthesize"))},
 		{t.StreamRuns(), t.durable(ConsumerAuditorRuns, "auditor: every per-run event (not timer schedules)", s.AnyRun("*"))},
 		{t.StreamWork(), t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools())},
 		{t.StreamRejected(), t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected())},

@@ -8,25 +8,27 @@ import (
 
 // Event types. Every type is io.actionbus.<noun>.<verb>.
 const (
-	TypeRunRequested      = "io.actionbus.run.requested"
-	TypeRunStarted        = "io.actionbus.run.started"
-	TypeRunStep           = "io.actionbus.run.step"
-	TypeRunCompleted      = "io.actionbus.run.completed"
-	TypeRunFailed         = "io.actionbus.run.failed"
-	TypeRunCanceled       = "io.actionbus.run.canceled"
-	TypeCancelRequested   = "io.actionbus.cancel.requested"
-	TypeDecisionRequested = "io.actionbus.decision.requested"
-	TypeDecisionMade      = "io.actionbus.decision.made"
-	TypeActionRequested   = "io.actionbus.action.requested"
-	TypeActionCompleted   = "io.actionbus.action.completed"
-	TypeActionFailed      = "io.actionbus.action.failed"
-	TypeEventRejected     = "io.actionbus.event.rejected"
-	TypeAuditRecorded     = "io.actionbus.audit.recorded"
-	TypeInputProvided     = "io.actionbus.input.provided"
-	TypeTimerFired        = "io.actionbus.timer.fired"
-	TypeApprovalRequested = "io.actionbus.approval.requested"
-	TypeApprovalGranted   = "io.actionbus.approval.granted"
-	TypeApprovalDenied    = "io.actionbus.approval.denied"
+	TypeRunRequested       = "io.actionbus.run.requested"
+	TypeRunStarted         = "io.actionbus.run.started"
+	TypeRunStep            = "io.actionbus.run.step"
+	TypeRunCompleted       = "io.actionbus.run.completed"
+	TypeRunFailed          = "io.actionbus.run.failed"
+	TypeRunCanceled        = "io.actionbus.run.canceled"
+	TypeCancelRequested    = "io.actionbus.cancel.requested"
+	TypeDecisionRequested  = "io.actionbus.decision.requested"
+	TypeDecisionMade       = "io.actionbus.decision.made"
+	TypeActionRequested    = "io.actionbus.action.requested"
+	TypeActionCompleted    = "io.actionbus.action.completed"
+	TypeActionFailed       = "io.actionbus.action.failed"
+	TypeEventRejected      = "io.actionbus.event.rejected"
+	TypeAuditRecorded      = "io.actionbus.audit.recorded"
+	TypeInputProvided      = "io.actionbus.input.provided"
+	TypeTimerFired         = "io.actionbus.timer.fired"
+	TypeApprovalRequested  = "io.actionbus.approval.requested"
+	TypeApprovalGranted    = "io.actionbus.approval.granted"
+	TypeApprovalDenied     = "io.actionbus.approval.denied"
+	TypeSynthesisRequested = "io.actionbus.synthesis.requested"
+	TypeSynthesisCompleted = "io.actionbus.synthesis.completed"
 )
 
 // Origins of action input (see the Conventions in docs/architecture.md).
@@ -62,6 +64,18 @@ type RunRequested struct {
 	// Action makes the run a one-action host-origin run (actionbus exec):
 	// no planner is asked; the run ends with the action's result.
 	Action *ActionCall `json:"action,omitempty"`
+	// Replay makes the run a replay of a recorded run: the planner answers
+	// cycle N with the recorded decision N instead of asking its provider.
+	Replay *Replay `json:"replay,omitempty"`
+}
+
+// Replay is a recorded run's decisions, fed back to the planner by
+// actionbus replay.
+type Replay struct {
+	// RunID is the recorded run.
+	RunID string `json:"runId"`
+	// Decisions are the recorded decisions, one per cycle.
+	Decisions []Decision `json:"decisions"`
 }
 
 // ActionCall names an action and its input.
@@ -148,6 +162,8 @@ type DecisionRequested struct {
 	// cycle ran a plan that asked for synthesis: the planner should answer
 	// with a final built from the observations.
 	Synthesize string `json:"synthesize,omitempty"`
+	// Replay is set for replay runs: the planner answers from it.
+	Replay *Replay `json:"replay,omitempty"`
 }
 
 // InputProvided answers a run's clarify question and resumes it.
@@ -165,6 +181,7 @@ const (
 	TimerInput       = "input"
 	TimerApproval    = "approval"
 	TimerRetry       = "retry"
+	TimerSynthesis   = "synthesis"
 )
 
 // TimerFired is a durable timer of a run coming due. The dispatcher
@@ -194,6 +211,77 @@ type Decision struct {
 	Question              string         `json:"question,omitempty"`
 	Answer                string         `json:"answer,omitempty"`
 	Citations             []string       `json:"citations,omitempty"`
+	// SynthesizePerAction asks for one synthesis call per plan action,
+	// stitched into the final answer by the dispatcher.
+	SynthesizePerAction bool `json:"synthesize_per_action,omitempty"`
+	// Section is a plan action's section of a per-action synthesis.
+	Section *Section `json:"section,omitempty"`
+	// Stitch configures how per-action sections are put together.
+	Stitch *Stitch `json:"stitch,omitempty"`
+}
+
+// Section is one plan action's part of a per-action synthesis.
+type Section struct {
+	// Title is the section heading; default "## Section N".
+	Title string `json:"title,omitempty"`
+	// Prompt tells the synthesis call how to write the section. Required
+	// when the plan synthesizes per action.
+	Prompt string `json:"prompt"`
+}
+
+// Stitch configures the deterministic stitching of a per-action synthesis.
+type Stitch struct {
+	IntroPrompt string      `json:"intro_prompt,omitempty"`
+	OutroPrompt string      `json:"outro_prompt,omitempty"`
+	Provenance  string      `json:"provenance,omitempty"`
+	Followups   []string    `json:"followups,omitempty"`
+	DrillHints  []DrillHint `json:"drill_hints,omitempty"`
+}
+
+// DrillHint is one UI drill-down hint appended to a stitched answer.
+type DrillHint struct {
+	MatchHeader string `json:"match_header"`
+	Label       string `json:"label"`
+	Prompt      string `json:"prompt"`
+}
+
+// Synthesis parts.
+const (
+	PartSection = "section"
+	PartIntro   = "intro"
+	PartOutro   = "outro"
+)
+
+// SynthesisRequested asks a planner for one part of a per-action
+// synthesis: a section from one action's result, or the intro or outro
+// from compact summaries of every result.
+type SynthesisRequested struct {
+	RunID string `json:"runId"`
+	Cycle int    `json:"cycle"`
+	// Part is "section", "intro" or "outro".
+	Part string `json:"part"`
+	// Index is the plan index of a section's action; 0 otherwise.
+	Index int `json:"index"`
+	// Prompt is the run's original request.
+	Prompt string `json:"prompt,omitempty"`
+	// Instruction is the section prompt, or the stitch intro/outro prompt.
+	Instruction string `json:"instruction"`
+	// Results are the section's action result, or every result in compact
+	// form for the intro and outro.
+	Results  []Observation `json:"results"`
+	Scenario string        `json:"scenario,omitempty"`
+}
+
+// SynthesisCompleted answers a SynthesisRequested with markdown, or with
+// the error that made the part fail (the section then renders as a
+// "section failed" comment; the run continues).
+type SynthesisCompleted struct {
+	RunID    string           `json:"runId"`
+	Cycle    int              `json:"cycle"`
+	Part     string           `json:"part"`
+	Index    int              `json:"index"`
+	Markdown string           `json:"markdown,omitempty"`
+	Error    *actionbus.Error `json:"error,omitempty"`
 }
 
 // DecisionMade carries a planner's decision for one cycle.
@@ -205,6 +293,9 @@ type DecisionMade struct {
 	// Error is set, instead of a usable decision, when the planner could
 	// not decide (unknown scenario, provider failure). It fails the run.
 	Error *actionbus.Error `json:"error,omitempty"`
+	// Diagnostics are planning evidence recorded on the way to the
+	// decision (a reply that was repaired or sent back), not executed work.
+	Diagnostics []actionbus.Error `json:"diagnostics,omitempty"`
 }
 
 // ActionRequested asks an executor of a pool to run one action call.

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,13 +22,18 @@ import (
 	"github.com/actionbus/actionbus/internal/events"
 )
 
-// Provider decides the next step of a run.
+// Provider decides the next step of a run and writes the parts of a
+// per-action synthesis.
 type Provider interface {
 	// Name identifies the provider in decision events ("script", "openai").
 	Name() string
 	// Decide returns one decision. An *actionbus.Error fails the run with
 	// its code; other errors are retried.
 	Decide(ctx context.Context, in Input) (events.Decision, error)
+	// Synthesize writes one section, intro or outro as markdown. An
+	// *actionbus.Error makes the part a "section failed" comment; other
+	// errors are retried.
+	Synthesize(ctx context.Context, req *events.SynthesisRequested) (string, error)
 }
 
 // Input is what a provider decides from.
@@ -37,6 +43,19 @@ type Input struct {
 	// Actions are the planner-visible actions of the catalog, sorted by
 	// name.
 	Actions []actions.Entry
+	// Stream, when set, receives the tokens of a final answer while the
+	// provider writes it.
+	Stream func(delta string)
+
+	diagnostics *[]actionbus.Error
+}
+
+// Diagnose records planning evidence (a repaired or refused reply) that
+// travels with the decision; it is not executed work.
+func (in Input) Diagnose(e *actionbus.Error) {
+	if in.diagnostics != nil && e != nil {
+		*in.diagnostics = append(*in.diagnostics, *e)
+	}
 }
 
 // Config configures a [Service].
@@ -49,10 +68,13 @@ type Config struct {
 	Concurrency int
 	// Logger receives the planner's logs; nil discards them.
 	Logger *slog.Logger
+	// NoStream turns off publishing final-answer tokens on core NATS.
+	NoStream bool
 }
 
 // Service is the planner service.
 type Service struct {
+	nc   *nats.Conn
 	cfg  Config
 	js   jetstream.JetStream
 	bus  *events.Bus
@@ -81,7 +103,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	js := bus.JetStream()
-	return &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log}, nil
+	return &Service{nc: nc, cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log}, nil
 }
 
 // Run serves decision requests until ctx ends.
@@ -105,12 +127,31 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
-	req, ok := r.Data.(*events.DecisionRequested)
-	if !ok {
-		return events.Permanent(fmt.Errorf("planner: unexpected %s", r.Event.Type()))
+	switch data := r.Data.(type) {
+	case *events.DecisionRequested:
+		return s.decide(ctx, data)
+	case *events.SynthesisRequested:
+		return s.synthesize(ctx, data)
 	}
+	return events.Permanent(fmt.Errorf("planner: unexpected %s", r.Event.Type()))
+}
+
+func (s *Service) decide(ctx context.Context, req *events.DecisionRequested) error {
 	dm := &events.DecisionMade{RunID: req.RunID, Cycle: req.Cycle, Planner: s.cfg.Provider.Name()}
-	dec, err := s.cfg.Provider.Decide(ctx, Input{Request: req, Actions: s.cat.ListForPlanner()})
+	in := Input{Request: req, Actions: s.cat.ListForPlanner(), diagnostics: &dm.Diagnostics}
+	var provider interface {
+		Decide(context.Context, Input) (events.Decision, error)
+	} = s.cfg.Provider
+	if req.Replay != nil {
+		provider, dm.Planner = replayProvider{req.Replay}, "replay"
+	}
+	if !s.cfg.NoStream && req.Synthesize != "" {
+		in.Stream = s.streamer(req.RunID)
+	}
+	dec, err := provider.Decide(ctx, in)
+	if in.Stream != nil {
+		in.Stream("") // the end of the stream, whatever the outcome
+	}
 	if err != nil {
 		var abErr *actionbus.Error
 		if !errors.As(err, &abErr) {
@@ -118,10 +159,68 @@ func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Ms
 		}
 		dm.Error = abErr
 		dm.Decision = events.Decision{Type: events.DecisionFinal}
+		s.log.Warn("planner could not decide", "run", req.RunID, "cycle", req.Cycle, "code", abErr.Code, "error", abErr.Message)
 	} else {
 		dm.Decision = dec
 	}
 	_, err = s.bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(req.RunID, "decision", req.Cycle), req.RunID, "", dm,
 		events.Extension{Name: events.ExtCycle, Value: req.Cycle})
 	return err
+}
+
+func (s *Service) synthesize(ctx context.Context, req *events.SynthesisRequested) error {
+	sc := &events.SynthesisCompleted{RunID: req.RunID, Cycle: req.Cycle, Part: req.Part, Index: req.Index}
+	md, err := s.cfg.Provider.Synthesize(ctx, req)
+	if err != nil {
+		var abErr *actionbus.Error
+		if !errors.As(err, &abErr) {
+			return err
+		}
+		sc.Error = abErr
+	} else {
+		sc.Markdown = md
+	}
+	_, err = s.bus.Emit(ctx, events.TypeSynthesisCompleted, events.DerivedID(req.RunID, "synthesized", req.Cycle, req.Part, req.Index), req.RunID, "", sc,
+		events.Extension{Name: events.ExtCycle, Value: req.Cycle})
+	return err
+}
+
+// Stream message headers. Tokens of a final answer are published on core
+// NATS at {prefix}.stream.{runId}: the body is the text, StreamSeqHeader
+// numbers the messages from 1, and a message with StreamEndHeader ends the
+// answer. They are not events: not stored, not audited, and lost if nobody
+// listens; the run's terminal event carries the whole answer.
+const (
+	StreamSeqHeader = "Ab-Stream-Seq"
+	StreamEndHeader = "Ab-Stream-End"
+)
+
+func (s *Service) streamer(runID string) func(string) {
+	subject := s.topo.Subjects().Stream(runID)
+	seq := 0
+	return func(delta string) {
+		seq++
+		msg := nats.NewMsg(subject)
+		msg.Header.Set(StreamSeqHeader, strconv.Itoa(seq))
+		if delta == "" {
+			msg.Header.Set(StreamEndHeader, "true")
+		}
+		msg.Data = []byte(delta)
+		if err := s.nc.PublishMsg(msg); err != nil {
+			s.log.Debug("stream publish failed", "run", runID, "error", err)
+		}
+	}
+}
+
+// replayProvider answers cycle N with the recorded decision N.
+type replayProvider struct{ rec *events.Replay }
+
+func (r replayProvider) Decide(_ context.Context, in Input) (events.Decision, error) {
+	n := in.Request.Cycle
+	if n < 1 || n > len(r.rec.Decisions) {
+		return events.Decision{}, actionbus.Errorf(actionbus.CodeReplayDiverged,
+			"replay of run %s asked for a decision in cycle %d; the recording has %d", r.rec.RunID, n, len(r.rec.Decisions)).
+			WithDetail("recordedRun", r.rec.RunID).WithDetail("cycle", n)
+	}
+	return r.rec.Decisions[n-1], nil
 }

@@ -268,3 +268,34 @@ func walkStrings(d events.Decision, fn func(s string, inArgs bool) (any, error))
 	}
 	return walk(v, false)
 }
+
+// Synthesize implements Provider with a deterministic stand-in for an LLM:
+// a section is its result's summary (or its output as JSON); an intro or
+// outro is its instruction followed by one line per result.
+func (s *Script) Synthesize(_ context.Context, req *events.SynthesisRequested) (string, error) {
+	if req.Part == events.PartSection {
+		if len(req.Results) == 0 {
+			return "", nil
+		}
+		return resultText(req.Results[0]), nil
+	}
+	lines := []string{strings.TrimSpace(req.Instruction)}
+	for _, r := range req.Results {
+		lines = append(lines, "- "+r.Action+": "+resultText(r))
+	}
+	return strings.Join(lines, "\n"), nil
+}
+
+func resultText(o events.Observation) string {
+	if !o.OK {
+		if o.Error != nil {
+			return "failed: " + o.Error.Message
+		}
+		return "failed"
+	}
+	if o.Summary != "" {
+		return o.Summary
+	}
+	b, _ := json.Marshal(o.Output)
+	return string(b)
+}
