@@ -39,6 +39,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
 	$(GO) test -run '^$$' -fuzz '^FuzzPercentRoundTrip$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
 	$(GO) test -run '^$$' -fuzz '^FuzzPrepareArgs$$' -fuzztime $(FUZZTIME) ./internal/actions
+	$(GO) test -run '^$$' -fuzz '^FuzzExtractJSON$$' -fuzztime $(FUZZTIME) ./internal/planner
 
 clean:
 	rm -rf bin bench/results

@@ -53,6 +53,26 @@ type StackOptions struct {
 	ApprovalKeys string
 	// ApprovalTTL is how long approvals stay valid; default 1 hour.
 	ApprovalTTL time.Duration
+	// OpenAI, when set, makes the planner use the openai provider against
+	// that endpoint (for example a scripted chat-completions server on
+	// loopback) instead of the script provider.
+	OpenAI *OpenAIOptions
+	// MaxSectionParallel bounds a per-action synthesis's requests in
+	// flight; default 4.
+	MaxSectionParallel int
+}
+
+// OpenAIOptions point the planner at an OpenAI-compatible endpoint.
+type OpenAIOptions struct {
+	// BaseURL is the endpoint, e.g. an httptest server's URL.
+	BaseURL string
+	APIKey  string
+	// Model is the model name sent with every call; default "test-model".
+	Model string
+	// Mode is "native_tools" (default) or "envelope".
+	Mode string
+	// CallTimeout bounds each LLM call; default 60 s.
+	CallTimeout time.Duration
 }
 
 // Stack is the four services running in the test's process.
@@ -80,6 +100,16 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 	if err != nil {
 		t.Fatalf("actionbustest: %v", err)
 	}
+	var provider planner.Provider = script
+	if o := opts.OpenAI; o != nil {
+		if o.Model == "" {
+			o.Model = "test-model"
+		}
+		if provider, err = planner.NewOpenAI(planner.OpenAIConfig{BaseURL: o.BaseURL, APIKey: o.APIKey, Model: o.Model, Mode: o.Mode,
+			CallTimeout: o.CallTimeout, MaxRetries: -1}); err != nil {
+			t.Fatalf("actionbustest: %v", err)
+		}
+	}
 	var pol *policy.Config
 	if opts.Policy != "" {
 		if pol, err = policy.ParseConfig([]byte(opts.Policy)); err != nil {
@@ -91,9 +121,9 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 		t.Fatalf("actionbustest: %v", err)
 	}
 	st, err := stack.Start(context.Background(), s.Connect(t), stack.Config{
-		Prefix: s.Prefix, Provider: script, Executors: opts.Executors, Slots: opts.Slots,
+		Prefix: s.Prefix, Provider: provider, Executors: opts.Executors, Slots: opts.Slots,
 		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner, NoExecutors: opts.NoExecutors, NoDispatcher: opts.NoDispatcher,
-		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel, MaxPlanActions: opts.MaxPlanActions,
+		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel, MaxPlanActions: opts.MaxPlanActions, MaxSectionParallel: opts.MaxSectionParallel,
 			MaxFailedRounds: opts.MaxFailedRounds, DecisionTimeout: opts.DecisionTimeout, RunDeadline: opts.RunDeadline,
 			Policy: pol, ApprovalKeys: keys, ApprovalTTL: opts.ApprovalTTL},
 	})

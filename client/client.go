@@ -474,3 +474,23 @@ func (c *Client) AuditRecords(ctx context.Context, runID string) ([]events.Audit
 		}
 	}
 }
+
+// StreamAnswer calls fn with the tokens of a run's final answer while the
+// planner writes it (when the answer comes from an LLM synthesis call), and
+// once more with end set when the answer is complete. Tokens travel on
+// core NATS: subscribe before they are written, since nothing is kept;
+// the terminal event always carries the whole answer. Call the returned
+// function to stop.
+func (c *Client) StreamAnswer(runID string, fn func(delta string, end bool)) (stop func() error, err error) {
+	sub, err := c.nc.Subscribe(c.topo.Subjects().Stream(runID), func(m *nats.Msg) {
+		fn(string(m.Data), m.Header.Get(events.StreamEndHeader) != "")
+	})
+	if err != nil {
+		return nil, fmt.Errorf("client: stream answer of %s: %w", runID, err)
+	}
+	if err := c.nc.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("client: stream answer of %s: %w", runID, err)
+	}
+	return sub.Unsubscribe, nil
+}

@@ -1,9 +1,11 @@
-// Command planner runs the actionbus planner service with the script
-// provider (scenarios from files, plus the built-in demo scenarios).
+// Command planner runs the actionbus planner service, with the openai
+// provider (any OpenAI-compatible endpoint) or the script provider
+// (scenarios from files, plus the built-in demo scenarios).
 package main
 
 import (
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -18,27 +20,52 @@ import (
 func main() {
 	var c service.Common
 	c.Flags(flag.CommandLine)
-	scenarios := flag.String("scenarios", service.Env("ACTIONBUS_SCENARIOS", ""), "comma-separated scenario files or directories (env ACTIONBUS_SCENARIOS)")
+	provider := flag.String("provider", service.Env("ACTIONBUS_PROVIDER", "script"), "decision provider: script or openai (env ACTIONBUS_PROVIDER)")
+	scenarios := flag.String("scenarios", service.Env("ACTIONBUS_SCENARIOS", ""), "script provider: comma-separated scenario files or directories (env ACTIONBUS_SCENARIOS)")
 	concurrency := flag.Int("concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", 16), "decisions made at once (env ACTIONBUS_CONCURRENCY)")
+	var oc planner.OpenAIConfig
+	flag.StringVar(&oc.BaseURL, "openai-base-url", service.Env("ACTIONBUS_OPENAI_BASE_URL", "https://api.openai.com/v1"), "openai provider: OpenAI-compatible endpoint (env ACTIONBUS_OPENAI_BASE_URL)")
+	flag.StringVar(&oc.Model, "openai-model", service.Env("ACTIONBUS_OPENAI_MODEL", ""), "openai provider: model name (env ACTIONBUS_OPENAI_MODEL)")
+	pool := flag.String("openai-models", service.Env("ACTIONBUS_OPENAI_MODELS", ""), "openai provider: model pool key=model,... (env ACTIONBUS_OPENAI_MODELS)")
+	flag.StringVar(&oc.PlanningModelKey, "planning-model-key", service.Env("ACTIONBUS_PLANNING_MODEL_KEY", ""), "openai provider: pool key of the planning model (env ACTIONBUS_PLANNING_MODEL_KEY)")
+	flag.StringVar(&oc.SynthesisModelKey, "synthesis-model-key", service.Env("ACTIONBUS_SYNTHESIS_MODEL_KEY", ""), "openai provider: pool key of the synthesis model (env ACTIONBUS_SYNTHESIS_MODEL_KEY)")
+	flag.StringVar(&oc.Mode, "planner-mode", service.Env("ACTIONBUS_PLANNER_MODE", planner.ModeNativeTools), "openai provider: native_tools or envelope (env ACTIONBUS_PLANNER_MODE)")
+	flag.DurationVar(&oc.CallTimeout, "llm-timeout", service.EnvDuration("ACTIONBUS_LLM_TIMEOUT", 0), "openai provider: deadline of each LLM call; default 60s (env ACTIONBUS_LLM_TIMEOUT)")
 	flag.Parse()
+	// The key only from the environment: flags show up in process lists.
+	oc.APIKey = service.Env("ACTIONBUS_OPENAI_API_KEY", os.Getenv("OPENAI_API_KEY"))
 	os.Exit(service.Main("planner", c, func(nc *nats.Conn, log *slog.Logger) (service.Runner, error) {
-		all, err := demo.Scenarios()
-		if err != nil {
-			return nil, err
-		}
-		if *scenarios != "" {
-			extra, err := planner.LoadScenarios(strings.Split(*scenarios, ",")...)
+		var p planner.Provider
+		switch *provider {
+		case "openai":
+			models, err := planner.ParseModelPool(*pool)
 			if err != nil {
 				return nil, err
 			}
-			for k, v := range extra {
-				all[k] = v
+			oc.Models = models
+			if p, err = planner.NewOpenAI(oc); err != nil {
+				return nil, err
 			}
+		case "script":
+			all, err := demo.Scenarios()
+			if err != nil {
+				return nil, err
+			}
+			if *scenarios != "" {
+				extra, err := planner.LoadScenarios(strings.Split(*scenarios, ",")...)
+				if err != nil {
+					return nil, err
+				}
+				for k, v := range extra {
+					all[k] = v
+				}
+			}
+			if p, err = planner.NewScript(all); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("unknown provider %q (want script or openai)", *provider)
 		}
-		script, err := planner.NewScript(all)
-		if err != nil {
-			return nil, err
-		}
-		return planner.New(nc, planner.Config{Prefix: c.Prefix, Provider: script, Concurrency: *concurrency, Logger: log})
+		return planner.New(nc, planner.Config{Prefix: c.Prefix, Provider: p, Concurrency: *concurrency, Logger: log})
 	}))
 }

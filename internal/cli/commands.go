@@ -72,9 +72,30 @@ func (f *runFlags) add(cmd *cobra.Command) {
 
 // follow prints a run live and returns an exitError unless it completed.
 func follow(ctx context.Context, g *globals, c *client.Client, runID string, timeout time.Duration) error {
+	return followWith(ctx, g, c, runID, timeout, newProgress(g.out))
+}
+
+// start publishes a run after subscribing to its answer stream, so the
+// answer shows while it is written.
+func start(ctx context.Context, g *globals, c *client.Client, req client.RunRequest, timeout time.Duration) error {
+	if req.RunID == "" {
+		req.RunID = events.NewID()
+	}
+	p := newProgress(g.out)
+	stop, err := c.StreamAnswer(req.RunID, p.token)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stop() }()
+	if _, err := c.Start(ctx, req); err != nil {
+		return err
+	}
+	return followWith(ctx, g, c, req.RunID, timeout, p)
+}
+
+func followWith(ctx context.Context, g *globals, c *client.Client, runID string, timeout time.Duration, p *progress) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	p := newProgress(g.out)
 	res, err := c.Follow(ctx, runID, func(e client.Event) {
 		p.event(e)
 		if s, ok := e.Step(); ok && s.Name == "awaiting-input" {
@@ -242,11 +263,7 @@ func runCmd(g *globals) *cobra.Command {
 				}
 				req.Workflow = wf
 			}
-			id, err := c.Start(cmd.Context(), req)
-			if err != nil {
-				return err
-			}
-			return follow(cmd.Context(), g, c, id, f.timeout)
+			return start(cmd.Context(), g, c, req, f.timeout)
 		}),
 	}
 	cmd.Flags().StringVar(&f.scenario, "scenario", "", "script planner scenario")
@@ -438,5 +455,38 @@ func eventsCmd(g *globals) *cobra.Command {
 	}
 	tail.Flags().StringVar(&subject, "subject", "", "subject filter (default PREFIX.>)")
 	cmd.AddCommand(tail)
+	return cmd
+}
+
+func replayCmd(g *globals) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "replay RUN_ID",
+		Short: "Re-run a finished planner run with its recorded decisions (no LLM call) and report every divergence (exit 1 if any)",
+		Args:  cobra.ExactArgs(1),
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			rep, err := c.Replay(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.out, "replayed %s as %s: %d decision(s) recorded, %d replayed; %s → %s\n", rep.RecordedRunID, rep.ReplayRunID,
+				len(rep.Recorded.Decisions), len(rep.Replayed.Decisions), rep.Recorded.Result.Status, rep.Replayed.Result.Status)
+			if len(rep.Divergences) == 0 {
+				fmt.Fprintln(g.out, "✔ no divergence: same observations, decisions and result")
+				return nil
+			}
+			for _, d := range rep.Divergences {
+				where := fmt.Sprintf("cycle %d", d.Cycle)
+				if d.Cycle == 0 {
+					where = "result"
+				}
+				fmt.Fprintf(g.out, "✘ %s: %s differs\n    recorded: %s\n    replayed: %s\n", where, d.What, d.Recorded, d.Replayed)
+			}
+			return exitError{1}
+		}),
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the recorded run's events and the replay")
 	return cmd
 }

@@ -32,6 +32,9 @@ type devFlags struct {
 	noDemo        bool
 	exitAfterDemo bool
 	latency       time.Duration
+	openAIURL     string
+	openAIModel   string
+	plannerMode   string
 }
 
 func devCmd(g *globals) *cobra.Command {
@@ -58,6 +61,9 @@ Other terminals can use the same server: actionbus --nats nats://HOST:PORT run .
 	cmd.Flags().BoolVar(&f.noDemo, "no-demo", false, "start everything but run no demo")
 	cmd.Flags().BoolVar(&f.exitAfterDemo, "exit-after-demo", false, "stop after the demo run (exit code 0 only if it completed)")
 	cmd.Flags().DurationVar(&f.latency, "latency", 60*time.Millisecond, "simulated I/O time of each delivery action")
+	cmd.Flags().StringVar(&f.openAIURL, "openai-base-url", "", "plan with the openai provider against this OpenAI-compatible endpoint instead of the script (key from ACTIONBUS_OPENAI_API_KEY or OPENAI_API_KEY)")
+	cmd.Flags().StringVar(&f.openAIModel, "openai-model", "gpt-4o-mini", "model of the openai provider")
+	cmd.Flags().StringVar(&f.plannerMode, "planner-mode", planner.ModeNativeTools, "openai provider mode: native_tools or envelope")
 	return cmd
 }
 
@@ -112,8 +118,20 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	if err != nil {
 		return err
 	}
+	var provider planner.Provider = script
+	plannerDesc := fmt.Sprintf("script: %d scenarios", len(scenarios))
+	if f.openAIURL != "" {
+		key := os.Getenv("ACTIONBUS_OPENAI_API_KEY")
+		if key == "" {
+			key = os.Getenv("OPENAI_API_KEY")
+		}
+		if provider, err = planner.NewOpenAI(planner.OpenAIConfig{BaseURL: f.openAIURL, Model: f.openAIModel, Mode: f.plannerMode, APIKey: key}); err != nil {
+			return err
+		}
+		plannerDesc = fmt.Sprintf("openai: %s at %s, %s", f.openAIModel, f.openAIURL, f.plannerMode)
+	}
 	st, err := stack.Start(ctx, nc, stack.Config{
-		Prefix: g.prefix, Provider: script, Executors: f.executors, Slots: f.slots,
+		Prefix: g.prefix, Provider: provider, Executors: f.executors, Slots: f.slots,
 		Register: func(ex *executor.Executor) error { return demo.Register(ex, demo.Options{Latency: f.latency}) },
 		Logger:   g.logger(),
 	})
@@ -122,7 +140,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	}
 	defer st.Stop()
 	fmt.Fprintf(g.out, "actionbus dev: NATS with JetStream at %s (store %s)\n", url, f.store)
-	fmt.Fprintf(g.out, "  services: dispatcher, planner (script: %d scenarios), auditor, %d executors × %d slots\n", len(scenarios), f.executors, f.slots)
+	fmt.Fprintf(g.out, "  services: dispatcher, planner (%s), auditor, %d executors × %d slots\n", plannerDesc, f.executors, f.slots)
 
 	if !f.noDemo {
 		c, err := client.New(nc, client.Options{Prefix: g.prefix, Source: "/actionbus/dev"})
@@ -130,11 +148,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 			return err
 		}
 		fmt.Fprintf(g.out, "\ndemo: %q (scenario %s)\n", f.prompt, f.demoScenario)
-		id, err := c.Start(ctx, client.RunRequest{Prompt: f.prompt, Scenario: f.demoScenario, UserID: "dev"})
-		if err != nil {
-			return err
-		}
-		if err := follow(ctx, g, c, id, 2*time.Minute); err != nil || f.exitAfterDemo {
+		if err := start(ctx, g, c, client.RunRequest{Prompt: f.prompt, Scenario: f.demoScenario, UserID: "dev"}, 2*time.Minute); err != nil || f.exitAfterDemo {
 			return err
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/cli"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/llmtest"
 )
 
 // TestDevDemo is `make demo`: a plan of at least three actions on at least
@@ -77,10 +78,53 @@ func TestRunExitCodeFollowsTheTerminalState(t *testing.T) {
 	assert.Contains(t, out.String(), "? Which carrier should I check?", "the question is asked on the terminal")
 	assert.Contains(t, out.String(), "Checking carrier dhl-express.", "the typed answer resumed the run")
 
+	// Replay the echo run: same decisions, no divergence.
+	out.Reset()
+	code = cli.Execute(ctx, []string{"--nats", url, "run", "--scenario", "echo", "replay me"}, nil, &out, &errOut)
+	require.Equal(t, 0, code, out.String()+errOut.String())
+	runID := runIDPattern.FindStringSubmatch(out.String())[1]
+	out.Reset()
+	code = cli.Execute(ctx, []string{"--nats", url, "replay", runID}, nil, &out, &errOut)
+	assert.Equal(t, 0, code, out.String()+errOut.String())
+	assert.Contains(t, out.String(), "replayed "+runID+" as ")
+	assert.Contains(t, out.String(), "✔ no divergence")
+
 	out.Reset()
 	code = cli.Execute(ctx, []string{"--nats", url, "actions"}, nil, &out, &errOut)
 	assert.Equal(t, 0, code)
 	assert.Contains(t, out.String(), "delivery.dryRunRetry  dryRun")
+	stopDev()
+	assert.Equal(t, 0, <-done)
+}
+
+var runIDPattern = regexp.MustCompile(`▶ run (\S+) started`)
+
+// The run command shows a synthesized answer while the planner writes it.
+func TestRunStreamsTheAnswerAsItIsWritten(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	llm := llmtest.New(t)
+	llm.Respond(func(r llmtest.Request) llmtest.Reply {
+		if r.Stream {
+			return llmtest.Reply{Content: "Two failed jobs can be retried: j-1 and j-3."}
+		}
+		return llmtest.Reply{Content: `{"type":"plan","synthesize_instruction":"List the retryable jobs.",` +
+			`"actions":[{"type":"action","name":"delivery.searchJobs","args":{"status":["failed"]}}]}`}
+	})
+	devCtx, stopDev := context.WithCancel(ctx)
+	defer stopDev()
+	var devOut syncWriter
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Execute(devCtx, []string{"dev", "--port", "-1", "--store", t.TempDir(), "--no-demo", "--latency", "0s",
+			"--openai-base-url", llm.URL, "--planner-mode", "envelope"}, nil, &devOut, &devOut)
+	}()
+	url := waitForURL(t, &devOut)
+	assert.Contains(t, devOut.String(), "planner (openai: gpt-4o-mini at "+llm.URL+", envelope)")
+	var out, errOut bytes.Buffer
+	code := cli.Execute(ctx, []string{"--nats", url, "run", "Which failed jobs can we retry?"}, nil, &out, &errOut)
+	require.Equal(t, 0, code, out.String()+errOut.String())
+	assert.Regexp(t, `(?m)^ +\S+ ✎ Two failed jobs can be retried: j-1 and j-3\.$`, out.String(), "the streamed line")
 	stopDev()
 	assert.Equal(t, 0, <-done)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/actionbus/actionbus/client"
@@ -13,13 +14,40 @@ import (
 
 // progress prints a run's events live, one line per step.
 type progress struct {
-	w     io.Writer
-	start time.Time
+	mu        sync.Mutex // steps and streamed tokens arrive on different goroutines
+	w         io.Writer
+	start     time.Time
+	streaming bool
+	streamed  bool
 }
 
 func newProgress(w io.Writer) *progress { return &progress{w: w, start: time.Now()} }
 
+// token prints a piece of the final answer as the planner writes it.
+func (p *progress) token(delta string, end bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if end {
+		if p.streaming {
+			fmt.Fprint(p.w, "\n")
+		}
+		p.streaming = false
+		return
+	}
+	if !p.streaming {
+		fmt.Fprintf(p.w, "%8s ✎ ", time.Since(p.start).Round(time.Millisecond))
+		p.streaming, p.streamed = true, true
+	}
+	fmt.Fprint(p.w, delta)
+}
+
 func (p *progress) event(e client.Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.streaming {
+		fmt.Fprint(p.w, "\n")
+		p.streaming = false
+	}
 	elapsed := time.Since(p.start).Round(time.Millisecond)
 	prefix := fmt.Sprintf("%8s ", elapsed)
 	switch e.Type {
@@ -47,6 +75,8 @@ func (p *progress) event(e client.Event) {
 // result prints the terminal state and returns the exit code: 0 only for
 // a completed run.
 func (p *progress) result(res *client.Result) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	switch res.Status {
 	case client.StatusCompleted:
 		fmt.Fprintf(p.w, "✔ completed in %s after %d cycle(s)\n", time.Since(p.start).Round(time.Millisecond), res.Cycles)

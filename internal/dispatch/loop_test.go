@@ -96,6 +96,21 @@ scenarios:
                   {type: action, name: t.echo}, {type: action, name: t.echo}, {type: action, name: t.echo}, {type: action, name: t.echo},
                   {type: action, name: t.echo}, {type: action, name: t.echo}, {type: action, name: t.echo}]
       - {type: final, answer: 'refused'}
+  section-missing:
+    decisions:
+      - type: plan
+        synthesize_per_action: true
+        actions: [{type: action, name: t.echo, args: {v: 1}, section: {prompt: "one"}}, {type: action, name: t.echo, args: {v: 2}}]
+      - {type: final, answer: 'refused'}
+  per-action:
+    decisions:
+      - type: plan
+        synthesize_per_action: true
+        partial_ok: true
+        actions:
+          - {type: action, name: t.echo, args: {v: first}, section: {title: "## One", prompt: "one"}}
+          - {type: action, name: t.fail, args: {v: db}, section: {prompt: "two"}}
+        stitch: {outro_prompt: "Wrap up."}
   mutator-in-plan:
     decisions:
       - type: plan
@@ -201,6 +216,7 @@ func TestPlanRulesRefuseBadPlansWithAClearMessage(t *testing.T) {
 	for _, tc := range []struct{ scenario, want string }{
 		{"too-many", "plan has 11 actions; at most 10 are allowed"},
 		{"mutator-in-plan", "read_agent_skill changes planner state"},
+		{"section-missing", "plan entry 1 has no section.prompt"},
 	} {
 		t.Run(tc.scenario, func(t *testing.T) {
 			res, err := st.Client.Run(ctx, client.RunRequest{Scenario: tc.scenario}, nil)
@@ -317,6 +333,16 @@ func TestRepeatedFailuresStopTheLoopAfterTwoRounds(t *testing.T) {
 	assert.Equal(t, 2, rec.Count(func(r actionbustest.Recorded) bool {
 		return r.Type() == events.TypeActionRequested && r.Event.Extensions()[events.ExtRunID] == res.RunID
 	}))
+}
+
+func TestPerActionSynthesisWithTheScriptProvider(t *testing.T) {
+	_, _, st, _ := startLoop(t, actionbustest.StackOptions{})
+	res, err := st.Client.Run(ctxT(t), client.RunRequest{Scenario: "per-action"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	assert.Equal(t, "## One\n\nfirst\n\n## Section 2\n\n<!-- section failed: action failed: upstream_down: upstream db is down -->\n\n"+
+		"Wrap up.\n- t.echo: first\n- t.fail: failed: upstream db is down", res.Answer)
+	assert.Equal(t, 1, res.Cycles)
 }
 
 func TestAPlannerThatNeverAnswersStallsTheRun(t *testing.T) {

@@ -131,6 +131,16 @@ func (s Subjects) Schedule(runID, name string) string {
 // every stream, so tokens are neither stored nor audited.
 func (s Subjects) Stream(runID string) string { return s.prefix + ".stream." + runID }
 
+// Stream message headers. Tokens of a final answer are published on core
+// NATS at [Subjects.Stream]: the body is the text, StreamSeqHeader numbers
+// the messages from 1, and a message with StreamEndHeader ends the
+// answer. They are not events: not stored, not audited, and lost if nobody
+// listens; the run's terminal event carries the whole answer.
+const (
+	StreamSeqHeader = "Ab-Stream-Seq"
+	StreamEndHeader = "Ab-Stream-End"
+)
+
 // AllRuns matches every per-run event.
 func (s Subjects) AllRuns() string { return s.prefix + ".run.>" }
 

@@ -119,13 +119,20 @@ func (r Request) All() string {
 // (requests go to URL + "/chat/completions").
 type Server struct {
 	*httptest.Server
-	mu       sync.Mutex
-	queue    []Reply
-	respond  func(Request) Reply
-	requests []Request
-	// RejectTools makes every request that carries tools fail with HTTP
-	// 400, as endpoints without tool support do.
+	mu          sync.Mutex
+	queue       []Reply
+	respond     func(Request) Reply
+	requests    []Request
 	rejectTools bool
+	inFlight    int
+	maxInFlight int
+}
+
+// MaxInFlight returns the most requests the server was answering at once.
+func (s *Server) MaxInFlight() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maxInFlight
 }
 
 // New starts a server closed at the end of the test.
@@ -175,6 +182,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
+	s.inFlight++
+	s.maxInFlight = max(s.maxInFlight, s.inFlight)
+	defer func() {
+		s.mu.Lock()
+		s.inFlight--
+		s.mu.Unlock()
+	}()
 	s.requests = append(s.requests, req)
 	reject := s.rejectTools && len(req.Tools) > 0
 	var reply Reply

@@ -440,3 +440,19 @@ func envelopePrompt(entries []actions.Entry) string {
 	}
 	return b.String()
 }
+
+// ParseModelPool reads a model pool written "key=model,key2=model2".
+func ParseModelPool(s string) (map[string]string, error) {
+	pool := map[string]string{}
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		key, model, ok := strings.Cut(item, "=")
+		if key, model = strings.TrimSpace(key), strings.TrimSpace(model); !ok || key == "" || model == "" {
+			return nil, fmt.Errorf("planner: model pool entry %q is not key=model", item)
+		}
+		pool[key] = model
+	}
+	return pool, nil
+}

@@ -348,3 +348,25 @@ func TestOpenAIFinalizeStreamsTokens(t *testing.T) {
 	assert.Empty(t, sent.Tools)
 	assert.Contains(t, sent.Messages[0].Text(), "Instruction: Summarize the failures.")
 }
+
+func TestParseModelPool(t *testing.T) {
+	pool, err := ParseModelPool(" task-main=deepseek-chat, writer = gpt-4o-mini ,")
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"task-main": "deepseek-chat", "writer": "gpt-4o-mini"}, pool)
+	for _, bad := range []string{"task-main", "=m", "k="} {
+		_, err := ParseModelPool(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
+func FuzzExtractJSON(f *testing.F) {
+	for _, s := range []string{`{"type":"final"}`, "```json\n{\"a\":1}\n```", `say {"a":"}"} and {"b":2}`, `{{{`, `"}{"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		raw, ok := extractJSON(s)
+		if ok && !json.Valid([]byte(raw)) {
+			t.Fatalf("extractJSON(%q) returned invalid JSON %q", s, raw)
+		}
+	})
+}

@@ -185,25 +185,15 @@ func (s *Service) synthesize(ctx context.Context, req *events.SynthesisRequested
 	return err
 }
 
-// Stream message headers. Tokens of a final answer are published on core
-// NATS at {prefix}.stream.{runId}: the body is the text, StreamSeqHeader
-// numbers the messages from 1, and a message with StreamEndHeader ends the
-// answer. They are not events: not stored, not audited, and lost if nobody
-// listens; the run's terminal event carries the whole answer.
-const (
-	StreamSeqHeader = "Ab-Stream-Seq"
-	StreamEndHeader = "Ab-Stream-End"
-)
-
 func (s *Service) streamer(runID string) func(string) {
 	subject := s.topo.Subjects().Stream(runID)
 	seq := 0
 	return func(delta string) {
 		seq++
 		msg := nats.NewMsg(subject)
-		msg.Header.Set(StreamSeqHeader, strconv.Itoa(seq))
+		msg.Header.Set(events.StreamSeqHeader, strconv.Itoa(seq))
 		if delta == "" {
-			msg.Header.Set(StreamEndHeader, "true")
+			msg.Header.Set(events.StreamEndHeader, "true")
 		}
 		msg.Data = []byte(delta)
 		if err := s.nc.PublishMsg(msg); err != nil {

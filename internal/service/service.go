@@ -43,6 +43,14 @@ func EnvInt(key string, def int) int {
 	return def
 }
 
+// EnvDuration returns the duration value of key ("90s", "2m"), or def.
+func EnvDuration(key string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(key)); err == nil {
+		return v
+	}
+	return def
+}
+
 // Flags registers the common flags on fs, defaulting to NATS_URL,
 // ACTIONBUS_PREFIX and ACTIONBUS_VERBOSE.
 func (c *Common) Flags(fs *flag.FlagSet) {

@@ -1,0 +1,186 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// Recording is what a run's stored events say about it: its request, the
+// decision of each cycle, what the planner saw before each decision, and
+// its result.
+type Recording struct {
+	Request *events.RunRequested
+	// Decisions are the decisions of cycles 1..n, in order.
+	Decisions []events.Decision
+	// Observations[i] are the observations the planner saw before
+	// deciding cycle i+1.
+	Observations [][]events.Observation
+	Result       *Result
+}
+
+// Record reads a run's stored events, from its request to its terminal
+// event. The run must have ended.
+func (c *Client) Record(ctx context.Context, runID string) (*Recording, error) {
+	rec := &Recording{}
+	decisions := map[int]events.Decision{}
+	observed := map[int][]events.Observation{}
+	var decodeErr error
+	res, err := c.Follow(ctx, runID, func(e Event) {
+		switch e.Type {
+		case events.TypeRunRequested:
+			rec.Request = new(events.RunRequested)
+			decodeErr = errors.Join(decodeErr, json.Unmarshal(e.Data, rec.Request))
+		case events.TypeDecisionMade:
+			var dm events.DecisionMade
+			decodeErr = errors.Join(decodeErr, json.Unmarshal(e.Data, &dm))
+			if dm.Error == nil {
+				decisions[dm.Cycle] = dm.Decision
+			}
+		case events.TypeDecisionRequested:
+			var dr events.DecisionRequested
+			decodeErr = errors.Join(decodeErr, json.Unmarshal(e.Data, &dr))
+			observed[dr.Cycle] = dr.Observations
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if decodeErr != nil {
+		return nil, fmt.Errorf("client: record %s: %w", runID, decodeErr)
+	}
+	if rec.Request == nil {
+		return nil, fmt.Errorf("client: record %s: the run's request is no longer stored", runID)
+	}
+	for cycle := 1; ; cycle++ {
+		d, ok := decisions[cycle]
+		if !ok {
+			break
+		}
+		rec.Decisions = append(rec.Decisions, d)
+		rec.Observations = append(rec.Observations, observed[cycle])
+	}
+	rec.Result = res
+	return rec, nil
+}
+
+// ReplayReport compares a recorded run with its replay.
+type ReplayReport struct {
+	RecordedRunID string
+	ReplayRunID   string
+	Recorded      *Recording
+	Replayed      *Recording
+	// Divergences name every difference, in cycle order; none means the
+	// replay reproduced the run's decisions, observations and result.
+	Divergences []Divergence
+}
+
+// Divergence is one difference between a recorded run and its replay.
+type Divergence struct {
+	// Cycle is the planner cycle (0 for the result).
+	Cycle    int
+	What     string
+	Recorded string
+	Replayed string
+}
+
+// Replay re-runs a recorded planner run: a new run with the same request,
+// whose planner answers each cycle with the decision the recording made
+// instead of asking its provider (no LLM call), while actions run again on
+// the executors. It returns once the replay ends, with the differences.
+// Mutations need approval again: approvals are bound to their run.
+func (c *Client) Replay(ctx context.Context, runID string) (*ReplayReport, error) {
+	rec, err := c.Record(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	req := rec.Request
+	if req.Action != nil || req.Workflow != nil {
+		return nil, fmt.Errorf("client: replay %s: only planner runs can be replayed (workflow and exec runs have no decisions)", runID)
+	}
+	id, err := c.startReplay(ctx, req, rec.Decisions)
+	if err != nil {
+		return nil, err
+	}
+	again, err := c.Record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &ReplayReport{RecordedRunID: runID, ReplayRunID: id, Recorded: rec, Replayed: again, Divergences: compareRuns(rec, again)}, nil
+}
+
+func (c *Client) startReplay(ctx context.Context, req *events.RunRequested, decisions []events.Decision) (string, error) {
+	id := events.NewID()
+	data := *req
+	data.RunID = id
+	data.Replay = &events.Replay{RunID: req.RunID, Decisions: decisions}
+	if _, err := c.bus.Emit(ctx, events.TypeRunRequested, id, id, "", &data); err != nil {
+		return "", fmt.Errorf("client: start replay: %w", err)
+	}
+	return id, nil
+}
+
+func compareRuns(a, b *Recording) []Divergence {
+	var out []Divergence
+	diff := func(cycle int, what string, x, y any) {
+		if !reflect.DeepEqual(x, y) {
+			out = append(out, Divergence{Cycle: cycle, What: what, Recorded: compact(x), Replayed: compact(y)})
+		}
+	}
+	n := max(len(a.Decisions), len(b.Decisions))
+	for i := 0; i < n; i++ {
+		var da, db any
+		var oa, ob any
+		if i < len(a.Decisions) {
+			da, oa = a.Decisions[i], normalize(a.Observations[i])
+		}
+		if i < len(b.Decisions) {
+			db, ob = b.Decisions[i], normalize(b.Observations[i])
+		}
+		diff(i+1, "observations before the decision", oa, ob)
+		diff(i+1, "decision", da, db)
+	}
+	ra, rb := *a.Result, *b.Result
+	ra.RunID, rb.RunID = "", ""
+	diff(0, "status", ra.Status, rb.Status)
+	diff(0, "answer", ra.Answer, rb.Answer)
+	diff(0, "output", normalize(ra.Output), normalize(rb.Output))
+	if ra.Error != nil || rb.Error != nil {
+		var ca, cb string
+		if ra.Error != nil {
+			ca = string(ra.Error.Code)
+		}
+		if rb.Error != nil {
+			cb = string(rb.Error.Code)
+		}
+		diff(0, "error code", ca, cb)
+	}
+	return out
+}
+
+// normalize gives values read back from JSON one shape, so that equal
+// JSON compares equal.
+func normalize(v any) any {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return v
+	}
+	var out any
+	_ = json.Unmarshal(b, &out)
+	return out
+}
+
+func compact(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	if len(b) > 300 {
+		return string(b[:300]) + "…"
+	}
+	return string(b)
+}
