@@ -261,3 +261,23 @@ func TestOpenAIPlanFinalizeStreamsTheAnswer(t *testing.T) {
 	assert.Equal(t, res.Answer, strings.Join(deltas, ""))
 	assert.Contains(t, llm.Requests()[1].All(), "Compare the counts.")
 }
+
+func TestASynthesisThatNeverAnswersStallsTheRun(t *testing.T) {
+	llm := llmtest.New(t)
+	var edition atomic.Int32
+	llm.Respond(func(r llmtest.Request) llmtest.Reply {
+		if strings.Contains(r.All(), "Write about alpha.") {
+			return llmtest.Reply{Content: "too late", Delay: time.Minute}
+		}
+		return llmtest.Reply{Content: `{"type":"plan","synthesize_per_action":true,"actions":[
+		  {"type":"action","name":"notes.count","args":{"topic":"alpha"},"section":{"prompt":"Write about alpha."}}]}`}
+	})
+	srv := actionbustest.NewServer(t)
+	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL, Mode: "envelope"},
+		Register: registerTestActions(&edition), DecisionTimeout: time.Second})
+	res, err := st.Client.Run(ctxT(t), client.RunRequest{Prompt: "Report."}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	assert.Equal(t, "stage_stalled", string(res.Error.Code))
+	assert.Equal(t, "synthesis", res.Error.Details["stage"])
+}
