@@ -444,7 +444,7 @@ func (c *Client) Actions(ctx context.Context) ([]ActionInfo, error) {
 // AuditRecords reads the audit records of a run, in stream order.
 func (c *Client) AuditRecords(ctx context.Context, runID string) ([]events.AuditRecorded, error) {
 	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamAudit(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.topo.Subjects().Audit(runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
+		FilterSubjects: []string{c.topo.Subjects().RunAudit(runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("client: audit of %s: %w", runID, err)

@@ -305,13 +305,15 @@ func (e *Executor) publishResult(ctx context.Context, req *events.ActionRequeste
 			abErr = &actionbus.Error{Code: actionbus.CodeHandlerFailed, Message: herr.Error()}
 		}
 		failed := &events.ActionFailed{RunID: req.RunID, CallID: req.CallID, Cycle: req.Cycle, PlanIndex: req.PlanIndex,
-			Attempt: req.Attempt, Action: req.Action, Error: *abErr, DurationMs: took.Milliseconds(), Executor: e.cfg.ID, Deliveries: deliveries}
+			Attempt: req.Attempt, Action: req.Action, Error: *abErr, DurationMs: took.Milliseconds(), Executor: e.cfg.ID, Deliveries: deliveries,
+			UserID: req.UserID, StepID: req.StepID, MaxAttempts: req.MaxAttempts}
 		_, err := e.bus.Emit(ctx, events.TypeActionFailed, id, req.RunID, "", failed, ext...)
 		return err
 	}
 	done := &events.ActionCompleted{RunID: req.RunID, CallID: req.CallID, Cycle: req.Cycle, PlanIndex: req.PlanIndex,
 		Attempt: req.Attempt, Action: req.Action, Output: res.Output, Summary: res.Summary, Complete: res.Complete,
-		DurationMs: took.Milliseconds(), Executor: e.cfg.ID, Deliveries: deliveries, Replayed: replayed}
+		DurationMs: took.Milliseconds(), Executor: e.cfg.ID, Deliveries: deliveries, Replayed: replayed,
+		UserID: req.UserID, StepID: req.StepID, MaxAttempts: req.MaxAttempts}
 	if err := e.offload(ctx, req, done); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package actions
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/actionbus/actionbus"
@@ -146,35 +147,46 @@ const (
 )
 
 // AuditPolicy says how much of an action's input, output and error the
-// audit stream keeps.
+// audit stream keeps (see internal/audit for how each mode is applied).
 type AuditPolicy struct {
-	// Input, Output and Error are payload modes: full, redacted, hash,
-	// summary or omit. Empty means the auditor's default.
+	// Input is full, redacted, hash or omit; Output is full, redacted,
+	// summary, hash or omit; Error is full, redacted, summary or omit.
+	// Empty means the auditor's default.
 	Input  string `json:"input,omitempty"`
 	Output string `json:"output,omitempty"`
 	Error  string `json:"error,omitempty"`
-	// RedactPaths are exact JSON Pointers (RFC 6901) redacted in redacted
-	// mode.
+	// RedactPaths are exact JSON Pointers (RFC 6901, "~0" and "~1"
+	// escapes) redacted in every mode that keeps or hashes a payload; ""
+	// is the whole payload. A missing path is ignored.
 	RedactPaths []string `json:"redactPaths,omitempty"`
 }
 
-// Validate refuses unknown modes and malformed pointers with
-// invalid_audit_policy.
+// The payload modes each field accepts.
+var auditModes = map[string][]string{
+	"input":  {PayloadFull, PayloadRedacted, PayloadHash, PayloadOmit},
+	"output": {PayloadFull, PayloadRedacted, PayloadSummary, PayloadHash, PayloadOmit},
+	"error":  {PayloadFull, PayloadRedacted, PayloadSummary, PayloadOmit},
+}
+
+// Validate refuses unknown modes and paths that are not JSON Pointers
+// with invalid_audit_policy.
 func (a *AuditPolicy) Validate() error {
 	if a == nil {
 		return nil
 	}
-	for field, m := range map[string]string{"input": a.Input, "output": a.Output, "error": a.Error} {
-		switch m {
-		case "", PayloadFull, PayloadRedacted, PayloadHash, PayloadSummary, PayloadOmit:
-		default:
-			return actionbus.Errorf(actionbus.CodeInvalidAuditPolicy, "audit policy %s mode %q (want full, redacted, hash, summary or omit)", field, m).
-				WithDetail("path", "/auditPolicy/"+field)
+	for _, f := range []struct{ field, mode string }{{"input", a.Input}, {"output", a.Output}, {"error", a.Error}} {
+		if f.mode != "" && !slices.Contains(auditModes[f.field], f.mode) {
+			return actionbus.Errorf(actionbus.CodeInvalidAuditPolicy, "audit policy %s mode %q (want %s)", f.field, f.mode, strings.Join(auditModes[f.field], ", ")).
+				WithDetail("path", "/auditPolicy/"+f.field)
 		}
 	}
 	for i, p := range a.RedactPaths {
-		if p == "" || !strings.HasPrefix(p, "/") {
-			return actionbus.Errorf(actionbus.CodeInvalidAuditPolicy, "redactPaths[%d] %q is not a JSON Pointer", i, p).
+		if p != "" && !strings.HasPrefix(p, "/") {
+			return actionbus.Errorf(actionbus.CodeInvalidAuditPolicy, "redactPaths[%d] %q is not a JSON Pointer (it must be \"\" or start with \"/\")", i, p).
+				WithDetail("path", fmt.Sprintf("/auditPolicy/redactPaths/%d", i))
+		}
+		if strings.Contains(strings.ReplaceAll(strings.ReplaceAll(p, "~0", ""), "~1", ""), "~") {
+			return actionbus.Errorf(actionbus.CodeInvalidAuditPolicy, "redactPaths[%d] %q has a \"~\" that is not \"~0\" or \"~1\"", i, p).
 				WithDetail("path", fmt.Sprintf("/auditPolicy/redactPaths/%d", i))
 		}
 	}

@@ -1,10 +1,15 @@
 // Package audit is the auditor service: it consumes every stream of the
 // deployment and publishes one audit record per event on the run's audit
-// subject. Records of a run form a hash chain (each record hashes the
-// previous one), so removing or altering a record is detectable.
+// subject ({prefix}.audit.{runId}.{kind}), with payloads minimized by the
+// payload policy before anything is written. Records of a run form one
+// hash chain across kinds (each record hashes the previous one), so
+// removing or altering a record is detectable. Sinks (JSON lines, SQLite)
+// copy the audit stream to durable stores, each from its own consumer.
 //
 // The auditor never changes or acknowledges on behalf of other services; it
-// has its own durable consumers.
+// has its own durable consumers. It is not an access-control layer: who
+// may read the live run streams (full payloads) is a matter of NATS
+// permissions.
 package audit
 
 import (
@@ -22,12 +27,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/keymutex"
 )
-
-// NoRun is the audit subject token of events that belong to no run.
-const NoRun = "norun"
 
 // Config configures a [Service].
 type Config struct {
@@ -37,6 +40,9 @@ type Config struct {
 	Concurrency int
 	// Logger receives the auditor's logs; nil discards them.
 	Logger *slog.Logger
+	// Payload is the default payload policy; actions override it with
+	// their own audit policy. The zero value means DefaultPayloadPolicy.
+	Payload PayloadPolicy
 }
 
 // Service is the auditor service.
@@ -48,6 +54,7 @@ type Service struct {
 	log    *slog.Logger
 	locks  *keymutex.Striped
 	stream jetstream.Stream
+	build  Builder
 
 	// heads caches the last record (hash and stream sequence) of each
 	// active run's chain, so appending usually skips a read. A stale head
@@ -74,13 +81,25 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Payload.Input == "" && cfg.Payload.Output == "" && cfg.Payload.Error == "" && cfg.Payload.RedactPaths == nil {
+		cfg.Payload = DefaultPayloadPolicy
+	}
+	for field, mode := range map[string]*string{"input": &cfg.Payload.Input, "output": &cfg.Payload.Output, "error": &cfg.Payload.Error} {
+		if *mode == "" {
+			*mode = map[string]string{"input": DefaultPayloadPolicy.Input, "output": DefaultPayloadPolicy.Output, "error": DefaultPayloadPolicy.Error}[field]
+		}
+	}
+	if err := cfg.Payload.Validate(); err != nil {
+		return nil, err
+	}
 	log := cfg.Logger.With("service", "auditor")
 	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/auditor", Logger: log})
 	if err != nil {
 		return nil, err
 	}
 	js := bus.JetStream()
-	return &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), heads: map[string]chainHead{}}, nil
+	return &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), heads: map[string]chainHead{},
+		build: Builder{Defaults: cfg.Payload}}, nil
 }
 
 // Run audits until ctx ends.
@@ -91,6 +110,21 @@ func (s *Service) Run(ctx context.Context) error {
 	var err error
 	if s.stream, err = s.js.Stream(ctx, s.topo.StreamAudit()); err != nil {
 		return err
+	}
+	catKV, err := s.js.KeyValue(ctx, s.topo.BucketCatalog())
+	if err != nil {
+		return err
+	}
+	view, err := actions.NewCatalog(catKV).Watch(ctx)
+	if err != nil {
+		return err
+	}
+	s.build.Lookup = func(name string) (*actions.AuditPolicy, string) {
+		e, err := view.Get(ctx, name)
+		if err != nil {
+			return nil, ""
+		}
+		return e.AuditPolicy, string(e.Mode)
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	for _, c := range s.topo.Needs("auditor", "").Consumers {
@@ -108,8 +142,9 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
-	rec := Record(r)
-	subject := s.bus.Subjects().Audit(rec.RunID)
+	rec := s.build.Record(r)
+	subject := s.bus.Subjects().Audit(rec.RunID, rec.Kind)
+	chain := s.bus.Subjects().RunAudit(rec.RunID)
 	unlock := s.locks.Lock(rec.RunID)
 	defer unlock()
 	for attempt := 0; attempt < 10; attempt++ {
@@ -119,7 +154,7 @@ func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Ms
 		prevHash, lastSeq := head.hash, head.seq
 		if !cached || attempt > 0 {
 			var err error
-			if prevHash, lastSeq, err = s.last(ctx, subject); err != nil {
+			if prevHash, lastSeq, err = s.last(ctx, chain); err != nil {
 				return err
 			}
 		}
@@ -129,7 +164,9 @@ func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Ms
 		if err != nil {
 			return events.Permanent(err)
 		}
-		ack, err := s.bus.Publish(ctx, subject, e, jetstream.WithExpectLastSequencePerSubject(lastSeq))
+		// One writer per chain: the append fails if any record of the run
+		// was stored after the one this record names.
+		ack, err := s.bus.Publish(ctx, subject, e, jetstream.WithExpectLastSequenceForSubject(lastSeq, chain))
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
 			continue // another auditor extended the chain; re-read it
@@ -164,8 +201,8 @@ func (s *Service) setHead(rec events.AuditRecorded, ack *jetstream.PubAck) {
 	}
 }
 
-// last returns the hash and stream sequence of the last record on subject
-// ("" and 0 when there is none).
+// last returns the hash and stream sequence of the last record matching
+// subject, a run's chain filter ("" and 0 when there is none).
 func (s *Service) last(ctx context.Context, subject string) (string, uint64, error) {
 	msg, err := s.stream.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -174,7 +211,7 @@ func (s *Service) last(ctx context.Context, subject string) (string, uint64, err
 	if err != nil {
 		return "", 0, err
 	}
-	ev, err := events.Decode(subject, msg.Header, msg.Data)
+	ev, err := events.Decode(msg.Subject, msg.Header, msg.Data)
 	if err != nil {
 		return "", 0, fmt.Errorf("audit: last record of %s: %w", subject, err)
 	}
@@ -183,35 +220,6 @@ func (s *Service) last(ctx context.Context, subject string) (string, uint64, err
 		return "", 0, fmt.Errorf("audit: last record of %s: %w", subject, err)
 	}
 	return prev.Hash, msg.Sequence, nil
-}
-
-// Record builds the audit record of an event (without its chain hashes).
-func Record(r *events.Received) events.AuditRecorded {
-	sum := sha256.Sum256(r.Event.Data())
-	rec := events.AuditRecorded{
-		RunID: r.RunID(), EventID: r.Event.ID(), EventType: r.Event.Type(), EventSubject: r.Subject,
-		EventSource: r.Event.Source(), EventTime: r.Event.Time().UTC(), PayloadHash: hex.EncodeToString(sum[:]),
-	}
-	switch d := r.Data.(type) {
-	case *events.ActionRequested:
-		rec.Action, rec.Status = d.Action, "requested"
-	case *events.ActionCompleted:
-		rec.Action, rec.Status, rec.Summary = d.Action, "succeeded", d.Summary
-	case *events.ActionFailed:
-		rec.Action, rec.Status, rec.Summary = d.Action, "failed", string(d.Error.Code)
-	case *events.RunCompleted:
-		rec.Status = "completed"
-	case *events.RunFailed:
-		rec.Status, rec.Summary = "failed", string(d.Error.Code)
-	case *events.RunCanceled:
-		rec.Status = "canceled"
-	case *events.EventRejected:
-		rec.RunID, rec.Status, rec.Summary = d.RunID, "rejected", string(d.Reason.Code)
-	}
-	if rec.RunID == "" {
-		rec.RunID = NoRun
-	}
-	return rec
 }
 
 // ChainHash is the hash of a record: SHA-256 over the RFC 8785 canonical

@@ -149,7 +149,7 @@ func TestWorkflowValidatePrintsEveryIssueAndFails(t *testing.T) {
 
 func TestAuditVerifyNamesTheFirstBrokenLink(t *testing.T) {
 	srv := actionbustest.NewServer(t)
-	rec := srv.Record(t, "ab.audit.run.*")
+	rec := srv.Record(t, "ab.audit.*.*")
 	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: `
 scenarios:
   echo:
@@ -180,7 +180,7 @@ scenarios:
 	stream, err := srv.JS.Stream(ctx, "AB_AUDIT")
 	require.NoError(t, err)
 	var seqs []uint64
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ab.audit.run." + res.RunID}})
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ab.audit." + res.RunID + ".*"}})
 	require.NoError(t, err)
 	batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
 	require.NoError(t, err)

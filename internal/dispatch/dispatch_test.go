@@ -207,7 +207,7 @@ func TestDuplicatesGiveExactlyOneTerminalEvent(t *testing.T) {
 	// Wait until the auditor has seen the run end (so every event has been
 	// consumed), then count terminal events.
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
-		return r.Type() == events.TypeAuditRecorded && r.Subject == "ab.audit.run."+runID && auditedType(r) == events.TypeRunCompleted
+		return r.Type() == events.TypeAuditRecorded && r.Subject == "ab.audit."+runID+".run" && auditedType(r) == events.TypeRunCompleted
 	})
 	assert.Equal(t, 1, terminalCount(rec, runID))
 	assert.Equal(t, 1, rec.Count(func(r actionbustest.Recorded) bool {
@@ -309,7 +309,7 @@ func TestAuditCoversEveryEventOfTheRun(t *testing.T) {
 	}
 	require.NotEmpty(t, ids)
 	audits := rec.WaitForN(t, 0, len(ids), func(r actionbustest.Recorded) bool {
-		return r.Type() == events.TypeAuditRecorded && r.Subject == "ab.audit.run."+runID
+		return r.Type() == events.TypeAuditRecorded && strings.HasPrefix(r.Subject, "ab.audit."+runID+".")
 	})
 	audited := map[string]bool{}
 	var chain []events.AuditRecorded

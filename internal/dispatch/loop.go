@@ -76,7 +76,7 @@ func (d *Dispatcher) actionRequest(st *RunState, c CallState) emission {
 	return emission{typ: events.TypeActionRequested, id: c.CallID, pool: c.Pool,
 		data: &events.ActionRequested{RunID: st.RunID, CallID: c.CallID, Cycle: st.Cycle, PlanIndex: c.PlanIndex, Attempt: max(c.Attempt, 1),
 			Action: c.Action, Args: nonNilArgs(c.Args), Origin: c.Origin, UserID: st.UserID, TimeoutMs: c.TimeoutMs,
-			IdempotencyKey: c.IdempotencyKey, Approval: c.Approval},
+			IdempotencyKey: c.IdempotencyKey, Approval: c.Approval, StepID: c.StepID, MaxAttempts: c.MaxAttempts},
 		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}, {Name: events.ExtPlanIndex, Value: c.PlanIndex},
 			{Name: events.ExtAttempt, Value: max(c.Attempt, 1)}, {Name: events.ExtPool, Value: c.Pool}}}
 }

@@ -137,8 +137,11 @@ type CallState struct {
 	NeedsApproval bool `json:"needsApproval,omitempty"`
 	// Mode is the action's mode.
 	Mode string `json:"mode,omitempty"`
-	// Attempt is the attempt number of a workflow step's call.
-	Attempt int `json:"attempt,omitempty"`
+	// Attempt is the attempt number of a workflow step's call; StepID
+	// and MaxAttempts name its step and retry policy.
+	Attempt     int    `json:"attempt,omitempty"`
+	StepID      string `json:"stepId,omitempty"`
+	MaxAttempts int    `json:"maxAttempts,omitempty"`
 }
 
 // WorkflowRun is the state of a workflow run: its definition and where

@@ -38,7 +38,7 @@ var Catalog = []Entry{
 	{TypeActionCompleted, "{prefix}.run.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.completed.json", func() any { return new(ActionCompleted) }},
 	{TypeActionFailed, "{prefix}.run.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.failed.json", func() any { return new(ActionFailed) }},
 	{TypeEventRejected, "{prefix}.rejected.{stream}", "any consumer", []string{"auditor", "operators"}, "event.rejected.json", func() any { return new(EventRejected) }},
-	{TypeAuditRecorded, "{prefix}.audit.run.{runId}", "auditor", []string{"operators"}, "audit.recorded.json", func() any { return new(AuditRecorded) }},
+	{TypeAuditRecorded, "{prefix}.audit.{runId}.{kind}", "auditor", []string{"operators"}, "audit.recorded.json", func() any { return new(AuditRecorded) }},
 	{TypeInputProvided, "{prefix}.run.{runId}.input", "client", []string{"dispatcher", "auditor"}, "input.provided.json", func() any { return new(InputProvided) }},
 	{TypeTimerFired, "{prefix}.run.{runId}.timer", "dispatcher (scheduled)", []string{"dispatcher", "auditor"}, "timer.fired.json", func() any { return new(TimerFired) }},
 	{TypeApprovalRequested, "{prefix}.run.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.requested.json", func() any { return new(ApprovalRequested) }},
@@ -162,11 +162,15 @@ func (s Subjects) Rejected(stream string) string { return s.prefix + ".rejected.
 // AllRejected matches every rejected-events subject.
 func (s Subjects) AllRejected() string { return s.prefix + ".rejected.>" }
 
-// Audit returns the audit subject of one run.
-func (s Subjects) Audit(runID string) string { return s.prefix + ".audit.run." + runID }
+// Audit returns the audit subject of one run's records of one kind:
+// {prefix}.audit.{runId}.{kind}.
+func (s Subjects) Audit(runID, kind string) string { return s.prefix + ".audit." + runID + "." + kind }
+
+// RunAudit matches every audit record of one run.
+func (s Subjects) RunAudit(runID string) string { return s.prefix + ".audit." + runID + ".*" }
 
 // AllAudit matches the audit subjects of every run.
-func (s Subjects) AllAudit() string { return s.prefix + ".audit.run.*" }
+func (s Subjects) AllAudit() string { return s.prefix + ".audit.*.*" }
 
 // RunIDFromSubject returns the run id of a per-run subject, or "" when the
 // subject is not one.
@@ -209,7 +213,7 @@ func (s Subjects) SubjectFor(eventType, runID, pool string) (string, error) {
 	case TypeActionCompleted, TypeActionFailed:
 		return s.Run(runID, "result"), nil
 	case TypeAuditRecorded:
-		return s.Audit(runID), nil
+		return "", fmt.Errorf("events: audit records are published by the auditor on Subjects.Audit(runId, kind)")
 	case TypeInputProvided:
 		return s.Run(runID, "input"), nil
 	case TypeTimerFired:

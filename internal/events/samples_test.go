@@ -40,7 +40,7 @@ var samples = map[string]any{
 	events.TypeEventRejected: &events.EventRejected{Reason: actionbus.Error{Code: actionbus.CodeMalformedEvent, Message: "bad"},
 		RunID: sampleRun, OriginalSubject: "ab.run.x.requested", OriginalHeaders: map[string][]string{"ce-id": {"1"}},
 		OriginalData: []byte{0xff, 0x00, 'x'}, Stream: "AB_RUNS", StreamSequence: 7, Consumer: "dispatcher"},
-	events.TypeAuditRecorded: &events.AuditRecorded{RunID: sampleRun, EventID: "e1", EventType: events.TypeRunStarted, EventSubject: "ab.run.x.started",
+	events.TypeAuditRecorded: &events.AuditRecorded{RunID: sampleRun, EventID: "e1", EventType: events.TypeRunStarted, Kind: "run", EventSubject: "ab.run.x.started",
 		EventSource: "/actionbus/dispatcher", EventTime: time.Date(2026, 11, 30, 8, 0, 0, 123, time.UTC), Status: "ok",
 		PayloadHash: "0f3c4e0b1a2d3c4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6", PrevHash: "",
 		Hash: "aa3c4e0b1a2d3c4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6"},

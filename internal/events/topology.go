@@ -339,6 +339,7 @@ func (t Topology) Needs(service, pool string) Requirements {
 			Streams: []string{t.StreamRuns(), t.StreamWork(), t.StreamRejected(), t.StreamAudit()},
 			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerAuditorRuns), c(t.StreamWork(), ConsumerAuditorWork),
 				c(t.StreamRejected(), ConsumerAuditorRejected)},
+			Buckets: []string{t.BucketCatalog()},
 		}
 	default:
 		return Requirements{Streams: []string{t.StreamRuns()}}

@@ -316,6 +316,10 @@ type ActionRequested struct {
 	// Approval is the verified approval of the call, for handlers that
 	// re-check at the mutation point.
 	Approval *ApprovalGrant `json:"approval,omitempty"`
+	// StepID is the workflow step of the call; MaxAttempts its retry
+	// policy's attempts (the first included).
+	StepID      string `json:"stepId,omitempty"`
+	MaxAttempts int    `json:"maxAttempts,omitempty"`
 }
 
 // ApprovalContext is what an approval is bound to (see internal/policy).
@@ -397,6 +401,11 @@ type ActionCompleted struct {
 	// Artifacts reference outputs too large to carry in the event; Output
 	// then holds the artifact reference.
 	Artifacts []ArtifactRef `json:"artifacts,omitempty"`
+	// UserID, StepID and MaxAttempts are copied from the request, for the
+	// audit record.
+	UserID      string `json:"userId,omitempty"`
+	StepID      string `json:"stepId,omitempty"`
+	MaxAttempts int    `json:"maxAttempts,omitempty"`
 }
 
 // ActionFailed is the failed result of one action call.
@@ -411,6 +420,11 @@ type ActionFailed struct {
 	DurationMs int64           `json:"durationMs"`
 	Executor   string          `json:"executor,omitempty"`
 	Deliveries int             `json:"deliveries,omitempty"`
+	// UserID, StepID and MaxAttempts are copied from the request, for the
+	// audit record.
+	UserID      string `json:"userId,omitempty"`
+	StepID      string `json:"stepId,omitempty"`
+	MaxAttempts int    `json:"maxAttempts,omitempty"`
 }
 
 // EventRejected carries an event that failed decoding or validation, with
@@ -434,10 +448,35 @@ type AuditRecorded struct {
 	EventSubject string    `json:"eventSubject"`
 	EventSource  string    `json:"eventSource"`
 	EventTime    time.Time `json:"eventTime"`
-	Action       string    `json:"action,omitempty"`
-	Status       string    `json:"status,omitempty"`
-	Summary      string    `json:"summary,omitempty"`
-	PayloadHash  string    `json:"payloadHash"`
-	PrevHash     string    `json:"prevHash"`
-	Hash         string    `json:"hash"`
+	// Kind groups records (run, step, policy, decision, synthesis,
+	// action, approval, input, timer, rejected); it is the last token of
+	// the audit subject.
+	Kind string `json:"kind"`
+	// ExecutionID is the action call id (or the approval id).
+	ExecutionID string `json:"executionId,omitempty"`
+	StepID      string `json:"stepId,omitempty"`
+	UserID      string `json:"userId,omitempty"`
+	Action      string `json:"action,omitempty"`
+	Mode        string `json:"mode,omitempty"`
+	Status      string `json:"status,omitempty"`
+	Attempt     int    `json:"attempt,omitempty"`
+	MaxAttempts int    `json:"maxAttempts,omitempty"`
+	Summary     string `json:"summary,omitempty"`
+	// Input, Output and Error are the payloads after the payload policy
+	// (PayloadModes says which modes applied); OutputSummary is set in
+	// summary mode.
+	Input         any               `json:"input,omitempty"`
+	Output        any               `json:"output,omitempty"`
+	OutputSummary string            `json:"outputSummary,omitempty"`
+	Error         any               `json:"error,omitempty"`
+	PayloadModes  map[string]string `json:"payloadModes,omitempty"`
+	// ApprovalTokenHash and IdempotencyKeyHash are SHA-256 (hex) of the
+	// raw values, which never appear in audit.
+	ApprovalTokenHash  string `json:"approvalTokenHash,omitempty"`
+	IdempotencyKeyHash string `json:"idempotencyKeyHash,omitempty"`
+	// Policy is the policy evaluation snapshot of a policy record.
+	Policy      any    `json:"policy,omitempty"`
+	PayloadHash string `json:"payloadHash"`
+	PrevHash    string `json:"prevHash"`
+	Hash        string `json:"hash"`
 }

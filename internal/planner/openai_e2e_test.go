@@ -78,7 +78,9 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-func hasResults(r llmtest.Request) bool { return strings.Contains(r.All(), "Results of the actions run so far") }
+func hasResults(r llmtest.Request) bool {
+	return strings.Contains(r.All(), "Results of the actions run so far")
+}
 
 func TestOpenAIRunToolCallsToActionsToFinalWithCitationsThenReplay(t *testing.T) {
 	llm := llmtest.New(t)

@@ -1,0 +1,206 @@
+package audit
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/policy"
+)
+
+// Payload minimization, the seed's audit hook rules: input is full,
+// redacted, hash or omit; output full, redacted, summary, hash or omit;
+// error full, redacted, summary or omit. Redact paths are exact JSON
+// Pointers; they apply to every mode that keeps or hashes a payload, so a
+// hash never fingerprints a secret. The policy is applied by the auditor
+// before a record is written anywhere.
+
+// Redacted replaces a redacted value.
+const Redacted = "[REDACTED]"
+
+// PayloadPolicy is the auditor's default payload policy; actions override
+// it field by field with their own audit policy.
+type PayloadPolicy = actions.AuditPolicy
+
+// DefaultPayloadPolicy keeps no raw payload: inputs are hashed, outputs and
+// errors summarized (the seed's production recommendation).
+var DefaultPayloadPolicy = PayloadPolicy{Input: actions.PayloadHash, Output: actions.PayloadSummary, Error: actions.PayloadSummary}
+
+// Effective is the policy for one action: each mode the action sets wins
+// over the default's, and both sets of redact paths apply.
+func Effective(def PayloadPolicy, action *actions.AuditPolicy) PayloadPolicy {
+	out := def
+	out.RedactPaths = append([]string(nil), def.RedactPaths...)
+	if action == nil {
+		return out
+	}
+	if action.Input != "" {
+		out.Input = action.Input
+	}
+	if action.Output != "" {
+		out.Output = action.Output
+	}
+	if action.Error != "" {
+		out.Error = action.Error
+	}
+	for _, p := range action.RedactPaths {
+		if !contains(out.RedactPaths, p) {
+			out.RedactPaths = append(out.RedactPaths, p)
+		}
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// pointerTokens splits an RFC 6901 pointer into its unescaped tokens.
+func pointerTokens(p string) []string {
+	if p == "" {
+		return nil
+	}
+	parts := strings.Split(p[1:], "/")
+	for i, t := range parts {
+		parts[i] = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
+	}
+	return parts
+}
+
+// Redact returns a deep copy of v with the value at each path replaced by
+// [Redacted]. "" redacts the whole value; a path that does not exist is
+// ignored.
+func Redact(v any, paths []string) any {
+	if len(paths) == 0 {
+		return clone(v)
+	}
+	out := clone(v)
+	for _, p := range paths {
+		if p == "" {
+			return Redacted
+		}
+		out = redactAt(out, pointerTokens(p))
+	}
+	return out
+}
+
+func redactAt(v any, tokens []string) any {
+	if len(tokens) == 0 {
+		return Redacted
+	}
+	switch t := v.(type) {
+	case map[string]any:
+		if x, ok := t[tokens[0]]; ok {
+			t[tokens[0]] = redactAt(x, tokens[1:])
+		}
+	case []any:
+		// RFC 6901 array indexes: digits, no leading zero.
+		tok := tokens[0]
+		if i, err := strconv.Atoi(tok); err == nil && i >= 0 && i < len(t) && strconv.Itoa(i) == tok {
+			t[i] = redactAt(t[i], tokens[1:])
+		}
+	}
+	return v
+}
+
+// clone deep-copies a JSON value into generic form (maps, slices, float64).
+func clone(v any) any {
+	if v == nil {
+		return nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprintf("<%T not JSON>", v)
+	}
+	var out any
+	_ = json.Unmarshal(b, &out)
+	return out
+}
+
+// Shape is the seed's safe shape summary of a value: object,
+// array(length=N), string, number, boolean or null.
+func Shape(v any) string {
+	switch t := clone(v).(type) {
+	case nil:
+		return "null"
+	case map[string]any:
+		return "object"
+	case []any:
+		return fmt.Sprintf("array(length=%d)", len(t))
+	case string:
+		return "string"
+	case float64:
+		return "number"
+	case bool:
+		return "boolean"
+	}
+	return "object"
+}
+
+func hashOf(v any) map[string]any {
+	h, err := policy.InputHash(v)
+	if err != nil {
+		h = "unhashable"
+	}
+	return map[string]any{"hash": h}
+}
+
+// ApplyInput minimizes an action input.
+func ApplyInput(p PayloadPolicy, v any) any {
+	switch p.Input {
+	case actions.PayloadOmit:
+		return nil
+	case actions.PayloadHash:
+		return hashOf(Redact(v, p.RedactPaths))
+	case actions.PayloadFull:
+		return clone(v)
+	default: // redacted
+		return Redact(v, p.RedactPaths)
+	}
+}
+
+// ApplyOutput minimizes an action output. summary is what the action says
+// of its output (its handler's Summary, the seed's summarizeOutput): the
+// summary mode keeps it, or the shape of the output when there is none.
+func ApplyOutput(p PayloadPolicy, v any, summary string) (value any, outputSummary string) {
+	switch p.Output {
+	case actions.PayloadOmit:
+		return nil, ""
+	case actions.PayloadHash:
+		return hashOf(Redact(v, p.RedactPaths)), ""
+	case actions.PayloadFull:
+		return clone(v), ""
+	case actions.PayloadRedacted:
+		return Redact(v, p.RedactPaths), ""
+	default: // summary
+		if summary != "" {
+			return nil, summary
+		}
+		return nil, Shape(v)
+	}
+}
+
+// ApplyError minimizes an error; summary keeps only its code and message.
+func ApplyError(p PayloadPolicy, e *actionbus.Error) any {
+	if e == nil {
+		return nil
+	}
+	switch p.Error {
+	case actions.PayloadOmit:
+		return nil
+	case actions.PayloadFull:
+		return clone(e)
+	case actions.PayloadRedacted:
+		return Redact(e, p.RedactPaths)
+	default: // summary
+		return map[string]any{"code": string(e.Code), "message": e.Message}
+	}
+}

@@ -1,0 +1,223 @@
+package audit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// NoRun is the audit subject token of events that belong to no run.
+const NoRun = "norun"
+
+// Record kinds: the last token of the audit subject.
+const (
+	KindRun       = "run"
+	KindStep      = "step"
+	KindPolicy    = "policy"
+	KindDecision  = "decision"
+	KindSynthesis = "synthesis"
+	KindAction    = "action"
+	KindApproval  = "approval"
+	KindInput     = "input"
+	KindTimer     = "timer"
+	KindRejected  = "rejected"
+)
+
+// ActionLookup returns what the auditor knows of an action from the
+// catalog: its audit policy and mode (nil and "" when unknown).
+type ActionLookup func(name string) (policy *actions.AuditPolicy, mode string)
+
+// Builder turns events into audit records, applying the payload policy.
+type Builder struct {
+	// Defaults is the payload policy of actions that set none.
+	Defaults PayloadPolicy
+	// Lookup finds an action's own audit policy; nil means none.
+	Lookup ActionLookup
+}
+
+// sha returns the hex SHA-256 of s, or "" for "".
+func sha(s string) string {
+	if s == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func (b Builder) action(name string) (PayloadPolicy, string) {
+	var own *actions.AuditPolicy
+	var mode string
+	if b.Lookup != nil && name != "" {
+		own, mode = b.Lookup(name)
+	}
+	return Effective(b.Defaults, own), mode
+}
+
+// Record builds the audit record of an event, without its chain hashes.
+// Payloads go through the payload policy; raw approval tokens and
+// idempotency keys are replaced by their SHA-256.
+func (b Builder) Record(r *events.Received) events.AuditRecorded {
+	sum := sha256.Sum256(r.Event.Data())
+	rec := events.AuditRecorded{
+		RunID: r.RunID(), EventID: r.Event.ID(), EventType: r.Event.Type(), EventSubject: r.Subject,
+		EventSource: r.Event.Source(), EventTime: r.Event.Time().UTC(), PayloadHash: hex.EncodeToString(sum[:]),
+	}
+	def := b.Defaults
+	modes := func(p PayloadPolicy, fields ...string) map[string]string {
+		m := map[string]string{}
+		for _, f := range fields {
+			switch f {
+			case "input":
+				m[f] = p.Input
+			case "output":
+				m[f] = p.Output
+			case "error":
+				m[f] = p.Error
+			}
+		}
+		return m
+	}
+	switch d := r.Data.(type) {
+	case *events.RunRequested:
+		rec.Kind, rec.Status, rec.UserID = KindRun, "requested", d.UserID
+		in := map[string]any{}
+		if d.Prompt != "" {
+			in["prompt"] = d.Prompt
+		}
+		if d.Metadata != nil {
+			in["metadata"] = d.Metadata
+		}
+		pol := def
+		if d.Action != nil {
+			// An exec run: the input is the action's, under its policy.
+			pol, rec.Mode = b.action(d.Action.Name)
+			rec.Action, rec.IdempotencyKeyHash = d.Action.Name, sha(d.Action.IdempotencyKey)
+			in["action"] = map[string]any{"name": d.Action.Name, "args": Redact(d.Action.Args, pol.RedactPaths)}
+		}
+		if d.Workflow != nil {
+			in["workflow"] = b.redactWorkflow(d.Workflow)
+		}
+		if d.Replay != nil {
+			rec.Summary = "replay of " + d.Replay.RunID
+		}
+		rec.Input, rec.PayloadModes = ApplyInput(pol, in), modes(pol, "input")
+	case *events.RunStarted:
+		rec.Kind, rec.Status, rec.Summary = KindRun, "started", d.Kind
+	case *events.RunCompleted:
+		rec.Kind, rec.Status = KindRun, "completed"
+		out := map[string]any{}
+		if d.Answer != "" {
+			out["answer"] = d.Answer
+		}
+		if d.Output != nil {
+			out["output"] = d.Output
+		}
+		rec.Output, rec.OutputSummary = ApplyOutput(def, out, "")
+		rec.PayloadModes = modes(def, "output")
+	case *events.RunFailed:
+		rec.Kind, rec.Status, rec.Summary = KindRun, "failed", string(d.Error.Code)
+		e := d.Error
+		rec.Error, rec.PayloadModes = ApplyError(def, &e), modes(def, "error")
+	case *events.RunCanceled:
+		rec.Kind, rec.Status = KindRun, "canceled"
+	case *events.CancelRequested:
+		rec.Kind, rec.Status, rec.UserID = KindRun, "cancel_requested", d.RequestedBy
+	case *events.RunStep:
+		rec.Kind, rec.Status, rec.Summary, rec.Action = KindStep, d.Status, d.Name, d.Action
+		if d.Name == "policy-evaluated" {
+			rec.Kind, rec.Policy = KindPolicy, d.Details["snapshot"]
+		}
+	case *events.DecisionRequested:
+		rec.Kind, rec.Status, rec.Summary = KindDecision, "requested", fmt.Sprintf("cycle %d", d.Cycle)
+	case *events.DecisionMade:
+		rec.Kind, rec.Status = KindDecision, d.Decision.Type
+		switch {
+		case d.Error != nil:
+			rec.Status, rec.Summary = "error", string(d.Error.Code)
+		case d.Decision.Type == events.DecisionAction:
+			rec.Action = d.Decision.Name
+		case d.Decision.Type == events.DecisionPlan:
+			names := make([]string, len(d.Decision.Actions))
+			for i, a := range d.Decision.Actions {
+				names[i] = a.Name
+			}
+			rec.Summary = strings.Join(names, ", ")
+		}
+	case *events.SynthesisRequested:
+		rec.Kind, rec.Status, rec.Summary = KindSynthesis, "requested", fmt.Sprintf("%s %d", d.Part, d.Index)
+	case *events.SynthesisCompleted:
+		rec.Kind, rec.Status, rec.Summary = KindSynthesis, "completed", fmt.Sprintf("%s %d", d.Part, d.Index)
+		if d.Error != nil {
+			rec.Status = "failed"
+		}
+	case *events.ActionRequested:
+		pol, mode := b.action(d.Action)
+		rec.Kind, rec.Status, rec.Action, rec.Mode = KindAction, "started", d.Action, mode
+		rec.ExecutionID, rec.StepID, rec.UserID, rec.Attempt, rec.MaxAttempts = d.CallID, d.StepID, d.UserID, d.Attempt, d.MaxAttempts
+		rec.Input, rec.PayloadModes = ApplyInput(pol, d.Args), modes(pol, "input")
+		rec.IdempotencyKeyHash = sha(d.IdempotencyKey)
+		if d.Approval != nil {
+			rec.ApprovalTokenHash = sha(d.Approval.Token)
+		}
+	case *events.ActionCompleted:
+		pol, mode := b.action(d.Action)
+		rec.Kind, rec.Status, rec.Action, rec.Mode = KindAction, "succeeded", d.Action, mode
+		rec.ExecutionID, rec.StepID, rec.UserID, rec.Attempt, rec.MaxAttempts = d.CallID, d.StepID, d.UserID, d.Attempt, d.MaxAttempts
+		rec.Output, rec.OutputSummary = ApplyOutput(pol, d.Output, d.Summary)
+		rec.PayloadModes = modes(pol, "output")
+	case *events.ActionFailed:
+		pol, mode := b.action(d.Action)
+		rec.Kind, rec.Status, rec.Action, rec.Mode, rec.Summary = KindAction, "failed", d.Action, mode, string(d.Error.Code)
+		rec.ExecutionID, rec.StepID, rec.UserID, rec.Attempt, rec.MaxAttempts = d.CallID, d.StepID, d.UserID, d.Attempt, d.MaxAttempts
+		e := d.Error
+		rec.Error, rec.PayloadModes = ApplyError(pol, &e), modes(pol, "error")
+	case *events.ApprovalRequested:
+		pol, mode := b.action(d.Context.Action)
+		rec.Kind, rec.Status, rec.Action, rec.Mode = KindApproval, "requested", d.Context.Action, mode
+		rec.ExecutionID, rec.StepID, rec.UserID = d.Context.ApprovalID, d.Context.StepID, d.Context.UserID
+		rec.Input, rec.PayloadModes = ApplyInput(pol, d.Input), modes(pol, "input")
+		rec.Summary = d.Reason
+	case *events.ApprovalGranted:
+		rec.Kind, rec.Status, rec.ExecutionID, rec.UserID = KindApproval, "granted", d.ApprovalID, d.Approver
+		rec.ApprovalTokenHash = sha(d.Token)
+	case *events.ApprovalDenied:
+		rec.Kind, rec.Status, rec.ExecutionID, rec.UserID, rec.Summary = KindApproval, "denied", d.ApprovalID, d.Approver, d.Reason
+	case *events.InputProvided:
+		rec.Kind, rec.Status, rec.UserID = KindInput, "provided", d.ProvidedBy
+		rec.Input, rec.PayloadModes = ApplyInput(def, map[string]any{"answer": d.Answer}), modes(def, "input")
+	case *events.TimerFired:
+		rec.Kind, rec.Status, rec.Summary = KindTimer, "fired", d.Kind+" "+d.Stage
+	case *events.EventRejected:
+		rec.Kind, rec.RunID, rec.Status, rec.Summary = KindRejected, d.RunID, "rejected", string(d.Reason.Code)
+	default:
+		rec.Kind = KindRun
+	}
+	if rec.RunID == "" {
+		rec.RunID = NoRun
+	}
+	return rec
+}
+
+// redactWorkflow applies each step's action redact paths to its input, so
+// a workflow's secrets are redacted whatever the default mode.
+func (b Builder) redactWorkflow(wf map[string]any) any {
+	out, _ := clone(wf).(map[string]any)
+	steps, _ := out["steps"].([]any)
+	for i, s := range steps {
+		step, ok := s.(map[string]any)
+		if !ok {
+			continue
+		}
+		name, _ := step["action"].(string)
+		pol, _ := b.action(name)
+		if in, ok := step["input"]; ok {
+			step["input"] = Redact(in, pol.RedactPaths)
+		}
+		steps[i] = step
+	}
+	return out
+}
