@@ -2,11 +2,13 @@ package actionbustest
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/policy"
@@ -60,6 +62,14 @@ type StackOptions struct {
 	// MaxSectionParallel bounds a per-action synthesis's requests in
 	// flight; default 4.
 	MaxSectionParallel int
+	// AuditDefaults is the auditor's default payload policy; nil means
+	// input hashed, output and error summarized.
+	AuditDefaults *executor.AuditPolicy
+	// AuditJSONL and AuditSQLite, when set, are files the auditor copies
+	// the audit stream to (JSON lines, SQLite).
+	AuditJSONL, AuditSQLite string
+	// Logger receives every service's logs; nil discards them.
+	Logger *slog.Logger
 }
 
 // OpenAIOptions point the planner at an OpenAI-compatible endpoint.
@@ -120,7 +130,28 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 	if err != nil {
 		t.Fatalf("actionbustest: %v", err)
 	}
+	var ac audit.Config
+	if opts.AuditDefaults != nil {
+		ac.Payload = *opts.AuditDefaults
+	}
+	if opts.AuditJSONL != "" {
+		sink, err := audit.OpenJSONL(opts.AuditJSONL)
+		if err != nil {
+			t.Fatalf("actionbustest: %v", err)
+		}
+		t.Cleanup(func() { _ = sink.Close() })
+		ac.Sinks = append(ac.Sinks, sink)
+	}
+	if opts.AuditSQLite != "" {
+		sink, err := audit.OpenSQLite(opts.AuditSQLite)
+		if err != nil {
+			t.Fatalf("actionbustest: %v", err)
+		}
+		t.Cleanup(func() { _ = sink.Close() })
+		ac.Sinks = append(ac.Sinks, sink)
+	}
 	st, err := stack.Start(context.Background(), s.Connect(t), stack.Config{
+		Audit: ac, Logger: opts.Logger,
 		Prefix: s.Prefix, Provider: provider, Executors: opts.Executors, Slots: opts.Slots,
 		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner, NoExecutors: opts.NoExecutors, NoDispatcher: opts.NoDispatcher,
 		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel, MaxPlanActions: opts.MaxPlanActions, MaxSectionParallel: opts.MaxSectionParallel,

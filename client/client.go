@@ -494,3 +494,82 @@ func (c *Client) StreamAnswer(runID string, fn func(delta string, end bool)) (st
 	}
 	return sub.Unsubscribe, nil
 }
+
+// AuditQuery selects audit records for [Client.AuditStream].
+type AuditQuery struct {
+	// RunID limits the records to one run; "" means every run.
+	RunID string
+	// Since starts at records stored at or after this time; zero means
+	// from the first record (or, when Live, from now).
+	Since time.Time
+	// Live keeps delivering new records until ctx ends; otherwise the
+	// stream ends at the last record stored when it was opened.
+	Live bool
+}
+
+// AuditStream delivers audit records with their audit-stream sequence, in
+// stream order, to fn until fn returns an error, the records run out (not
+// Live) or ctx ends.
+func (c *Client) AuditStream(ctx context.Context, q AuditQuery, fn func(seq uint64, rec events.AuditRecorded) error) error {
+	subjects := c.topo.Subjects()
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjects.AllAudit()}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if q.RunID != "" {
+		cfg.FilterSubjects = []string{subjects.RunAudit(q.RunID)}
+	}
+	switch {
+	case !q.Since.IsZero():
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &q.Since
+	case q.Live:
+		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
+	}
+	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamAudit(), cfg)
+	if err != nil {
+		return fmt.Errorf("client: audit stream: %w", err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = c.js.DeleteConsumer(dctx, c.topo.StreamAudit(), cons.CachedInfo().Name)
+	}()
+	if !q.Live {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("client: audit stream: %w", err)
+		}
+		if info.NumPending == 0 {
+			return nil
+		}
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("client: audit stream: %w", err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("client: audit stream: %w", err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return err
+		}
+		r, err := c.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
+		if err != nil {
+			return fmt.Errorf("client: audit record %d: %w", md.Sequence.Stream, err)
+		}
+		if rec, ok := r.Data.(*events.AuditRecorded); ok {
+			if err := fn(md.Sequence.Stream, *rec); err != nil {
+				return err
+			}
+		}
+		if !q.Live && md.NumPending == 0 {
+			return nil
+		}
+	}
+}

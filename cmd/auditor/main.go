@@ -5,6 +5,7 @@ import (
 	"flag"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 
@@ -16,8 +17,35 @@ func main() {
 	var c service.Common
 	c.Flags(flag.CommandLine)
 	concurrency := flag.Int("concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", 16), "events audited at once per stream (env ACTIONBUS_CONCURRENCY)")
+	var pol audit.PayloadPolicy
+	flag.StringVar(&pol.Input, "audit-input", service.Env("ACTIONBUS_AUDIT_INPUT", audit.DefaultPayloadPolicy.Input), "default input payload mode: full, redacted, hash, omit (env ACTIONBUS_AUDIT_INPUT)")
+	flag.StringVar(&pol.Output, "audit-output", service.Env("ACTIONBUS_AUDIT_OUTPUT", audit.DefaultPayloadPolicy.Output), "default output payload mode: full, redacted, summary, hash, omit (env ACTIONBUS_AUDIT_OUTPUT)")
+	flag.StringVar(&pol.Error, "audit-error", service.Env("ACTIONBUS_AUDIT_ERROR", audit.DefaultPayloadPolicy.Error), "default error payload mode: full, redacted, summary, omit (env ACTIONBUS_AUDIT_ERROR)")
+	redact := flag.String("redact-paths", service.Env("ACTIONBUS_REDACT_PATHS", ""), "comma-separated JSON Pointers redacted in every payload, e.g. /password,/token (env ACTIONBUS_REDACT_PATHS)")
+	jsonl := flag.String("sink-jsonl", service.Env("ACTIONBUS_SINK_JSONL", ""), "copy the audit stream to this JSON-lines file (env ACTIONBUS_SINK_JSONL)")
+	sqlitePath := flag.String("sink-sqlite", service.Env("ACTIONBUS_SINK_SQLITE", ""), "copy the audit stream to this SQLite database (env ACTIONBUS_SINK_SQLITE)")
 	flag.Parse()
+	if *redact != "" {
+		pol.RedactPaths = strings.Split(*redact, ",")
+	}
 	os.Exit(service.Main("auditor", c, func(nc *nats.Conn, log *slog.Logger) (service.Runner, error) {
-		return audit.New(nc, audit.Config{Prefix: c.Prefix, Concurrency: *concurrency, Logger: log})
+		var sinks []audit.Sink
+		if *jsonl != "" {
+			s, err := audit.OpenJSONL(*jsonl)
+			if err != nil {
+				return nil, err
+			}
+			sinks = append(sinks, s)
+		}
+		if *sqlitePath != "" {
+			s, err := audit.OpenSQLite(*sqlitePath)
+			if err != nil {
+				return nil, err
+			}
+			sinks = append(sinks, s)
+		}
+		// The sinks stay open until the process exits; each write is
+		// synced before it is acknowledged.
+		return audit.New(nc, audit.Config{Prefix: c.Prefix, Concurrency: *concurrency, Logger: log, Payload: pol, Sinks: sinks})
 	}))
 }

@@ -41,8 +41,12 @@ type Config struct {
 	// Logger receives the auditor's logs; nil discards them.
 	Logger *slog.Logger
 	// Payload is the default payload policy; actions override it with
-	// their own audit policy. The zero value means DefaultPayloadPolicy.
+	// their own audit policy. The zero value means DefaultPayloadPolicy;
+	// unset modes take DefaultPayloadPolicy's.
 	Payload PayloadPolicy
+	// Sinks are fed from the audit stream while the auditor runs, each
+	// from its own durable consumer. The caller opens and closes them.
+	Sinks []Sink
 }
 
 // Service is the auditor service.
@@ -54,7 +58,7 @@ type Service struct {
 	log    *slog.Logger
 	locks  *keymutex.Striped
 	stream jetstream.Stream
-	build  Builder
+	build  *Builder
 
 	// heads caches the last record (hash and stream sequence) of each
 	// active run's chain, so appending usually skips a read. A stale head
@@ -99,7 +103,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	js := bus.JetStream()
 	return &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), heads: map[string]chainHead{},
-		build: Builder{Defaults: cfg.Payload}}, nil
+		build: &Builder{Defaults: cfg.Payload}}, nil
 }
 
 // Run audits until ctx ends.
@@ -136,6 +140,9 @@ func (s *Service) Run(ctx context.Context) error {
 		g.Go(func() error {
 			return s.bus.Serve(gctx, cons, events.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency}, s.handle)
 		})
+	}
+	for _, sink := range s.cfg.Sinks {
+		g.Go(func() error { return RunSink(gctx, s.bus, s.topo, sink) })
 	}
 	s.log.Info("auditor serving")
 	return g.Wait()

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
@@ -37,6 +38,34 @@ type Builder struct {
 	Defaults PayloadPolicy
 	// Lookup finds an action's own audit policy; nil means none.
 	Lookup ActionLookup
+
+	// execRuns remembers the action of recent exec runs, so their
+	// terminal output gets the action's policy.
+	execMu   sync.Mutex
+	execRuns map[string]string
+}
+
+const maxExecRuns = 10000
+
+func (b *Builder) rememberExec(runID, action string) {
+	b.execMu.Lock()
+	defer b.execMu.Unlock()
+	if b.execRuns == nil {
+		b.execRuns = map[string]string{}
+	}
+	if len(b.execRuns) >= maxExecRuns {
+		for k := range b.execRuns {
+			delete(b.execRuns, k)
+			break
+		}
+	}
+	b.execRuns[runID] = action
+}
+
+func (b *Builder) execAction(runID string) string {
+	b.execMu.Lock()
+	defer b.execMu.Unlock()
+	return b.execRuns[runID]
 }
 
 // sha returns the hex SHA-256 of s, or "" for "".
@@ -48,7 +77,7 @@ func sha(s string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func (b Builder) action(name string) (PayloadPolicy, string) {
+func (b *Builder) action(name string) (PayloadPolicy, string) {
 	var own *actions.AuditPolicy
 	var mode string
 	if b.Lookup != nil && name != "" {
@@ -60,7 +89,7 @@ func (b Builder) action(name string) (PayloadPolicy, string) {
 // Record builds the audit record of an event, without its chain hashes.
 // Payloads go through the payload policy; raw approval tokens and
 // idempotency keys are replaced by their SHA-256.
-func (b Builder) Record(r *events.Received) events.AuditRecorded {
+func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 	sum := sha256.Sum256(r.Event.Data())
 	rec := events.AuditRecorded{
 		RunID: r.RunID(), EventID: r.Event.ID(), EventType: r.Event.Type(), EventSubject: r.Subject,
@@ -96,6 +125,7 @@ func (b Builder) Record(r *events.Received) events.AuditRecorded {
 			// An exec run: the input is the action's, under its policy.
 			pol, rec.Mode = b.action(d.Action.Name)
 			rec.Action, rec.IdempotencyKeyHash = d.Action.Name, sha(d.Action.IdempotencyKey)
+			b.rememberExec(d.RunID, d.Action.Name)
 			in["action"] = map[string]any{"name": d.Action.Name, "args": Redact(d.Action.Args, pol.RedactPaths)}
 		}
 		if d.Workflow != nil {
@@ -109,15 +139,7 @@ func (b Builder) Record(r *events.Received) events.AuditRecorded {
 		rec.Kind, rec.Status, rec.Summary = KindRun, "started", d.Kind
 	case *events.RunCompleted:
 		rec.Kind, rec.Status = KindRun, "completed"
-		out := map[string]any{}
-		if d.Answer != "" {
-			out["answer"] = d.Answer
-		}
-		if d.Output != nil {
-			out["output"] = d.Output
-		}
-		rec.Output, rec.OutputSummary = ApplyOutput(def, out, "")
-		rec.PayloadModes = modes(def, "output")
+		rec.Output, rec.OutputSummary, rec.PayloadModes = b.runOutput(d)
 	case *events.RunFailed:
 		rec.Kind, rec.Status, rec.Summary = KindRun, "failed", string(d.Error.Code)
 		e := d.Error
@@ -202,9 +224,56 @@ func (b Builder) Record(r *events.Received) events.AuditRecorded {
 	return rec
 }
 
+// runOutput minimizes a run's result: a workflow's step outputs each under
+// their action's policy, an exec run's output under its action's, an
+// agent's answer under the default.
+func (b *Builder) runOutput(d *events.RunCompleted) (any, string, map[string]string) {
+	if out, ok := d.Output.(map[string]any); ok {
+		steps, isWF := out["steps"].([]any)
+		byStep, _ := out["outputByStep"].(map[string]any)
+		if isWF && byStep != nil {
+			minimized := map[string]any{}
+			summaries := map[string]any{}
+			for _, s := range steps {
+				m, _ := s.(map[string]any)
+				id, _ := m["id"].(string)
+				name, _ := m["action"].(string)
+				pol, _ := b.action(name)
+				v, sum := ApplyOutput(pol, byStep[id], "")
+				if v != nil {
+					minimized[id] = v
+				}
+				if sum != "" {
+					summaries[id] = sum
+				}
+			}
+			res := map[string]any{"workflowName": out["workflowName"], "steps": clone(steps), "outputByStep": minimized}
+			if len(summaries) > 0 {
+				res["outputSummaryByStep"] = summaries
+			}
+			return res, "", map[string]string{"output": "per step"}
+		}
+	}
+	pol := b.Defaults
+	if name := b.execAction(d.RunID); name != "" {
+		pol, _ = b.action(name)
+		v, sum := ApplyOutput(pol, d.Output, d.Answer)
+		return v, sum, map[string]string{"output": pol.Output}
+	}
+	out := map[string]any{}
+	if d.Answer != "" {
+		out["answer"] = d.Answer
+	}
+	if d.Output != nil {
+		out["output"] = d.Output
+	}
+	v, sum := ApplyOutput(pol, out, "")
+	return v, sum, map[string]string{"output": pol.Output}
+}
+
 // redactWorkflow applies each step's action redact paths to its input, so
 // a workflow's secrets are redacted whatever the default mode.
-func (b Builder) redactWorkflow(wf map[string]any) any {
+func (b *Builder) redactWorkflow(wf map[string]any) any {
 	out, _ := clone(wf).(map[string]any)
 	steps, _ := out["steps"].([]any)
 	for i, s := range steps {
@@ -216,6 +285,10 @@ func (b Builder) redactWorkflow(wf map[string]any) any {
 		pol, _ := b.action(name)
 		if in, ok := step["input"]; ok {
 			step["input"] = Redact(in, pol.RedactPaths)
+		}
+		if k, ok := step["idempotencyKey"].(string); ok && k != "" {
+			delete(step, "idempotencyKey")
+			step["idempotencyKeyHash"] = sha(k)
 		}
 		steps[i] = step
 	}

@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -381,29 +383,152 @@ func artifactsCmd(g *globals) *cobra.Command {
 }
 
 func auditCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "audit", Short: "The audit stream"}
-	cmd.AddCommand(&cobra.Command{
+	cmd := &cobra.Command{Use: "audit", Short: "The audit stream: verify, tail, export"}
+	var jsonl, sqlitePath string
+	verify := &cobra.Command{
 		Use:   "verify RUN_ID",
-		Short: "Recompute a run's audit hash chain over the stream; exit 1 and name the first broken link if it is not intact",
+		Short: "Recompute a run's audit hash chain over the stream (or a sink); exit 1 and name the first broken link if it is not intact",
 		Args:  cobra.ExactArgs(1),
-		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
-			recs, err := c.AuditRecords(cmd.Context(), args[0])
-			if err != nil {
-				return err
+		RunE: func(cmd *cobra.Command, args []string) error {
+			runID := args[0]
+			var recs []audit.SinkRecord
+			var source string
+			switch {
+			case jsonl != "":
+				var err error
+				if recs, err = audit.ReadJSONL(jsonl, runID); err != nil {
+					return err
+				}
+				source = jsonl
+			case sqlitePath != "":
+				var err error
+				if recs, err = audit.ReadSQLite(cmd.Context(), sqlitePath, runID); err != nil {
+					return err
+				}
+				source = sqlitePath
+			default:
+				c, done, err := g.client()
+				if err != nil {
+					return err
+				}
+				defer done()
+				err = c.AuditStream(cmd.Context(), client.AuditQuery{RunID: runID}, func(seq uint64, rec events.AuditRecorded) error {
+					recs = append(recs, audit.SinkRecord{StreamSeq: seq, AuditRecorded: rec})
+					return nil
+				})
+				if err != nil {
+					return err
+				}
+				source = "the audit stream"
 			}
 			if len(recs) == 0 {
-				return fmt.Errorf("no audit records for run %s", args[0])
+				return fmt.Errorf("no audit records for run %s in %s", runID, source)
 			}
-			if i := audit.Verify(recs); i >= 0 {
-				fmt.Fprintf(g.out, "broken at record %d of %d (event %s, %s): its hash or its link to the previous record does not match\n",
-					i+1, len(recs), recs[i].EventID, recs[i].EventType)
+			chain := make([]events.AuditRecorded, len(recs))
+			for i, r := range recs {
+				chain[i] = r.AuditRecorded
+			}
+			if i := audit.Verify(chain); i >= 0 {
+				r := recs[i]
+				fmt.Fprintf(g.out, "broken at record %d of %d in %s (stream sequence %d, event %s, %s %s): its hash or its link to the previous record does not match\n",
+					i+1, len(recs), source, r.StreamSeq, r.EventID, r.Kind, r.EventType)
 				return exitError{1}
 			}
-			fmt.Fprintf(g.out, "intact: %d records, head %s\n", len(recs), recs[len(recs)-1].Hash)
+			fmt.Fprintf(g.out, "intact: %d records in %s, head %s\n", len(recs), source, recs[len(recs)-1].Hash)
 			return nil
+		},
+	}
+	verify.Flags().StringVar(&jsonl, "jsonl", "", "verify a JSON-lines sink file instead of the stream")
+	verify.Flags().StringVar(&sqlitePath, "sqlite", "", "verify a SQLite sink database instead of the stream")
+
+	var tf auditFilter
+	var asJSON, fromStart bool
+	tail := &cobra.Command{
+		Use:   "tail",
+		Short: "Print audit records as they are written (filter by run, user, action, status, kind); Ctrl-C stops",
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			q := client.AuditQuery{RunID: tf.run, Live: true}
+			if fromStart {
+				q.Since = time.Unix(0, 0)
+			}
+			err := c.AuditStream(cmd.Context(), q, func(seq uint64, rec events.AuditRecorded) error {
+				if !tf.match(rec) {
+					return nil
+				}
+				if asJSON {
+					b, _ := json.Marshal(audit.SinkRecord{StreamSeq: seq, AuditRecorded: rec})
+					fmt.Fprintln(g.out, string(b))
+					return nil
+				}
+				fmt.Fprintf(g.out, "%s %-9s %-10s %-16s %-24s %s %s\n", rec.EventTime.Format("15:04:05.000"), rec.Kind, rec.Status,
+					rec.UserID, rec.Action, rec.RunID, rec.Summary)
+				return nil
+			})
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
 		}),
-	})
+	}
+	tf.add(tail)
+	tail.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	tail.Flags().BoolVar(&fromStart, "from-start", false, "start with the first stored record instead of the next new one")
+
+	var ef auditFilter
+	var since, until string
+	export := &cobra.Command{
+		Use:   "export",
+		Short: "Write stored audit records as JSON lines (by run or time range) and exit",
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			q := client.AuditQuery{RunID: ef.run}
+			var to time.Time
+			var err error
+			if since != "" {
+				if q.Since, err = time.Parse(time.RFC3339, since); err != nil {
+					return fmt.Errorf("--since: %w", err)
+				}
+			}
+			if until != "" {
+				if to, err = time.Parse(time.RFC3339, until); err != nil {
+					return fmt.Errorf("--until: %w", err)
+				}
+			}
+			w := bufio.NewWriter(g.out)
+			defer w.Flush()
+			return c.AuditStream(cmd.Context(), q, func(seq uint64, rec events.AuditRecorded) error {
+				if !ef.match(rec) || (!to.IsZero() && rec.EventTime.After(to)) {
+					return nil
+				}
+				b, err := json.Marshal(audit.SinkRecord{StreamSeq: seq, AuditRecorded: rec})
+				if err != nil {
+					return err
+				}
+				_, err = w.Write(append(b, '\n'))
+				return err
+			})
+		}),
+	}
+	ef.add(export)
+	export.Flags().StringVar(&since, "since", "", "first record time (RFC 3339)")
+	export.Flags().StringVar(&until, "until", "", "last record time (RFC 3339)")
+	cmd.AddCommand(verify, tail, export)
 	return cmd
+}
+
+// auditFilter selects audit records by their fields.
+type auditFilter struct{ run, user, action, status, kind string }
+
+func (f *auditFilter) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.run, "run", "", "only this run")
+	cmd.Flags().StringVar(&f.user, "user", "", "only records of this user")
+	cmd.Flags().StringVar(&f.action, "action", "", "only records of this action")
+	cmd.Flags().StringVar(&f.status, "status", "", "only records with this status (started, succeeded, failed, ...)")
+	cmd.Flags().StringVar(&f.kind, "kind", "", "only records of this kind (run, action, approval, decision, policy, ...)")
+}
+
+func (f *auditFilter) match(r events.AuditRecorded) bool {
+	return (f.run == "" || r.RunID == f.run) && (f.user == "" || r.UserID == f.user) && (f.action == "" || r.Action == f.action) &&
+		(f.status == "" || r.Status == f.status) && (f.kind == "" || r.Kind == f.kind)
 }
 
 func eventsCmd(g *globals) *cobra.Command {

@@ -589,11 +589,11 @@ func step(st *RunState, name string, planIndex *int, action, message, status str
 }
 
 func stepWith(st *RunState, name string, planIndex *int, action, message, status string, details map[string]any) emission {
-	parts := []any{"step", name, st.Cycle}
-	if planIndex != nil {
-		parts = append(parts, *planIndex)
-	}
-	return emission{typ: events.TypeRunStep, id: events.DerivedID(st.RunID, parts...),
+	// Steps are numbered in the run state, so each step has its own id
+	// (a retried workflow step repeats names) and a transition recomputed
+	// from the same stored state derives the same ids.
+	st.StepSeq++
+	return emission{typ: events.TypeRunStep, id: events.DerivedID(st.RunID, "step", st.StepSeq),
 		data: &events.RunStep{RunID: st.RunID, Name: name, Cycle: st.Cycle, PlanIndex: planIndex, Action: action,
 			Message: message, Status: status, Details: details}}
 }

@@ -67,7 +67,10 @@ func (d *Dispatcher) timer(st *RunState, kind, name, callID, stage string, after
 	if kind == events.TimerRunDeadline {
 		at = st.Deadline
 	}
-	e := d.bus.TimerEmission(events.DerivedID(st.RunID, "timer", name, st.Cycle), name, at,
+	// The id names what the timer is for (the call id differs per attempt
+	// and per approval), so a timer of a later attempt is not mistaken for
+	// a duplicate of an earlier one.
+	e := d.bus.TimerEmission(events.DerivedID(st.RunID, "timer", name, st.Cycle, callID), name, at,
 		&events.TimerFired{RunID: st.RunID, Kind: kind, Cycle: st.Cycle, CallID: callID, Stage: stage})
 	return emission{typ: e.Type, id: e.ID, data: e.Data, ext: e.Ext, subject: e.Subject, header: e.Header}
 }

@@ -81,6 +81,8 @@ type RunState struct {
 	PolicySnapshots []policy.Snapshot `json:"policySnapshots,omitempty"`
 	// Workflow is set for workflow runs.
 	Workflow *WorkflowRun `json:"workflow,omitempty"`
+	// StepSeq numbers the run's progress steps.
+	StepSeq int `json:"stepSeq,omitempty"`
 	// DryRunHash is the input hash of the latest successful dryRun call,
 	// recorded in the approval context of a mutation that follows it.
 	DryRunHash string `json:"dryRunHash,omitempty"`

@@ -211,7 +211,7 @@ func (d *Dispatcher) stepFailed(st *RunState, i int, cause *actionbus.Error) []e
 		return []emission{
 			stepWith(st, "workflow-step-retry", &pi, s.Action, fmt.Sprintf("attempt %d of %d failed: %s; retrying in %s", sr.Attempt, s.Attempts(), cause.Code, delay), "failed",
 				map[string]any{"step": s.ID, "attempt": sr.Attempt, "maxAttempts": s.Attempts()}),
-			d.timer(st, events.TimerRetry, fmt.Sprintf("retry%d", i), s.ID, "retry "+s.ID, delay),
+			d.timer(st, events.TimerRetry, fmt.Sprintf("retry%d-%d", i, st.Workflow.Steps[i].Attempt), s.ID, "retry "+s.ID, delay),
 		}
 	}
 	if s.ContinueOnError {

@@ -37,6 +37,9 @@ type Config struct {
 	Register func(*executor.Executor) error
 	// NoAuditor leaves the auditor out.
 	NoAuditor bool
+	// Audit configures the auditor's payload policy and sinks (Prefix and
+	// Logger are the stack's).
+	Audit audit.Config
 	// NoPlanner leaves the planner out (decision requests go unanswered).
 	NoPlanner bool
 	// NoExecutors starts no executor (they run elsewhere).
@@ -96,7 +99,9 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 		services = append(services, plan)
 	}
 	if !cfg.NoAuditor {
-		aud, err := audit.New(nc, audit.Config{Prefix: cfg.Prefix, Logger: cfg.Logger})
+		ac := cfg.Audit
+		ac.Prefix, ac.Logger = cfg.Prefix, cfg.Logger
+		aud, err := audit.New(nc, ac)
 		if err != nil {
 			return nil, err
 		}
