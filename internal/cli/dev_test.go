@@ -3,6 +3,8 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +19,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/cli"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/llmtest"
@@ -97,6 +100,12 @@ func TestRunExitCodeFollowsTheTerminalState(t *testing.T) {
 	assert.Equal(t, 0, <-done)
 }
 
+func readFile(t *testing.T, path string) string {
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return string(b)
+}
+
 var runIDPattern = regexp.MustCompile(`▶ run (\S+) started`)
 
 // The run command shows a synthesized answer while the planner writes it.
@@ -150,7 +159,9 @@ func TestWorkflowValidatePrintsEveryIssueAndFails(t *testing.T) {
 func TestAuditVerifyNamesTheFirstBrokenLink(t *testing.T) {
 	srv := actionbustest.NewServer(t)
 	rec := srv.Record(t, "ab.audit.*.*")
-	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: `
+	dir := t.TempDir()
+	jsonl, db := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "audit.db")
+	st := srv.StartStack(t, actionbustest.StackOptions{AuditJSONL: jsonl, AuditSQLite: db, Scenarios: `
 scenarios:
   echo:
     decisions:
@@ -175,6 +186,68 @@ scenarios:
 	code := cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", res.RunID}, nil, &out, &errOut)
 	require.Equal(t, 0, code, out.String()+errOut.String())
 	assert.Contains(t, out.String(), "intact:")
+	n := len(rec.All())
+
+	// export: every record of the run as JSON lines; filters apply.
+	out.Reset()
+	code = cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "export", "--run", res.RunID}, nil, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	exported := strings.Split(strings.TrimSpace(out.String()), "\n")
+	assert.Len(t, exported, n)
+	assert.Contains(t, exported[0], `"streamSeq":1,`)
+	out.Reset()
+	code = cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "export", "--kind", "action", "--status", "succeeded"}, nil, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	assert.Equal(t, 1, strings.Count(out.String(), "\n"), out.String())
+	assert.Contains(t, out.String(), `"action":"t.echo"`)
+
+	// tail: live, from the start, until stopped.
+	var tailOut syncWriter
+	tailCtx, stopTail := context.WithCancel(ctx)
+	tailDone := make(chan int, 1)
+	go func() {
+		tailDone <- cli.Execute(tailCtx, []string{"--nats", srv.URL, "audit", "tail", "--from-start", "--action", "t.echo"}, nil, &tailOut, &tailOut)
+	}()
+	for strings.Count(tailOut.String(), "t.echo") < 2 {
+		select {
+		case <-tailOut.signal():
+		case <-ctx.Done():
+			t.Fatalf("tail printed: %s", tailOut.String())
+		}
+	}
+	stopTail()
+	assert.Equal(t, 0, <-tailDone)
+	assert.Regexp(t, `action +started .* t\.echo`, tailOut.String())
+
+	// The sinks: intact, then one record altered in each.
+	require.Eventually(t, func() bool {
+		a, errA := audit.ReadJSONL(jsonl, res.RunID)
+		b, errB := audit.ReadSQLite(ctx, db, res.RunID)
+		return errA == nil && errB == nil && len(a) == n && len(b) == n
+	}, 20*time.Second, 10*time.Millisecond)
+	for _, flag := range []string{"--jsonl=" + jsonl, "--sqlite=" + db} {
+		out.Reset()
+		code = cli.Execute(ctx, []string{"audit", "verify", res.RunID, flag}, nil, &out, &errOut)
+		require.Equal(t, 0, code, out.String()+errOut.String())
+		assert.Contains(t, out.String(), fmt.Sprintf("intact: %d records", n))
+	}
+	lines := strings.Split(strings.TrimSpace(readFile(t, jsonl)), "\n")
+	lines[4] = strings.Replace(lines[4], `"kind":"`, `"summary":"nothing to see","kind":"`, 1)
+	require.NoError(t, os.WriteFile(jsonl, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
+	out.Reset()
+	code = cli.Execute(ctx, []string{"audit", "verify", res.RunID, "--jsonl", jsonl}, nil, &out, &errOut)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, out.String(), fmt.Sprintf("broken at record 5 of %d in %s (stream sequence 5,", n, jsonl))
+
+	sqlDB, err := sql.Open("sqlite", db)
+	require.NoError(t, err)
+	_, err = sqlDB.Exec(`UPDATE audit_records SET record = replace(record, '"eventTime":"20', '"eventTime":"19') WHERE stream_seq = 6`)
+	require.NoError(t, err)
+	require.NoError(t, sqlDB.Close())
+	out.Reset()
+	code = cli.Execute(ctx, []string{"audit", "verify", res.RunID, "--sqlite", db}, nil, &out, &errOut)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, out.String(), fmt.Sprintf("broken at record 6 of %d in %s (stream sequence 6,", n, db))
 
 	// Remove the third record from the stream: the fourth no longer links.
 	stream, err := srv.JS.Stream(ctx, "AB_AUDIT")

@@ -130,7 +130,9 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			if err := svc.Run(runCtx); err != nil {
+			// A service stopped while still starting up returns the
+			// cancellation: that is a clean stop too.
+			if err := svc.Run(runCtx); err != nil && !(runCtx.Err() != nil && errors.Is(err, context.Canceled)) {
 				s.mu.Lock()
 				s.errs = append(s.errs, err)
 				s.mu.Unlock()
