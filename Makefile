@@ -40,6 +40,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzPercentRoundTrip$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
 	$(GO) test -run '^$$' -fuzz '^FuzzPrepareArgs$$' -fuzztime $(FUZZTIME) ./internal/actions
 	$(GO) test -run '^$$' -fuzz '^FuzzExtractJSON$$' -fuzztime $(FUZZTIME) ./internal/planner
+	$(GO) test -run '^$$' -fuzz '^FuzzCheckSQL$$' -fuzztime $(FUZZTIME) ./internal/builtin
+	$(GO) test -run '^$$' -fuzz '^FuzzClean$$' -fuzztime $(FUZZTIME) ./internal/builtin
 
 clean:
 	rm -rf bin bench/results

@@ -1,17 +1,21 @@
-// Command executor runs an actionbus executor hosting the built-in example
-// actions. Your own executor is a program like this one that registers your
-// actions (see examples/custom-executor).
+// Command executor runs an actionbus executor hosting the built-in actions
+// (read_url always; web_search, workspace files and sqlite_query when
+// configured) and the delivery-ops example pack. Your own executor is a
+// program like this one that registers your actions (see
+// examples/custom-executor).
 package main
 
 import (
 	"flag"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/builtin"
 	"github.com/actionbus/actionbus/internal/demo"
 	"github.com/actionbus/actionbus/internal/service"
 )
@@ -19,16 +23,29 @@ import (
 func main() {
 	var c service.Common
 	var cfg executor.Config
+	var bc builtin.Config
 	c.Flags(flag.CommandLine)
 	flag.StringVar(&cfg.Pool, "pool", service.Env("ACTIONBUS_POOL", "default"), "executor pool (env ACTIONBUS_POOL)")
 	flag.IntVar(&cfg.Slots, "slots", service.EnvInt("ACTIONBUS_SLOTS", 8), "concurrent actions (env ACTIONBUS_SLOTS)")
 	flag.StringVar(&cfg.ID, "id", service.Env("ACTIONBUS_EXECUTOR_ID", ""), "executor id (env ACTIONBUS_EXECUTOR_ID; default host-pid-random)")
 	latency := flag.Duration("demo-latency", 0, "simulated I/O time of the demo delivery actions")
+	flag.StringVar(&bc.SearchEndpoint, "search-endpoint", service.Env("ACTIONBUS_SEARCH_ENDPOINT", ""), "SearxNG-style JSON search endpoint for web_search (env ACTIONBUS_SEARCH_ENDPOINT)")
+	flag.StringVar(&bc.WorkspaceRoot, "workspace", service.Env("ACTIONBUS_WORKSPACE", ""), "directory of the workspace file actions (env ACTIONBUS_WORKSPACE)")
+	flag.StringVar(&bc.SQLitePath, "sqlite", service.Env("ACTIONBUS_SQLITE", ""), "database of sqlite_query, opened read-only (env ACTIONBUS_SQLITE)")
+	allow := flag.String("net-allow", service.Env("ACTIONBUS_NET_ALLOW", ""), "comma-separated addresses or prefixes read_url and web_search may reach although private or loopback (env ACTIONBUS_NET_ALLOW)")
 	flag.Parse()
 	os.Exit(service.Main("executor", c, func(nc *nats.Conn, log *slog.Logger) (service.Runner, error) {
 		cfg.Prefix, cfg.Logger, cfg.ShutdownGrace = c.Prefix, log, 10*time.Second
+		var err error
+		if bc.Net.Allow, err = builtin.ParseAllow(strings.Split(*allow, ",")); err != nil {
+			return nil, err
+		}
 		ex, err := executor.New(nc, cfg)
 		if err != nil {
+			return nil, err
+		}
+		// The workspace and database stay open until the process exits.
+		if _, err := builtin.Register(ex, bc); err != nil {
 			return nil, err
 		}
 		return ex, demo.Register(ex, demo.Options{Latency: *latency})

@@ -240,6 +240,9 @@ func readSources(obs []events.Observation) []readSource {
 			continue
 		}
 		m, _ := o.Output.(map[string]any)
+		if ok, isBool := m["ok"].(bool); isBool && !ok {
+			continue // a failed read (read_url_result with ok false) is no source
+		}
 		u, _ := m["finalUrl"].(string)
 		if u == "" {
 			u, _ = m["url"].(string)
