@@ -234,6 +234,9 @@ type Step struct {
 	Action    string `json:"action,omitempty"`
 	Message   string `json:"message,omitempty"`
 	Status    string `json:"status,omitempty"`
+	// Details holds the step's structured facts (e.g. approvalId of an
+	// awaiting-approval step).
+	Details map[string]any `json:"details,omitempty"`
 }
 
 // Run statuses of a [Result].

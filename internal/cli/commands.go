@@ -80,10 +80,13 @@ func follow(ctx context.Context, g *globals, c *client.Client, runID string, tim
 // start publishes a run after subscribing to its answer stream, so the
 // answer shows while it is written.
 func start(ctx context.Context, g *globals, c *client.Client, req client.RunRequest, timeout time.Duration) error {
+	return startWith(ctx, g, c, req, timeout, newProgress(g.out))
+}
+
+func startWith(ctx context.Context, g *globals, c *client.Client, req client.RunRequest, timeout time.Duration, p *progress) error {
 	if req.RunID == "" {
 		req.RunID = events.NewID()
 	}
-	p := newProgress(g.out)
 	stop, err := c.StreamAnswer(req.RunID, p.token)
 	if err != nil {
 		return err
@@ -100,8 +103,12 @@ func followWith(ctx context.Context, g *globals, c *client.Client, runID string,
 	defer cancel()
 	res, err := c.Follow(ctx, runID, func(e client.Event) {
 		p.event(e)
-		if s, ok := e.Step(); ok && s.Name == "awaiting-input" {
+		s, ok := e.Step()
+		if ok && s.Name == "awaiting-input" {
 			answerQuestion(ctx, g, c, runID, s.Message)
+		}
+		if ok && p.onStep != nil {
+			p.onStep(s)
 		}
 	})
 	if err != nil {

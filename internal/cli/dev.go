@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"net"
 	"os"
@@ -13,12 +14,18 @@ import (
 
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/builtin"
 	"github.com/actionbus/actionbus/internal/demo"
+	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/embedded"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/planner"
+	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/stack"
 )
+
+// devKeyID names dev mode's approval key.
+const devKeyID = "dev"
 
 type devFlags struct {
 	host          string
@@ -56,7 +63,7 @@ Other terminals can use the same server: actionbus --nats nats://HOST:PORT run .
 	cmd.Flags().IntVar(&f.executors, "executors", 2, "executor instances")
 	cmd.Flags().IntVar(&f.slots, "slots", 2, "slots per executor")
 	cmd.Flags().StringSliceVar(&f.scenarios, "scenarios", nil, "extra scenario files or directories (JSON or YAML)")
-	cmd.Flags().StringVar(&f.demoScenario, "demo", "delivery-triage", "scenario of the demo run")
+	cmd.Flags().StringVar(&f.demoScenario, "demo", "delivery-retry", "scenario of the demo run")
 	cmd.Flags().StringVar(&f.prompt, "prompt", "Which failed delivery jobs can we retry?", "prompt of the demo run")
 	cmd.Flags().BoolVar(&f.noDemo, "no-demo", false, "start everything but run no demo")
 	cmd.Flags().BoolVar(&f.exitAfterDemo, "exit-after-demo", false, "stop after the demo run (exit code 0 only if it completed)")
@@ -130,10 +137,23 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 		}
 		plannerDesc = fmt.Sprintf("openai: %s at %s, %s", f.openAIModel, f.openAIURL, f.plannerMode)
 	}
+	// Dev mode signs and checks approvals with a key made for this
+	// process; the demo approves as dev-operator with it.
+	approvalKey := make([]byte, 32)
+	if _, err := rand.Read(approvalKey); err != nil {
+		return err
+	}
+	store := demo.NewStore()
 	st, err := stack.Start(ctx, nc, stack.Config{
 		Prefix: g.prefix, Provider: provider, Executors: f.executors, Slots: f.slots,
-		Register: func(ex *executor.Executor) error { return demo.Register(ex, demo.Options{Latency: f.latency}) },
-		Logger:   g.logger(),
+		Register: func(ex *executor.Executor) error {
+			if _, err := builtin.Register(ex, builtin.Config{}); err != nil {
+				return err
+			}
+			return demo.Register(ex, demo.Options{Latency: f.latency, Store: store})
+		},
+		Logger:     g.logger(),
+		Dispatcher: dispatch.Config{ApprovalKeys: policy.Keys{devKeyID: approvalKey}},
 	})
 	if err != nil {
 		return err
@@ -148,7 +168,22 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 			return err
 		}
 		fmt.Fprintf(g.out, "\ndemo: %q (scenario %s)\n", f.prompt, f.demoScenario)
-		if err := start(ctx, g, c, client.RunRequest{Prompt: f.prompt, Scenario: f.demoScenario, UserID: "dev"}, 2*time.Minute); err != nil || f.exitAfterDemo {
+		p := newProgress(g.out)
+		p.onStep = func(s client.Step) {
+			if s.Name != "awaiting-approval" {
+				return
+			}
+			// In production an operator answers with actionbus approve;
+			// the dev demo approves at once so it runs unattended.
+			id, _ := s.Details["approvalId"].(string)
+			fmt.Fprintf(g.out, "         ⚑ approval %s requested; dev mode approves it as dev-operator (in production: actionbus approve %s)\n", id, id)
+			if err := c.Approve(ctx, id, devKeyID, approvalKey, "dev-operator"); err != nil {
+				fmt.Fprintf(g.errOut, "actionbus: approving %s: %v\n", id, err)
+			}
+		}
+		req := client.RunRequest{Prompt: f.prompt, Scenario: f.demoScenario, UserID: "dev",
+			AllowedModes: []string{"read", "draft", "dryRun", "mutate"}}
+		if err := startWith(ctx, g, c, req, 2*time.Minute, p); err != nil || f.exitAfterDemo {
 			return err
 		}
 	}

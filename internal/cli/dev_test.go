@@ -43,7 +43,9 @@ func TestDevDemo(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, len(executors), 2, "the plan ran on at least two executors:\n%s", s)
 	assert.True(t, strings.Contains(s, "✔ completed"), s)
-	assert.Contains(t, s, "Retryable now: job_1041, job_1043")
+	// search → dry run → approval → retry
+	assert.Regexp(t, `(?s)delivery\.searchJobs.*delivery\.dryRunRetry.*awaiting-approval.*approval .* requested; dev mode approves it as dev-operator.*approval-granted.*delivery\.executeRetry`, s)
+	assert.Contains(t, s, "3 delivery jobs failed. Retried after approval: job_1041, job_1043; blocked: job_1042.")
 }
 
 func TestDevRefusesNonLoopbackHosts(t *testing.T) {

@@ -19,6 +19,8 @@ type progress struct {
 	start     time.Time
 	streaming bool
 	streamed  bool
+	// onStep, when set, sees every step after it is printed.
+	onStep func(client.Step)
 }
 
 func newProgress(w io.Writer) *progress { return &progress{w: w, start: time.Now()} }

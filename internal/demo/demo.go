@@ -12,6 +12,7 @@ import (
 	"embed"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/actionbus/actionbus"
@@ -39,12 +40,38 @@ type Job struct {
 	LastError string `json:"lastError,omitempty"`
 }
 
-var jobs = map[string]Job{
-	"job_1041": {JobID: "job_1041", Status: "FAILED", Attempts: 1, LastError: "carrier API timed out"},
-	"job_1042": {JobID: "job_1042", Status: "FAILED", Attempts: 5, LastError: "address rejected by carrier"},
-	"job_1043": {JobID: "job_1043", Status: "FAILED", Attempts: 2, LastError: "label service returned 503"},
-	"job_1044": {JobID: "job_1044", Status: "DELIVERED", Attempts: 1},
+// Store is the fake job store the delivery actions share. It is safe for
+// concurrent use.
+type Store struct {
+	mu   sync.Mutex
+	jobs map[string]Job
+	// applied maps an idempotency key to the result of the retry it made,
+	// as a real service's transaction log would.
+	applied map[string]ExecuteOut
 }
+
+// NewStore returns a store with the demo's four jobs.
+func NewStore() *Store {
+	return &Store{applied: map[string]ExecuteOut{}, jobs: map[string]Job{
+		"job_1041": {JobID: "job_1041", Status: "FAILED", Attempts: 1, LastError: "carrier API timed out"},
+		"job_1042": {JobID: "job_1042", Status: "FAILED", Attempts: 5, LastError: "address rejected by carrier"},
+		"job_1043": {JobID: "job_1043", Status: "FAILED", Attempts: 2, LastError: "label service returned 503"},
+		"job_1044": {JobID: "job_1044", Status: "DELIVERED", Attempts: 1},
+	}}
+}
+
+// Job returns a job.
+func (s *Store) Job(id string) (Job, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j, ok := s.jobs[id]
+	return j, ok
+}
+
+func retryable(j Job) bool { return j.Status == "FAILED" && j.Attempts < 5 }
+
+// defaultStore serves executors that bring none.
+var defaultStore = NewStore()
 
 // SearchIn is the input of delivery.searchJobs.
 type SearchIn struct {
@@ -70,6 +97,22 @@ type RetryIn struct {
 type RetryOut struct {
 	Retryable []string `json:"retryable"`
 	Blocked   []string `json:"blocked"`
+	// DryRunHash is the stable hash of the dry run's input: an approval of
+	// delivery.executeRetry is bound to it.
+	DryRunHash string `json:"dryRunHash"`
+}
+
+// ExecuteIn is the input of delivery.executeRetry.
+type ExecuteIn struct {
+	JobIDs []string `json:"jobIds" jsonschema:"minItems=1"`
+	// DryRunHash is the hash delivery.dryRunRetry returned for these jobs.
+	DryRunHash string `json:"dryRunHash" jsonschema:"minLength=64,maxLength=64"`
+}
+
+// ExecuteOut is the output of delivery.executeRetry.
+type ExecuteOut struct {
+	Retried []string `json:"retried"`
+	Skipped []string `json:"skipped"`
 }
 
 // EchoIn is the input and output of demo.echo.
@@ -81,6 +124,9 @@ type EchoIn struct {
 type Options struct {
 	// Latency simulates the I/O time of each delivery action.
 	Latency time.Duration
+	// Store is the job store; nil means the process-wide one. Executors
+	// of one demo share a store.
+	Store *Store
 }
 
 func wait(ctx context.Context, d time.Duration) error {
@@ -99,19 +145,25 @@ func wait(ctx context.Context, d time.Duration) error {
 
 // Register registers the demo actions on ex.
 func Register(ex *executor.Executor, opts Options) error {
+	store := opts.Store
+	if store == nil {
+		store = defaultStore
+	}
 	if err := executor.Register(ex, executor.Action{Name: "delivery.searchJobs", Description: "Search delivery jobs by status.", Mode: executor.ModeRead},
 		func(ctx context.Context, in SearchIn, _ executor.Call) (executor.Result[SearchOut], error) {
 			if err := wait(ctx, opts.Latency); err != nil {
 				return executor.Result[SearchOut]{}, err
 			}
 			out := SearchOut{JobIDs: []string{}}
-			for id, j := range jobs {
+			store.mu.Lock()
+			for id, j := range store.jobs {
 				for _, s := range in.Status {
 					if j.Status == s {
 						out.JobIDs = append(out.JobIDs, id)
 					}
 				}
 			}
+			store.mu.Unlock()
 			sort.Strings(out.JobIDs)
 			return executor.Result[SearchOut]{Output: out, Summary: fmt.Sprintf("%d jobs", len(out.JobIDs))}, nil
 		}); err != nil {
@@ -122,7 +174,7 @@ func Register(ex *executor.Executor, opts Options) error {
 			if err := wait(ctx, opts.Latency); err != nil {
 				return executor.Result[Job]{}, err
 			}
-			j, ok := jobs[in.JobID]
+			j, ok := store.Job(in.JobID)
 			if !ok {
 				return executor.Result[Job]{}, actionbus.Errorf("job_not_found", "no delivery job %q", in.JobID)
 			}
@@ -131,13 +183,13 @@ func Register(ex *executor.Executor, opts Options) error {
 		return err
 	}
 	if err := executor.Register(ex, executor.Action{Name: "delivery.dryRunRetry", Description: "Validate retry candidates before mutation.", Mode: executor.ModeDryRun},
-		func(ctx context.Context, in RetryIn, _ executor.Call) (executor.Result[RetryOut], error) {
+		func(ctx context.Context, in RetryIn, call executor.Call) (executor.Result[RetryOut], error) {
 			if err := wait(ctx, opts.Latency); err != nil {
 				return executor.Result[RetryOut]{}, err
 			}
-			out := RetryOut{Retryable: []string{}, Blocked: []string{}}
+			out := RetryOut{Retryable: []string{}, Blocked: []string{}, DryRunHash: call.InputHash}
 			for _, id := range in.JobIDs {
-				if j, ok := jobs[id]; ok && j.Status == "FAILED" && j.Attempts < 5 {
+				if j, ok := store.Job(id); ok && retryable(j) {
 					out.Retryable = append(out.Retryable, id)
 				} else {
 					out.Blocked = append(out.Blocked, id)
@@ -147,8 +199,66 @@ func Register(ex *executor.Executor, opts Options) error {
 		}); err != nil {
 		return err
 	}
+	if err := executor.Register(ex, executor.Action{Name: "delivery.executeRetry", Description: "Retry failed delivery jobs (after a dry run and an approval).",
+		Mode: executor.ModeMutate, Tier: 2, ResourceType: "delivery_job", RiskLevel: "medium",
+		Planner: &executor.PlannerMeta{Guidance: "Only after delivery.dryRunRetry; pass its retryable jobIds and dryRunHash."}},
+		func(ctx context.Context, in ExecuteIn, call executor.Call) (executor.Result[ExecuteOut], error) {
+			if err := checkApproval(call, in); err != nil {
+				return executor.Result[ExecuteOut]{}, err
+			}
+			if err := wait(ctx, opts.Latency); err != nil {
+				return executor.Result[ExecuteOut]{}, err
+			}
+			out := store.retry(call.IdempotencyKey, in.JobIDs)
+			return executor.Result[ExecuteOut]{Output: out, Summary: fmt.Sprintf("%d retried, %d skipped", len(out.Retried), len(out.Skipped))}, nil
+		}); err != nil {
+		return err
+	}
 	return executor.Register(ex, executor.Action{Name: "demo.echo", Description: "Echo a message back.", Mode: executor.ModeRead},
 		func(_ context.Context, in EchoIn, _ executor.Call) (executor.Result[EchoIn], error) {
 			return executor.Result[EchoIn]{Output: in, Summary: "echoed"}, nil
 		})
+}
+
+// checkApproval re-checks, at the mutation point, that the call carries an
+// approval of exactly this input that was given after a dry run with the
+// hash the input names.
+func checkApproval(call executor.Call, in ExecuteIn) error {
+	a := call.Approval
+	switch {
+	case a == nil:
+		return actionbus.Errorf(actionbus.CodeApprovalRequired, "delivery.executeRetry needs an approval")
+	case a.Context.InputHash != call.InputHash:
+		return actionbus.Errorf(actionbus.CodeApprovalInvalid, "the approval is for another input")
+	case time.Now().After(a.Context.ExpiresAt):
+		return actionbus.Errorf(actionbus.CodeApprovalExpired, "the approval expired at %s", a.Context.ExpiresAt.Format(time.RFC3339))
+	case a.Context.DryRunHash == "" || a.Context.DryRunHash != in.DryRunHash:
+		return actionbus.Errorf(actionbus.CodeApprovalInvalid, "the approval is not bound to the dry run %s (it names %q); dry-run again and ask for a new approval",
+			in.DryRunHash, a.Context.DryRunHash)
+	}
+	return nil
+}
+
+// retry moves retryable jobs to RETRY_QUEUED once per idempotency key.
+func (s *Store) retry(key string, ids []string) ExecuteOut {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prev, ok := s.applied[key]; ok && key != "" {
+		return prev
+	}
+	out := ExecuteOut{Retried: []string{}, Skipped: []string{}}
+	for _, id := range ids {
+		j, ok := s.jobs[id]
+		if !ok || !retryable(j) {
+			out.Skipped = append(out.Skipped, id)
+			continue
+		}
+		j.Status, j.Attempts, j.LastError = "RETRY_QUEUED", j.Attempts+1, ""
+		s.jobs[id] = j
+		out.Retried = append(out.Retried, id)
+	}
+	if key != "" {
+		s.applied[key] = out
+	}
+	return out
 }

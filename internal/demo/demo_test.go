@@ -1,0 +1,78 @@
+package demo_test
+
+import (
+	"context"
+	"encoding/base64"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/demo"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+var key = []byte("0123456789abcdef0123456789abcdef")
+
+// The retry runs only with an approval bound to the dry run's hash, and a
+// retried call with the same idempotency key changes nothing twice.
+func TestExecuteRetryIsBoundToTheDryRun(t *testing.T) {
+	store := demo.NewStore()
+	srv := actionbustest.NewServer(t)
+	rec := srv.Record(t, "ab.run.>")
+	st := srv.StartStack(t, actionbustest.StackOptions{ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(key),
+		Register: func(ex *executor.Executor) error { return demo.Register(ex, demo.Options{Store: store}) }})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	run := func(hash map[string]any) *client.Result {
+		wf := client.NewWorkflow("retry").
+			Step("dry", "delivery.dryRunRetry", map[string]any{"jobIds": []any{"job_1041", "job_1042"}}).
+			Step("retry", "delivery.executeRetry", map[string]any{"jobIds": client.FromStep("dry", "/retryable"), "dryRunHash": hash}).Build()
+		id, err := st.Client.Start(ctx, client.RunRequest{AllowedModes: []string{"read", "dryRun", "mutate"}, Workflow: wf})
+		require.NoError(t, err)
+		var s events.RunStep
+		rec.WaitFor(t, 20*time.Second, func(r actionbustest.Recorded) bool {
+			return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == id && s.Name == "awaiting-approval"
+		})
+		require.NoError(t, st.Client.Approve(ctx, s.Details["approvalId"].(string), "k1", key, "ops"))
+		res, err := st.Client.Wait(ctx, id)
+		require.NoError(t, err)
+		return res
+	}
+	res := run(map[string]any{"$fromStep": "dry", "path": "/dryRunHash"})
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	out := res.Output.(map[string]any)["outputByStep"].(map[string]any)["retry"].(map[string]any)
+	assert.Equal(t, []any{"job_1041"}, out["retried"])
+	j, _ := store.Job("job_1041")
+	assert.Equal(t, "RETRY_QUEUED", j.Status)
+	assert.Equal(t, 2, j.Attempts)
+
+	// A dryRunHash that is not the approved dry run's is refused at the
+	// mutation point.
+	wrong := strings.Repeat("0", 64)
+	wf := client.NewWorkflow("retry").
+		Step("dry", "delivery.dryRunRetry", map[string]any{"jobIds": []any{"job_1043"}}).
+		Step("retry", "delivery.executeRetry", map[string]any{"jobIds": []any{"job_1043"}, "dryRunHash": wrong}).Build()
+	id, err := st.Client.Start(ctx, client.RunRequest{AllowedModes: []string{"read", "dryRun", "mutate"}, Workflow: wf})
+	require.NoError(t, err)
+	var s events.RunStep
+	rec.WaitFor(t, 20*time.Second, func(r actionbustest.Recorded) bool {
+		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == id && s.Name == "awaiting-approval"
+	})
+	require.NoError(t, st.Client.Approve(ctx, s.Details["approvalId"].(string), "k1", key, "ops"))
+	res, err = st.Client.Wait(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	// A failed workflow step fails the run with workflow_execution; the
+	// step's own error is the handler's approval_invalid.
+	assert.Equal(t, "workflow_execution", string(res.Error.Code))
+	assert.Contains(t, res.Error.Message, "approval_invalid")
+	assert.Contains(t, res.Error.Message, "not bound to the dry run")
+	j, _ = store.Job("job_1043")
+	assert.Equal(t, "FAILED", j.Status, "nothing changed")
+}
