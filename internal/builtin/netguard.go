@@ -116,4 +116,3 @@ func (g NetGuard) Client(maxRedirects int) *http.Client {
 		return nil
 	}}
 }
-

@@ -180,7 +180,7 @@ func TestTheDefaultGuardRefusesPrivateAndLoopbackAddresses(t *testing.T) {
 	port := srv.URL[strings.LastIndexByte(srv.URL, ':')+1:]
 	r := builtin.NewURLReader(builtin.NetGuard{})
 	for _, u := range []string{
-		srv.URL + "/article", // 127.0.0.1
+		srv.URL + "/article",                    // 127.0.0.1
 		"http://localhost:" + port + "/article", // a hostname resolving to loopback
 		"http://[::1]:" + port + "/",
 		"http://[::ffff:127.0.0.1]:" + port + "/",
