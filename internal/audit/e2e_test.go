@@ -272,7 +272,13 @@ func TestASinkStoppedMidRunCatchesUpWithoutLossOrDuplicates(t *testing.T) {
 		}
 		return func() {
 			scancel()
-			wg.Wait()
+			done := make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the sinks did not stop within 10s")
+			}
 			require.NoError(t, jsonl.Close())
 			require.NoError(t, db.Close())
 		}
@@ -289,8 +295,10 @@ func TestASinkStoppedMidRunCatchesUpWithoutLossOrDuplicates(t *testing.T) {
 	}
 	wait := func(ids []string) {
 		for _, id := range ids {
-			res, err := st.Client.Wait(ctx, id)
-			require.NoError(t, err)
+			wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+			res, err := st.Client.Wait(wctx, id)
+			wcancel()
+			require.NoError(t, err, "run %s did not end", id)
 			require.Equal(t, client.StatusCompleted, res.Status)
 		}
 	}

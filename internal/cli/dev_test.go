@@ -97,7 +97,7 @@ func TestRunExitCodeFollowsTheTerminalState(t *testing.T) {
 	out.Reset()
 	code = cli.Execute(ctx, []string{"--nats", url, "actions"}, nil, &out, &errOut)
 	assert.Equal(t, 0, code)
-	assert.Contains(t, out.String(), "delivery.dryRunRetry  dryRun")
+	assert.Regexp(t, `delivery\.dryRunRetry +dryRun`, out.String())
 	stopDev()
 	assert.Equal(t, 0, <-done)
 }
