@@ -73,6 +73,18 @@ type Config struct {
 	PreviewBytes int
 	// Logger receives the executor's logs; nil discards them.
 	Logger *slog.Logger
+	// Observer, when set, sees every action executed (for metrics).
+	Observer Observer
+}
+
+// Observer sees an executor's work: the actions it runs and what happens
+// to each message it takes. The services' Prometheus metrics implement it.
+type Observer interface {
+	// ActionStarted is called when a handler is about to run, ActionDone
+	// with the outcome ("succeeded", "failed", "replayed", "handed_back")
+	// and the time taken.
+	ActionStarted()
+	ActionDone(action, outcome string, took time.Duration)
 }
 
 func (c *Config) setDefaults() {
@@ -421,4 +433,10 @@ func (e *Executor) announce(ctx context.Context, kv jetstream.KeyValue) {
 		case <-tick.C:
 		}
 	}
+}
+
+// CheckReady reports whether the streams, consumers and buckets the
+// executor's pool needs exist (the /readyz probe).
+func (e *Executor) CheckReady(ctx context.Context) error {
+	return e.topo.Check(ctx, e.js, e.topo.Needs("executor", e.cfg.Pool))
 }

@@ -111,7 +111,21 @@ func (e *Executor) settle(msg jetstream.Msg, req *events.ActionRequested, out ou
 // run executes a request and publishes its result; it returns the outcome.
 func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.ActionRequested, deliveries int) (outcome, time.Duration) {
 	log := e.log.With("run_id", req.RunID, "call_id", req.CallID, "action", req.Action)
+	observed := "handed_back"
+	if o := e.cfg.Observer; o != nil {
+		o.ActionStarted()
+		start := time.Now()
+		defer func() { o.ActionDone(req.Action, observed, time.Since(start)) }()
+	}
 	publish := func(res actions.Result, herr error, took time.Duration, replayed bool) (outcome, time.Duration) {
+		switch {
+		case replayed:
+			observed = "replayed"
+		case herr != nil:
+			observed = "failed"
+		default:
+			observed = "succeeded"
+		}
 		if err := e.publishResult(context.WithoutCancel(ctx), req, res, herr, took, deliveries, replayed); err != nil {
 			log.Error("result not published; the request will be redelivered", "err", err)
 			return outcomePublishFailed, 0

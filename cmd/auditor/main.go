@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus/internal/audit"
+	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/service"
 )
 
@@ -28,7 +29,7 @@ func main() {
 	if *redact != "" {
 		pol.RedactPaths = strings.Split(*redact, ",")
 	}
-	os.Exit(service.Main("auditor", c, func(nc *nats.Conn, log *slog.Logger) (service.Runner, error) {
+	os.Exit(service.Main("auditor", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {
 		var sinks []audit.Sink
 		if *jsonl != "" {
 			s, err := audit.OpenJSONL(*jsonl)
@@ -46,6 +47,6 @@ func main() {
 		}
 		// The sinks stay open until the process exits; each write is
 		// synced before it is acknowledged.
-		return audit.New(nc, audit.Config{Prefix: c.Prefix, Concurrency: *concurrency, Logger: log, Payload: pol, Sinks: sinks})
+		return audit.New(nc, audit.Config{Prefix: c.Prefix, Concurrency: *concurrency, Logger: log, Payload: pol, Sinks: sinks, Metrics: m})
 	}))
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/service"
 )
 
@@ -35,7 +36,7 @@ func main() {
 	flag.DurationVar(&cfg.DecisionTimeout, "decision-timeout", envDuration("ACTIONBUS_DECISION_TIMEOUT", 2*time.Minute), "planner decision deadline")
 	policyFile := flag.String("policy", service.Env("ACTIONBUS_POLICY_FILE", ""), "policy document (JSON); the policy bucket can replace it at run time")
 	flag.Parse()
-	os.Exit(service.Main("dispatcher", c, func(nc *nats.Conn, log *slog.Logger) (service.Runner, error) {
+	os.Exit(service.Main("dispatcher", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {
 		n, err := dispatch.ParsePlanLimit(*maxPlan)
 		if err != nil {
 			return nil, err
@@ -52,7 +53,7 @@ func main() {
 				return nil, err
 			}
 		}
-		cfg.Prefix, cfg.Logger, cfg.MaxPlanActions, cfg.InstanceID = c.Prefix, log, n, os.Getenv("ACTIONBUS_INSTANCE")
+		cfg.Prefix, cfg.Logger, cfg.MaxPlanActions, cfg.InstanceID, cfg.Metrics = c.Prefix, log, n, os.Getenv("ACTIONBUS_INSTANCE"), m
 		return dispatch.New(nc, cfg)
 	}))
 }

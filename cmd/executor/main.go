@@ -17,6 +17,7 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/builtin"
 	"github.com/actionbus/actionbus/internal/demo"
+	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/service"
 )
 
@@ -34,8 +35,8 @@ func main() {
 	flag.StringVar(&bc.SQLitePath, "sqlite", service.Env("ACTIONBUS_SQLITE", ""), "database of sqlite_query, opened read-only (env ACTIONBUS_SQLITE)")
 	allow := flag.String("net-allow", service.Env("ACTIONBUS_NET_ALLOW", ""), "comma-separated addresses or prefixes read_url and web_search may reach although private or loopback (env ACTIONBUS_NET_ALLOW)")
 	flag.Parse()
-	os.Exit(service.Main("executor", c, func(nc *nats.Conn, log *slog.Logger) (service.Runner, error) {
-		cfg.Prefix, cfg.Logger, cfg.ShutdownGrace = c.Prefix, log, 10*time.Second
+	os.Exit(service.Main("executor", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {
+		cfg.Prefix, cfg.Logger, cfg.ShutdownGrace, cfg.Observer = c.Prefix, log, 10*time.Second, m
 		var err error
 		if bc.Net.Allow, err = builtin.ParseAllow(strings.Split(*allow, ",")); err != nil {
 			return nil, err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/actionbus/actionbus/internal/demo"
 	"github.com/actionbus/actionbus/internal/planner"
+	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/service"
 )
 
@@ -34,7 +35,7 @@ func main() {
 	flag.Parse()
 	// The key only from the environment: flags show up in process lists.
 	oc.APIKey = service.Env("ACTIONBUS_OPENAI_API_KEY", os.Getenv("OPENAI_API_KEY"))
-	os.Exit(service.Main("planner", c, func(nc *nats.Conn, log *slog.Logger) (service.Runner, error) {
+	os.Exit(service.Main("planner", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {
 		var p planner.Provider
 		switch *provider {
 		case "openai":
@@ -66,6 +67,6 @@ func main() {
 		default:
 			return nil, fmt.Errorf("unknown provider %q (want script or openai)", *provider)
 		}
-		return planner.New(nc, planner.Config{Prefix: c.Prefix, Provider: p, Concurrency: *concurrency, Logger: log})
+		return planner.New(nc, planner.Config{Prefix: c.Prefix, Provider: p, Concurrency: *concurrency, Logger: log, Metrics: m})
 	}))
 }

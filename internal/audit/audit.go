@@ -30,6 +30,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/keymutex"
+	"github.com/actionbus/actionbus/internal/metrics"
 )
 
 // Config configures a [Service].
@@ -44,6 +45,9 @@ type Config struct {
 	// their own audit policy. The zero value means DefaultPayloadPolicy;
 	// unset modes take DefaultPayloadPolicy's.
 	Payload PayloadPolicy
+	// Metrics records audit records and event handling; nil records
+	// nothing.
+	Metrics *metrics.Metrics
 	// Sinks are fed from the audit stream while the auditor runs, each
 	// from its own durable consumer. The caller opens and closes them.
 	Sinks []Sink
@@ -138,7 +142,11 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		name := c.Config.Durable
 		g.Go(func() error {
-			return s.bus.Serve(gctx, cons, events.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency}, s.handle)
+			opts := events.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency}
+			if s.cfg.Metrics != nil {
+				opts.Observer = s.cfg.Metrics
+			}
+			return s.bus.Serve(gctx, cons, opts, s.handle)
 		})
 	}
 	for _, sink := range s.cfg.Sinks {
@@ -182,6 +190,9 @@ func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Ms
 			return err
 		}
 		s.setHead(rec, ack)
+		if !ack.Duplicate {
+			s.cfg.Metrics.AuditRecord(rec.Kind)
+		}
 		return nil
 	}
 	return fmt.Errorf("audit: run %s: too many concurrent appends", rec.RunID)
@@ -253,4 +264,10 @@ func Verify(records []events.AuditRecorded) int {
 		prev = r.Hash
 	}
 	return -1
+}
+
+// CheckReady reports whether the streams, consumers and buckets the
+// auditor needs exist (the /readyz probe).
+func (s *Service) CheckReady(ctx context.Context) error {
+	return s.topo.Check(ctx, s.js, s.topo.Needs("auditor", ""))
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/keymutex"
+	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/policy"
 )
 
@@ -92,6 +93,8 @@ type Config struct {
 	InstanceID string
 	// Logger receives the dispatcher's logs; nil discards them.
 	Logger *slog.Logger
+	// Metrics records runs and event handling; nil records nothing.
+	Metrics *metrics.Metrics
 }
 
 func (c *Config) setDefaults() {
@@ -246,7 +249,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	d.log.Info("dispatcher serving")
 	close(d.ready)
-	return d.bus.Serve(ctx, cons, events.ServeOptions{Name: events.ConsumerDispatcher, Concurrency: d.cfg.Concurrency}, d.handle)
+	opts := events.ServeOptions{Name: events.ConsumerDispatcher, Concurrency: d.cfg.Concurrency}
+	if d.cfg.Metrics != nil {
+		opts.Observer = d.cfg.Metrics
+	}
+	return d.bus.Serve(ctx, cons, opts, d.handle)
 }
 
 // emission is an event a state transition publishes once the new state is
@@ -385,6 +392,10 @@ func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequeste
 		return err
 	}
 	d.cache.put(req.RunID, val, rev, st.IsTerminal())
+	d.cfg.Metrics.RunStarted(st.Kind)
+	if st.IsTerminal() {
+		d.cfg.Metrics.RunEnded(st.Kind, st.Status, 0)
+	}
 	return d.publish(ctx, st, out)
 }
 
@@ -478,6 +489,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		}
 		var out []emission
 		changed, republish := false, false
+		wasTerminal := st.IsTerminal()
 		for _, j := range batch {
 			emitted, err := j.fn(&st)
 			if err != nil {
@@ -520,6 +532,9 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			return err
 		}
 		d.cache.put(runID, after, rev, st.IsTerminal())
+		if !wasTerminal && st.IsTerminal() {
+			d.cfg.Metrics.RunEnded(st.Kind, st.Status, st.UpdatedAt.Sub(st.CreatedAt))
+		}
 		return d.publish(ctx, &st, dedupe(out))
 	}
 	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
@@ -596,4 +611,10 @@ func stepWith(st *RunState, name string, planIndex *int, action, message, status
 	return emission{typ: events.TypeRunStep, id: events.DerivedID(st.RunID, "step", st.StepSeq),
 		data: &events.RunStep{RunID: st.RunID, Name: name, Cycle: st.Cycle, PlanIndex: planIndex, Action: action,
 			Message: message, Status: status, Details: details}}
+}
+
+// CheckReady reports whether the streams, consumers and buckets the
+// dispatcher needs exist (the /readyz probe).
+func (d *Dispatcher) CheckReady(ctx context.Context) error {
+	return d.topo.Check(ctx, d.js, d.topo.Needs("dispatcher", ""))
 }

@@ -36,6 +36,20 @@ type ServeOptions struct {
 	// NakDelay is the first redelivery delay after a handler error; it
 	// doubles per delivery up to 30s. Default 100ms.
 	NakDelay time.Duration
+	// Observer, when set, sees every message handled (for metrics).
+	Observer ServeObserver
+}
+
+// ServeObserver sees what [Bus.Serve] does with each message.
+type ServeObserver interface {
+	// HandleStarted is called when a message is taken; redelivered says
+	// JetStream delivered it before.
+	HandleStarted(consumer string, redelivered bool)
+	// HandleDone is called with the outcome: "ok", "retry", "permanent"
+	// or "rejected".
+	HandleDone(consumer, outcome string, took time.Duration)
+	// Rejected is called for a message rejected as malformed or invalid.
+	Rejected(consumer string)
 }
 
 // Serve pulls messages from cons and runs h on each, at most
@@ -88,8 +102,19 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 }
 
 func (b *Bus) handle(ctx context.Context, log *slog.Logger, opts ServeOptions, msg jetstream.Msg, h HandlerFunc) {
+	outcome := "ok"
+	if o := opts.Observer; o != nil {
+		start := time.Now()
+		md, _ := msg.Metadata()
+		o.HandleStarted(opts.Name, md != nil && md.NumDelivered > 1)
+		defer func() { o.HandleDone(opts.Name, outcome, time.Since(start)) }()
+	}
 	rec, err := b.Receive(msg.Subject(), msg.Headers(), msg.Data())
 	if err != nil {
+		outcome = "rejected"
+		if opts.Observer != nil {
+			opts.Observer.Rejected(opts.Name)
+		}
 		// Rejections must not be lost to a canceled serve context.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
@@ -108,9 +133,11 @@ func (b *Bus) handle(ctx context.Context, log *slog.Logger, opts ServeOptions, m
 			log.Warn("ack failed", "subject", msg.Subject(), "err", err)
 		}
 	case errors.As(herr, new(permanentError)):
+		outcome = "permanent"
 		log.Error("event handling failed permanently", "subject", msg.Subject(), "type", rec.Event.Type(), "id", rec.Event.ID(), "err", herr)
 		_ = msg.TermWithReason(herr.Error())
 	default:
+		outcome = "retry"
 		delay := opts.NakDelay
 		if md, err := msg.Metadata(); err == nil {
 			for i := uint64(1); i < md.NumDelivered && delay < 30*time.Second; i++ {

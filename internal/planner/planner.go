@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,6 +21,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/metrics"
 )
 
 // Provider decides the next step of a run and writes the parts of a
@@ -70,6 +72,8 @@ type Config struct {
 	Logger *slog.Logger
 	// NoStream turns off publishing final-answer tokens on core NATS.
 	NoStream bool
+	// Metrics records decisions and event handling; nil records nothing.
+	Metrics *metrics.Metrics
 }
 
 // Service is the planner service.
@@ -123,7 +127,11 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	s.log.Info("planner serving")
-	return s.bus.Serve(ctx, cons, events.ServeOptions{Name: events.ConsumerPlanner, Concurrency: s.cfg.Concurrency}, s.handle)
+	opts := events.ServeOptions{Name: events.ConsumerPlanner, Concurrency: s.cfg.Concurrency}
+	if s.cfg.Metrics != nil {
+		opts.Observer = s.cfg.Metrics
+	}
+	return s.bus.Serve(ctx, cons, opts, s.handle)
 }
 
 func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
@@ -148,6 +156,7 @@ func (s *Service) decide(ctx context.Context, req *events.DecisionRequested) err
 	if !s.cfg.NoStream && req.Synthesize != "" {
 		in.Stream = s.streamer(req.RunID)
 	}
+	started := time.Now()
 	dec, err := provider.Decide(ctx, in)
 	if in.Stream != nil {
 		in.Stream("") // the end of the stream, whatever the outcome
@@ -163,6 +172,11 @@ func (s *Service) decide(ctx context.Context, req *events.DecisionRequested) err
 	} else {
 		dm.Decision = dec
 	}
+	kind := dm.Decision.Type
+	if dm.Error != nil {
+		kind = "error"
+	}
+	s.cfg.Metrics.Decision(kind, dm.Planner, time.Since(started))
 	_, err = s.bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(req.RunID, "decision", req.Cycle), req.RunID, "", dm,
 		events.Extension{Name: events.ExtCycle, Value: req.Cycle})
 	return err
@@ -213,4 +227,10 @@ func (r replayProvider) Decide(_ context.Context, in Input) (events.Decision, er
 			WithDetail("recordedRun", r.rec.RunID).WithDetail("cycle", n)
 	}
 	return r.rec.Decisions[n-1], nil
+}
+
+// CheckReady reports whether the streams, consumers and buckets the
+// planner needs exist (the /readyz probe).
+func (s *Service) CheckReady(ctx context.Context) error {
+	return s.topo.Check(ctx, s.js, s.topo.Needs("planner", ""))
 }

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/actionbus/actionbus/internal/metrics"
 )
 
 // Common are the settings every service has.
@@ -25,6 +27,11 @@ type Common struct {
 	NATSURL string
 	Prefix  string
 	Verbose bool
+	// MetricsAddr serves /metrics, /healthz and /readyz when set.
+	MetricsAddr string
+	// Creds is a NATS credentials file (user JWT and seed), when the
+	// deployment uses them instead of a user and password in the URL.
+	Creds string
 }
 
 // Env returns the value of key, or def.
@@ -57,7 +64,12 @@ func (c *Common) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NATSURL, "nats", Env("NATS_URL", nats.DefaultURL), "NATS server URL (env NATS_URL)")
 	fs.StringVar(&c.Prefix, "prefix", Env("ACTIONBUS_PREFIX", "ab"), "subject prefix (env ACTIONBUS_PREFIX)")
 	fs.BoolVar(&c.Verbose, "v", Env("ACTIONBUS_VERBOSE", "") != "", "debug logging (env ACTIONBUS_VERBOSE)")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", Env("ACTIONBUS_METRICS_ADDR", ""), "serve /metrics, /healthz and /readyz on this address, e.g. :9090 (env ACTIONBUS_METRICS_ADDR)")
+	fs.StringVar(&c.Creds, "creds", Env("NATS_CREDS", ""), "NATS credentials file (env NATS_CREDS)")
 }
+
+// ReadyChecker is a service that can say whether what it needs exists.
+type ReadyChecker interface{ CheckReady(context.Context) error }
 
 // Logger returns a JSON logger on stderr.
 func (c *Common) Logger(name string) *slog.Logger {
@@ -73,30 +85,61 @@ type Runner interface{ Run(context.Context) error }
 
 // Main connects to NATS, builds the service with build, runs it until
 // SIGINT or SIGTERM, drains the connection and returns the exit code.
-func Main(name string, c Common, build func(*nats.Conn, *slog.Logger) (Runner, error)) int {
+// build receives the process's metrics (never nil) to record into.
+func Main(name string, c Common, build func(*nats.Conn, *slog.Logger, *metrics.Metrics) (Runner, error)) int {
 	log := c.Logger(name)
+	m := metrics.New()
+
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// Each service gets its own inbox prefix, so that least-privilege users
 	// (deploy/nats) can receive replies only on their own inboxes.
-	nc, err := nats.Connect(c.NATSURL, nats.Name("actionbus-"+name), nats.CustomInboxPrefix("_INBOX_"+name), nats.MaxReconnects(-1),
-		nats.ReconnectWait(500*time.Millisecond), nats.RetryOnFailedConnect(true),
+	opts := []nats.Option{nats.Name("actionbus-" + name), nats.CustomInboxPrefix("_INBOX_" + name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(500 * time.Millisecond), nats.RetryOnFailedConnect(true),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subject := ""
 			if sub != nil {
 				subject = sub.Subject
 			}
 			log.Error("nats async error", "subject", subject, "err", err)
-		}))
+		})}
+	if c.Creds != "" {
+		opts = append(opts, nats.UserCredentials(c.Creds))
+	}
+	nc, err := nats.Connect(c.NATSURL, opts...)
 	if err != nil {
 		log.Error("connect", "url", c.NATSURL, "err", err)
 		return 1
 	}
 	defer func() { _ = nc.Drain() }()
-	svc, err := build(nc, log)
+	svc, err := build(nc, log, m)
 	if err != nil {
 		log.Error("configure", "err", err)
 		return 2
+	}
+	if c.MetricsAddr != "" {
+		healthy := func(context.Context) error {
+			if !nc.IsConnected() {
+				return fmt.Errorf("not connected to NATS (%s)", nc.Status())
+			}
+			return nil
+		}
+		ready := func(ctx context.Context) error {
+			if err := healthy(ctx); err != nil {
+				return err
+			}
+			if rc, ok := svc.(ReadyChecker); ok {
+				return rc.CheckReady(ctx)
+			}
+			return nil
+		}
+		srv, err := metrics.Serve(c.MetricsAddr, m, healthy, ready, log)
+		if err != nil {
+			log.Error("metrics server", "addr", c.MetricsAddr, "err", err)
+			return 2
+		}
+		log.Info("metrics and health", "addr", srv.Addr())
+		defer srv.Close()
 	}
 	if addr := os.Getenv("ACTIONBUS_DEBUG_ADDR"); addr != "" {
 		// pprof for profiling (make bench reads the heap); never exposed
@@ -108,6 +151,21 @@ func Main(name string, c Common, build func(*nats.Conn, *slog.Logger) (Runner, e
 			}
 		}()
 		defer srv.Close()
+	}
+	// A process started before provisioning (a container next to the
+	// provision job) waits for what it needs, not ready meanwhile.
+	if rc, ok := svc.(ReadyChecker); ok {
+		for {
+			err := rc.CheckReady(ctx)
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			log.Warn("waiting for the topology (actionbus provision)", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
 	}
 	if err := svc.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("stopped", "err", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/dispatch"
+	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/planner"
 )
 
@@ -40,6 +41,8 @@ type Config struct {
 	// Audit configures the auditor's payload policy and sinks (Prefix and
 	// Logger are the stack's).
 	Audit audit.Config
+	// Metrics, when set, is what every service records into.
+	Metrics *metrics.Metrics
 	// NoPlanner leaves the planner out (decision requests go unanswered).
 	NoPlanner bool
 	// NoExecutors starts no executor (they run elsewhere).
@@ -82,7 +85,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	dcfg := cfg.Dispatcher
-	dcfg.Prefix, dcfg.Logger = cfg.Prefix, cfg.Logger
+	dcfg.Prefix, dcfg.Logger, dcfg.Metrics = cfg.Prefix, cfg.Logger, cfg.Metrics
 	disp, err := dispatch.New(nc, dcfg)
 	if err != nil {
 		return nil, err
@@ -92,7 +95,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 		services = append(services, disp)
 	}
 	if !cfg.NoPlanner {
-		plan, err := planner.New(nc, planner.Config{Prefix: cfg.Prefix, Provider: cfg.Provider, Logger: cfg.Logger})
+		plan, err := planner.New(nc, planner.Config{Prefix: cfg.Prefix, Provider: cfg.Provider, Logger: cfg.Logger, Metrics: cfg.Metrics})
 		if err != nil {
 			return nil, err
 		}
@@ -100,7 +103,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	}
 	if !cfg.NoAuditor {
 		ac := cfg.Audit
-		ac.Prefix, ac.Logger = cfg.Prefix, cfg.Logger
+		ac.Prefix, ac.Logger, ac.Metrics = cfg.Prefix, cfg.Logger, cfg.Metrics
 		aud, err := audit.New(nc, ac)
 		if err != nil {
 			return nil, err
@@ -109,8 +112,11 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	}
 	s := &Stack{}
 	for i := 0; i < cfg.Executors; i++ {
-		ex, err := executor.New(nc, executor.Config{Prefix: cfg.Prefix, Pool: cfg.Pool, Slots: cfg.Slots,
-			ID: fmt.Sprintf("executor-%d", i+1), Logger: cfg.Logger})
+		ecfg := executor.Config{Prefix: cfg.Prefix, Pool: cfg.Pool, Slots: cfg.Slots, ID: fmt.Sprintf("executor-%d", i+1), Logger: cfg.Logger}
+		if cfg.Metrics != nil { // a nil *Metrics must not become a non-nil Observer
+			ecfg.Observer = cfg.Metrics
+		}
+		ex, err := executor.New(nc, ecfg)
 		if err != nil {
 			return nil, err
 		}
