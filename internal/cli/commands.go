@@ -24,8 +24,9 @@ import (
 )
 
 func provisionCmd(g *globals) *cobra.Command {
-	var pools []string
+	var pools, tags []string
 	var replicas int
+	var cluster string
 	cmd := &cobra.Command{
 		Use:   "provision",
 		Short: "Create or update every stream, consumer and bucket (idempotent; needs JetStream admin rights)",
@@ -40,6 +41,9 @@ func provisionCmd(g *globals) *cobra.Command {
 				return err
 			}
 			topo := events.Topology{Prefix: g.prefix, Pools: pools, Replicas: replicas}
+			if cluster != "" || len(tags) > 0 {
+				topo.Placement = &jetstream.Placement{Cluster: cluster, Tags: tags}
+			}
 			if err := topo.Provision(cmd.Context(), js); err != nil {
 				return err
 			}
@@ -57,6 +61,8 @@ func provisionCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringSliceVar(&pools, "pool", []string{events.DefaultPool}, "executor pools to provision work consumers for")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of every stream and bucket (3 on a cluster)")
+	cmd.Flags().StringVar(&cluster, "placement-cluster", "", "place every stream and bucket in this JetStream cluster")
+	cmd.Flags().StringSliceVar(&tags, "placement-tags", nil, "place every stream and bucket on servers with these tags")
 	return cmd
 }
 

@@ -41,6 +41,9 @@ type Topology struct {
 	Pools []string
 	// Replicas of every stream and bucket; default 1 (3 in deploy/nats).
 	Replicas int
+	// Placement, when set, places every stream and bucket (a cluster name
+	// and/or server tags).
+	Placement *jetstream.Placement
 	// DuplicateWindow of every stream; default 2 minutes.
 	DuplicateWindow time.Duration
 	// RunRetention is how long run events are kept; default 7 days.
@@ -169,6 +172,7 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 			Subjects:    subjects,
 			Storage:     jetstream.FileStorage,
 			Replicas:    t.Replicas,
+			Placement:   t.Placement,
 			Duplicates:  t.DuplicateWindow,
 			Discard:     jetstream.DiscardOld,
 		}
@@ -250,11 +254,11 @@ func (t Topology) Consumers() []ConsumerSpec {
 func (t Topology) Buckets() []jetstream.KeyValueConfig {
 	t = t.withDefaults()
 	return []jetstream.KeyValueConfig{
-		{Bucket: t.BucketRuns(), Description: "actionbus run state (revision-checked)", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention},
-		{Bucket: t.BucketCatalog(), Description: "actionbus action catalog", History: 5, Storage: jetstream.FileStorage, Replicas: t.Replicas},
-		{Bucket: t.BucketPresence(), Description: "actionbus executor presence", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: PresenceTTL},
-		{Bucket: t.BucketPolicy(), Description: "actionbus policy document (reloaded without restart)", History: 10, Storage: jetstream.FileStorage, Replicas: t.Replicas},
-		{Bucket: t.BucketIdempotency(), Description: "actionbus idempotency keys and their results", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.IdempotencyTTL},
+		{Bucket: t.BucketRuns(), Description: "actionbus run state (revision-checked)", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention, Placement: t.Placement},
+		{Bucket: t.BucketCatalog(), Description: "actionbus action catalog", History: 5, Storage: jetstream.FileStorage, Replicas: t.Replicas, Placement: t.Placement},
+		{Bucket: t.BucketPresence(), Description: "actionbus executor presence", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: PresenceTTL, Placement: t.Placement},
+		{Bucket: t.BucketPolicy(), Description: "actionbus policy document (reloaded without restart)", History: 10, Storage: jetstream.FileStorage, Replicas: t.Replicas, Placement: t.Placement},
+		{Bucket: t.BucketIdempotency(), Description: "actionbus idempotency keys and their results", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.IdempotencyTTL, Placement: t.Placement},
 	}
 }
 
@@ -262,7 +266,7 @@ func (t Topology) Buckets() []jetstream.KeyValueConfig {
 func (t Topology) ObjectStores() []jetstream.ObjectStoreConfig {
 	t = t.withDefaults()
 	return []jetstream.ObjectStoreConfig{
-		{Bucket: t.BucketArtifacts(), Description: "actionbus large action outputs", Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention},
+		{Bucket: t.BucketArtifacts(), Description: "actionbus large action outputs", Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention, Placement: t.Placement},
 	}
 }
 

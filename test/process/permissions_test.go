@@ -2,6 +2,7 @@ package process
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,7 +29,7 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts four processes")
 	}
-	users := []string{"admin", "dispatcher", "planner", "executor", "auditor", "client"}
+	users := []string{"admin", "dispatcher", "planner", "executor", "auditor", "client", "approver"}
 	for _, u := range users {
 		t.Setenv(strings.ToUpper(u)+"_PASSWORD", "pw-"+u)
 	}
@@ -54,6 +55,8 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, events.Topology{}.Provision(ctx, js))
 
+	approvalKey := []byte("0123456789abcdef0123456789abcdef")
+	t.Setenv("ACTIONBUS_APPROVAL_KEYS", "k1:"+base64.StdEncoding.EncodeToString(approvalKey))
 	bin := buildServices(t)
 	for _, svc := range []string{"dispatcher", "planner", "auditor", "executor"} {
 		startService(t, filepath.Join(bin, svc), url(svc))
@@ -88,18 +91,74 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 		return err == nil && info.State.Msgs > 10
 	}, 10*time.Second, 50*time.Millisecond)
 
-	// The client user cannot impersonate a service.
-	require.NoError(t, nc.Publish("ab.run.X.completed", []byte("{}")))
-	require.NoError(t, nc.Publish("ab.pool.default.request", []byte("{}")))
+	// A mutation waits for an approval, which the approver user gives.
+	approver, err := nats.Connect(url("approver"))
+	require.NoError(t, err)
+	defer approver.Close()
+	ac, err := client.New(approver)
+	require.NoError(t, err)
+	runID, err := c.Start(ctx, client.RunRequest{Scenario: "delivery-retry", Prompt: "retry", AllowedModes: []string{"read", "dryRun", "mutate"}})
+	require.NoError(t, err)
+	var approvalID string
+	_, err = c.Follow(ctx, runID, func(e client.Event) {
+		if s, ok := e.Step(); ok && s.Name == "awaiting-approval" && approvalID == "" {
+			approvalID = s.Details["approvalId"].(string)
+			assert.NoError(t, ac.Approve(ctx, approvalID, "k1", approvalKey, "ops"))
+		}
+	})
+	require.NoError(t, err)
+	res, err = c.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	assert.Contains(t, res.Answer, "Retried after approval: job_1041, job_1043")
+
+	// The client user cannot impersonate a service, decide, report
+	// results or approve.
+	for _, subject := range []string{"ab.run.X.completed", "ab.pool.default.request", "ab.run.X.decision", "ab.run.X.result", "ab.run.X.approve", "ab.run.X.deny"} {
+		require.NoError(t, nc.Publish(subject, []byte("{}")))
+	}
 	require.NoError(t, nc.Flush())
-	deadline := time.After(5 * time.Second)
-	for len(refusals) < 2 {
+	refusals = collect(t, errCh, 6)
+	for _, subject := range []string{"ab.run.X.completed", "ab.pool.default.request", "ab.run.X.decision", "ab.run.X.result", "ab.run.X.approve", "ab.run.X.deny"} {
+		assert.Contains(t, strings.Join(refusals, "\n"), `Permissions Violation for Publish to "`+subject+`"`)
+	}
+
+	// The executor user cannot start runs or read the audit stream.
+	exErrs := make(chan string, 16)
+	ex, err := nats.Connect(url("executor"), nats.CustomInboxPrefix("_INBOX_executor"), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		select {
-		case e := <-errCh:
-			refusals = append(refusals, e)
+		case exErrs <- err.Error():
+		default:
+		}
+	}))
+	require.NoError(t, err)
+	defer ex.Close()
+	require.NoError(t, ex.Publish("ab.run.X.requested", []byte("{}")))
+	exJS, err := jetstream.New(ex)
+	require.NoError(t, err)
+	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
+	defer cancelShort()
+	_, err = exJS.Stream(short, "AB_AUDIT")
+	assert.Error(t, err, "the executor cannot look at the audit stream")
+	_, err = exJS.OrderedConsumer(short, "AB_AUDIT", jetstream.OrderedConsumerConfig{})
+	assert.Error(t, err, "nor read it")
+	exRefusals := strings.Join(collect(t, exErrs, 2), "\n")
+	assert.Contains(t, exRefusals, `Permissions Violation for Publish to "ab.run.X.requested"`)
+	assert.Contains(t, exRefusals, `Permissions Violation for Publish to "$JS.API.STREAM.INFO.AB_AUDIT"`)
+}
+
+// collect gathers at least n async errors, or fails after 5 s.
+func collect(t *testing.T, ch <-chan string, n int) []string {
+	t.Helper()
+	var out []string
+	deadline := time.After(5 * time.Second)
+	for len(out) < n {
+		select {
+		case e := <-ch:
+			out = append(out, e)
 		case <-deadline:
-			t.Fatalf("the client user was not refused: %v", refusals)
+			t.Fatalf("expected %d refusals, got %v", n, out)
 		}
 	}
-	assert.Contains(t, strings.Join(refusals, "\n"), "Permissions Violation")
+	return out
 }
