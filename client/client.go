@@ -349,27 +349,48 @@ func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 		}
 		return terminal(r)
 	}
-	// The run may have ended before the subscription started.
+	// The run may have ended before the subscription started, or while
+	// the connection was moving to another server of a cluster (core
+	// messages sent meanwhile are lost): the stream is read at the start
+	// and again from time to time.
 	stream, err := c.js.Stream(ctx, c.topo.StreamRuns())
 	if err != nil {
 		return nil, fmt.Errorf("client: wait %s: %w", runID, err)
 	}
-	for _, verb := range []string{"completed", "failed", "canceled"} {
-		msg, err := stream.GetLastMsgForSubject(ctx, subjects.Run(runID, verb))
-		if err == nil {
-			if res := decode(msg.Subject, msg.Header, msg.Data); res != nil {
-				return res, nil
+	stored := func() (*Result, error) {
+		for _, verb := range []string{"completed", "failed", "canceled"} {
+			msg, err := stream.GetLastMsgForSubject(ctx, subjects.Run(runID, verb))
+			if err == nil {
+				if res := decode(msg.Subject, msg.Header, msg.Data); res != nil {
+					return res, nil
+				}
+			} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+				return nil, err
 			}
-		} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		}
+		return nil, nil
+	}
+	if res, err := stored(); res != nil || err != nil {
+		if err != nil {
 			return nil, fmt.Errorf("client: wait %s: %w", runID, err)
 		}
+		return res, nil
 	}
-	for {
+	recheck := time.NewTimer(time.Second)
+	defer recheck.Stop()
+	for every := time.Second; ; {
 		select {
 		case m := <-terminals:
 			if res := decode(m.Subject, m.Header, m.Data); res != nil {
 				return res, nil
 			}
+		case <-recheck.C:
+			// A failed read (a server going away) is retried next time.
+			if res, _ := stored(); res != nil {
+				return res, nil
+			}
+			every = min(2*every, 10*time.Second)
+			recheck.Reset(every)
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

@@ -1,0 +1,230 @@
+package process
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/planner"
+	"github.com/actionbus/actionbus/internal/stack"
+)
+
+// clusterNode is one nats-server process of the test cluster.
+type clusterNode struct {
+	name, conf, url string
+	cmd             *exec.Cmd
+	out             *syncBuffer
+}
+
+func (n *clusterNode) start(t *testing.T, bin string) {
+	t.Helper()
+	n.out = &syncBuffer{}
+	n.cmd = exec.Command(bin, "-c", n.conf)
+	n.cmd.Stdout, n.cmd.Stderr = n.out, n.out
+	require.NoError(t, n.cmd.Start())
+}
+
+func (n *clusterNode) kill() {
+	_ = n.cmd.Process.Signal(syscall.SIGKILL)
+	_ = n.cmd.Wait()
+}
+
+// startCluster builds nats-server from the module cache and starts the
+// repo's three-node configuration (deploy/nats/n1..n3.conf with
+// accounts.conf) on loopback ports, with stores in a temporary directory.
+func startCluster(t *testing.T) []*clusterNode {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "nats-server")
+	build := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
+	build.Dir = repoRoot(t)
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "build nats-server: %s", out)
+	accounts, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "nats", "accounts.conf"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "accounts.conf"), accounts, 0o600))
+	for _, u := range []string{"admin", "dispatcher", "planner", "executor", "auditor", "client", "approver"} {
+		t.Setenv(strings.ToUpper(u)+"_PASSWORD", "pw-"+u)
+	}
+	var client, route [3]string
+	for i := range 3 {
+		client[i], route[i] = freeAddr(t), freeAddr(t)
+	}
+	var nodes []*clusterNode
+	for i := range 3 {
+		name := fmt.Sprintf("n%d", i+1)
+		b, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "nats", name+".conf"))
+		require.NoError(t, err)
+		conf := string(b)
+		// Rewrite addresses and paths; everything else is the repo's.
+		conf = strings.Replace(conf, "listen: 0.0.0.0:4222", "listen: "+client[i], 1)
+		conf = regexp.MustCompile(`(?m)^http: .*$`).ReplaceAllString(conf, "")
+		conf = strings.Replace(conf, "store_dir: /data/jetstream", "store_dir: "+filepath.Join(dir, name), 1)
+		conf = strings.Replace(conf, "listen: 0.0.0.0:6222", "listen: "+route[i], 1)
+		for j := range 3 {
+			conf = strings.Replace(conf, fmt.Sprintf("nats-route://n%d:6222", j+1), "nats-route://"+route[j], 1)
+		}
+		require.Contains(t, conf, "sync_interval: always")
+		path := filepath.Join(dir, name+".conf")
+		require.NoError(t, os.WriteFile(path, []byte(conf), 0o600))
+		n := &clusterNode{name: name, conf: path, url: "nats://admin:pw-admin@" + client[i]}
+		n.start(t, bin)
+		t.Cleanup(func() {
+			n.kill()
+			if t.Failed() {
+				t.Logf("%s output:\n%s", n.name, n.out.String())
+			}
+		})
+		nodes = append(nodes, n)
+	}
+	return nodes
+}
+
+// TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce runs 200 runs
+// through the services on a real three-node cluster provisioned with
+// replicas 3, SIGKILLs one node in the middle, checks that every run
+// reaches exactly one terminal state, then restarts the node and waits
+// for it to catch up.
+func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node cluster")
+	}
+	nodes := startCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	urls := nodes[0].url + "," + nodes[1].url + "," + nodes[2].url
+	connect := func() *nats.Conn {
+		nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+		require.NoError(t, err)
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	admin := connect()
+	js, err := jetstream.New(admin)
+	require.NoError(t, err)
+	topo := events.Topology{Replicas: 3}
+	// The cluster is ready for provisioning once JetStream answers with a
+	// meta leader and all three servers.
+	require.Eventually(t, func() bool {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		defer acancel()
+		_, err := js.AccountInfo(actx)
+		return err == nil
+	}, 60*time.Second, 100*time.Millisecond, "the cluster elects a meta leader")
+	pctx, pcancel := context.WithTimeout(ctx, 60*time.Second)
+	defer pcancel()
+	require.NoError(t, topo.Provision(pctx, js), "provision with replicas 3")
+	info, err := js.Stream(ctx, topo.StreamRuns())
+	require.NoError(t, err)
+	require.Equal(t, 3, info.CachedInfo().Config.Replicas)
+
+	script, err := planner.NewScript(map[string]planner.Scenario{"echo": {Decisions: []events.Decision{
+		{Type: events.DecisionAction, Name: "t.echo", Args: map[string]any{"v": "{{ .Prompt }}"}},
+		{Type: events.DecisionFinal, Answer: `{{ index .Results "t.echo" "v" }}`},
+	}}})
+	require.NoError(t, err)
+	st, err := stack.Start(ctx, connect(), stack.Config{Provider: script, Executors: 2, Slots: 16,
+		Register: func(ex *executor.Executor) error {
+			return executor.Register(ex, executor.Action{Name: "t.echo"}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+				return executor.Result[map[string]any]{Output: in}, nil
+			})
+		}})
+	require.NoError(t, err)
+	defer st.Stop()
+	c, err := client.New(connect())
+	require.NoError(t, err)
+
+	const runs = 200
+	ids := make([]string, runs)
+	var ended atomic.Int32
+	var wg sync.WaitGroup
+	results := make([]*client.Result, runs)
+	errs := make([]error, runs)
+	killed := make(chan struct{})
+	for i := range runs {
+		if i == runs/2 {
+			// Half the runs started, some ended: kill a node mid-load.
+			require.Eventually(t, func() bool { return ended.Load() >= 20 }, 60*time.Second, 10*time.Millisecond)
+			nodes[1].kill()
+			close(killed)
+		}
+		id, err := c.Start(ctx, client.RunRequest{Prompt: fmt.Sprintf("run-%d", i), Scenario: "echo"})
+		require.NoError(t, err, "run %d not accepted", i)
+		ids[i] = id
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wctx, wcancel := context.WithTimeout(ctx, 90*time.Second)
+			defer wcancel()
+			results[i], errs[i] = c.Wait(wctx, id)
+			ended.Add(1)
+		}()
+	}
+	<-killed
+	wg.Wait()
+	for i := range runs {
+		require.NoError(t, errs[i], "run %d", i)
+		assert.Equal(t, client.StatusCompleted, results[i].Status, "run %d: %+v", i, results[i].Error)
+		assert.Equal(t, fmt.Sprintf("run-%d", i), results[i].Answer)
+	}
+
+	// Exactly one terminal event per run in the stream.
+	terminals := map[string]int{}
+	cons, err := js.OrderedConsumer(ctx, topo.StreamRuns(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{"ab.run.*.completed", "ab.run.*.failed", "ab.run.*.canceled"}})
+	require.NoError(t, err)
+	for len(terminals) < runs {
+		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
+		require.NoError(t, err)
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			terminals[strings.Split(m.Subject(), ".")[2]]++
+		}
+		if n == 0 {
+			break
+		}
+	}
+	require.Len(t, terminals, runs)
+	for _, id := range ids {
+		assert.Equal(t, 1, terminals[id], "run %s has exactly one terminal event", id)
+	}
+
+	// The killed node comes back and catches up: every replica current.
+	nodes[1].start(t, filepath.Join(filepath.Dir(nodes[1].conf), "nats-server"))
+	for _, name := range []string{topo.StreamRuns(), topo.StreamWork(), topo.StreamAudit(), "KV_ab_runs"} {
+		require.Eventually(t, func() bool {
+			s, err := js.Stream(ctx, name)
+			if err != nil {
+				return false
+			}
+			ci := s.CachedInfo().Cluster
+			if ci == nil || ci.Leader == "" || len(ci.Replicas) != 2 {
+				return false
+			}
+			for _, r := range ci.Replicas {
+				if !r.Current || r.Offline || r.Lag > 0 {
+					return false
+				}
+			}
+			return true
+		}, 60*time.Second, 200*time.Millisecond, "stream %s caught up on the restarted node", name)
+	}
+}
