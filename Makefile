@@ -3,7 +3,7 @@ GO      ?= go
 FUZZTIME ?= 15s
 PKG_FUZZ := ./internal/events
 
-.PHONY: all build test demo bench lint fuzz examples clean
+.PHONY: all build test test-cluster demo bench lint fuzz examples clean
 
 all: lint test
 
@@ -32,6 +32,11 @@ lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+## test-cluster: the three-node cluster test (real nats-server processes,
+## a node SIGKILLed under load); not yet part of make test.
+test-cluster:
+	ACTIONBUS_CLUSTER_TEST=1 $(GO) test -race -count=1 -timeout 10m -run ThreeNode -v ./test/process/
 
 ## fuzz: every fuzz target for a short bounded time.
 fuzz:

@@ -109,10 +109,37 @@ func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 	if req.Action != nil {
 		data.Action = &events.ActionCall{Name: req.Action.Name, Args: req.Action.Args, IdempotencyKey: req.Action.IdempotencyKey}
 	}
-	if _, err := c.bus.Emit(ctx, events.TypeRunRequested, req.RunID, req.RunID, "", data); err != nil {
+	if err := c.emitRetrying(ctx, events.TypeRunRequested, req.RunID, req.RunID, data); err != nil {
 		return "", fmt.Errorf("client: start run: %w", err)
 	}
 	return req.RunID, nil
+}
+
+// emitRetrying publishes an event, retrying while the stream cannot
+// answer (a cluster electing a new stream leader, a server going away)
+// until ctx ends. The event id makes a retry of a stored event a
+// duplicate, so it is stored once.
+func (c *Client) emitRetrying(ctx context.Context, typ, id, runID string, data any) error {
+	wait := 100 * time.Millisecond
+	for {
+		_, err := c.bus.Emit(ctx, typ, id, runID, "", data)
+		if err == nil || !transient(err) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// transient reports a publish error that a retry can cure.
+func transient(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected)
 }
 
 // Cancel asks the dispatcher to cancel a run. A run that already ended is
@@ -353,13 +380,17 @@ func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 	// the connection was moving to another server of a cluster (core
 	// messages sent meanwhile are lost): the stream is read at the start
 	// and again from time to time.
-	stream, err := c.js.Stream(ctx, c.topo.StreamRuns())
-	if err != nil {
-		return nil, fmt.Errorf("client: wait %s: %w", runID, err)
-	}
+	// Each read has its own short deadline: a request to a stream whose
+	// leader is being elected may get no answer at all.
 	stored := func() (*Result, error) {
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		stream, err := c.js.Stream(rctx, c.topo.StreamRuns())
+		if err != nil {
+			return nil, err
+		}
 		for _, verb := range []string{"completed", "failed", "canceled"} {
-			msg, err := stream.GetLastMsgForSubject(ctx, subjects.Run(runID, verb))
+			msg, err := stream.GetLastMsgForSubject(rctx, subjects.Run(runID, verb))
 			if err == nil {
 				if res := decode(msg.Subject, msg.Header, msg.Data); res != nil {
 					return res, nil
@@ -370,12 +401,14 @@ func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 		}
 		return nil, nil
 	}
-	if res, err := stored(); res != nil || err != nil {
-		if err != nil {
-			return nil, fmt.Errorf("client: wait %s: %w", runID, err)
-		}
+	res, err := stored()
+	switch {
+	case res != nil:
 		return res, nil
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, fmt.Errorf("client: wait %s: %w", runID, err)
 	}
+	// Other errors (a server going away) are retried below.
 	recheck := time.NewTimer(time.Second)
 	defer recheck.Stop()
 	for every := time.Second; ; {

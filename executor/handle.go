@@ -43,11 +43,19 @@ const (
 	outcomePublishFailed
 )
 
+// pullWait bounds one pull of an idle slot.
+const pullWait = 10 * time.Second
+
 // work is one slot: it pulls one message only when it is free, so no
 // message waits in a buffer while slots are busy.
 func (e *Executor) work(ctx, handlerCtx context.Context, cons jetstream.Consumer) {
 	for ctx.Err() == nil {
-		msg, err := cons.Next(jetstream.FetchContext(ctx))
+		// Each pull expires on the server: a pull request parked on a
+		// server that died (or a consumer leader that moved) would
+		// otherwise hold the slot forever.
+		pullCtx, cancel := context.WithTimeout(ctx, pullWait)
+		msg, err := cons.Next(jetstream.FetchContext(pullCtx))
+		cancel()
 		if err != nil {
 			if ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 				e.log.Warn("pull failed", "err", err)

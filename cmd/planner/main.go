@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus/internal/demo"
-	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/metrics"
+	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/service"
 )
 

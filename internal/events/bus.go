@@ -146,7 +146,12 @@ func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event, opts 
 	if err != nil {
 		return nil, err
 	}
-	ack, err := b.js.PublishMsg(ctx, msg, opts...)
+	// An acknowledgement lost with a server must not hold the caller
+	// until its own deadline: the publish is bounded and can be retried
+	// (the event id makes the retry a duplicate).
+	pctx, cancel := context.WithTimeout(ctx, PublishTimeout)
+	defer cancel()
+	ack, err := b.js.PublishMsg(pctx, msg, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("events: publish %s on %s: %w", e.Type(), subject, err)
 	}

@@ -68,12 +68,26 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 		opts.NakDelay = 100 * time.Millisecond
 	}
 	log := b.log.With("consumer", opts.Name)
-	iter, err := cons.Messages(jetstream.PullMaxMessages(opts.Concurrency))
+	open := func() (jetstream.MessagesContext, error) {
+		return cons.Messages(jetstream.PullMaxMessages(opts.Concurrency))
+	}
+	iter, err := open()
 	if err != nil {
 		return fmt.Errorf("events: serve %s: %w", opts.Name, err)
 	}
-	stop := context.AfterFunc(ctx, iter.Stop)
+	var iterMu sync.Mutex
+	stop := context.AfterFunc(ctx, func() {
+		iterMu.Lock()
+		defer iterMu.Unlock()
+		iter.Stop()
+	})
 	defer stop()
+	pause := func(d time.Duration) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+	}
 
 	slots := make(chan struct{}, opts.Concurrency)
 	var wg sync.WaitGroup
@@ -87,10 +101,31 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 		msg, err := iter.Next()
 		if err != nil {
 			<-slots
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("events: serve %s: %w", opts.Name, err)
+			// A server going away, a consumer leader moving, missed
+			// heartbeats: the service keeps serving. An iterator that
+			// ended without being stopped is replaced.
+			log.Warn("pull interrupted; serving on", "err", err)
+			pause(250 * time.Millisecond)
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrBadRequest) {
+				next, err := open()
+				if err != nil {
+					log.Warn("pull not restarted; retrying", "err", err)
+					pause(time.Second)
+					continue
+				}
+				iterMu.Lock()
+				iter.Stop()
+				iter = next
+				iterMu.Unlock()
+				if ctx.Err() != nil {
+					next.Stop()
+					return nil
+				}
+			}
+			continue
 		}
 		wg.Add(1)
 		go func() {
