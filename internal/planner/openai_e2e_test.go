@@ -206,6 +206,11 @@ func TestOpenAIPerActionSynthesisStitchesTheExactLayout(t *testing.T) {
 			assert.NotContains(t, all, `"topic":"gamma"`)
 		}
 	}
+	// The recorder has its own connection: wait for the last step.
+	rec.WaitFor(t, 10*time.Second, func(r actionbustest.Recorded) bool {
+		var s events.RunStep
+		return r.Type() == events.TypeRunStep && r.Event.DataAs(&s) == nil && s.RunID == res.RunID && s.Name == "synthesize-stitch-done"
+	})
 	var steps []string
 	for _, e := range rec.All() {
 		var s events.RunStep

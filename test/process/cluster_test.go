@@ -2,13 +2,13 @@ package process
 
 import (
 	"context"
-	"slices"
-	"log/slog"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -118,7 +118,9 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 	connect := func() *nats.Conn {
 		nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true),
 			nats.DisconnectErrHandler(func(nc *nats.Conn, err error) { t.Logf("%s disconnected: %v", time.Now().Format("15:04:05.000"), err) }),
-			nats.ReconnectHandler(func(nc *nats.Conn) { t.Logf("%s reconnected to %s", time.Now().Format("15:04:05.000"), nc.ConnectedUrlRedacted()) }))
+			nats.ReconnectHandler(func(nc *nats.Conn) {
+				t.Logf("%s reconnected to %s", time.Now().Format("15:04:05.000"), nc.ConnectedUrlRedacted())
+			}))
 		require.NoError(t, err)
 		t.Cleanup(nc.Close)
 		return nc
