@@ -75,12 +75,12 @@ func pointerTokens(p string) []string {
 	return parts
 }
 
-// Redact returns a deep copy of v with the value at each path replaced by
-// [Redacted]. "" redacts the whole value; a path that does not exist is
-// ignored.
+// Redact returns v with the value at each path replaced by [Redacted],
+// in a deep copy when anything may change (v itself is never modified).
+// "" redacts the whole value; a path that does not exist is ignored.
 func Redact(v any, paths []string) any {
 	if len(paths) == 0 {
-		return clone(v)
+		return v // records are serialized at once; nothing aliases it long
 	}
 	out := clone(v)
 	for _, p := range paths {
@@ -128,7 +128,12 @@ func clone(v any) any {
 // Shape is the seed's safe shape summary of a value: object,
 // array(length=N), string, number, boolean or null.
 func Shape(v any) string {
-	switch t := clone(v).(type) {
+	switch v.(type) {
+	case nil, map[string]any, []any, string, float64, bool:
+	default:
+		v = clone(v) // a Go value: look at its JSON form
+	}
+	switch t := v.(type) {
 	case nil:
 		return "null"
 	case map[string]any:
@@ -161,7 +166,7 @@ func ApplyInput(p PayloadPolicy, v any) any {
 	case actions.PayloadHash:
 		return hashOf(Redact(v, p.RedactPaths))
 	case actions.PayloadFull:
-		return clone(v)
+		return v
 	default: // redacted
 		return Redact(v, p.RedactPaths)
 	}
@@ -177,7 +182,7 @@ func ApplyOutput(p PayloadPolicy, v any, summary string) (value any, outputSumma
 	case actions.PayloadHash:
 		return hashOf(Redact(v, p.RedactPaths)), ""
 	case actions.PayloadFull:
-		return clone(v), ""
+		return v, ""
 	case actions.PayloadRedacted:
 		return Redact(v, p.RedactPaths), ""
 	default: // summary
