@@ -33,10 +33,10 @@ lint:
 	$(GO) run $(STATICCHECK) ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-## test-cluster: the three-node cluster test (real nats-server processes,
-## a node SIGKILLed under load); not yet part of make test.
+## test-cluster: only the three-node cluster test (real nats-server
+## processes, a node SIGKILLed under load); make test runs it too.
 test-cluster:
-	ACTIONBUS_CLUSTER_TEST=1 $(GO) test -race -count=1 -timeout 10m -run ThreeNode -v ./test/process/
+	$(GO) test -race -count=1 -timeout 10m -run ThreeNode -v ./test/process/
 
 ## fuzz: every fuzz target for a short bounded time.
 fuzz:

@@ -424,7 +424,10 @@ func (e *Executor) announce(ctx context.Context, kv jetstream.KeyValue) {
 	tick := time.NewTicker(events.PresenceTTL / 3)
 	defer tick.Stop()
 	for {
-		if _, err := kv.Put(ctx, e.presenceKey(), val); err != nil && ctx.Err() == nil {
+		pctx, cancel := events.Bounded(ctx)
+		_, err := kv.Put(pctx, e.presenceKey(), val)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			e.log.Warn("presence not refreshed", "err", err)
 		}
 		select {

@@ -63,7 +63,9 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 	entry := idemEntry{State: "reserved", CallID: req.CallID, Executor: e.cfg.ID, ReservedAt: time.Now().UTC(), TimeoutMs: timeout.Milliseconds()}
 	val, _ := json.Marshal(entry)
 	for attempt := 0; attempt < 5; attempt++ {
-		rev, err := e.idem.Create(ctx, k, val)
+		cctx, cancel := events.Bounded(ctx)
+		rev, err := e.idem.Create(cctx, k, val)
+		cancel()
 		if err == nil {
 			return &idemClaim{key: k, revision: rev, entry: entry}, nil, 0, nil
 		}
@@ -90,7 +92,9 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 		}
 		e.log.Warn("taking over an abandoned idempotency reservation; the handler runs again with the same key",
 			"call_id", req.CallID, "previous_executor", held.Executor)
-		rev, err = e.idem.Update(ctx, k, val, cur.Revision())
+		uctx, cancel := events.Bounded(ctx)
+		rev, err = e.idem.Update(uctx, k, val, cur.Revision())
+		cancel()
 		if err == nil {
 			return &idemClaim{key: k, revision: rev, entry: entry}, nil, 0, nil
 		}
@@ -106,7 +110,9 @@ func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Resul
 	if err != nil {
 		return err
 	}
-	_, err = e.idem.Update(context.WithoutCancel(ctx), c.key, val, c.revision)
+	uctx, cancel := events.Bounded(context.WithoutCancel(ctx))
+	defer cancel()
+	_, err = e.idem.Update(uctx, c.key, val, c.revision)
 	return err
 }
 
@@ -114,7 +120,9 @@ func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Resul
 func (e *Executor) release(c *idemClaim) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := e.idem.Delete(ctx, c.key, jetstream.LastRevision(c.revision)); err != nil {
+	dctx, cancel := events.Bounded(ctx)
+	defer cancel()
+	if err := e.idem.Delete(dctx, c.key, jetstream.LastRevision(c.revision)); err != nil {
 		e.log.Warn("idempotency key not released", "err", err)
 	}
 }

@@ -371,14 +371,18 @@ func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequeste
 	}
 	// Create-only: the first request of a run creates it; a republished
 	// request, or another dispatcher that got there first, finds it.
-	rev, err := d.runs.Create(ctx, req.RunID, val)
+	cctx, cancel := events.Bounded(ctx)
+	rev, err := d.runs.Create(cctx, req.RunID, val)
+	cancel()
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		if !redelivered {
 			return nil
 		}
 		// This very message is redelivered: we may have crashed between
 		// storing the run and publishing what it implies.
-		entry, err := d.runs.Get(ctx, req.RunID)
+		gctx, cancel := events.Bounded(ctx)
+		entry, err := d.runs.Get(gctx, req.RunID)
+		cancel()
 		if err != nil {
 			return err
 		}
@@ -471,7 +475,9 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		before, revision, ok := d.cache.get(runID)
 		fresh := !ok || attempt > 0
 		if fresh {
-			entry, err := d.runs.Get(ctx, runID)
+			gctx, cancel := events.Bounded(ctx)
+			entry, err := d.runs.Get(gctx, runID)
+			cancel()
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
 				// An event for a run we do not know (yet): the
 				// run.requested may still be on its way; retry with
@@ -523,7 +529,9 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		if err != nil {
 			return events.Permanent(err)
 		}
-		rev, err := d.runs.Update(ctx, runID, after, revision)
+		uctx, cancel := events.Bounded(ctx)
+		rev, err := d.runs.Update(uctx, runID, after, revision)
+		cancel()
 		if err != nil {
 			d.cache.drop(runID)
 			if isConflict(err) {

@@ -266,6 +266,14 @@ func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 	return nil
 }
 
+// Bounded returns ctx with a PublishTimeout deadline. JetStream writes
+// through nats.go (key-value updates included) wait for their
+// acknowledgement as long as ctx allows; an acknowledgement lost with a
+// server would otherwise hold the caller, and any lock it holds, for ever.
+func Bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, PublishTimeout)
+}
+
 // PublishTimeout bounds the wait for JetStream to acknowledge a batch.
 const PublishTimeout = 10 * time.Second
 

@@ -232,6 +232,24 @@ func (t Topology) durable(name, desc string, filters ...string) jetstream.Consum
 	}
 }
 
+// leaderReads turns off direct gets on a stream, so that reads are served
+// by its leader.
+func (t Topology) leaderReads(ctx context.Context, js jetstream.JetStream, stream string) error {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("events: provision %s: %w", stream, err)
+	}
+	cfg := st.CachedInfo().Config
+	if !cfg.AllowDirect {
+		return nil
+	}
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("events: provision %s: %w", stream, err)
+	}
+	return nil
+}
+
 // Consumers returns the durable consumers.
 func (t Topology) Consumers() []ConsumerSpec {
 	t = t.withDefaults()
@@ -290,6 +308,16 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 	for _, kc := range t.Buckets() {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
 			return fmt.Errorf("events: provision bucket %s: %w", kc.Bucket, err)
+		}
+		if kc.Bucket == t.BucketRuns() || kc.Bucket == t.BucketIdempotency() {
+			// Run state and idempotency keys are read to be written with
+			// a revision check: reads must come from the stream leader.
+			// Direct gets may be answered by a follower that lags behind
+			// (right after a node loss, for a while), and a stale
+			// revision would make every revision-checked write conflict.
+			if err := t.leaderReads(ctx, js, "KV_"+kc.Bucket); err != nil {
+				return err
+			}
 		}
 	}
 	for _, oc := range t.ObjectStores() {
