@@ -111,7 +111,8 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 		t.Fatalf("actionbustest: %v", err)
 	}
 	var provider planner.Provider = script
-	if o := opts.OpenAI; o != nil {
+	if opts.OpenAI != nil {
+		o := *opts.OpenAI // the caller's options stay as given
 		if o.Model == "" {
 			o.Model = "test-model"
 		}

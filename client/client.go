@@ -382,12 +382,16 @@ func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 	// and again from time to time.
 	// Each read has its own short deadline: a request to a stream whose
 	// leader is being elected may get no answer at all.
+	var stream jetstream.Stream // looked up once it answers
 	stored := func() (*Result, error) {
 		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
-		stream, err := c.js.Stream(rctx, c.topo.StreamRuns())
-		if err != nil {
-			return nil, err
+		if stream == nil {
+			s, err := c.js.Stream(rctx, c.topo.StreamRuns())
+			if err != nil {
+				return nil, err
+			}
+			stream = s
 		}
 		for _, verb := range []string{"completed", "failed", "canceled"} {
 			msg, err := stream.GetLastMsgForSubject(rctx, subjects.Run(runID, verb))

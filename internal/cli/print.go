@@ -18,7 +18,6 @@ type progress struct {
 	w         io.Writer
 	start     time.Time
 	streaming bool
-	streamed  bool
 	// onStep, when set, sees every step after it is printed.
 	onStep func(client.Step)
 }
@@ -38,7 +37,7 @@ func (p *progress) token(delta string, end bool) {
 	}
 	if !p.streaming {
 		fmt.Fprintf(p.w, "%8s ✎ ", time.Since(p.start).Round(time.Millisecond))
-		p.streaming, p.streamed = true, true
+		p.streaming = true
 	}
 	fmt.Fprint(p.w, delta)
 }
