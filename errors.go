@@ -71,6 +71,10 @@ const (
 	CodeApprovalExpired      Code = "approval_expired"
 	CodeApprovalInvalid      Code = "approval_invalid"
 	CodeApprovalReplayed     Code = "approval_replayed"
+	CodeSubjectMismatch      Code = "subject_mismatch"
+	CodeInvalidRunID         Code = "invalid_run_id"
+	CodeIdempotencyConflict  Code = "idempotency_key_conflict"
+	CodePayloadTooLarge      Code = "payload_too_large"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -84,29 +88,36 @@ var Codes = []Code{
 	CodeScenarioNotFound, CodeMissingTopology, CodeActionArgsInvalid, CodeInvalidAuditPolicy,
 	CodeInvalidDefinition, CodeWorkflowExecution, CodePlannerFailed, CodeStageStalled, CodeRepeatedFailure,
 	CodeApprovalDenied, CodeApprovalExpired, CodeApprovalInvalid, CodeApprovalReplayed,
+	CodeProviderError, CodeNativeToolCallsEmpty, CodeToolsUnsupported, CodePlannerRepaired,
+	CodeReplayDiverged, CodeWorkspacePath, CodeStaleFile, CodePatchRejected, CodeSQLRefused,
+	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code
 // matches its sentinel regardless of message or details.
 var (
-	ErrActionNotFound     = &Error{Code: CodeActionNotFound}
-	ErrActionExists       = &Error{Code: CodeActionAlreadyExists}
-	ErrSchemaValidation   = &Error{Code: CodeSchemaValidation}
-	ErrModeNotAllowed     = &Error{Code: CodeModeNotAllowed}
-	ErrPolicyRejected     = &Error{Code: CodePolicyRejected}
-	ErrApprovalRequired   = &Error{Code: CodeApprovalRequired}
-	ErrTimeout            = &Error{Code: CodeTimeout}
-	ErrDeliveryExhausted  = &Error{Code: CodeDeliveryExhausted}
-	ErrCanceled           = &Error{Code: CodeCanceled}
-	ErrMalformedEvent     = &Error{Code: CodeMalformedEvent}
-	ErrUnknownEventType   = &Error{Code: CodeUnknownEventType}
-	ErrUnsupportedData    = &Error{Code: CodeUnsupportedContent}
-	ErrMissingTopology    = &Error{Code: CodeMissingTopology}
-	ErrArgsInvalid        = &Error{Code: CodeActionArgsInvalid}
-	ErrInvalidDefinition  = &Error{Code: CodeInvalidDefinition}
-	ErrStageStalled       = &Error{Code: CodeStageStalled}
-	ErrRepeatedFailure    = &Error{Code: CodeRepeatedFailure}
-	ErrWorkflowValidation = &Error{Code: CodeWorkflowValidation}
+	ErrActionNotFound      = &Error{Code: CodeActionNotFound}
+	ErrActionExists        = &Error{Code: CodeActionAlreadyExists}
+	ErrSchemaValidation    = &Error{Code: CodeSchemaValidation}
+	ErrModeNotAllowed      = &Error{Code: CodeModeNotAllowed}
+	ErrPolicyRejected      = &Error{Code: CodePolicyRejected}
+	ErrApprovalRequired    = &Error{Code: CodeApprovalRequired}
+	ErrTimeout             = &Error{Code: CodeTimeout}
+	ErrDeliveryExhausted   = &Error{Code: CodeDeliveryExhausted}
+	ErrCanceled            = &Error{Code: CodeCanceled}
+	ErrMalformedEvent      = &Error{Code: CodeMalformedEvent}
+	ErrUnknownEventType    = &Error{Code: CodeUnknownEventType}
+	ErrUnsupportedData     = &Error{Code: CodeUnsupportedContent}
+	ErrMissingTopology     = &Error{Code: CodeMissingTopology}
+	ErrArgsInvalid         = &Error{Code: CodeActionArgsInvalid}
+	ErrInvalidDefinition   = &Error{Code: CodeInvalidDefinition}
+	ErrStageStalled        = &Error{Code: CodeStageStalled}
+	ErrRepeatedFailure     = &Error{Code: CodeRepeatedFailure}
+	ErrWorkflowValidation  = &Error{Code: CodeWorkflowValidation}
+	ErrSubjectMismatch     = &Error{Code: CodeSubjectMismatch}
+	ErrInvalidRunID        = &Error{Code: CodeInvalidRunID}
+	ErrIdempotencyConflict = &Error{Code: CodeIdempotencyConflict}
+	ErrPayloadTooLarge     = &Error{Code: CodePayloadTooLarge}
 )
 
 // Error is an actionbus failure with a stable code. It is the Go form of the

@@ -99,7 +99,7 @@ func (d *Dispatcher) requestApproval(st *RunState, i int, snap policy.Snapshot) 
 	// The request goes out before the step that announces it, so whoever
 	// reacts to the step finds the request stored.
 	return []emission{
-		{typ: events.TypeApprovalRequested, id: events.DerivedID(st.RunID, "approval", ctx.ApprovalID),
+		{typ: events.TypeApprovalRequested, id: st.derive("approval", ctx.ApprovalID),
 			data: &events.ApprovalRequested{RunID: st.RunID, Context: ctx, Input: nonNilArgs(c.Args), Reason: snap.Reason}},
 		stepWith(st, "awaiting-approval", &pi, c.Action, ctx.ApprovalID, "", map[string]any{"approvalId": ctx.ApprovalID, "reason": snap.Reason}),
 		t,

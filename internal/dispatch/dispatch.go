@@ -26,6 +26,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
@@ -243,17 +244,59 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err := d.watchPolicy(ctx); err != nil {
 		return err
 	}
-	cons, err := d.js.Consumer(ctx, d.topo.StreamRuns(), events.ConsumerDispatcher)
-	if err != nil {
-		return err
+	// Two consumers: what services write (decisions, results, timers)
+	// and what clients and approvers write (requests, cancels, inputs,
+	// approvals' answers) live in separate streams.
+	type served struct {
+		cons jetstream.Consumer
+		opts events.ServeOptions
+	}
+	var all []served
+	for _, c := range d.topo.Needs("dispatcher", "").Consumers {
+		cons, err := d.js.Consumer(ctx, c.Stream, c.Config.Durable)
+		if err != nil {
+			return err
+		}
+		opts := events.ServeOptions{Name: c.Config.Durable, Concurrency: d.cfg.Concurrency}
+		if d.cfg.Metrics != nil {
+			opts.Observer = d.cfg.Metrics
+		}
+		if c.Config.Durable == events.ConsumerDispatcherRequests {
+			opts.OnReject = d.onRejected
+		}
+		all = append(all, served{cons, opts})
 	}
 	d.log.Info("dispatcher serving")
 	close(d.ready)
-	opts := events.ServeOptions{Name: events.ConsumerDispatcher, Concurrency: d.cfg.Concurrency}
-	if d.cfg.Metrics != nil {
-		opts.Observer = d.cfg.Metrics
+	g, gctx := errgroup.WithContext(ctx)
+	for _, s := range all {
+		g.Go(func() error { return d.bus.Serve(gctx, s.cons, s.opts, d.handle) })
 	}
-	return d.bus.Serve(ctx, cons, opts, d.handle)
+	return g.Wait()
+}
+
+// onRejected answers a rejected run request: when its subject names a
+// valid run id that no run has yet, the run is created failed, with the
+// rejection's code, and its run.failed published, so that whoever waits on
+// the id learns why. A run that exists is left alone: junk sent on a live
+// run's subject must not end it.
+func (d *Dispatcher) onRejected(ctx context.Context, msg jetstream.Msg, reason error) error {
+	subjects := d.bus.Subjects()
+	runID := subjects.RunIDFromSubject(msg.Subject())
+	if !events.ValidRunID(runID) || msg.Subject() != subjects.Run(runID, "requested") {
+		return nil
+	}
+	unlock := d.locks.Lock(runID)
+	defer unlock()
+	abErr := &actionbus.Error{Code: actionbus.CodeOf(reason), Message: "run.requested rejected"}
+	var typed *actionbus.Error
+	if errors.As(reason, &typed) {
+		abErr.Message = "run.requested rejected: " + typed.Message
+	}
+	now := time.Now().UTC()
+	st := &RunState{RunID: runID, IDKey: newIDKey(), Kind: "rejected", Observations: []events.Observation{}, CreatedAt: now, UpdatedAt: now, Deadline: now}
+	out := d.fail(st, abErr)
+	return d.admit(ctx, st, out, msg)
 }
 
 // emission is an event a state transition publishes once the new state is
@@ -274,7 +317,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 	}
 	switch data := r.Data.(type) {
 	case *events.RunRequested:
-		return d.onRunRequested(ctx, data, redelivered)
+		return d.onRunRequested(ctx, data, msg)
 	case *events.DecisionMade:
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
 			return d.onDecision(ctx, st, data)
@@ -327,12 +370,12 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 	return nil
 }
 
-func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequested, redelivered bool) error {
+func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequested, msg jetstream.Msg) error {
 	unlock := d.locks.Lock(req.RunID)
 	defer unlock()
 	now := time.Now().UTC()
 	st := &RunState{
-		RunID: req.RunID, Status: StatusRunning, Kind: "agent", Prompt: req.Prompt, Scenario: req.Scenario, Replay: req.Replay,
+		RunID: req.RunID, IDKey: newIDKey(), Status: StatusRunning, Kind: "agent", Prompt: req.Prompt, Scenario: req.Scenario, Replay: req.Replay,
 		UserID: req.UserID, AllowedModes: req.AllowedModes, Metadata: req.Metadata,
 		Observations: []events.Observation{}, CreatedAt: now, UpdatedAt: now,
 	}
@@ -345,7 +388,7 @@ func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequeste
 		deadline = time.Duration(req.DeadlineMs) * time.Millisecond
 	}
 	st.Deadline = now.Add(deadline)
-	out = append(out, emission{typ: events.TypeRunStarted, id: events.DerivedID(req.RunID, "started"),
+	out = append(out, emission{typ: events.TypeRunStarted, id: st.derive("started"),
 		data: &events.RunStarted{RunID: req.RunID, Kind: st.Kind, Scenario: req.Scenario, Prompt: req.Prompt}},
 		d.timer(st, events.TimerRunDeadline, "run", "", "run", deadline))
 	if req.Action != nil {
@@ -365,37 +408,43 @@ func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequeste
 	} else {
 		out = append(out, d.askPlanner(st)...)
 	}
+	return d.admit(ctx, st, out, msg)
+}
+
+// admit creates a new run's state and publishes what it implies. Create
+// only: the first request of a run creates it; a republished request, or
+// another dispatcher that got there first, finds it and changes nothing.
+// When msg itself is redelivered the dispatcher may have crashed between
+// storing the run and publishing, so what the stored run waits on is
+// published again.
+func (d *Dispatcher) admit(ctx context.Context, st *RunState, out []emission, msg jetstream.Msg) error {
 	val, err := json.Marshal(st)
 	if err != nil {
 		return events.Permanent(err)
 	}
-	// Create-only: the first request of a run creates it; a republished
-	// request, or another dispatcher that got there first, finds it.
 	cctx, cancel := events.Bounded(ctx)
-	rev, err := d.runs.Create(cctx, req.RunID, val)
+	rev, err := d.runs.Create(cctx, st.RunID, val)
 	cancel()
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		if !redelivered {
+		if md, mdErr := msg.Metadata(); mdErr != nil || md.NumDelivered <= 1 {
 			return nil
 		}
-		// This very message is redelivered: we may have crashed between
-		// storing the run and publishing what it implies.
 		gctx, cancel := events.Bounded(ctx)
-		entry, err := d.runs.Get(gctx, req.RunID)
+		entry, err := d.runs.Get(gctx, st.RunID)
 		cancel()
 		if err != nil {
 			return err
 		}
 		var cur RunState
 		if err := json.Unmarshal(entry.Value(), &cur); err != nil {
-			return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", req.RunID, err))
+			return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", st.RunID, err))
 		}
 		return d.publish(ctx, &cur, d.pending(&cur))
 	}
 	if err != nil {
 		return err
 	}
-	d.cache.put(req.RunID, val, rev, st.IsTerminal())
+	d.cache.put(st.RunID, val, rev, st.IsTerminal())
 	d.cfg.Metrics.RunStarted(st.Kind)
 	if st.IsTerminal() {
 		d.cfg.Metrics.RunEnded(st.Kind, st.Status, 0)
@@ -616,7 +665,7 @@ func stepWith(st *RunState, name string, planIndex *int, action, message, status
 	// (a retried workflow step repeats names) and a transition recomputed
 	// from the same stored state derives the same ids.
 	st.StepSeq++
-	return emission{typ: events.TypeRunStep, id: events.DerivedID(st.RunID, "step", st.StepSeq),
+	return emission{typ: events.TypeRunStep, id: st.derive("step", st.StepSeq),
 		data: &events.RunStep{RunID: st.RunID, Name: name, Cycle: st.Cycle, PlanIndex: planIndex, Action: action,
 			Message: message, Status: status, Details: details}}
 }

@@ -53,7 +53,7 @@ func (d *Dispatcher) askPlanner(st *RunState) []emission {
 }
 
 func (d *Dispatcher) decisionRequest(st *RunState) emission {
-	return emission{typ: events.TypeDecisionRequested, id: events.DerivedID(st.RunID, "decide", st.Cycle),
+	return emission{typ: events.TypeDecisionRequested, id: st.derive("decide", st.Cycle),
 		data: &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Prompt, Scenario: st.Scenario,
 			Observations: st.Observations, Feedback: st.Feedback, Synthesize: st.Synthesize, Replay: st.Replay},
 		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}}
@@ -70,7 +70,7 @@ func (d *Dispatcher) timer(st *RunState, kind, name, callID, stage string, after
 	// The id names what the timer is for (the call id differs per attempt
 	// and per approval), so a timer of a later attempt is not mistaken for
 	// a duplicate of an earlier one.
-	e := d.bus.TimerEmission(events.DerivedID(st.RunID, "timer", name, st.Cycle, callID), name, at,
+	e := d.bus.TimerEmission(st.derive("timer", name, st.Cycle, callID), name, at,
 		&events.TimerFired{RunID: st.RunID, Kind: kind, Cycle: st.Cycle, CallID: callID, Stage: stage})
 	return emission{typ: e.Type, id: e.ID, data: e.Data, ext: e.Ext, subject: e.Subject, header: e.Header}
 }
@@ -93,7 +93,7 @@ func nonNilArgs(a map[string]any) map[string]any {
 
 func terminalEmission(st *RunState) emission {
 	t := st.Terminal
-	e := emission{typ: t.Type, id: events.TerminalID(st.RunID)}
+	e := emission{typ: t.Type, id: st.derive("terminal")}
 	switch t.Type {
 	case events.TypeRunCompleted:
 		e.data = &events.RunCompleted{RunID: st.RunID, Answer: t.Answer, Output: t.Output, Citations: t.Citations, Cycles: st.Cycle}
@@ -343,7 +343,7 @@ func (d *Dispatcher) startCalls(ctx context.Context, st *RunState, decs []events
 		if timeout <= 0 {
 			timeout = actions.DefaultTimeout.Milliseconds()
 		}
-		call := CallState{PlanIndex: i, CallID: events.DerivedID(st.RunID, "call", st.Cycle, i, 1),
+		call := CallState{PlanIndex: i, CallID: st.derive("call", st.Cycle, i, 1),
 			Action: dec.Name, Pool: entry.Pool, Args: args, Origin: origin, TimeoutMs: timeout, Mode: string(entry.Mode)}
 		if origin == events.OriginHost {
 			call.IdempotencyKey = dec.IdempotencyKey

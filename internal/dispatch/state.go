@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"time"
 
 	"github.com/actionbus/actionbus"
@@ -31,7 +33,14 @@ const (
 // RunState is the dispatcher's record of one run, stored as JSON under the
 // run id in the runs bucket and only ever updated with a revision check.
 type RunState struct {
-	RunID        string               `json:"runId"`
+	RunID string `json:"runId"`
+	// IDKey is a random secret drawn when the run is admitted. Every id
+	// the dispatcher derives for the run mixes it in ([RunState.derive]),
+	// so the ids stay deterministic for a restarted dispatcher yet cannot
+	// be predicted by anyone who cannot read run state: no executor,
+	// planner or client can pre-empt one of the run's events with a forged
+	// Nats-Msg-Id and have the real one dropped as a duplicate.
+	IDKey        string               `json:"idKey"`
 	Kind         string               `json:"kind"`
 	Status       string               `json:"status"`
 	Phase        string               `json:"phase,omitempty"`
@@ -209,4 +218,17 @@ func (s *RunState) callIndex(callID string) int {
 		}
 	}
 	return -1
+}
+
+// derive returns the deterministic id of one of the run's events, keyed by
+// the run's secret [RunState.IDKey].
+func (st *RunState) derive(parts ...any) string {
+	return events.DerivedID(st.RunID, append([]any{st.IDKey}, parts...)...)
+}
+
+// newIDKey draws a run's id key: 128 random bits, hex.
+func newIDKey() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

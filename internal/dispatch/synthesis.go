@@ -138,7 +138,7 @@ func (d *Dispatcher) synthesisRequest(st *RunState, p SynthesisPart) emission {
 			req.Results = append(req.Results, obs)
 		}
 	}
-	return emission{typ: events.TypeSynthesisRequested, id: events.DerivedID(st.RunID, "synthesize", st.Cycle, p.Part, p.Index), data: req,
+	return emission{typ: events.TypeSynthesisRequested, id: st.derive("synthesize", st.Cycle, p.Part, p.Index), data: req,
 		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}}
 }
 

@@ -171,7 +171,7 @@ func (d *Dispatcher) readyStep(ctx context.Context, st *RunState, i int, outputs
 		timeout = actions.DefaultTimeout.Milliseconds()
 	}
 	attempt := st.Workflow.Steps[i].Attempt
-	st.Calls[i] = CallState{PlanIndex: i, CallID: events.DerivedID(st.RunID, "call", 1, i, attempt), Action: s.Action,
+	st.Calls[i] = CallState{PlanIndex: i, CallID: st.derive("call", 1, i, attempt), Action: s.Action,
 		Pool: entry.Pool, Args: args, Origin: events.OriginHost, TimeoutMs: timeout, Mode: string(entry.Mode),
 		IdempotencyKey: s.IdempotencyKey, Attempt: attempt, StepID: s.ID, MaxAttempts: s.Attempts()}
 	st.Workflow.Steps[i].Status = StepReady

@@ -298,7 +298,8 @@ func (r *Received) RunID() string {
 	return ""
 }
 
-// Receive decodes, validates and types a consumed message. The error is an
+// Receive decodes, validates and types a consumed message, and checks it
+// against its subject ([Subjects.CheckBinding]). The error is an
 // *actionbus.Error; hand it to [Bus.Reject].
 func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*Received, error) {
 	e, err := Decode(subject, h, body)
@@ -313,16 +314,21 @@ func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*Received, er
 	if err := DataAs(e, data); err != nil {
 		return nil, err
 	}
+	if err := b.subjects.CheckBinding(subject, e, data); err != nil {
+		return nil, err
+	}
 	return &Received{Event: e, Data: data, Subject: subject}, nil
 }
 
 // Reject handles a message that failed [Bus.Receive]: it republishes the
 // original headers and body under a new id on the rejected-events subject,
-// with the reason, and logs once. If the message was a run.requested whose
-// run id can be read from its subject, Reject also publishes the run's
-// run.failed so that its client does not wait forever. The caller acks msg
-// when Reject returns nil, and naks it (to retry later) otherwise: nothing is
-// lost.
+// with the reason, and logs once. The caller acks msg when Reject returns
+// nil, and naks it (to retry later) otherwise: nothing is lost.
+//
+// The rejection never speaks for the run the subject names: it publishes
+// nothing under another event's id and no run event. A service that must
+// answer a rejected event (the dispatcher ends a rejected run request that
+// names no existing run) does so in [ServeOptions.OnReject].
 func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, reason error) error {
 	rej := EventRejected{
 		OriginalSubject: msg.Subject(),
@@ -339,33 +345,24 @@ func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, re
 	if rej.Reason.Message == "" {
 		rej.Reason.Message = reason.Error()
 	}
+	// A fresh id: a derived one could be predicted, and pre-empted, by
+	// any other publisher of the rejected stream. A message rejected
+	// twice (a lost ack) is recorded twice, with the same stream sequence.
 	id := NewID()
 	stream := "unknown"
 	if md, err := msg.Metadata(); err == nil {
 		stream = md.Stream
 		rej.Stream = md.Stream
 		rej.StreamSequence = md.Sequence.Stream
-		// The same stored message rejected twice (a lost ack) yields one
-		// rejected event.
-		id = DerivedID("rejected", md.Stream, md.Sequence.Stream)
 	}
-	runID := b.subjects.RunIDFromSubject(msg.Subject())
-	rej.RunID = runID
+	if runID := b.subjects.RunIDFromSubject(msg.Subject()); ValidRunID(runID) {
+		rej.RunID = runID
+	}
 	if _, err := b.emitRejected(ctx, stream, id, rej); err != nil {
 		return fmt.Errorf("events: reject message from %s: %w", msg.Subject(), err)
 	}
-	b.log.Warn("event rejected", "subject", msg.Subject(), "consumer", consumer,
+	b.log.Warn("event rejected", "subject", clip(msg.Subject(), 256), "consumer", consumer,
 		"code", rej.Reason.Code, "reason", rej.Reason.Message, "rejected_id", id)
-
-	if runID != "" && msg.Subject() == b.subjects.Run(runID, "requested") {
-		failed := RunFailed{RunID: runID, Error: actionbus.Error{
-			Code:    rej.Reason.Code,
-			Message: "run.requested rejected: " + rej.Reason.Message,
-		}}
-		if _, err := b.Emit(ctx, TypeRunFailed, TerminalID(runID), runID, "", failed); err != nil {
-			b.log.Warn("run.failed for a rejected run.requested not published", "run_id", runID, "err", err)
-		}
-	}
 	return nil
 }
 
@@ -377,8 +374,3 @@ func (b *Bus) emitRejected(ctx context.Context, stream, id string, rej EventReje
 	_, err = b.Publish(ctx, b.subjects.Rejected(stream), e)
 	return e, err
 }
-
-// TerminalID is the id of a run's terminal event (completed, failed or
-// canceled). All three share it, so JetStream stores at most one terminal
-// event per run within the duplicate window, whoever publishes it.
-func TerminalID(runID string) string { return DerivedID(runID, "terminal") }

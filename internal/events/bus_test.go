@@ -47,7 +47,7 @@ func TestRepublishedEventIsStoredOnce(t *testing.T) {
 	assert.True(t, second.Duplicate)
 	assert.Equal(t, first.Sequence, second.Sequence)
 
-	stream, err := srv.JS.Stream(ctx, events.Topology{}.StreamRuns())
+	stream, err := srv.JS.Stream(ctx, events.Topology{}.StreamRequests())
 	require.NoError(t, err)
 	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(subject))
 	require.NoError(t, err)
@@ -59,9 +59,10 @@ func TestTerminalEventsShareOneID(t *testing.T) {
 	bus := newBus(t, srv, events.ModeBinary, "")
 	ctx := ctxT(t)
 	runID := events.NewID()
-	_, err := bus.Emit(ctx, events.TypeRunCompleted, events.TerminalID(runID), runID, "", &events.RunCompleted{RunID: runID, Cycles: 1})
+	terminalID := events.DerivedID(runID, "run-secret", "terminal")
+	_, err := bus.Emit(ctx, events.TypeRunCompleted, terminalID, runID, "", &events.RunCompleted{RunID: runID, Cycles: 1})
 	require.NoError(t, err)
-	_, err = bus.Emit(ctx, events.TypeRunFailed, events.TerminalID(runID), runID, "", &events.RunFailed{RunID: runID, Error: actionbus.Error{Code: "x"}})
+	_, err = bus.Emit(ctx, events.TypeRunFailed, terminalID, runID, "", &events.RunFailed{RunID: runID, Error: actionbus.Error{Code: "x"}})
 	require.NoError(t, err)
 	stream, err := srv.JS.Stream(ctx, events.Topology{}.StreamRuns())
 	require.NoError(t, err)
@@ -83,7 +84,7 @@ func TestPublishedEventsReachConsumersInBothModesAndCodecs(t *testing.T) {
 				require.NoError(t, err)
 
 				got := make(chan *events.Received, 1)
-				serve(t, srv, bus, events.ConsumerDispatcher, func(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
+				serve(t, srv, bus, events.ConsumerDispatcherRequests, func(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
 					got <- r
 					return nil
 				})
@@ -103,7 +104,11 @@ func TestPublishedEventsReachConsumersInBothModesAndCodecs(t *testing.T) {
 func serve(t *testing.T, srv *actionbustest.Server, bus *events.Bus, consumer string, h events.HandlerFunc) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cons, err := srv.JS.Consumer(ctx, events.Topology{}.StreamRuns(), consumer)
+	stream := events.Topology{}.StreamRuns()
+	if consumer == events.ConsumerDispatcherRequests {
+		stream = events.Topology{}.StreamRequests()
+	}
+	cons, err := srv.JS.Consumer(ctx, stream, consumer)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- bus.Serve(ctx, cons, events.ServeOptions{Name: consumer, Concurrency: 4}, h) }()
@@ -126,7 +131,8 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 			"ce-datacontenttype": {"application/json"}, events.HeaderMsgID: {id},
 		}
 	}
-	truncated, err := msgpack.Marshal(map[string]any{"runId": "R5", "kind": "agent"})
+	r1, r2, r3, r4, r5 := events.NewID(), events.NewID(), events.NewID(), events.NewID(), events.NewID()
+	truncated, err := msgpack.Marshal(map[string]any{"runId": r5, "kind": "agent"})
 	require.NoError(t, err)
 
 	bad := []struct {
@@ -136,15 +142,15 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 		body   []byte
 		code   actionbus.Code
 	}{
-		{"malformed headers", "R1", nats.Header{"ce-specversion": {"1.0"}, "ce-id": {"%ZZ"}, events.HeaderMsgID: {"m1"}}, []byte(`{}`), actionbus.CodeMalformedEvent},
-		{"unknown type", "R2", validHeaders("m2", "io.actionbus.nope.happened"), []byte(`{}`), actionbus.CodeUnknownEventType},
-		{"data violating its schema", "R3", validHeaders("m3", events.TypeDecisionMade), []byte(`{"runId":"R3"}`), actionbus.CodeSchemaValidation},
-		{"wrong datacontenttype", "R4", func() nats.Header {
+		{"malformed headers", r1, nats.Header{"ce-specversion": {"1.0"}, "ce-id": {"%ZZ"}, events.HeaderMsgID: {"m1"}}, []byte(`{}`), actionbus.CodeMalformedEvent},
+		{"unknown type", r2, validHeaders("m2", "io.actionbus.nope.happened"), []byte(`{}`), actionbus.CodeUnknownEventType},
+		{"data violating its schema", r3, validHeaders("m3", events.TypeDecisionMade), []byte(`{"runId":"` + r3 + `"}`), actionbus.CodeSchemaValidation},
+		{"wrong datacontenttype", r4, func() nats.Header {
 			h := validHeaders("m4", events.TypeDecisionMade)
 			h["ce-datacontenttype"] = []string{"text/csv"}
 			return h
 		}(), []byte(`a,b`), actionbus.CodeUnsupportedContent},
-		{"truncated msgpack", "R5", func() nats.Header {
+		{"truncated msgpack", r5, func() nats.Header {
 			h := validHeaders("m5", events.TypeDecisionMade)
 			h["ce-datacontenttype"] = []string{events.ContentTypeMsgpack}
 			return h
@@ -214,7 +220,10 @@ func rejectedRun(r actionbustest.Recorded) string {
 	return rej.RunID
 }
 
-func TestRejectedRunRequestedFailsTheRun(t *testing.T) {
+// TestRejectionSpeaksForNoRun: rejecting a run.requested publishes the
+// rejection under a fresh id and no run event (the dispatcher decides in
+// OnReject whether the run can be failed), and OnReject sees the reason.
+func TestRejectionSpeaksForNoRun(t *testing.T) {
 	srv := actionbustest.NewServer(t)
 	bus := newBus(t, srv, events.ModeBinary, "")
 	ctx := ctxT(t)
@@ -223,20 +232,38 @@ func TestRejectedRunRequestedFailsTheRun(t *testing.T) {
 	_, err := srv.JS.PublishMsg(ctx, &nats.Msg{
 		Subject: bus.Subjects().Run(runID, "requested"),
 		Header: nats.Header{"ce-specversion": {"1.0"}, "ce-id": {runID}, "ce-source": {"/client"},
-			"ce-type": {events.TypeRunRequested}, "ce-datacontenttype": {"application/json"}},
+			"ce-type": {events.TypeRunRequested}, "ce-datacontenttype": {"application/json"},
+			events.HeaderMsgID: {runID}},
 		Data: []byte(`{"runId":"` + runID + `","allowedModes":"everything"}`),
 	})
 	require.NoError(t, err)
-	serve(t, srv, bus, events.ConsumerDispatcher, func(context.Context, *events.Received, jetstream.Msg) error {
-		t.Error("an invalid run.requested reached the handler")
-		return nil
-	})
-	failed := rec.WaitForType(t, 0, events.TypeRunFailed, runID)
-	var data events.RunFailed
-	require.NoError(t, events.DataAs(failed.Event, &data))
-	assert.Equal(t, runID, data.RunID)
-	assert.Equal(t, actionbus.CodeSchemaValidation, data.Error.Code)
-	assert.Equal(t, events.TerminalID(runID), failed.Event.ID())
+	reasons := make(chan error, 1)
+	cons, err := srv.JS.Consumer(ctx, events.Topology{}.StreamRequests(), events.ConsumerDispatcherRequests)
+	require.NoError(t, err)
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- bus.Serve(sctx, cons, events.ServeOptions{Name: "dispatcher-requests", OnReject: func(_ context.Context, msg jetstream.Msg, reason error) error {
+			reasons <- reason
+			return nil
+		}}, func(context.Context, *events.Received, jetstream.Msg) error {
+			t.Error("an invalid run.requested reached the handler")
+			return nil
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case reason := <-reasons:
+		assert.ErrorIs(t, reason, actionbus.ErrSchemaValidation)
+	case <-ctx.Done():
+		t.Fatal("OnReject was not called")
+	}
+	r := rec.WaitForType(t, 0, events.TypeEventRejected, "")
+	assert.NotEqual(t, runID, r.Event.ID(), "a rejection has its own id")
+	assert.Equal(t, runID, rejectedRun(r))
+	for _, got := range rec.All() {
+		assert.NotEqual(t, events.TypeRunFailed, got.Type(), "the rejecter published a run event")
+	}
 }
 
 func TestHandlerErrorsAreRetriedAndPermanentOnesTerminated(t *testing.T) {
@@ -245,7 +272,7 @@ func TestHandlerErrorsAreRetriedAndPermanentOnesTerminated(t *testing.T) {
 	ctx := ctxT(t)
 	transient, permanent := events.NewID(), events.NewID()
 	for _, id := range []string{transient, permanent} {
-		_, err := bus.Emit(ctx, events.TypeCancelRequested, events.DerivedID(id, "cancel"), id, "", &events.CancelRequested{RunID: id})
+		_, err := bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(id, "decision"), id, "", &events.DecisionMade{RunID: id, Cycle: 1, Decision: events.Decision{Type: "final", Answer: "ok"}})
 		require.NoError(t, err)
 	}
 	var mu sync.Mutex

@@ -144,6 +144,52 @@ const (
 // AllRuns matches every per-run event.
 func (s Subjects) AllRuns() string { return s.prefix + ".run.>" }
 
+// requestProducers publish into the requests stream: what they write
+// stays out of the duplicate window of what services write.
+var requestProducers = map[string]bool{"client": true, "approver": true}
+
+// RequestVerbs are the per-run subject verbs that clients and approvers
+// publish (run requests, cancels, inputs, approvals' answers), from the
+// catalog.
+func RequestVerbs() []string { return runVerbs(true) }
+
+// ServiceVerbs are the per-run subject verbs that services publish, from
+// the catalog.
+func ServiceVerbs() []string { return runVerbs(false) }
+
+func runVerbs(requests bool) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, e := range Catalog {
+		verb, ok := strings.CutPrefix(e.Subject, "{prefix}.run.{runId}.")
+		if !ok || seen[verb] || requestProducers[e.Producer] != requests {
+			continue
+		}
+		seen[verb] = true
+		out = append(out, verb)
+	}
+	return out
+}
+
+// RequestSubjects are the subjects of the requests stream.
+func (s Subjects) RequestSubjects() []string {
+	var out []string
+	for _, v := range RequestVerbs() {
+		out = append(out, s.AnyRun(v))
+	}
+	return out
+}
+
+// ServiceRunSubjects are the subjects of the runs stream: every per-run
+// verb services publish, and the timer schedules.
+func (s Subjects) ServiceRunSubjects() []string {
+	var out []string
+	for _, v := range ServiceVerbs() {
+		out = append(out, s.AnyRun(v))
+	}
+	return append(out, s.prefix+".run.*.sched.*")
+}
+
 // RunEvents matches every event of one run.
 func (s Subjects) RunEvents(runID string) string { return s.prefix + ".run." + runID + ".>" }
 

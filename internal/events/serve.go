@@ -38,6 +38,11 @@ type ServeOptions struct {
 	NakDelay time.Duration
 	// Observer, when set, sees every message handled (for metrics).
 	Observer ServeObserver
+	// OnReject, when set, is called after a message was rejected and its
+	// event.rejected published, with the rejection's reason; an error
+	// naks the message so that it is rejected again later. The
+	// dispatcher uses it to end a rejected run request.
+	OnReject func(ctx context.Context, msg jetstream.Msg, reason error) error
 }
 
 // ServeObserver sees what [Bus.Serve] does with each message.
@@ -154,9 +159,16 @@ func (b *Bus) handle(ctx context.Context, log *slog.Logger, opts ServeOptions, m
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if rerr := b.Reject(rctx, msg, opts.Name, err); rerr != nil {
-			log.Error("reject failed; message will be redelivered", "subject", msg.Subject(), "err", rerr)
+			log.Error("reject failed; message will be redelivered", "subject", clip(msg.Subject(), 256), "err", rerr)
 			_ = msg.NakWithDelay(opts.NakDelay)
 			return
+		}
+		if opts.OnReject != nil {
+			if rerr := opts.OnReject(rctx, msg, err); rerr != nil {
+				log.Error("answering a rejected event failed; message will be redelivered", "subject", clip(msg.Subject(), 256), "err", rerr)
+				_ = msg.NakWithDelay(opts.NakDelay)
+				return
+			}
 		}
 		_ = msg.Ack()
 		return

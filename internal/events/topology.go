@@ -17,9 +17,11 @@ const DefaultPool = "default"
 
 // Consumer names. Pool work consumers are named PoolConsumer(pool).
 const (
-	ConsumerDispatcher      = "dispatcher"
-	ConsumerPlanner         = "planner"
-	ConsumerAuditorRuns     = "auditor-runs"
+	ConsumerDispatcher         = "dispatcher"
+	ConsumerDispatcherRequests = "dispatcher-requests"
+	ConsumerPlanner            = "planner"
+	ConsumerAuditorRuns        = "auditor-runs"
+	ConsumerAuditorRequests    = "auditor-requests"
 	ConsumerAuditorWork     = "auditor-work"
 	ConsumerAuditorRejected = "auditor-rejected"
 )
@@ -113,8 +115,16 @@ func (t Topology) name(kind string) string {
 	return strings.ToUpper(t.withDefaults().Prefix) + "_" + kind
 }
 
-// StreamRuns is the stream of every per-run event (limits retention).
+// StreamRuns is the stream of the per-run events services publish
+// (limits retention).
 func (t Topology) StreamRuns() string { return t.name("RUNS") }
+
+// StreamRequests is the stream of the per-run events clients and approvers
+// publish: run requests, cancels, inputs and approvals' answers. It is
+// apart from [Topology.StreamRuns] so that the two trust domains never
+// share a duplicate window: nothing a client writes can deduplicate (and
+// so suppress) an event a service writes.
+func (t Topology) StreamRequests() string { return t.name("REQUESTS") }
 
 // StreamWork is the stream of executor work (interest retention, so the
 // auditor can read it alongside the pools).
@@ -177,10 +187,14 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 			Discard:     jetstream.DiscardOld,
 		}
 	}
-	runs := base(t.StreamRuns(), "actionbus per-run events", []string{s.AllRuns()})
+	runs := base(t.StreamRuns(), "actionbus per-run events of services", s.ServiceRunSubjects())
 	runs.Retention = jetstream.LimitsPolicy
 	runs.MaxAge = t.RunRetention
 	runs.AllowMsgSchedules = true
+
+	requests := base(t.StreamRequests(), "actionbus per-run events of clients and approvers", s.RequestSubjects())
+	requests.Retention = jetstream.LimitsPolicy
+	requests.MaxAge = t.RunRetention
 
 	work := base(t.StreamWork(), "actionbus executor work", []string{s.AllPools()})
 	work.Retention = jetstream.InterestPolicy
@@ -193,7 +207,7 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 	audit := base(t.StreamAudit(), "actionbus audit records", []string{s.AllAudit()})
 	audit.Retention = jetstream.LimitsPolicy
 	audit.MaxAge = t.AuditRetention
-	return []jetstream.StreamConfig{runs, work, rejected, audit}
+	return []jetstream.StreamConfig{runs, requests, work, rejected, audit}
 }
 
 // ConsumerSpec is a durable consumer and the stream it reads.
@@ -255,10 +269,13 @@ func (t Topology) Consumers() []ConsumerSpec {
 	t = t.withDefaults()
 	s := t.Subjects()
 	out := []ConsumerSpec{
-		{t.StreamRuns(), t.durable(ConsumerDispatcher, "dispatcher: run requests, decisions, results, cancels, inputs, timers",
-			s.AnyRun("requested"), s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("cancel"), s.AnyRun("input"), s.AnyRun("timer"), s.AnyRun("approve"), s.AnyRun("deny"), s.AnyRun("synthesized"))},
+		{t.StreamRuns(), t.durable(ConsumerDispatcher, "dispatcher: decisions, results, timers, synthesis parts",
+			s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("timer"), s.AnyRun("synthesized"))},
+		{t.StreamRequests(), t.durable(ConsumerDispatcherRequests, "dispatcher: run requests, cancels, inputs, approvals' answers",
+			s.AnyRun("*"))},
 		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision and synthesis requests", s.AnyRun("decide"), s.AnyRun("synthesize"))},
-		{t.StreamRuns(), t.durable(ConsumerAuditorRuns, "auditor: every per-run event (not timer schedules)", s.AnyRun("*"))},
+		{t.StreamRuns(), t.durable(ConsumerAuditorRuns, "auditor: every per-run event of services (not timer schedules)", s.AnyRun("*"))},
+		{t.StreamRequests(), t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.AnyRun("*"))},
 		{t.StreamWork(), t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools())},
 		{t.StreamRejected(), t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected())},
 	}
@@ -346,8 +363,8 @@ func (t Topology) Needs(service, pool string) Requirements {
 	switch service {
 	case "dispatcher":
 		return Requirements{
-			Streams:   []string{t.StreamRuns(), t.StreamWork(), t.StreamRejected()},
-			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerDispatcher)},
+			Streams:   []string{t.StreamRuns(), t.StreamRequests(), t.StreamWork(), t.StreamRejected()},
+			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerDispatcher), c(t.StreamRequests(), ConsumerDispatcherRequests)},
 			Buckets:   []string{t.BucketRuns(), t.BucketCatalog(), t.BucketPolicy()},
 		}
 	case "planner":
@@ -368,13 +385,13 @@ func (t Topology) Needs(service, pool string) Requirements {
 		}
 	case "auditor":
 		return Requirements{
-			Streams: []string{t.StreamRuns(), t.StreamWork(), t.StreamRejected(), t.StreamAudit()},
-			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerAuditorRuns), c(t.StreamWork(), ConsumerAuditorWork),
+			Streams: []string{t.StreamRuns(), t.StreamRequests(), t.StreamWork(), t.StreamRejected(), t.StreamAudit()},
+			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerAuditorRuns), c(t.StreamRequests(), ConsumerAuditorRequests), c(t.StreamWork(), ConsumerAuditorWork),
 				c(t.StreamRejected(), ConsumerAuditorRejected)},
 			Buckets: []string{t.BucketCatalog()},
 		}
 	default:
-		return Requirements{Streams: []string{t.StreamRuns()}}
+		return Requirements{Streams: []string{t.StreamRuns(), t.StreamRequests()}}
 	}
 }
 

@@ -137,14 +137,18 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
 	switch data := r.Data.(type) {
 	case *events.DecisionRequested:
-		return s.decide(ctx, data)
+		return s.decide(ctx, r.Event.ID(), data)
 	case *events.SynthesisRequested:
-		return s.synthesize(ctx, data)
+		return s.synthesize(ctx, r.Event.ID(), data)
 	}
 	return events.Permanent(fmt.Errorf("planner: unexpected %s", r.Event.Type()))
 }
 
-func (s *Service) decide(ctx context.Context, req *events.DecisionRequested) error {
+// decide answers one decision request. The decision's id derives from the
+// request's id, which the dispatcher keys with a per-run secret: whoever
+// cannot read the request cannot predict the answer's id (and so cannot
+// have it dropped as a duplicate).
+func (s *Service) decide(ctx context.Context, requestID string, req *events.DecisionRequested) error {
 	dm := &events.DecisionMade{RunID: req.RunID, Cycle: req.Cycle, Planner: s.cfg.Provider.Name()}
 	in := Input{Request: req, Actions: s.cat.ListForPlanner(), diagnostics: &dm.Diagnostics}
 	var provider interface {
@@ -177,12 +181,12 @@ func (s *Service) decide(ctx context.Context, req *events.DecisionRequested) err
 		kind = "error"
 	}
 	s.cfg.Metrics.Decision(kind, dm.Planner, time.Since(started))
-	_, err = s.bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(req.RunID, "decision", req.Cycle), req.RunID, "", dm,
+	_, err = s.bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(requestID, "decision"), req.RunID, "", dm,
 		events.Extension{Name: events.ExtCycle, Value: req.Cycle})
 	return err
 }
 
-func (s *Service) synthesize(ctx context.Context, req *events.SynthesisRequested) error {
+func (s *Service) synthesize(ctx context.Context, requestID string, req *events.SynthesisRequested) error {
 	sc := &events.SynthesisCompleted{RunID: req.RunID, Cycle: req.Cycle, Part: req.Part, Index: req.Index}
 	md, err := s.cfg.Provider.Synthesize(ctx, req)
 	if err != nil {
@@ -194,7 +198,7 @@ func (s *Service) synthesize(ctx context.Context, req *events.SynthesisRequested
 	} else {
 		sc.Markdown = md
 	}
-	_, err = s.bus.Emit(ctx, events.TypeSynthesisCompleted, events.DerivedID(req.RunID, "synthesized", req.Cycle, req.Part, req.Index), req.RunID, "", sc,
+	_, err = s.bus.Emit(ctx, events.TypeSynthesisCompleted, events.DerivedID(requestID, "synthesized"), req.RunID, "", sc,
 		events.Extension{Name: events.ExtCycle, Value: req.Cycle})
 	return err
 }
