@@ -166,48 +166,79 @@ type PendingApproval struct {
 	Reason string
 }
 
-// Approval reads the request of an approval id (its run id is the part
-// before the first '-').
-func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingApproval, error) {
+// approvalRun returns the run id of an approval id
+// ("<runId>-<cycle>-<planIndex>").
+func approvalRun(approvalID string) (string, error) {
 	runID, _, ok := strings.Cut(approvalID, "-")
-	if !ok {
-		return nil, fmt.Errorf("client: %q is not an approval id", approvalID)
+	if !ok || !events.ValidRunID(runID) {
+		return "", fmt.Errorf("client: %q is not an approval id (<runId>-<cycle>-<planIndex>)", approvalID)
 	}
+	return runID, nil
+}
+
+// scanApprovals reads the stored events of a run's approval subject, in
+// order, until fn returns true or none is left; it reports whether fn did.
+func (c *Client) scanApprovals(ctx context.Context, runID string, fn func(*events.Received) bool) (bool, error) {
 	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamRuns(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{c.topo.Subjects().Run(runID, "approval")}, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("client: approval %s: %w", approvalID, err)
+		return false, err
 	}
 	defer func() {
-		_ = c.js.DeleteConsumer(context.WithoutCancel(ctx), c.topo.StreamRuns(), cons.CachedInfo().Name)
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = c.js.DeleteConsumer(dctx, c.topo.StreamRuns(), cons.CachedInfo().Name)
 	}()
 	for {
 		batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			return nil, err
+			return false, err
 		}
 		n := 0
 		for msg := range batch.Messages() {
 			n++
 			r, err := c.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
-			if err != nil {
-				continue
-			}
-			if req, ok := r.Data.(*events.ApprovalRequested); ok && req.Context.ApprovalID == approvalID {
-				return &PendingApproval{Context: req.Context, Input: req.Input, Reason: req.Reason}, nil
+			if err == nil && fn(r) {
+				return true, nil
 			}
 		}
 		if n == 0 {
-			return nil, fmt.Errorf("client: no approval request %s", approvalID)
+			return false, nil
 		}
 	}
 }
 
-// Approve signs the approval context of approvalID with the key and
-// publishes the grant. The dispatcher verifies the token against the
-// context it stored; a token for another context, an unknown key or an
-// expired approval is refused.
+// Approval reads the request of an approval id (its run id is the part
+// before the first '-').
+func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingApproval, error) {
+	runID, err := approvalRun(approvalID)
+	if err != nil {
+		return nil, err
+	}
+	var found *PendingApproval
+	ok, err := c.scanApprovals(ctx, runID, func(r *events.Received) bool {
+		if req, ok := r.Data.(*events.ApprovalRequested); ok && req.Context.ApprovalID == approvalID {
+			found = &PendingApproval{Context: req.Context, Input: req.Input, Reason: req.Reason}
+			return true
+		}
+		return false
+	})
+	if err != nil {
+		return nil, fmt.Errorf("client: approval %s: %w", approvalID, err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("client: no approval request %s", approvalID)
+	}
+	return found, nil
+}
+
+// Approve signs the approval context of approvalID with the key, publishes
+// the grant and waits, as long as ctx allows, for the dispatcher's answer.
+// It returns nil once the dispatcher granted the approval, and an
+// *actionbus.Error otherwise: approval_invalid (a token for another
+// context, an unknown key, no such pending approval), approval_replayed or
+// approval_expired.
 func (c *Client) Approve(ctx context.Context, approvalID, keyID string, key []byte, approver string) error {
 	p, err := c.Approval(ctx, approvalID)
 	if err != nil {
@@ -217,20 +248,79 @@ func (c *Client) Approve(ctx context.Context, approvalID, keyID string, key []by
 	if err != nil {
 		return err
 	}
-	_, err = c.bus.Emit(ctx, events.TypeApprovalGranted, events.NewID(), p.Context.RunID, "",
-		&events.ApprovalGranted{RunID: p.Context.RunID, ApprovalID: approvalID, Token: token, Approver: approver})
-	return err
+	id := events.NewID()
+	return c.answer(ctx, p.Context.RunID, id, func() error {
+		_, err := c.bus.Emit(ctx, events.TypeApprovalGranted, id, p.Context.RunID, "",
+			&events.ApprovalGranted{RunID: p.Context.RunID, ApprovalID: approvalID, Token: token, Approver: approver})
+		return err
+	})
 }
 
-// Deny refuses an approval; the run ends with approval_denied.
+// Deny refuses an approval, so that the run ends with approval_denied, and
+// waits, as long as ctx allows, for the dispatcher's answer: nil when the
+// denial took effect, an *actionbus.Error (approval_invalid,
+// approval_replayed, approval_expired) when there was nothing to deny.
 func (c *Client) Deny(ctx context.Context, approvalID, approver, reason string) error {
-	runID, _, ok := strings.Cut(approvalID, "-")
-	if !ok {
-		return fmt.Errorf("client: %q is not an approval id", approvalID)
+	runID, err := approvalRun(approvalID)
+	if err != nil {
+		return err
 	}
-	_, err := c.bus.Emit(ctx, events.TypeApprovalDenied, events.NewID(), runID, "",
-		&events.ApprovalDenied{RunID: runID, ApprovalID: approvalID, Approver: approver, Reason: reason})
-	return err
+	id := events.NewID()
+	return c.answer(ctx, runID, id, func() error {
+		_, err := c.bus.Emit(ctx, events.TypeApprovalDenied, id, runID, "",
+			&events.ApprovalDenied{RunID: runID, ApprovalID: approvalID, Approver: approver, Reason: reason})
+		return err
+	})
+}
+
+// answer publishes an approval answer with event id answerID and waits for
+// the dispatcher's approval.resolved of it: live on the approval subject,
+// and from the stream from time to time (an answer published while the
+// connection moved servers is not lost).
+func (c *Client) answer(ctx context.Context, runID, answerID string, publish func() error) error {
+	got := make(chan *events.ApprovalResolved, 1)
+	match := func(r *events.Received) bool {
+		res, ok := r.Data.(*events.ApprovalResolved)
+		if !ok || res.AnswerID != answerID {
+			return false
+		}
+		select {
+		case got <- res:
+		default:
+		}
+		return true
+	}
+	sub, err := c.nc.Subscribe(c.topo.Subjects().Run(runID, "approval"), func(m *nats.Msg) {
+		if r, err := c.bus.Receive(m.Subject, m.Header, m.Data); err == nil {
+			match(r)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("client: approval answer: %w", err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck // best effort
+	if err := c.nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("client: approval answer: %w", err)
+	}
+	if err := publish(); err != nil {
+		return err
+	}
+	recheck := time.NewTimer(2 * time.Second)
+	defer recheck.Stop()
+	for {
+		select {
+		case res := <-got:
+			if res.Outcome == events.ApprovalOutcomeRefused && res.Error != nil {
+				return res.Error
+			}
+			return nil
+		case <-recheck.C:
+			_, _ = c.scanApprovals(ctx, runID, match)
+			recheck.Reset(2 * time.Second)
+		case <-ctx.Done():
+			return fmt.Errorf("client: no answer from the dispatcher to approval answer %s: %w", answerID, ctx.Err())
+		}
+	}
 }
 
 // Event is one event of a run, as followed by [Client.Follow].

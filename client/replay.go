@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus/internal/events"
 )
@@ -32,9 +35,6 @@ func (c *Client) Record(ctx context.Context, runID string) (*Recording, error) {
 	var decodeErr error
 	res, err := c.Follow(ctx, runID, func(e Event) {
 		switch e.Type {
-		case events.TypeRunRequested:
-			rec.Request = new(events.RunRequested)
-			decodeErr = errors.Join(decodeErr, json.Unmarshal(e.Data, rec.Request))
 		case events.TypeDecisionMade:
 			var dm events.DecisionMade
 			decodeErr = errors.Join(decodeErr, json.Unmarshal(e.Data, &dm))
@@ -53,8 +53,8 @@ func (c *Client) Record(ctx context.Context, runID string) (*Recording, error) {
 	if decodeErr != nil {
 		return nil, fmt.Errorf("client: record %s: %w", runID, decodeErr)
 	}
-	if rec.Request == nil {
-		return nil, fmt.Errorf("client: record %s: the run's request is no longer stored", runID)
+	if rec.Request, err = c.request(ctx, runID); err != nil {
+		return nil, fmt.Errorf("client: record %s: %w", runID, err)
 	}
 	for cycle := 1; ; cycle++ {
 		d, ok := decisions[cycle]
@@ -183,4 +183,30 @@ func compact(v any) string {
 		return string(b[:300]) + "…"
 	}
 	return string(b)
+}
+
+// request reads a run's stored run.requested from the requests stream.
+func (c *Client) request(ctx context.Context, runID string) (*events.RunRequested, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	stream, err := c.js.Stream(rctx, c.topo.StreamRequests())
+	if err != nil {
+		return nil, err
+	}
+	msg, err := stream.GetLastMsgForSubject(rctx, c.topo.Subjects().Run(runID, "requested"))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, errors.New("the run's request is no longer stored")
+	}
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.bus.Receive(msg.Subject, msg.Header, msg.Data)
+	if err != nil {
+		return nil, fmt.Errorf("the run's stored request is invalid: %w", err)
+	}
+	req, ok := r.Data.(*events.RunRequested)
+	if !ok {
+		return nil, errors.New("the run's stored request is not a run.requested")
+	}
+	return req, nil
 }

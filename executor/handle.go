@@ -184,8 +184,11 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 	}
 	var claim *idemClaim
 	if key != "" {
-		c, stored, wait, err := e.reserve(ctx, key, req, timeout)
+		c, stored, wait, err := e.reserve(ctx, key, req, inputHash, timeout)
+		var conflict *actionbus.Error
 		switch {
+		case errors.As(err, &conflict):
+			return publish(actions.Result{}, conflict, 0, false)
 		case err != nil:
 			log.Error("idempotency key not reserved", "err", err)
 			return outcomePublishFailed, 0

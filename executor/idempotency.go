@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 )
@@ -31,6 +33,10 @@ import (
 //     the effect itself idempotent. Without that, the effect may happen
 //     twice: the runtime can replay results, not undo effects.
 //   - A failed call releases its key, so a retry runs again.
+//   - A key is scoped to the call that first used it: its entry records
+//     the action, the user and the input hash, and the same key used with
+//     another action, user or input is refused with
+//     idempotency_key_conflict. It never returns another call's output.
 
 // idemEntry is what the bucket holds under a key.
 type idemEntry struct {
@@ -39,6 +45,9 @@ type idemEntry struct {
 	Executor   string    `json:"executor"`
 	ReservedAt time.Time `json:"reservedAt"`
 	TimeoutMs  int64     `json:"timeoutMs"`
+	Action     string    `json:"action"`
+	UserID     string    `json:"userId,omitempty"`
+	InputHash  string    `json:"inputHash"`
 	Output     any       `json:"output,omitempty"`
 	Summary    string    `json:"summary,omitempty"`
 	Complete   bool      `json:"complete,omitempty"`
@@ -58,9 +67,10 @@ func idemKey(key string) string {
 
 // reserve claims key for req. It returns the claim, or the stored result
 // to replay, or how long to wait before retrying.
-func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRequested, timeout time.Duration) (*idemClaim, *idemEntry, time.Duration, error) {
+func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRequested, inputHash string, timeout time.Duration) (*idemClaim, *idemEntry, time.Duration, error) {
 	k := idemKey(key)
-	entry := idemEntry{State: "reserved", CallID: req.CallID, Executor: e.cfg.ID, ReservedAt: time.Now().UTC(), TimeoutMs: timeout.Milliseconds()}
+	entry := idemEntry{State: "reserved", CallID: req.CallID, Executor: e.cfg.ID, ReservedAt: time.Now().UTC(), TimeoutMs: timeout.Milliseconds(),
+		Action: req.Action, UserID: req.UserID, InputHash: inputHash}
 	val, _ := json.Marshal(entry)
 	for attempt := 0; attempt < 5; attempt++ {
 		cctx, cancel := events.Bounded(ctx)
@@ -83,6 +93,9 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 		if err := json.Unmarshal(cur.Value(), &held); err != nil {
 			return nil, nil, 0, fmt.Errorf("executor: idempotency entry: %w", err)
 		}
+		if err := sameCall(held, entry); err != nil {
+			return nil, nil, 0, err
+		}
 		if held.State == "done" {
 			return nil, &held, 0, nil
 		}
@@ -100,6 +113,27 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 		}
 	}
 	return nil, nil, 0, errors.New("executor: idempotency key contended")
+}
+
+// sameCall refuses a key held for another action, user or input. The
+// error names what differs, never the held call's input or output.
+func sameCall(held, want idemEntry) error {
+	var differs []string
+	if held.Action != want.Action {
+		differs = append(differs, "action")
+	}
+	if held.UserID != want.UserID {
+		differs = append(differs, "user")
+	}
+	if held.InputHash != want.InputHash {
+		differs = append(differs, "input")
+	}
+	if len(differs) == 0 {
+		return nil
+	}
+	return (&actionbus.Error{Code: actionbus.CodeIdempotencyConflict,
+		Message: "the idempotency key was first used by another call (different " + strings.Join(differs, ", ") + "); use a new key"}).
+		WithDetail("differs", differs)
 }
 
 // complete stores the result under the claimed key.

@@ -25,7 +25,12 @@ type Entry struct {
 	PublishedBy string `json:"publishedBy"`
 }
 
-// Catalog reads and writes the catalog bucket. Keys are action names.
+// Catalog reads and writes the catalog bucket. Keys are
+// "<pool>.<action name>": an executor's NATS user may write only under its
+// own pool's prefix, so no pool can redefine another pool's action (its
+// mode, tier or pool). An entry whose Pool differs from its key's pool is
+// ignored, and an action name published by two pools is refused with
+// catalog_conflict rather than resolved in favour of either.
 type Catalog struct {
 	kv jetstream.KeyValue
 }
@@ -33,22 +38,26 @@ type Catalog struct {
 // NewCatalog returns a catalog over kv.
 func NewCatalog(kv jetstream.KeyValue) *Catalog { return &Catalog{kv: kv} }
 
-// Publish writes def to the catalog. Publishing the same name and version
-// with the same hash refreshes the entry; with another hash it fails with
-// catalog_conflict (two executors disagree on what the action is); a new
-// version replaces the old one. Concurrent publishers are serialized by the
-// bucket's revisions.
+// CatalogKey returns the bucket key of an action of a pool.
+func CatalogKey(pool, name string) string { return pool + "." + name }
+
+// Publish writes def to the catalog under its pool. Publishing the same
+// name and version with the same hash refreshes the entry; with another
+// hash it fails with catalog_conflict (two executors disagree on what the
+// action is); a new version replaces the old one. Concurrent publishers are
+// serialized by the bucket's revisions.
 func (c *Catalog) Publish(ctx context.Context, def Definition, executorID string) error {
 	entry := Entry{Definition: def, Hash: def.Hash(), PublishedAt: time.Now().UTC(), PublishedBy: executorID}
 	val, err := json.Marshal(entry)
 	if err != nil {
 		return err
 	}
+	key := CatalogKey(def.Pool, def.Name)
 	for attempt := 0; attempt < 10; attempt++ {
-		cur, err := c.kv.Get(ctx, def.Name)
+		cur, err := c.kv.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
-			if _, err := c.kv.Create(ctx, def.Name, val); err == nil {
+			if _, err := c.kv.Create(ctx, key, val); err == nil {
 				return nil
 			} else if !errors.Is(err, jetstream.ErrKeyExists) {
 				return fmt.Errorf("actions: publish %s: %w", def.Name, err)
@@ -63,7 +72,7 @@ func (c *Catalog) Publish(ctx context.Context, def Definition, executorID string
 				"action %q version %s is already in the catalog with another definition (hash %s, published by %s, pool %s); bump the version to replace it",
 				def.Name, def.Version, old.Hash[:12], old.PublishedBy, old.Pool)
 		}
-		if _, err := c.kv.Update(ctx, def.Name, val, cur.Revision()); err == nil {
+		if _, err := c.kv.Update(ctx, key, val, cur.Revision()); err == nil {
 			return nil
 		} else if !isRevisionConflict(err) {
 			return fmt.Errorf("actions: publish %s: %w", def.Name, err)
@@ -72,43 +81,96 @@ func (c *Catalog) Publish(ctx context.Context, def Definition, executorID string
 	return fmt.Errorf("actions: publish %s: too many concurrent updates", def.Name)
 }
 
+// decodeEntry decodes the entry stored under key, or reports false when
+// the entry is not one its key's pool may hold.
+func decodeEntry(key string, val []byte) (Entry, bool) {
+	var e Entry
+	if json.Unmarshal(val, &e) != nil || e.Pool == "" || CatalogKey(e.Pool, e.Name) != key {
+		return Entry{}, false
+	}
+	return e, true
+}
+
+// resolve picks the one entry of an action name among those of every
+// pool, or refuses: none is action_not_found, several is catalog_conflict.
+func resolve(name string, found []Entry) (*Entry, error) {
+	switch len(found) {
+	case 0:
+		return nil, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not in the catalog", name)
+	case 1:
+		return &found[0], nil
+	}
+	pools := make([]string, len(found))
+	for i, e := range found {
+		pools[i] = e.Pool
+	}
+	sort.Strings(pools)
+	return nil, (&actionbus.Error{Code: actionbus.CodeCatalogConflict,
+		Message: fmt.Sprintf("action %q is published by several pools (%v); it is refused until only one publishes it", name, pools)}).
+		WithDetail("actionName", name).WithDetail("pools", pools)
+}
+
 // Get returns the catalog entry of an action, or an error matching
-// actionbus.ErrActionNotFound.
+// actionbus.ErrActionNotFound (or catalog_conflict when several pools
+// publish the name).
 func (c *Catalog) Get(ctx context.Context, name string) (*Entry, error) {
-	kve, err := c.kv.Get(ctx, name)
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+	if !namePattern.MatchString(name) {
 		return nil, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not in the catalog", name)
 	}
+	lister, err := c.kv.ListKeysFiltered(ctx, "*."+name)
 	if err != nil {
 		return nil, fmt.Errorf("actions: catalog get %s: %w", name, err)
 	}
-	var e Entry
-	if err := json.Unmarshal(kve.Value(), &e); err != nil {
-		return nil, fmt.Errorf("actions: catalog entry %s: %w", name, err)
+	defer lister.Stop()
+	var found []Entry
+	for key := range lister.Keys() {
+		kve, err := c.kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("actions: catalog get %s: %w", name, err)
+		}
+		if e, ok := decodeEntry(key, kve.Value()); ok && e.Name == name {
+			found = append(found, e)
+		}
 	}
-	return &e, nil
+	return resolve(name, found)
 }
 
-// List returns every entry, sorted by name.
+// List returns every entry that resolves ([Catalog.Get]), sorted by name.
 func (c *Catalog) List(ctx context.Context) ([]Entry, error) {
 	lister, err := c.kv.ListKeys(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer lister.Stop()
-	var out []Entry
-	for k := range lister.Keys() {
-		e, err := c.Get(ctx, k)
+	byName := map[string][]Entry{}
+	for key := range lister.Keys() {
+		kve, err := c.kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
 		if err != nil {
-			if errors.Is(err, actionbus.ErrActionNotFound) {
-				continue
-			}
 			return nil, err
 		}
-		out = append(out, *e)
+		if e, ok := decodeEntry(key, kve.Value()); ok {
+			byName[e.Name] = append(byName[e.Name], e)
+		}
+	}
+	return resolvedList(byName), nil
+}
+
+// resolvedList returns the entries whose names resolve, sorted by name.
+func resolvedList(byName map[string][]Entry) []Entry {
+	out := make([]Entry, 0, len(byName))
+	for name, found := range byName {
+		if e, err := resolve(name, found); err == nil {
+			out = append(out, *e)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+	return out
 }
 
 func isRevisionConflict(err error) bool {
@@ -122,7 +184,7 @@ func isRevisionConflict(err error) bool {
 type View struct {
 	cat     *Catalog
 	mu      sync.RWMutex
-	entries map[string]Entry
+	entries map[string]Entry // by bucket key
 }
 
 // Watch starts a View that follows the catalog until ctx ends. It returns
@@ -171,38 +233,44 @@ func (v *View) apply(kve jetstream.KeyValueEntry) {
 		delete(v.entries, kve.Key())
 		return
 	}
-	var e Entry
-	if json.Unmarshal(kve.Value(), &e) == nil {
+	if e, ok := decodeEntry(kve.Key(), kve.Value()); ok {
 		v.entries[kve.Key()] = e
+	} else {
+		delete(v.entries, kve.Key())
 	}
 }
 
 // Get returns an entry. An action missing from the view is looked up in
 // the bucket before it is reported missing, so an action published a moment
 // ago is found. The error matches actionbus.ErrActionNotFound when the
-// action is in neither.
+// action is in neither, and is catalog_conflict when several pools publish
+// the name.
 func (v *View) Get(ctx context.Context, name string) (*Entry, error) {
 	v.mu.RLock()
-	e, ok := v.entries[name]
+	var found []Entry
+	for _, e := range v.entries {
+		if e.Name == name {
+			found = append(found, e)
+		}
+	}
 	v.mu.RUnlock()
-	if ok {
-		return &e, nil
+	if len(found) > 0 {
+		return resolve(name, found)
 	}
 	return v.cat.Get(ctx, name)
 }
 
-// List returns the entries of the view, sorted by name.
+// List returns the entries of the view whose names resolve, sorted by
+// name.
 func (v *View) List() []Entry {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	out := make([]Entry, 0, len(v.entries))
+	byName := map[string][]Entry{}
 	for _, e := range v.entries {
-		out = append(out, e)
+		byName[e.Name] = append(byName[e.Name], e)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
+	return resolvedList(byName)
 }
-
 // ListForPlanner returns the planner-visible entries of the view (hidden
 // actions left out), sorted by name. It is the source of truth for what a
 // planner may choose.

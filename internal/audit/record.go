@@ -208,6 +208,11 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		rec.ApprovalTokenHash = sha(d.Token)
 	case *events.ApprovalDenied:
 		rec.Kind, rec.Status, rec.ExecutionID, rec.UserID, rec.Summary = KindApproval, "denied", d.ApprovalID, d.Approver, d.Reason
+	case *events.ApprovalResolved:
+		rec.Kind, rec.Status, rec.ExecutionID, rec.UserID = KindApproval, "answer_"+d.Outcome, d.ApprovalID, d.Approver
+		if d.Error != nil {
+			rec.Summary = string(d.Error.Code)
+		}
 	case *events.InputProvided:
 		rec.Kind, rec.Status, rec.UserID = KindInput, "provided", d.ProvidedBy
 		rec.Input, rec.PayloadModes = ApplyInput(def, map[string]any{"answer": d.Answer}), modes(def, "input")

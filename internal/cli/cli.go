@@ -17,6 +17,7 @@ import (
 
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/service"
 )
 
 // globals are the flags every command shares.
@@ -38,9 +39,12 @@ func (g *globals) logger() *slog.Logger {
 }
 
 func (g *globals) connect() (*nats.Conn, error) {
+	if g.natsURL == "" {
+		g.natsURL = envOr("NATS_URL", nats.DefaultURL)
+	}
 	nc, err := nats.Connect(g.natsURL, nats.Name("actionbus-cli"))
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", g.natsURL, err)
+		return nil, fmt.Errorf("connect to %s: %w", service.RedactURL(g.natsURL), err)
 	}
 	return nc, nil
 }
@@ -93,7 +97,7 @@ func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.PersistentFlags().StringVar(&g.natsURL, "nats", envOr("NATS_URL", nats.DefaultURL), "NATS server URL (env NATS_URL)")
+	root.PersistentFlags().StringVar(&g.natsURL, "nats", "", "NATS server URL (default $NATS_URL, else "+nats.DefaultURL+"; read at run time, never shown)")
 	root.PersistentFlags().StringVar(&g.prefix, "prefix", envOr("ACTIONBUS_PREFIX", events.DefaultPrefix), "subject prefix (env ACTIONBUS_PREFIX)")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "log service activity")
 	root.SetOut(stdout)

@@ -152,54 +152,78 @@ func inputCmd(g *globals) *cobra.Command {
 	}
 }
 
+// approvalKeyEnv names the environment variable the approve command reads
+// its key from. The key is read when the command runs, never shown as a
+// flag default (help text would print it).
+const approvalKeyEnv = "ACTIONBUS_APPROVAL_KEY"
+
 func approveCmd(g *globals) *cobra.Command {
 	var keySpec, approver string
+	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   "approve APPROVAL_ID",
-		Short: "Approve a pending action with a token signed by an approval key (--key or ACTIONBUS_APPROVAL_KEY: kid:base64secret)",
+		Short: "Show what an approval signs, sign it with an approval key and wait for the dispatcher's answer (exit 1 when refused)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if keySpec == "" {
+				keySpec = os.Getenv(approvalKeyEnv)
+			}
 			keys, err := policy.ParseKeys(keySpec)
 			if err != nil {
 				return err
 			}
 			if len(keys) != 1 {
-				return fmt.Errorf("approve needs exactly one key (--key kid:base64secret)")
+				return fmt.Errorf("approve needs exactly one key (--key kid:base64secret or %s)", approvalKeyEnv)
 			}
 			c, done, err := g.client()
 			if err != nil {
 				return err
 			}
 			defer done()
-			p, err := c.Approval(cmd.Context(), args[0])
+			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
+			defer cancel()
+			p, err := c.Approval(ctx, args[0])
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.out, "approving %s: %s for %s, input hash %s, expires %s\n", args[0], p.Context.Action, p.Context.UserID,
-				p.Context.InputHash, p.Context.ExpiresAt.Format(time.RFC3339))
+			input, _ := json.MarshalIndent(p.Input, "  ", "  ")
+			fmt.Fprintf(g.out, "approving %s\n  action:     %s\n  for user:   %s\n  input hash: %s\n  expires:    %s\n  reason:     %s\n  input:      %s\n",
+				args[0], p.Context.Action, p.Context.UserID, p.Context.InputHash, p.Context.ExpiresAt.Format(time.RFC3339), p.Reason, input)
 			for kid, key := range keys {
-				return c.Approve(cmd.Context(), args[0], kid, key, approver)
+				if err := c.Approve(ctx, args[0], kid, key, approver); err != nil {
+					return fmt.Errorf("approval %s refused: %w", args[0], err)
+				}
 			}
+			fmt.Fprintf(g.out, "approved %s as %s\n", args[0], approver)
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&keySpec, "key", os.Getenv("ACTIONBUS_APPROVAL_KEY"), "approval key kid:base64secret (env ACTIONBUS_APPROVAL_KEY)")
+	cmd.Flags().StringVar(&keySpec, "key", "", "approval key kid:base64secret (default: $"+approvalKeyEnv+")")
 	cmd.Flags().StringVar(&approver, "as", os.Getenv("USER"), "who approves")
+	cmd.Flags().DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the dispatcher's answer")
 	return cmd
 }
 
 func denyCmd(g *globals) *cobra.Command {
 	var approver, reason string
+	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   "deny APPROVAL_ID",
-		Short: "Deny a pending action; its run ends with approval_denied",
+		Short: "Deny a pending action (its run ends with approval_denied) and wait for the dispatcher's answer (exit 1 when refused)",
 		Args:  cobra.ExactArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
-			return c.Deny(cmd.Context(), args[0], approver, reason)
+			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
+			defer cancel()
+			if err := c.Deny(ctx, args[0], approver, reason); err != nil {
+				return fmt.Errorf("denial of %s refused: %w", args[0], err)
+			}
+			fmt.Fprintf(g.out, "denied %s as %s\n", args[0], approver)
+			return nil
 		}),
 	}
 	cmd.Flags().StringVar(&approver, "as", os.Getenv("USER"), "who denies")
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
+	cmd.Flags().DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the dispatcher's answer")
 	return cmd
 }
 

@@ -234,7 +234,7 @@ scenarios:
 		assert.Contains(t, out.String(), fmt.Sprintf("intact: %d records", n))
 	}
 	lines := strings.Split(strings.TrimSpace(readFile(t, jsonl)), "\n")
-	lines[4] = strings.Replace(lines[4], `"kind":"`, `"summary":"nothing to see","kind":"`, 1)
+	lines[4] = strings.Replace(lines[4], `"kind":"`, `"kind":"tampered-`, 1)
 	require.NoError(t, os.WriteFile(jsonl, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
 	out.Reset()
 	code = cli.Execute(ctx, []string{"audit", "verify", res.RunID, "--jsonl", jsonl}, nil, &out, &errOut)

@@ -110,26 +110,39 @@ func toPolicyContext(c events.ApprovalContext) policy.ApprovalContext {
 	return policy.ApprovalContext(c)
 }
 
-func (d *Dispatcher) onApprovalGranted(st *RunState, g *events.ApprovalGranted) []emission {
+// resolved is the dispatcher's answer to a grant or denial with event id
+// answerID, published on the approval subject for the approver who sent it.
+func resolved(st *RunState, approvalID, answerID, outcome, approver string, err *actionbus.Error) emission {
+	return emission{typ: events.TypeApprovalResolved, id: st.derive("approval-resolved", answerID),
+		data: &events.ApprovalResolved{RunID: st.RunID, ApprovalID: approvalID, AnswerID: answerID, Outcome: outcome, Approver: approver, Error: err}}
+}
+
+func (d *Dispatcher) onApprovalGranted(st *RunState, g *events.ApprovalGranted, answerID string) []emission {
 	refuse := func(err *actionbus.Error) []emission {
+		err = err.WithDetail("approvalId", g.ApprovalID)
 		return []emission{stepWith(st, "approval-refused", nil, "", err.Error(), "failed",
-			map[string]any{"approvalId": g.ApprovalID, "code": string(err.Code)})}
+			map[string]any{"approvalId": g.ApprovalID, "code": string(err.Code)}),
+			resolved(st, g.ApprovalID, answerID, events.ApprovalOutcomeRefused, g.Approver, err)}
 	}
-	// A replay is refused, and recorded, even after the run ended.
+	// A late or replayed grant is refused, and recorded, even after the
+	// run ended.
+	if slices.Contains(st.ApprovalsExpired, g.ApprovalID) {
+		return refuse(actionbus.Errorf(actionbus.CodeApprovalExpired, "approval %s expired before it was granted", g.ApprovalID))
+	}
 	if slices.Contains(st.ApprovalsDone, g.ApprovalID) {
 		return refuse(actionbus.Errorf(actionbus.CodeApprovalReplayed, "approval %s was already answered", g.ApprovalID))
 	}
-	if st.IsTerminal() {
-		return nil
-	}
 	p, ok := st.Approvals[g.ApprovalID]
-	if !ok {
+	if !ok || st.IsTerminal() {
 		return refuse(actionbus.Errorf(actionbus.CodeApprovalInvalid, "no pending approval %s", g.ApprovalID))
 	}
 	if err := d.cfg.ApprovalKeys.Verify(g.Token, toPolicyContext(p.Context), time.Now()); err != nil {
 		var abErr *actionbus.Error
 		if errors.As(err, &abErr) && abErr.Code == actionbus.CodeApprovalExpired {
-			return d.fail(st, abErr.WithDetail("approvalId", g.ApprovalID))
+			delete(st.Approvals, g.ApprovalID)
+			st.ApprovalsExpired = append(st.ApprovalsExpired, g.ApprovalID)
+			abErr = abErr.WithDetail("approvalId", g.ApprovalID)
+			return append([]emission{resolved(st, g.ApprovalID, answerID, events.ApprovalOutcomeRefused, g.Approver, abErr)}, d.fail(st, abErr)...)
 		}
 		if !errors.As(err, &abErr) {
 			abErr = &actionbus.Error{Code: actionbus.CodeApprovalInvalid, Message: err.Error()}
@@ -142,7 +155,8 @@ func (d *Dispatcher) onApprovalGranted(st *RunState, g *events.ApprovalGranted) 
 	c.NeedsApproval = false
 	c.Approval = &events.ApprovalGrant{Context: p.Context, Token: g.Token, Approver: g.Approver}
 	pi := c.PlanIndex
-	out := []emission{stepWith(st, "approval-granted", &pi, c.Action, "approved by "+g.Approver, "ok", map[string]any{"approvalId": g.ApprovalID})}
+	out := []emission{stepWith(st, "approval-granted", &pi, c.Action, "approved by "+g.Approver, "ok", map[string]any{"approvalId": g.ApprovalID}),
+		resolved(st, g.ApprovalID, answerID, events.ApprovalOutcomeGranted, g.Approver, nil)}
 	if len(st.Approvals) == 0 {
 		st.Phase, st.Status = PhaseActing, StatusRunning
 	}
@@ -152,16 +166,22 @@ func (d *Dispatcher) onApprovalGranted(st *RunState, g *events.ApprovalGranted) 
 	return append(out, d.dispatchMore(st)...)
 }
 
-func (d *Dispatcher) onApprovalDenied(st *RunState, dn *events.ApprovalDenied) []emission {
-	if st.IsTerminal() {
-		return nil
-	}
-	if _, ok := st.Approvals[dn.ApprovalID]; !ok {
-		return nil
+func (d *Dispatcher) onApprovalDenied(st *RunState, dn *events.ApprovalDenied, answerID string) []emission {
+	if _, ok := st.Approvals[dn.ApprovalID]; !ok || st.IsTerminal() {
+		code, msg := actionbus.CodeApprovalInvalid, "no pending approval "+dn.ApprovalID
+		switch {
+		case slices.Contains(st.ApprovalsExpired, dn.ApprovalID):
+			code, msg = actionbus.CodeApprovalExpired, "approval "+dn.ApprovalID+" already expired"
+		case slices.Contains(st.ApprovalsDone, dn.ApprovalID):
+			code, msg = actionbus.CodeApprovalReplayed, "approval "+dn.ApprovalID+" was already answered"
+		}
+		err := (&actionbus.Error{Code: code, Message: msg}).WithDetail("approvalId", dn.ApprovalID)
+		return []emission{resolved(st, dn.ApprovalID, answerID, events.ApprovalOutcomeRefused, dn.Approver, err)}
 	}
 	delete(st.Approvals, dn.ApprovalID)
 	st.ApprovalsDone = append(st.ApprovalsDone, dn.ApprovalID)
 	err := actionbus.Errorf(actionbus.CodeApprovalDenied, "approval %s denied by %s: %s", dn.ApprovalID, dn.Approver, dn.Reason).
 		WithDetail("approvalId", dn.ApprovalID).WithDetail("approver", dn.Approver)
-	return append([]emission{step(st, "approval-denied", nil, "", err.Message, "failed")}, d.fail(st, err)...)
+	return append([]emission{step(st, "approval-denied", nil, "", err.Message, "failed"),
+		resolved(st, dn.ApprovalID, answerID, events.ApprovalOutcomeDenied, dn.Approver, nil)}, d.fail(st, err)...)
 }

@@ -123,8 +123,8 @@ func TestMutateNeedsAllowanceThenApproval(t *testing.T) {
 	assert.Equal(t, calls[0].InputHash, calls[0].Approval.Context.InputHash)
 	assert.Equal(t, "alice", calls[0].Approval.Approver)
 
-	// The same grant again is a replay.
-	require.NoError(t, st.Client.Approve(ctx, id, "k1", approvalKey, "alice"))
+	// The same grant again is a replay: Approve reports the refusal.
+	assert.ErrorIs(t, st.Client.Approve(ctx, id, "k1", approvalKey, "alice"), &actionbus.Error{Code: actionbus.CodeApprovalReplayed})
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
 		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "approval-refused" &&
@@ -147,10 +147,15 @@ func TestDeniedAndExpiredApprovalsEndTheRun(t *testing.T) {
 
 	runID, err = st.Client.Start(ctx, restart("mutate"))
 	require.NoError(t, err)
+	expiredID := awaitingApproval(t, rec, runID)
 	res, err = st.Client.Wait(ctx, runID)
 	require.NoError(t, err)
 	assert.Equal(t, actionbus.CodeApprovalExpired, res.Error.Code, "%+v", res.Error)
 	assert.Empty(t, ops.ran())
+	// A late grant is refused as expired (not as "already answered"), and
+	// denying what was already denied says so.
+	assert.ErrorIs(t, st.Client.Approve(ctx, expiredID, "k1", approvalKey, "alice"), &actionbus.Error{Code: actionbus.CodeApprovalExpired})
+	assert.ErrorIs(t, st.Client.Deny(ctx, id, "bob", "again"), &actionbus.Error{Code: actionbus.CodeApprovalReplayed})
 }
 
 func TestInvalidTokensAreRefusedAndTheApprovalStaysPending(t *testing.T) {
@@ -161,8 +166,9 @@ func TestInvalidTokensAreRefusedAndTheApprovalStaysPending(t *testing.T) {
 	id := awaitingApproval(t, rec, runID)
 	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/mallory"})
 	require.NoError(t, err)
-	// Signed with a key the dispatcher does not know.
-	require.NoError(t, st.Client.Approve(ctx, id, "k9", []byte("ffffffffffffffffffffffffffffffff"), "mallory"))
+	// Signed with a key the dispatcher does not know: refused, and Approve
+	// says so.
+	assert.ErrorIs(t, st.Client.Approve(ctx, id, "k9", []byte("ffffffffffffffffffffffffffffffff"), "mallory"), &actionbus.Error{Code: actionbus.CodeApprovalInvalid})
 	// A token copied from elsewhere.
 	_, err = bus.Emit(ctx, events.TypeApprovalGranted, events.NewID(), runID, "", &events.ApprovalGranted{RunID: runID, ApprovalID: id, Token: "k1.AAAA"})
 	require.NoError(t, err)

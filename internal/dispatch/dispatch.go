@@ -351,11 +351,11 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		})
 	case *events.ApprovalGranted:
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onApprovalGranted(st, data), nil
+			return d.onApprovalGranted(st, data, r.Event.ID()), nil
 		})
 	case *events.ApprovalDenied:
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onApprovalDenied(st, data), nil
+			return d.onApprovalDenied(st, data, r.Event.ID()), nil
 		})
 	case *events.SynthesisCompleted:
 		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {

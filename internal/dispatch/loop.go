@@ -274,7 +274,7 @@ func (d *Dispatcher) onStageTimer(st *RunState, t *events.TimerFired) []emission
 	case events.TimerApproval:
 		if p, ok := st.Approvals[t.CallID]; ok {
 			delete(st.Approvals, t.CallID)
-			st.ApprovalsDone = append(st.ApprovalsDone, t.CallID)
+			st.ApprovalsExpired = append(st.ApprovalsExpired, t.CallID)
 			err := actionbus.Errorf(actionbus.CodeApprovalExpired, "approval %s was not given before %s", t.CallID, p.Context.ExpiresAt.Format(time.RFC3339)).
 				WithDetail("approvalId", t.CallID).WithDetail("action", p.Context.Action)
 			return append([]emission{step(st, "approval-expired", nil, p.Context.Action, err.Message, "failed")}, d.fail(st, err)...)

@@ -86,6 +86,9 @@ type RunState struct {
 	// ApprovalsDone are the ids of answered approvals (replays are
 	// refused).
 	ApprovalsDone []string `json:"approvalsDone,omitempty"`
+	// ApprovalsExpired are the ids of approvals that expired unanswered
+	// (a late grant is refused as expired, not as a replay).
+	ApprovalsExpired []string `json:"approvalsExpired,omitempty"`
 	// PolicySnapshots record every policy evaluation of the run.
 	PolicySnapshots []policy.Snapshot `json:"policySnapshots,omitempty"`
 	// Workflow is set for workflow runs.

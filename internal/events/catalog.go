@@ -44,6 +44,7 @@ var Catalog = []Entry{
 	{TypeApprovalRequested, "{prefix}.run.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.requested.json", func() any { return new(ApprovalRequested) }},
 	{TypeApprovalGranted, "{prefix}.run.{runId}.approve", "approver", []string{"dispatcher", "auditor"}, "approval.granted.json", func() any { return new(ApprovalGranted) }},
 	{TypeApprovalDenied, "{prefix}.run.{runId}.deny", "approver", []string{"dispatcher", "auditor"}, "approval.denied.json", func() any { return new(ApprovalDenied) }},
+	{TypeApprovalResolved, "{prefix}.run.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.resolved.json", func() any { return new(ApprovalResolved) }},
 	{TypeSynthesisRequested, "{prefix}.run.{runId}.synthesize", "dispatcher", []string{"planner", "auditor"}, "synthesis.requested.json", func() any { return new(SynthesisRequested) }},
 	{TypeSynthesisCompleted, "{prefix}.run.{runId}.synthesized", "planner", []string{"dispatcher", "auditor"}, "synthesis.completed.json", func() any { return new(SynthesisCompleted) }},
 }
@@ -264,7 +265,7 @@ func (s Subjects) SubjectFor(eventType, runID, pool string) (string, error) {
 		return s.Run(runID, "input"), nil
 	case TypeTimerFired:
 		return s.Run(runID, "timer"), nil
-	case TypeApprovalRequested:
+	case TypeApprovalRequested, TypeApprovalResolved:
 		return s.Run(runID, "approval"), nil
 	case TypeApprovalGranted:
 		return s.Run(runID, "approve"), nil

@@ -27,6 +27,7 @@ const (
 	TypeApprovalRequested  = "io.actionbus.approval.requested"
 	TypeApprovalGranted    = "io.actionbus.approval.granted"
 	TypeApprovalDenied     = "io.actionbus.approval.denied"
+	TypeApprovalResolved   = "io.actionbus.approval.resolved"
 	TypeSynthesisRequested = "io.actionbus.synthesis.requested"
 	TypeSynthesisCompleted = "io.actionbus.synthesis.completed"
 )
@@ -366,6 +367,30 @@ type ApprovalDenied struct {
 	ApprovalID string `json:"approvalId"`
 	Approver   string `json:"approver,omitempty"`
 	Reason     string `json:"reason,omitempty"`
+}
+
+// Approval outcomes of [ApprovalResolved].
+const (
+	ApprovalOutcomeGranted = "granted"
+	ApprovalOutcomeDenied  = "denied"
+	ApprovalOutcomeRefused = "refused"
+)
+
+// ApprovalResolved is the dispatcher's answer to a grant or a denial: what
+// it did with answer AnswerID. It travels on the approval subject, so an
+// approver who may read approval requests reads the answers too, and an
+// approver's tool can report a refusal instead of assuming success.
+type ApprovalResolved struct {
+	RunID      string `json:"runId"`
+	ApprovalID string `json:"approvalId"`
+	// AnswerID is the event id of the grant or denial answered.
+	AnswerID string `json:"answerId"`
+	// Outcome is granted, denied or refused.
+	Outcome  string `json:"outcome"`
+	Approver string `json:"approver,omitempty"`
+	// Error says why a grant was refused (approval_invalid,
+	// approval_replayed, approval_expired).
+	Error *actionbus.Error `json:"error,omitempty"`
 }
 
 // ArtifactRef points at a large output stored in the artifact object store.

@@ -70,14 +70,16 @@ type Keys map[string][]byte
 // base64). An empty string gives no keys.
 func ParseKeys(s string) (Keys, error) {
 	k := Keys{}
-	for _, part := range strings.Split(s, ",") {
+	for i, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
 		if part == "" {
 			continue
 		}
+		// An error names the key by position, never by content: a
+		// malformed entry may be nothing but the secret.
 		id, secret, ok := strings.Cut(part, ":")
 		if !ok || id == "" || strings.ContainsAny(id, ". ") {
-			return nil, fmt.Errorf("policy: approval key %q: want kid:base64secret", part)
+			return nil, fmt.Errorf("policy: approval key %d: want kid:base64secret (a key id without dots or spaces)", i+1)
 		}
 		raw, err := base64.StdEncoding.DecodeString(secret)
 		if err != nil {

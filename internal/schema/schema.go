@@ -17,13 +17,9 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
-	"golang.org/x/text/language"
-	"golang.org/x/text/message"
 
 	"github.com/actionbus/actionbus"
 )
-
-var printer = message.NewPrinter(language.English)
 
 // Issue is one schema violation.
 type Issue struct {
@@ -161,7 +157,7 @@ func Issues(ve *jsonschema.ValidationError) []Issue {
 			if kp := e.ErrorKind.KeywordPath(); len(kp) > 0 {
 				kw = kp[len(kp)-1]
 			}
-			reason := e.ErrorKind.LocalizedString(printer)
+			reason := Reason(e.ErrorKind)
 			if req, ok := e.ErrorKind.(*kind.Required); ok {
 				for _, m := range req.Missing {
 					out = append(out, Issue{Path: Pointer(append(append([]string{}, e.InstanceLocation...), m)), Keyword: kw, Reason: "missing required property"})
@@ -192,4 +188,73 @@ func Pointer(tokens []string) string {
 		b.WriteString(strings.ReplaceAll(t, "/", "~1"))
 	}
 	return b.String()
+}
+
+// Reason words a violation by its rule, never by the rejected value: the
+// value may be a secret (a password that fails a pattern) and reasons
+// travel in events, audit records and logs. Only the rule's own side —
+// the pattern, the bound, the expected type, property names — is shown.
+func Reason(k jsonschema.ErrorKind) string {
+	switch k := k.(type) {
+	case *kind.Type:
+		return "must be of type " + strings.Join(k.Want, " or ") + ", got " + k.Got
+	case *kind.Enum:
+		return "must be one of the allowed values"
+	case *kind.Const:
+		return "must equal the constant value"
+	case *kind.Format:
+		return "must be a valid " + k.Want
+	case *kind.Pattern:
+		return "must match pattern " + k.Want
+	case *kind.MinLength, *kind.MaxLength, *kind.Minimum, *kind.Maximum, *kind.ExclusiveMinimum,
+		*kind.ExclusiveMaximum, *kind.MultipleOf, *kind.MinItems, *kind.MaxItems, *kind.MinProperties, *kind.MaxProperties:
+		// Their messages state the bound and the size or number
+		// got; a number's value is the input itself, so the bound only.
+		kw := k.KeywordPath()
+		return "violates " + strings.Join(kw, "/") + " " + bound(k)
+	case *kind.AdditionalProperties:
+		return "additional properties not allowed: " + strings.Join(k.Properties, ", ")
+	case *kind.Required:
+		return "missing properties: " + strings.Join(k.Missing, ", ")
+	case *kind.PropertyNames:
+		return "has a property name that violates propertyNames"
+	case *kind.UniqueItems:
+		return fmt.Sprintf("items at %d and %d are equal", k.Duplicates[0], k.Duplicates[1])
+	case *kind.FalseSchema:
+		return "not allowed"
+	}
+	kw := k.KeywordPath()
+	if len(kw) == 0 {
+		return "invalid"
+	}
+	return "violates " + strings.Join(kw, "/")
+}
+
+// bound returns the limit of a size or number rule.
+func bound(k jsonschema.ErrorKind) string {
+	switch k := k.(type) {
+	case *kind.MinLength:
+		return fmt.Sprint(k.Want)
+	case *kind.MaxLength:
+		return fmt.Sprint(k.Want)
+	case *kind.Minimum:
+		return k.Want.FloatString(6)
+	case *kind.Maximum:
+		return k.Want.FloatString(6)
+	case *kind.ExclusiveMinimum:
+		return k.Want.FloatString(6)
+	case *kind.ExclusiveMaximum:
+		return k.Want.FloatString(6)
+	case *kind.MultipleOf:
+		return k.Want.FloatString(6)
+	case *kind.MinItems:
+		return fmt.Sprint(k.Want)
+	case *kind.MaxItems:
+		return fmt.Sprint(k.Want)
+	case *kind.MinProperties:
+		return fmt.Sprint(k.Want)
+	case *kind.MaxProperties:
+		return fmt.Sprint(k.Want)
+	}
+	return ""
 }

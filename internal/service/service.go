@@ -11,9 +11,11 @@ import (
 	"log/slog"
 	"net/http"
 	_ "net/http/pprof" // registers /debug/pprof on the debug address only
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -61,7 +63,9 @@ func EnvDuration(key string, def time.Duration) time.Duration {
 // Flags registers the common flags on fs, defaulting to NATS_URL,
 // ACTIONBUS_PREFIX and ACTIONBUS_VERBOSE.
 func (c *Common) Flags(fs *flag.FlagSet) {
-	fs.StringVar(&c.NATSURL, "nats", Env("NATS_URL", nats.DefaultURL), "NATS server URL (env NATS_URL)")
+	// The URL may hold a password: it is read from the environment when
+	// the service starts, never shown as the flag's default.
+	fs.StringVar(&c.NATSURL, "nats", "", "NATS server URL (default $NATS_URL, else "+nats.DefaultURL+")")
 	fs.StringVar(&c.Prefix, "prefix", Env("ACTIONBUS_PREFIX", "ab"), "subject prefix (env ACTIONBUS_PREFIX)")
 	fs.BoolVar(&c.Verbose, "v", Env("ACTIONBUS_VERBOSE", "") != "", "debug logging (env ACTIONBUS_VERBOSE)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", Env("ACTIONBUS_METRICS_ADDR", ""), "serve /metrics, /healthz and /readyz on this address, e.g. :9090 (env ACTIONBUS_METRICS_ADDR)")
@@ -88,6 +92,9 @@ type Runner interface{ Run(context.Context) error }
 // build receives the process's metrics (never nil) to record into.
 func Main(name string, c Common, build func(*nats.Conn, *slog.Logger, *metrics.Metrics) (Runner, error)) int {
 	log := c.Logger(name)
+	if c.NATSURL == "" {
+		c.NATSURL = Env("NATS_URL", nats.DefaultURL)
+	}
 	m := metrics.New()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -108,7 +115,7 @@ func Main(name string, c Common, build func(*nats.Conn, *slog.Logger, *metrics.M
 	}
 	nc, err := nats.Connect(c.NATSURL, opts...)
 	if err != nil {
-		log.Error("connect", "url", c.NATSURL, "err", err)
+		log.Error("connect", "url", RedactURL(c.NATSURL), "err", err)
 		return 1
 	}
 	defer func() { _ = nc.Drain() }()
@@ -174,4 +181,18 @@ func Main(name string, c Common, build func(*nats.Conn, *slog.Logger, *metrics.M
 	}
 	log.Info("stopped")
 	return 0
+}
+
+// RedactURL returns a server URL list (comma-separated) with every
+// password replaced by "xxxxx", for logs and errors.
+func RedactURL(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil {
+			parts[i] = u.Redacted()
+		} else {
+			parts[i] = "<unparsable url>"
+		}
+	}
+	return strings.Join(parts, ",")
 }
