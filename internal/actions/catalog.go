@@ -271,6 +271,7 @@ func (v *View) List() []Entry {
 	}
 	return resolvedList(byName)
 }
+
 // ListForPlanner returns the planner-visible entries of the view (hidden
 // actions left out), sorted by name. It is the source of truth for what a
 // planner may choose.

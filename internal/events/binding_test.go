@@ -60,16 +60,16 @@ func TestCheckBinding(t *testing.T) {
 
 func TestValidRunID(t *testing.T) {
 	for id, want := range map[string]bool{
-		events.NewID():               true,
-		"01ARZ3NDEKTSV4RRFFQ69G5FAV": true,
-		"01arz3ndektsv4rrffq69g5fav": false,
-		"01ARZ3NDEKTSV4RRFFQ69G5FA":  false,
+		events.NewID():                true,
+		"01ARZ3NDEKTSV4RRFFQ69G5FAV":  true,
+		"01arz3ndektsv4rrffq69g5fav":  false,
+		"01ARZ3NDEKTSV4RRFFQ69G5FA":   false,
 		"01ARZ3NDEKTSV4RRFFQ69G5FAVX": false,
-		"01ARZ3NDEKTSV4RRFFQ69G5FA-": false,
-		"01ARZ3NDEKTSV4RRFFQ69G5F.V": false,
-		"81ARZ3NDEKTSV4RRFFQ69G5FAV": false, // overflows 48-bit time
-		"":                           false,
-		"*":                          false,
+		"01ARZ3NDEKTSV4RRFFQ69G5FA-":  false,
+		"01ARZ3NDEKTSV4RRFFQ69G5F.V":  false,
+		"81ARZ3NDEKTSV4RRFFQ69G5FAV":  false, // overflows 48-bit time
+		"":                            false,
+		"*":                           false,
 	} {
 		assert.Equal(t, want, events.ValidRunID(id), id)
 	}

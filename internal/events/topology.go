@@ -22,8 +22,8 @@ const (
 	ConsumerPlanner            = "planner"
 	ConsumerAuditorRuns        = "auditor-runs"
 	ConsumerAuditorRequests    = "auditor-requests"
-	ConsumerAuditorWork     = "auditor-work"
-	ConsumerAuditorRejected = "auditor-rejected"
+	ConsumerAuditorWork        = "auditor-work"
+	ConsumerAuditorRejected    = "auditor-rejected"
 )
 
 // PoolConsumer returns the name of the durable work consumer shared by all
