@@ -32,6 +32,9 @@ type Options struct {
 	// AckWait of every consumer; default 30s. Tests of redelivery after a
 	// crash use a short one.
 	AckWait time.Duration
+	// MaxPayload is the server's largest message; default the server's
+	// own default (1 MB), the limit a deployment meets.
+	MaxPayload int32
 }
 
 // Server is an embedded JetStream server for one test.
@@ -66,7 +69,7 @@ func NewServer(t testing.TB, opts ...Options) *Server {
 	if len(o.Pools) == 0 {
 		o.Pools = []string{events.DefaultPool}
 	}
-	ns, err := embedded.Start(embedded.Options{Port: -1, StoreDir: t.TempDir()})
+	ns, err := embedded.Start(embedded.Options{Port: -1, StoreDir: t.TempDir(), MaxPayload: o.MaxPayload})
 	if err != nil {
 		t.Fatalf("actionbustest: start nats-server: %v", err)
 	}

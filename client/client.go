@@ -483,17 +483,7 @@ func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 			}
 			stream = s
 		}
-		for _, verb := range []string{"completed", "failed", "canceled"} {
-			msg, err := stream.GetLastMsgForSubject(rctx, subjects.Run(runID, verb))
-			if err == nil {
-				if res := decode(msg.Subject, msg.Header, msg.Data); res != nil {
-					return res, nil
-				}
-			} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
-				return nil, err
-			}
-		}
-		return nil, nil
+		return c.storedResult(rctx, stream, runID)
 	}
 	res, err := stored()
 	switch {
@@ -522,6 +512,35 @@ func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// Ended returns the result of a run that has ended, and nil when it has
+// not (or is unknown). It reads the stream once and does not wait.
+func (c *Client) Ended(ctx context.Context, runID string) (*Result, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	stream, err := c.js.Stream(rctx, c.topo.StreamRuns())
+	if err != nil {
+		return nil, fmt.Errorf("client: ended %s: %w", runID, err)
+	}
+	return c.storedResult(rctx, stream, runID)
+}
+
+// storedResult reads a run's stored terminal event, if any.
+func (c *Client) storedResult(ctx context.Context, stream jetstream.Stream, runID string) (*Result, error) {
+	for _, verb := range []string{"completed", "failed", "canceled"} {
+		msg, err := stream.GetLastMsgForSubject(ctx, c.topo.Subjects().Run(runID, verb))
+		if err == nil {
+			if r, err := c.bus.Receive(msg.Subject, msg.Header, msg.Data); err == nil {
+				if res := terminal(r); res != nil {
+					return res, nil
+				}
+			}
+		} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, err
+		}
+	}
+	return nil, nil
 }
 
 // Run starts a run and follows it to its end. With a nil fn it only waits

@@ -321,6 +321,19 @@ func (e *Executor) checkOutput(reg *actions.Registered, res *actions.Result) err
 }
 
 func (e *Executor) publishResult(ctx context.Context, req *events.ActionRequested, res actions.Result, herr error, took time.Duration, deliveries int, replayed bool) error {
+	err := e.emitResult(ctx, req, res, herr, took, deliveries, replayed)
+	if tooLarge := new(actionbus.Error); errors.As(err, &tooLarge) && tooLarge.Code == actionbus.CodePayloadTooLarge {
+		// A result the server would refuse becomes a small typed failure
+		// (same id: only one of the two can ever be stored), so that the
+		// run fails now instead of waiting for its deadline.
+		e.log.Warn("result over the server's max payload; reporting payload_too_large", "call_id", req.CallID, "action", req.Action, "err", tooLarge.Message)
+		tooLarge.Message = "the result of " + req.Action + " is too large: " + tooLarge.Message
+		return e.emitResult(ctx, req, actions.Result{}, tooLarge, took, deliveries, false)
+	}
+	return err
+}
+
+func (e *Executor) emitResult(ctx context.Context, req *events.ActionRequested, res actions.Result, herr error, took time.Duration, deliveries int, replayed bool) error {
 	id := events.DerivedID(req.CallID, "result")
 	ext := []events.Extension{{Name: events.ExtCycle, Value: req.Cycle}, {Name: events.ExtPlanIndex, Value: req.PlanIndex},
 		{Name: events.ExtAttempt, Value: req.Attempt}}

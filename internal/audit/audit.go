@@ -266,6 +266,19 @@ func Verify(records []events.AuditRecorded) int {
 	return -1
 }
 
+// HasTerminal reports whether a run's chain holds its terminal record
+// (run completed, failed or canceled). The chain of a run that ended and
+// lacks it was cut off: [Verify] cannot see that, since every remaining
+// link is intact.
+func HasTerminal(records []events.AuditRecorded) bool {
+	for _, r := range records {
+		if r.Kind == KindRun && (r.Status == "completed" || r.Status == "failed" || r.Status == "canceled") {
+			return true
+		}
+	}
+	return false
+}
+
 // CheckReady reports whether the streams, consumers and buckets the
 // auditor needs exist (the /readyz probe).
 func (s *Service) CheckReady(ctx context.Context) error {

@@ -165,9 +165,7 @@ func ApplyInput(p PayloadPolicy, v any) any {
 		return nil
 	case actions.PayloadHash:
 		return hashOf(Redact(v, p.RedactPaths))
-	case actions.PayloadFull:
-		return v
-	default: // redacted
+	default: // full and redacted: redaction applies in every mode that keeps a payload
 		return Redact(v, p.RedactPaths)
 	}
 }
@@ -181,9 +179,8 @@ func ApplyOutput(p PayloadPolicy, v any, summary string) (value any, outputSumma
 		return nil, ""
 	case actions.PayloadHash:
 		return hashOf(Redact(v, p.RedactPaths)), ""
-	case actions.PayloadFull:
-		return v, ""
-	case actions.PayloadRedacted:
+	case actions.PayloadFull, actions.PayloadRedacted:
+		// Redaction applies in every mode that keeps a payload.
 		return Redact(v, p.RedactPaths), ""
 	default: // summary
 		if summary != "" {
@@ -201,10 +198,9 @@ func ApplyError(p PayloadPolicy, e *actionbus.Error) any {
 	switch p.Error {
 	case actions.PayloadOmit:
 		return nil
-	case actions.PayloadFull:
-		return clone(e)
-	case actions.PayloadRedacted:
-		return Redact(e, p.RedactPaths)
+	case actions.PayloadFull, actions.PayloadRedacted:
+		// Redaction applies in every mode that keeps a payload.
+		return Redact(clone(e), p.RedactPaths)
 	default: // summary
 		return map[string]any{"code": string(e.Code), "message": e.Message}
 	}

@@ -74,7 +74,7 @@ func TestPayloadModes(t *testing.T) {
 			mode string
 			want any
 		}{
-			{"full", input()},
+			{"full", audit.Redact(input(), paths)}, // redaction applies in every mode that keeps a payload
 			{"redacted", audit.Redact(input(), paths)},
 			{"hash", map[string]any{"hash": redactedHash}},
 			{"omit", nil},
@@ -90,7 +90,7 @@ func TestPayloadModes(t *testing.T) {
 			want          any
 			wantSummary   string
 		}{
-			{"full", "", out, ""},
+			{"full", "", []any{1.0, audit.Redacted, 3.0}, ""},
 			{"redacted", "", []any{1.0, audit.Redacted, 3.0}, ""},
 			{"hash", "", nil, ""},
 			{"summary", "", nil, "array(length=3)"},

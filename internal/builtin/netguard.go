@@ -57,6 +57,43 @@ func ParseAllow(list []string) ([]netip.Prefix, error) {
 // cgnat is the shared address space of carrier-grade NAT (RFC 6598).
 var cgnat = netip.MustParsePrefix("100.64.0.0/10")
 
+// specialPurpose are ranges that are global unicast to net/netip yet never
+// a public destination: translation and tunnelling prefixes that embed an
+// IPv4 address (and so can reach a private or loopback one), and ranges
+// reserved for documentation, benchmarking or future use (IANA special-
+// purpose address registries).
+var specialPurpose = []struct {
+	prefix netip.Prefix
+	why    string
+}{
+	{netip.MustParsePrefix("0.0.0.0/8"), "\"this network\""},
+	{netip.MustParsePrefix("192.0.0.0/24"), "IETF protocol assignment"},
+	{netip.MustParsePrefix("192.0.2.0/24"), "documentation"},
+	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking"},
+	{netip.MustParsePrefix("198.51.100.0/24"), "documentation"},
+	{netip.MustParsePrefix("203.0.113.0/24"), "documentation"},
+	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
+	{netip.MustParsePrefix("::/96"), "IPv4-compatible (deprecated)"},
+	{netip.MustParsePrefix("64:ff9b::/96"), "NAT64"},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), "local NAT64"},
+	{netip.MustParsePrefix("100::/64"), "discard-only"},
+	{netip.MustParsePrefix("2001::/32"), "Teredo"},
+	{netip.MustParsePrefix("2001:db8::/32"), "documentation"},
+	{netip.MustParsePrefix("2002::/16"), "6to4"},
+	{netip.MustParsePrefix("fec0::/10"), "site-local (deprecated)"},
+}
+
+// specialPurposeReason returns why addr is in a special-purpose range, or
+// "" when it is not.
+func specialPurposeReason(addr netip.Addr) string {
+	for _, r := range specialPurpose {
+		if r.prefix.Contains(addr) {
+			return r.why
+		}
+	}
+	return ""
+}
+
 // Check returns nil when addr may be dialled.
 func (g NetGuard) Check(addr netip.Addr) error {
 	addr = addr.Unmap() // ::ffff:127.0.0.1 is 127.0.0.1
@@ -79,6 +116,8 @@ func (g NetGuard) Check(addr netip.Addr) error {
 		why = "multicast"
 	case cgnat.Contains(addr):
 		why = "shared (CGNAT)"
+	case specialPurposeReason(addr) != "":
+		why = specialPurposeReason(addr)
 	case !addr.IsGlobalUnicast():
 		why = "not global unicast"
 	default:

@@ -203,6 +203,28 @@ func TestTheDefaultGuardRefusesPrivateAndLoopbackAddresses(t *testing.T) {
 	}
 	guard := builtin.NetGuard{}
 	assert.NoError(t, guard.Check(netip.MustParseAddr("93.184.216.34")), "a public address passes")
+	assert.NoError(t, guard.Check(netip.MustParseAddr("2606:4700::1111")), "a public IPv6 address passes")
+	for addr, why := range map[string]string{
+		"64:ff9b::7f00:1": "NAT64",           // 127.0.0.1 through NAT64
+		"64:ff9b::a00:1":  "NAT64",           // 10.0.0.1 through NAT64
+		"2002:7f00:1::1":  "6to4",            // 6to4 of 127.0.0.1
+		"::7f00:1":        "IPv4-compatible", // ::127.0.0.1
+		"::a00:1":         "IPv4-compatible", // ::10.0.0.1
+		"fec0::1":         "site-local",
+		"198.18.0.1":      "benchmarking",
+		"198.19.255.255":  "benchmarking",
+		"240.0.0.1":       "reserved",
+		"255.255.255.255": "",
+		"2001:0:4136::1":  "Teredo",
+		"192.0.2.10":      "documentation",
+		"2001:db8::1":     "documentation",
+		"0.1.2.3":         "this network",
+	} {
+		err := guard.Check(netip.MustParseAddr(addr))
+		if assert.ErrorIs(t, err, builtin.ErrAddressRefused, addr) {
+			assert.Contains(t, err.Error(), why, addr)
+		}
+	}
 	allow, err := builtin.ParseAllow([]string{"10.1.0.0/16", "127.0.0.1"})
 	require.NoError(t, err)
 	g := builtin.NetGuard{Allow: allow}

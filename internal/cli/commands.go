@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/events"
@@ -311,6 +313,38 @@ func runCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// maxInputBytes bounds what exec reads from a file or stdin; anything
+// larger could never travel in one event (the server's max payload is
+// 1 MB by default) and is refused before it is sent.
+const maxInputBytes = 1 << 20
+
+// readInput returns an --input value: inline JSON, @FILE or - (stdin).
+// The error names the source, never its content.
+func readInput(g *globals, spec string) ([]byte, error) {
+	var r io.Reader
+	switch {
+	case spec == "-":
+		r = g.in
+	case strings.HasPrefix(spec, "@"):
+		f, err := os.Open(spec[1:])
+		if err != nil {
+			return nil, fmt.Errorf("--input: %w", err)
+		}
+		defer f.Close()
+		r = f
+	default:
+		return []byte(spec), nil
+	}
+	data, err := io.ReadAll(io.LimitReader(r, maxInputBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("--input %s: %w", spec, err)
+	}
+	if len(data) > maxInputBytes {
+		return nil, actionbus.Errorf(actionbus.CodePayloadTooLarge, "--input %s is over %d bytes", spec, maxInputBytes)
+	}
+	return data, nil
+}
+
 func execCmd(g *globals) *cobra.Command {
 	var f runFlags
 	var input, idemKey string
@@ -319,9 +353,13 @@ func execCmd(g *globals) *cobra.Command {
 		Short: "Run one action as a one-step host-origin run and print its output",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			raw, err := readInput(g, input)
+			if err != nil {
+				return err
+			}
 			var in map[string]any
-			if err := json.Unmarshal([]byte(input), &in); err != nil {
-				return fmt.Errorf("--input must be a JSON object: %w", err)
+			if err := json.Unmarshal(raw, &in); err != nil || in == nil {
+				return fmt.Errorf("--input must be a JSON object (inline, @FILE or - for stdin)")
 			}
 			c, done, err := g.client()
 			if err != nil {
@@ -335,7 +373,7 @@ func execCmd(g *globals) *cobra.Command {
 			return follow(cmd.Context(), g, c, id, f.timeout)
 		},
 	}
-	cmd.Flags().StringVar(&input, "input", "{}", "action input as a JSON object")
+	cmd.Flags().StringVar(&input, "input", "{}", "action input as a JSON object: inline, @FILE to read a file, - to read stdin")
 	cmd.Flags().StringVar(&idemKey, "idempotency-key", "", "a retried exec with the same key returns the first result")
 	f.add(cmd)
 	return cmd
@@ -419,6 +457,24 @@ func artifactsCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// runEnded returns the status of a run that has ended ("" when it has not
+// or cannot be known), and why it is unknown.
+func (g *globals) runEnded(ctx context.Context, runID string) (status, why string) {
+	c, done, err := g.client()
+	if err != nil {
+		return "", "whether the run ended was not checked (NATS unreachable), so a cut-off tail cannot be seen"
+	}
+	defer done()
+	res, err := c.Ended(ctx, runID)
+	switch {
+	case err != nil:
+		return "", "whether the run ended was not checked (" + err.Error() + "), so a cut-off tail cannot be seen"
+	case res == nil:
+		return "", "the run has not ended; records may still be added"
+	}
+	return res.Status, ""
+}
+
 func auditCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "audit", Short: "The audit stream: verify, tail, export"}
 	var jsonl, sqlitePath string
@@ -470,6 +526,16 @@ func auditCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(g.out, "broken at record %d of %d in %s (stream sequence %d, event %s, %s %s): its hash or its link to the previous record does not match\n",
 					i+1, len(recs), source, r.StreamSeq, r.EventID, r.Kind, r.EventType)
 				return exitError{1}
+			}
+			// A chain cut off at its tail is intact link by link: when the
+			// run has ended, its terminal record must be there.
+			ended, why := g.runEnded(cmd.Context(), runID)
+			switch {
+			case ended != "" && !audit.HasTerminal(chain):
+				fmt.Fprintf(g.out, "truncated: run %s ended (%s) but its %d records in %s end before its terminal record\n", runID, ended, len(recs), source)
+				return exitError{1}
+			case ended == "":
+				fmt.Fprintf(g.out, "note: %s\n", why)
 			}
 			fmt.Fprintf(g.out, "intact: %d records in %s, head %s\n", len(recs), source, recs[len(recs)-1].Hash)
 			return nil

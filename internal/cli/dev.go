@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"os"
@@ -187,7 +188,11 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 			return err
 		}
 	}
-	fmt.Fprintf(g.out, "\nserving; try in another terminal:\n  go run ./cmd/actionbus --nats %s run --scenario echo \"hello\"\n  go run ./cmd/actionbus --nats %s actions\nCtrl-C stops.\n", url, url)
+	fmt.Fprintf(g.out, "\nserving; try in another terminal:\n  go run ./cmd/actionbus --nats %s run --scenario echo \"hello\"\n  go run ./cmd/actionbus --nats %s actions\n", url, url)
+	// Dev mode's key is made for this process only; printing it is how an
+	// operator approves here (a production key is never printed).
+	fmt.Fprintf(g.out, "approve a pending action (this dev server's own approval key):\n  %s=%s:%s go run ./cmd/actionbus --nats %s approve APPROVAL_ID\nCtrl-C stops.\n",
+		approvalKeyEnv, devKeyID, base64.StdEncoding.EncodeToString(approvalKey), url)
 	<-ctx.Done()
 	return nil
 }

@@ -234,6 +234,22 @@ scenarios:
 		assert.Contains(t, out.String(), fmt.Sprintf("intact: %d records", n))
 	}
 	lines := strings.Split(strings.TrimSpace(readFile(t, jsonl)), "\n")
+	// Cut off the tail from the terminal record on: every remaining link
+	// holds, but the run ended, so the chain is reported truncated.
+	full := readFile(t, jsonl)
+	term := -1
+	for i, l := range lines {
+		if strings.Contains(l, `"kind":"run"`) && (strings.Contains(l, `"status":"completed"`) || strings.Contains(l, `"status":"failed"`)) {
+			term = i
+		}
+	}
+	require.Positive(t, term, "the chain has a terminal record")
+	require.NoError(t, os.WriteFile(jsonl, []byte(strings.Join(lines[:term], "\n")+"\n"), 0o600))
+	out.Reset()
+	code = cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", res.RunID, "--jsonl", jsonl}, nil, &out, &errOut)
+	assert.Equal(t, 1, code, out.String())
+	assert.Contains(t, out.String(), "truncated: run "+res.RunID+" ended (completed)")
+	require.NoError(t, os.WriteFile(jsonl, []byte(full), 0o600))
 	lines[4] = strings.Replace(lines[4], `"kind":"`, `"kind":"tampered-`, 1)
 	require.NoError(t, os.WriteFile(jsonl, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
 	out.Reset()

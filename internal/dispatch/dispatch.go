@@ -439,7 +439,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *RunState, out []emission, ms
 		if err := json.Unmarshal(entry.Value(), &cur); err != nil {
 			return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", st.RunID, err))
 		}
-		return d.publish(ctx, &cur, d.pending(&cur))
+		return d.publishOrFail(ctx, &cur, d.pending(&cur))
 	}
 	if err != nil {
 		return err
@@ -449,7 +449,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *RunState, out []emission, ms
 	if st.IsTerminal() {
 		d.cfg.Metrics.RunEnded(st.Kind, st.Status, 0)
 	}
-	return d.publish(ctx, st, out)
+	return d.publishOrFail(ctx, st, out)
 }
 
 // transitionFunc applies one event to a run's state and returns what to
@@ -566,7 +566,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			}
 			d.cache.put(runID, before, revision, st.IsTerminal())
 			if republish {
-				return d.publish(ctx, &st, d.pending(&st))
+				return d.publishOrFail(ctx, &st, d.pending(&st))
 			}
 			return nil
 		}
@@ -592,7 +592,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		if !wasTerminal && st.IsTerminal() {
 			d.cfg.Metrics.RunEnded(st.Kind, st.Status, st.UpdatedAt.Sub(st.CreatedAt))
 		}
-		return d.publish(ctx, &st, dedupe(out))
+		return d.publishOrFail(ctx, &st, dedupe(out))
 	}
 	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
 }
@@ -627,6 +627,63 @@ func (d *Dispatcher) publish(ctx context.Context, st *RunState, out []emission) 
 			Subject: e.subject, Header: e.header}
 	}
 	return d.bus.EmitAll(ctx, batch)
+}
+
+// publishOrFail publishes what a stored transition emitted. An event the
+// server would refuse (over its max payload) can never be published, so
+// retrying is pointless: the run is failed at once with payload_too_large,
+// naming the event and its size, instead of waiting for its deadline.
+func (d *Dispatcher) publishOrFail(ctx context.Context, st *RunState, out []emission) error {
+	err := d.publish(ctx, st, out)
+	var tooLarge *actionbus.Error
+	if !errors.As(err, &tooLarge) || tooLarge.Code != actionbus.CodePayloadTooLarge {
+		return err
+	}
+	d.log.Warn("an event of the run is over the server's max payload; failing the run", "run_id", st.RunID, "err", tooLarge.Message)
+	return d.failStored(ctx, st.RunID, tooLarge)
+}
+
+// failStored ends the stored run with abErr (replacing a terminal event
+// that could not be published) and publishes its run.failed.
+func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *actionbus.Error) error {
+	for attempt := 0; attempt < 10; attempt++ {
+		gctx, cancel := events.Bounded(ctx)
+		entry, err := d.runs.Get(gctx, runID)
+		cancel()
+		if err != nil {
+			return err
+		}
+		var st RunState
+		if err := json.Unmarshal(entry.Value(), &st); err != nil {
+			return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
+		}
+		if t := st.Terminal; t != nil && t.Error != nil && t.Error.Code == actionbus.CodePayloadTooLarge {
+			return d.publish(ctx, &st, []emission{terminalEmission(&st)})
+		}
+		wasTerminal := st.IsTerminal()
+		st.Terminal = nil
+		out := d.fail(&st, abErr)
+		st.UpdatedAt = time.Now().UTC()
+		val, err := json.Marshal(&st)
+		if err != nil {
+			return events.Permanent(err)
+		}
+		uctx, cancel := events.Bounded(ctx)
+		rev, err := d.runs.Update(uctx, runID, val, entry.Revision())
+		cancel()
+		if isConflict(err) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		d.cache.put(runID, val, rev, true)
+		if !wasTerminal {
+			d.cfg.Metrics.RunEnded(st.Kind, st.Status, st.UpdatedAt.Sub(st.CreatedAt))
+		}
+		return d.publish(ctx, &st, out)
+	}
+	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
 }
 
 // pending returns the events a run is waiting on in its current state: its

@@ -30,6 +30,10 @@ type Options struct {
 	// users, permissions) read first; Host, Port, StoreDir and ServerName
 	// above still apply.
 	ConfigFile string
+	// MaxPayload is the largest message the server accepts; default the
+	// server's own default (1 MB), as in production, so that tests meet
+	// the same limit a deployment does.
+	MaxPayload int32
 }
 
 // Start starts a JetStream-enabled server and waits until it accepts
@@ -59,7 +63,10 @@ func Start(opts Options) (*server.Server, error) {
 	}
 	so.ServerName, so.Host, so.Port = opts.ServerName, opts.Host, opts.Port
 	so.JetStream, so.StoreDir = true, opts.StoreDir
-	so.NoSigs, so.NoLog, so.MaxPayload = true, true, 8<<20
+	so.NoSigs, so.NoLog = true, true
+	if opts.MaxPayload > 0 {
+		so.MaxPayload = opts.MaxPayload
+	}
 	ns, err := server.NewServer(so)
 	if err != nil {
 		return nil, fmt.Errorf("embedded: new server: %w", err)

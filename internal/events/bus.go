@@ -146,6 +146,9 @@ func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event, opts 
 	if err != nil {
 		return nil, err
 	}
+	if err := b.checkSize(e.Type(), msg); err != nil {
+		return nil, err
+	}
 	// An acknowledgement lost with a server must not hold the caller
 	// until its own deadline: the publish is bounded and can be retried
 	// (the event id makes the retry a duplicate).
@@ -242,6 +245,9 @@ func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 		for k, v := range x.Header {
 			msg.Header[k] = v
 		}
+		if err := b.checkSize(x.Type, msg); err != nil {
+			return err
+		}
 		f, err := b.js.PublishMsgAsync(msg)
 		if err != nil {
 			return fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
@@ -264,6 +270,42 @@ func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 		}
 	}
 	return nil
+}
+
+// checkSize refuses a message the server would refuse: one over the
+// connection's max payload (headers included). The error is a typed
+// payload_too_large naming the event type, its size and the limit, so that
+// the caller can fail what produced it instead of retrying for ever.
+func (b *Bus) checkSize(eventType string, msg *nats.Msg) error {
+	nc := b.js.Conn()
+	if nc == nil {
+		return nil
+	}
+	limit := nc.MaxPayload()
+	if limit <= 0 {
+		return nil
+	}
+	size := int64(len(msg.Data)) + headerSize(msg.Header)
+	if size <= limit {
+		return nil
+	}
+	return (&actionbus.Error{Code: actionbus.CodePayloadTooLarge,
+		Message: fmt.Sprintf("%s event of %d bytes is over the server's max payload of %d bytes", eventType, size, limit)}).
+		WithDetail("event", eventType).WithDetail("bytes", size).WithDetail("limit", limit)
+}
+
+// headerSize is the size of h as NATS sends it.
+func headerSize(h nats.Header) int64 {
+	if len(h) == 0 {
+		return 0
+	}
+	n := int64(len("NATS/1.0\r\n\r\n"))
+	for k, vs := range h {
+		for _, v := range vs {
+			n += int64(len(k) + len(": ") + len(v) + len("\r\n"))
+		}
+	}
+	return n
 }
 
 // Bounded returns ctx with a PublishTimeout deadline. JetStream writes
