@@ -74,8 +74,9 @@ type ActionCall struct {
 
 // RunRequest describes a run to start.
 type RunRequest struct {
-	// RunID is the run's id; a fresh ULID when empty. Reusing an id
-	// deduplicates: the run starts once.
+	// RunID is the run's id; a fresh ULID when empty. It must be a
+	// canonical ULID (26 upper-case characters; invalid_run_id otherwise).
+	// Reusing an id deduplicates: the run starts once.
 	RunID string
 	// Prompt is the user's request for an agent run.
 	Prompt string
@@ -102,6 +103,9 @@ type RunRequest struct {
 func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 	if req.RunID == "" {
 		req.RunID = events.NewID()
+	}
+	if err := events.CheckRunID(req.RunID); err != nil {
+		return "", fmt.Errorf("client: start run: %w", err)
 	}
 	data := &events.RunRequested{RunID: req.RunID, Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
 		AllowedModes: req.AllowedModes, Metadata: req.Metadata, DeadlineMs: req.Deadline.Milliseconds()}

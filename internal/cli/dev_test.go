@@ -72,6 +72,18 @@ func TestRunExitCodeFollowsTheTerminalState(t *testing.T) {
 	assert.Equal(t, 2, code, out.String())
 	assert.Contains(t, out.String(), "action_not_found")
 
+	// exec reads its input from stdin (-) and from a file (@FILE).
+	out.Reset()
+	code = cli.Execute(ctx, []string{"--nats", url, "exec", "delivery.searchJobs", "--input", "-"}, strings.NewReader(`{"status":["FAILED"]}`), &out, &errOut)
+	assert.Equal(t, 0, code, out.String()+errOut.String())
+	assert.Contains(t, out.String(), "3 jobs")
+	input := filepath.Join(t.TempDir(), "input.json")
+	require.NoError(t, os.WriteFile(input, []byte(`{"status":["FAILED"]}`), 0o600))
+	out.Reset()
+	code = cli.Execute(ctx, []string{"--nats", url, "exec", "delivery.searchJobs", "--input", "@" + input}, nil, &out, &errOut)
+	assert.Equal(t, 0, code, out.String()+errOut.String())
+	assert.Contains(t, out.String(), "3 jobs")
+
 	out.Reset()
 	code = cli.Execute(ctx, []string{"--nats", url, "run", "--scenario", "echo", "hi there"}, nil, &out, &errOut)
 	assert.Equal(t, 0, code, out.String()+errOut.String())

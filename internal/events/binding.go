@@ -52,7 +52,7 @@ func (s Subjects) CheckBinding(subject string, e *event.Event, data any) error {
 			WithDetail("type", e.Type()).WithDetail("subject", clip(subject, 256)).WithDetail("expected", entry.Subject)
 	}
 	if pool, ok := vars["pool"]; ok {
-		if p, _ := e.Extensions()[ExtPool].(string); p != pool {
+		if p, ok := e.Extensions()[ExtPool].(string); ok && p != pool {
 			return (&actionbus.Error{Code: actionbus.CodeSubjectMismatch,
 				Message: "the event's pool differs from its subject's pool token"}).WithDetail("pool", pool)
 		}

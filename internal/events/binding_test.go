@@ -41,6 +41,7 @@ func TestCheckBinding(t *testing.T) {
 			[]events.Extension{{Name: events.ExtPool, Value: "default"}}, ""},
 		{"request with another pool's extension", s.PoolRequest("default"), events.TypeActionRequested, run, &events.ActionRequested{RunID: run, CallID: "c", Action: "a"},
 			[]events.Extension{{Name: events.ExtPool, Value: "payments"}}, actionbus.CodeSubjectMismatch},
+		{"request without a pool extension", s.PoolRequest("default"), events.TypeActionRequested, run, &events.ActionRequested{RunID: run, CallID: "c", Action: "a"}, nil, ""},
 		{"terminal on its subject", s.Run(run, "failed"), events.TypeRunFailed, run, &events.RunFailed{RunID: run, Error: actionbus.Error{Code: "x"}}, nil, ""},
 		{"rejection on the rejected subject", s.Rejected("AB_RUNS"), events.TypeEventRejected, "", &events.EventRejected{OriginalSubject: "x"}, nil, ""},
 		{"rejection on a run subject", s.Run(run, "completed"), events.TypeEventRejected, run, &events.EventRejected{RunID: run, OriginalSubject: "x"}, nil, actionbus.CodeSubjectMismatch},

@@ -168,6 +168,9 @@ func (b *Bus) Emit(ctx context.Context, eventType, id, runID, pool string, data 
 	if err != nil {
 		return nil, err
 	}
+	if eventType == TypeActionRequested && pool != "" {
+		ext = append(ext, Extension{Name: ExtPool, Value: pool})
+	}
 	e, err := b.New(eventType, id, runID, data, ext...)
 	if err != nil {
 		return nil, err

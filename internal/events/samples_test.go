@@ -52,6 +52,8 @@ var samples = map[string]any{
 			InputHash: "0f3c4e0b1a2d3c4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6", ExpiresAt: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}},
 	events.TypeApprovalGranted: &events.ApprovalGranted{RunID: sampleRun, ApprovalID: sampleRun + "-1-0", Token: "k1.abc", Approver: "ops"},
 	events.TypeApprovalDenied:  &events.ApprovalDenied{RunID: sampleRun, ApprovalID: sampleRun + "-1-0", Approver: "ops", Reason: "not today"},
+	events.TypeApprovalResolved: &events.ApprovalResolved{RunID: sampleRun, ApprovalID: sampleRun + "-1-0", AnswerID: sampleRun, Outcome: events.ApprovalOutcomeRefused, Approver: "ops",
+		Error: &actionbus.Error{Code: actionbus.CodeApprovalReplayed, Message: "approval was already answered"}},
 	events.TypeSynthesisRequested: &events.SynthesisRequested{RunID: sampleRun, Cycle: 2, Part: events.PartSection, Index: 1, Prompt: "report",
 		Instruction: "Write this result as a section.", Results: []events.Observation{{Cycle: 1, Action: "count", OK: true, Output: map[string]any{"n": 3.0}}}},
 	events.TypeSynthesisCompleted: &events.SynthesisCompleted{RunID: sampleRun, Cycle: 2, Part: events.PartSection, Index: 1, Markdown: "Three rows."},

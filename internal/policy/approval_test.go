@@ -76,9 +76,12 @@ func TestParseKeys(t *testing.T) {
 	k, err := policy.ParseKeys("k1:" + secret + ", k2:" + secret)
 	require.NoError(t, err)
 	assert.Len(t, k, 2)
-	for _, bad := range []string{"k1", "k1:!!!", "k1:" + base64.StdEncoding.EncodeToString([]byte("short")), "k.1:" + secret} {
+	for _, bad := range []string{"k1", "k1:!!!", "k1:" + base64.StdEncoding.EncodeToString([]byte("short")), "k.1:" + secret,
+		"k 1:" + secret, secret, "k1 " + secret} {
 		_, err := policy.ParseKeys(bad)
-		assert.Error(t, err, bad)
+		if assert.Error(t, err, bad) {
+			assert.NotContains(t, err.Error(), secret, "a malformed key's error shows its secret")
+		}
 	}
 }
 

@@ -29,31 +29,9 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts four processes")
 	}
-	users := []string{"admin", "dispatcher", "planner", "executor", "auditor", "client", "approver"}
-	for _, u := range users {
-		t.Setenv(strings.ToUpper(u)+"_PASSWORD", "pw-"+u)
-	}
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "server.conf")
-	// nats-server resolves includes relative to the including file.
-	accounts, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "nats", "accounts.conf"))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "accounts.conf"), accounts, 0o600))
-	require.NoError(t, os.WriteFile(conf, []byte("include ./accounts.conf\n"), 0o600))
-	ns, err := embedded.Start(embedded.Options{Port: -1, StoreDir: filepath.Join(dir, "js"), ConfigFile: conf})
-	require.NoError(t, err)
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	port := ns.Addr().String()[strings.LastIndex(ns.Addr().String(), ":")+1:]
-	url := func(user string) string { return fmt.Sprintf("nats://%s:pw-%s@127.0.0.1:%s", user, user, port) }
-
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	admin, err := nats.Connect(url("admin"))
-	require.NoError(t, err)
-	defer admin.Close()
-	js, err := jetstream.New(admin)
-	require.NoError(t, err)
-	require.NoError(t, events.Topology{}.Provision(ctx, js))
+	url, js := deployedServer(t, ctx)
 
 	approvalKey := []byte("0123456789abcdef0123456789abcdef")
 	t.Setenv("ACTIONBUS_APPROVAL_KEYS", "k1:"+base64.StdEncoding.EncodeToString(approvalKey))
@@ -145,6 +123,37 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	exRefusals := strings.Join(collect(t, exErrs, 2), "\n")
 	assert.Contains(t, exRefusals, `Permissions Violation for Publish to "ab.run.X.requested"`)
 	assert.Contains(t, exRefusals, `Permissions Violation for Publish to "$JS.API.STREAM.INFO.AB_AUDIT"`)
+}
+
+// deployedServer starts an embedded server with the accounts and users of
+// deploy/nats (passwords pw-<user>, the server's default max payload) and
+// provisions it as admin. It returns the URL of each user and the admin's
+// JetStream context.
+func deployedServer(t *testing.T, ctx context.Context) (url func(user string) string, adminJS jetstream.JetStream) {
+	t.Helper()
+	users := []string{"admin", "dispatcher", "planner", "executor", "auditor", "client", "approver"}
+	for _, u := range users {
+		t.Setenv(strings.ToUpper(u)+"_PASSWORD", "pw-"+u)
+	}
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "server.conf")
+	// nats-server resolves includes relative to the including file.
+	accounts, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "nats", "accounts.conf"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "accounts.conf"), accounts, 0o600))
+	require.NoError(t, os.WriteFile(conf, []byte("include ./accounts.conf\n"), 0o600))
+	ns, err := embedded.Start(embedded.Options{Port: -1, StoreDir: filepath.Join(dir, "js"), ConfigFile: conf})
+	require.NoError(t, err)
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	port := ns.Addr().String()[strings.LastIndex(ns.Addr().String(), ":")+1:]
+	url = func(user string) string { return fmt.Sprintf("nats://%s:pw-%s@127.0.0.1:%s", user, user, port) }
+	admin, err := nats.Connect(url("admin"))
+	require.NoError(t, err)
+	t.Cleanup(admin.Close)
+	adminJS, err = jetstream.New(admin)
+	require.NoError(t, err)
+	require.NoError(t, events.Topology{}.Provision(ctx, adminJS))
+	return url, adminJS
 }
 
 // collect gathers at least n async errors, or fails after 5 s.

@@ -6,6 +6,11 @@
 //	test.count  (mutate) increments a counter file; with {"useKey": true} it
 //	            applies each idempotency key once; with CRASH_AFTER_EFFECT=1
 //	            the process kills itself right after the effect
+//	test.secret returns a private output; its password input must be
+//	            lower-case letters (a schema pattern)
+//	test.other  records that it ran and returns {"ok": true}
+//	test.huge   fails with a 2 MB error message (over the server's max
+//	            payload)
 package main
 
 import (
@@ -55,7 +60,7 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+	nc, err := nats.Connect(os.Getenv("NATS_URL"), nats.CustomInboxPrefix("_INBOX_executor"))
 	if err != nil {
 		panic(err)
 	}
@@ -98,6 +103,22 @@ func main() {
 				select {}
 			}
 			return executor.Result[countIn]{Output: in, Summary: "counted"}, nil
+		}))
+	type anyOut = map[string]any
+	must(executor.Register(ex, executor.Action{Name: "test.secret", Timeout: time.Second,
+		InputSchema: []byte(`{"type":"object","properties":{"password":{"type":"string","pattern":"^[a-z]+$"}},"additionalProperties":false}`)},
+		func(ctx context.Context, in map[string]any, call executor.Call) (executor.Result[anyOut], error) {
+			appendLine(filepath.Join(dir, "invocations"), "secret "+call.UserID)
+			return executor.Result[anyOut]{Output: anyOut{"secret": "u1-private-output"}, Summary: "secret"}, nil
+		}))
+	must(executor.Register(ex, executor.Action{Name: "test.other", Timeout: time.Second},
+		func(ctx context.Context, in map[string]any, call executor.Call) (executor.Result[anyOut], error) {
+			appendLine(filepath.Join(dir, "invocations"), "other "+call.UserID)
+			return executor.Result[anyOut]{Output: anyOut{"ok": true}}, nil
+		}))
+	must(executor.Register(ex, executor.Action{Name: "test.huge", Timeout: 5 * time.Second},
+		func(ctx context.Context, in map[string]any, call executor.Call) (executor.Result[anyOut], error) {
+			return executor.Result[anyOut]{}, fmt.Errorf("%s", strings.Repeat("x", 2<<20))
 		}))
 	if err := ex.Run(ctx); err != nil {
 		log.Error("run", "err", err)
