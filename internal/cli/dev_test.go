@@ -68,6 +68,15 @@ func TestRunExitCodeFollowsTheTerminalState(t *testing.T) {
 		done <- cli.Execute(devCtx, []string{"dev", "--port", "-1", "--store", t.TempDir(), "--no-demo"}, nil, &devOut, &devOut)
 	}()
 	url := waitForURL(t, &devOut)
+	for !strings.Contains(devOut.String(), "Ctrl-C stops") {
+		select {
+		case <-devOut.signal():
+		case <-ctx.Done():
+			t.Fatalf("dev printed: %s", devOut.String())
+		}
+	}
+	assert.Regexp(t, `ACTIONBUS_APPROVAL_KEY=dev:\S+ go run ./cmd/actionbus --nats \S+ approve APPROVAL_ID`, devOut.String(),
+		"dev --no-demo says how to approve")
 	code := cli.Execute(ctx, []string{"--nats", url, "exec", "nope.missing", "--input", "{}"}, nil, &out, &errOut)
 	assert.Equal(t, 2, code, out.String())
 	assert.Contains(t, out.String(), "action_not_found")
