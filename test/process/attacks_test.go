@@ -177,7 +177,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 	require.NoError(t, err)
 	approverJS, err := jetstream.New(approverNC)
 	require.NoError(t, err)
-	executorNC, _ := connectAs(t, url("executor"), "_INBOX_executor")
+	executorNC, executorRefused := connectAs(t, url("executor"), "_INBOX_executor")
 	executorJS, err := jetstream.New(executorNC)
 	require.NoError(t, err)
 	waitCatalog(t, ctx, c, "test.huge")
@@ -185,14 +185,18 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 	// A live run: a mutation waiting for its approval.
 	startMutation := func(t *testing.T) (runID, approvalID string) {
 		t.Helper()
-		runID, err := c.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.count", Args: map[string]any{}},
+		runID, err := c.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.count", Args: map[string]any{"useKey": false}},
 			AllowedModes: []string{"read", "mutate"}, UserID: "ops"})
 		require.NoError(t, err)
 		approvalID = runID + "-1-0"
-		require.Eventually(t, func() bool {
-			_, err := approver.Approval(ctx, approvalID)
-			return err == nil
-		}, 20*time.Second, 20*time.Millisecond, "the mutation never waited for its approval")
+		var lastErr error
+		if !assert.Eventually(t, func() bool {
+			_, lastErr = approver.Approval(ctx, approvalID)
+			return lastErr == nil
+		}, 20*time.Second, 20*time.Millisecond) {
+			ended, err := c.Ended(ctx, runID)
+			t.Fatalf("the mutation never waited for its approval (last error %v; run ended %+v, %v)", lastErr, ended, err)
+		}
 		return runID, approvalID
 	}
 
@@ -299,16 +303,23 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 	})
 
 	t.Run("an executor cannot purge artifacts or define another pool's actions", func(t *testing.T) {
-		short, cancel := context.WithTimeout(ctx, 3*time.Second)
-		defer cancel()
-		stream, err := executorJS.Stream(short, "OBJ_ab_artifacts")
+		// A refused JetStream request gets no answer: each attempt has
+		// its own short deadline.
+		short := func() context.Context {
+			c, cancel := context.WithTimeout(ctx, 3*time.Second)
+			t.Cleanup(cancel)
+			return c
+		}
+		stream, err := executorJS.Stream(short(), "OBJ_ab_artifacts")
 		require.NoError(t, err)
-		assert.Error(t, stream.Purge(short), "the executor purged the artifact store")
-		kv, err := executorJS.KeyValue(short, "ab_catalog")
+		assert.Error(t, stream.Purge(short()), "the executor purged the artifact store")
+		executorRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.STREAM.PURGE.OBJ_ab_artifacts"`)
+		kv, err := executorJS.KeyValue(short(), "ab_catalog")
 		require.NoError(t, err)
 		def, _ := json.Marshal(map[string]any{"name": "test.secret", "mode": "read", "pool": "payments", "version": "9"})
-		_, err = kv.Put(short, "payments.test.secret", def)
+		_, err = kv.Put(short(), "payments.test.secret", def)
 		assert.Error(t, err, "the executor wrote another pool's catalog entry")
+		executorRefused.waitFor(t, `Permissions Violation for Publish to "$KV.ab_catalog.payments.test.secret"`)
 		// Under its own pool's prefix, an entry claiming another pool is
 		// ignored by every reader.
 		def, _ = json.Marshal(map[string]any{"name": "test.evil", "mode": "read", "pool": "payments", "version": "1", "hash": "x"})
