@@ -67,7 +67,8 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// MaxOutputBytes is the largest output carried inside a result; a
 	// larger one is stored as an artifact and the result carries a
-	// reference and a bounded preview. Default 256 KiB.
+	// reference and a bounded preview. Default 256 KiB; never more than
+	// half the server's max payload, whatever is configured.
 	MaxOutputBytes int
 	// PreviewBytes bounds an artifact's preview; default 1024.
 	PreviewBytes int

@@ -366,7 +366,7 @@ func (e *Executor) offload(ctx context.Context, req *events.ActionRequested, don
 		return nil // a replayed reference
 	}
 	data, err := json.Marshal(done.Output)
-	if err != nil || len(data) <= e.cfg.MaxOutputBytes {
+	if err != nil || len(data) <= e.outputLimit() {
 		return err
 	}
 	ref, err := e.putArtifact(ctx, events.DerivedID(req.CallID, "artifact", "output"), "output", "application/json", data)
@@ -376,6 +376,18 @@ func (e *Executor) offload(ctx context.Context, req *events.ActionRequested, don
 	done.Artifacts = []events.ArtifactRef{ref}
 	done.Output = map[string]any{"artifact": ref}
 	return nil
+}
+
+// outputLimit is the largest output carried inside a result:
+// MaxOutputBytes, but never more than half the server's max payload, so
+// that an output goes to the artifact store before its result could reach
+// the limit.
+func (e *Executor) outputLimit() int {
+	limit := e.cfg.MaxOutputBytes
+	if mp := e.nc.MaxPayload(); mp > 0 && int64(limit) > mp/2 {
+		limit = int(mp / 2)
+	}
+	return limit
 }
 
 // putArtifact stores data in the artifact store under id.

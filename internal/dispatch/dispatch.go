@@ -422,6 +422,17 @@ func (d *Dispatcher) admit(ctx context.Context, st *RunState, out []emission, ms
 	if err != nil {
 		return events.Permanent(err)
 	}
+	if tooLarge := d.stateTooLarge(val); tooLarge != nil {
+		// A request that cannot be held as state: the run is created
+		// failed, without what made it too large.
+		now := time.Now().UTC()
+		failed := &RunState{RunID: st.RunID, IDKey: st.IDKey, Kind: st.Kind, UserID: st.UserID, Observations: []events.Observation{},
+			CreatedAt: now, UpdatedAt: now, Deadline: st.Deadline}
+		st, out = failed, d.fail(failed, tooLarge)
+		if val, err = json.Marshal(st); err != nil {
+			return events.Permanent(err)
+		}
+	}
 	cctx, cancel := events.Bounded(ctx)
 	rev, err := d.runs.Create(cctx, st.RunID, val)
 	cancel()
@@ -578,6 +589,21 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		if err != nil {
 			return events.Permanent(err)
 		}
+		if tooLarge := d.stateTooLarge(after); tooLarge != nil {
+			// The new state could never be stored: the run fails from the
+			// state as it is stored, with the limit named.
+			d.log.Warn("run state over the server's max payload; failing the run", "run_id", runID, "bytes", len(after))
+			st = RunState{}
+			if err := json.Unmarshal(before, &st); err != nil {
+				return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
+			}
+			st.Terminal = nil
+			out = d.fail(&st, tooLarge)
+			st.UpdatedAt = time.Now().UTC()
+			if after, err = json.Marshal(&st); err != nil {
+				return events.Permanent(err)
+			}
+		}
 		uctx, cancel := events.Bounded(ctx)
 		rev, err := d.runs.Update(uctx, runID, after, revision)
 		cancel()
@@ -627,6 +653,27 @@ func (d *Dispatcher) publish(ctx context.Context, st *RunState, out []emission) 
 			Subject: e.subject, Header: e.header}
 	}
 	return d.bus.EmitAll(ctx, batch)
+}
+
+// stateHeadroom is kept below the server's max payload for the headers of
+// a key-value write.
+const stateHeadroom = 4 << 10
+
+// stateTooLarge returns a payload_too_large error when a run state of that
+// encoding could not be stored (it would exceed the server's max payload),
+// and nil otherwise.
+func (d *Dispatcher) stateTooLarge(state []byte) *actionbus.Error {
+	nc := d.js.Conn()
+	if nc == nil {
+		return nil
+	}
+	limit := nc.MaxPayload() - stateHeadroom
+	if limit <= 0 || int64(len(state)) <= limit {
+		return nil
+	}
+	return (&actionbus.Error{Code: actionbus.CodePayloadTooLarge,
+		Message: fmt.Sprintf("the run's state of %d bytes is over the %d bytes the server stores in one message", len(state), limit)}).
+		WithDetail("event", "run state").WithDetail("bytes", len(state)).WithDetail("limit", limit)
 }
 
 // publishOrFail publishes what a stored transition emitted. An event the

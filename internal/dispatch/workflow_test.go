@@ -3,6 +3,8 @@ package dispatch_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -215,4 +217,29 @@ func TestTwoPendingApprovalsAnsweredInEitherOrder(t *testing.T) {
 			assert.Equal(t, map[string]any{"n": 2.0}, byStep["m2"])
 		})
 	}
+}
+
+// TestARunWhoseStateOutgrowsTheMaxPayloadFailsAtOnce: six steps of 200 KB
+// each (every result under the executor's MaxOutputBytes) add up to a run
+// state and a run.completed over the server's 1 MB max payload. The run
+// fails promptly with payload_too_large, naming the limit, instead of
+// retrying an impossible write until its deadline.
+func TestARunWhoseStateOutgrowsTheMaxPayloadFailsAtOnce(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "wf.big"}, func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: map[string]any{"blob": strings.Repeat("b", 200<<10)}}, nil
+		})
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wf := client.NewWorkflow("big")
+	for i := range 6 {
+		wf = wf.Step(fmt.Sprintf("s%d", i), "wf.big", nil)
+	}
+	res, err := st.Client.Run(ctx, client.RunRequest{Workflow: wf.Build()}, nil)
+	require.NoError(t, err, "the run did not end long before its deadline")
+	require.Equal(t, client.StatusFailed, res.Status)
+	assert.Equal(t, actionbus.CodePayloadTooLarge, res.Error.Code, "%+v", res.Error)
+	assert.NotZero(t, res.Error.Details["limit"])
 }
