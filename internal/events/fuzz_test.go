@@ -114,3 +114,47 @@ func FuzzValidate(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCheckBinding feeds arbitrary subjects, types and run ids to the
+// subject-binding check: it must never panic, every refusal must carry a
+// code, and an accepted per-run event must have a valid run id equal to
+// its subject's run token.
+func FuzzCheckBinding(f *testing.F) {
+	run := events.NewID()
+	f.Add("ab.run."+run+".decision", events.TypeDecisionMade, run, run)
+	f.Add("ab.run."+run+".input", events.TypeDecisionMade, run, run)
+	f.Add("ab.run.run-1.requested", events.TypeRunRequested, "run-1", "run-1")
+	f.Add("ab.pool.default.request", events.TypeActionRequested, run, "")
+	f.Add("ab.run..x", events.TypeRunStep, "", "")
+	f.Fuzz(func(t *testing.T, subject, typ, ext, body string) {
+		s := events.MustSubjects("ab")
+		e := event.New()
+		e.SetID("x")
+		e.SetType(typ)
+		e.SetSource("/f")
+		if ext != "" && utf8.ValidString(ext) {
+			e.SetExtension(events.ExtRunID, ext)
+		}
+		entry, ok := events.Lookup(typ)
+		var data any = map[string]any{}
+		if ok {
+			data = entry.New()
+			if f, ok := data.(*events.DecisionMade); ok {
+				f.RunID = body
+			}
+		}
+		err := s.CheckBinding(subject, &e, data)
+		if err != nil {
+			if actionbus.CodeOf(err) == actionbus.CodeInternal {
+				t.Fatalf("refusal without a code: %v", err)
+			}
+			return
+		}
+		if typ == events.TypeDecisionMade {
+			token := s.RunIDFromSubject(subject)
+			if !events.ValidRunID(token) || token != body || token != ext {
+				t.Fatalf("accepted %s on %q with runid %q and body %q", typ, subject, ext, body)
+			}
+		}
+	})
+}
