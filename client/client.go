@@ -303,7 +303,9 @@ func (c *Client) answer(ctx context.Context, runID, answerID string, publish fun
 		return fmt.Errorf("client: approval answer: %w", err)
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // best effort
-	if err := c.nc.FlushWithContext(ctx); err != nil {
+	// The subscription is in place on the server before the answer is
+	// published, so the dispatcher's reply cannot be missed.
+	if err := c.nc.FlushTimeout(5 * time.Second); err != nil {
 		return fmt.Errorf("client: approval answer: %w", err)
 	}
 	if err := publish(); err != nil {
