@@ -94,7 +94,7 @@ func memoryInFlight(ctx context.Context, n int) (float64, string, error) {
 		}
 	}
 	// In flight: every run.requested handled, every run waiting on its action.
-	cons, err := js.Consumer(ctx, "AB_RUNS", events.ConsumerDispatcher)
+	cons, err := js.Consumer(ctx, "AB_REQUESTS", events.ConsumerDispatcherRequests)
 	if err != nil {
 		return 0, "", err
 	}

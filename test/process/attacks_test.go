@@ -411,6 +411,13 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		b, err := os.ReadFile(jsonl)
 		require.NoError(t, err)
 		assert.NotContains(t, string(b), secret, "the JSON-lines sink")
+		// The client reads the run's audit records (an ordered consumer
+		// filtered inside ab.audit.>), minimized.
+		recs, err := c.AuditRecords(ctx, res.RunID)
+		require.NoError(t, err)
+		require.NotEmpty(t, recs)
+		all, _ := json.Marshal(recs)
+		assert.NotContains(t, string(all), secret)
 		for name, out := range logs {
 			assert.NotContains(t, out.String(), secret, "%s's log", name)
 		}
