@@ -59,16 +59,19 @@ type idemClaim struct {
 	entry    idemEntry
 }
 
-// idemKey is the bucket key of an idempotency key.
-func idemKey(key string) string {
+// idemKey is the bucket key of an idempotency key on a pool:
+// "<pool>.<sha256>". The pool prefix lets NATS permissions confine an
+// executor user's writes to its own pool's records, so no pool can plant
+// a "done" record (and a forged output) for another pool's calls.
+func idemKey(pool, key string) string {
 	sum := sha256.Sum256([]byte(key))
-	return "k." + hex.EncodeToString(sum[:])
+	return pool + "." + hex.EncodeToString(sum[:])
 }
 
 // reserve claims key for req. It returns the claim, or the stored result
 // to replay, or how long to wait before retrying.
 func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRequested, inputHash string, timeout time.Duration) (*idemClaim, *idemEntry, time.Duration, error) {
-	k := idemKey(key)
+	k := idemKey(e.cfg.Pool, key)
 	entry := idemEntry{State: "reserved", CallID: req.CallID, Executor: e.cfg.ID, ReservedAt: time.Now().UTC(), TimeoutMs: timeout.Milliseconds(),
 		Action: req.Action, UserID: req.UserID, InputHash: inputHash}
 	val, _ := json.Marshal(entry)

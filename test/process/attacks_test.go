@@ -302,7 +302,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		}
 	})
 
-	t.Run("an executor cannot purge artifacts or define another pool's actions", func(t *testing.T) {
+	t.Run("an executor cannot purge artifacts or write another pool's catalog or idempotency records", func(t *testing.T) {
 		// A refused JetStream request gets no answer: each attempt has
 		// its own short deadline.
 		short := func() context.Context {
@@ -320,6 +320,13 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		_, err = kv.Put(short(), "payments.test.secret", def)
 		assert.Error(t, err, "the executor wrote another pool's catalog entry")
 		executorRefused.waitFor(t, `Permissions Violation for Publish to "$KV.ab_catalog.payments.test.secret"`)
+		// Nor plant a finished idempotency record (a forged output) for
+		// another pool's calls.
+		idem, err := executorJS.KeyValue(short(), "ab_idempotency")
+		require.NoError(t, err)
+		_, err = idem.Put(short(), "payments.0f1e2d", []byte(`{"state":"done","output":{"forged":true}}`))
+		assert.Error(t, err, "the executor wrote another pool's idempotency record")
+		executorRefused.waitFor(t, `Permissions Violation for Publish to "$KV.ab_idempotency.payments.0f1e2d"`)
 		// Under its own pool's prefix, an entry claiming another pool is
 		// ignored by every reader.
 		def, _ = json.Marshal(map[string]any{"name": "test.evil", "mode": "read", "pool": "payments", "version": "1", "hash": "x"})
