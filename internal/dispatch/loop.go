@@ -690,8 +690,8 @@ func (d *Dispatcher) guard(st *RunState, failed, succeeded []CallState) (out []e
 			}
 		}
 		n := st.FailStreaks[name]
-		if n < 2 {
-			continue
+		if n < 2 && n < d.cfg.MaxFailedRounds {
+			continue // a single failed round is feedback, not yet a streak
 		}
 		out = append(out, stepWith(st, "action-repeated-failure", nil, name, fmt.Sprintf("%s failed %d consecutive rounds", name, n), "failed",
 			map[string]any{"rounds": n, "evidence": st.FailEvidence[name]}))

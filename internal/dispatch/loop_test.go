@@ -335,6 +335,16 @@ func TestRepeatedFailuresStopTheLoopAfterTwoRounds(t *testing.T) {
 	}))
 }
 
+// MaxFailedRounds 1 stops at the first failed round (it once behaved as 2).
+func TestMaxFailedRoundsOneStopsAfterOneRound(t *testing.T) {
+	_, _, st, _ := startLoop(t, actionbustest.StackOptions{MaxFailedRounds: 1})
+	res, err := st.Client.Run(ctxT(t), client.RunRequest{Scenario: "keeps-failing"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	assert.ErrorIs(t, res.Error, actionbus.ErrRepeatedFailure)
+	assert.Equal(t, 1, res.Cycles, "stopped after the first failed round")
+}
+
 func TestPerActionSynthesisWithTheScriptProvider(t *testing.T) {
 	_, _, st, _ := startLoop(t, actionbustest.StackOptions{})
 	res, err := st.Client.Run(ctxT(t), client.RunRequest{Scenario: "per-action"}, nil)
