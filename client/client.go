@@ -171,11 +171,11 @@ type PendingApproval struct {
 }
 
 // approvalRun returns the run id of an approval id
-// ("<runId>-<cycle>-<planIndex>").
+// ("<runId>-<cycle>-<planIndex>[-<attempt>]").
 func approvalRun(approvalID string) (string, error) {
 	runID, _, ok := strings.Cut(approvalID, "-")
 	if !ok || !events.ValidRunID(runID) {
-		return "", fmt.Errorf("client: %q is not an approval id (<runId>-<cycle>-<planIndex>)", approvalID)
+		return "", fmt.Errorf("client: %q is not an approval id (<runId>-<cycle>-<planIndex>[-<attempt>])", approvalID)
 	}
 	return runID, nil
 }

@@ -61,8 +61,14 @@ func (d *Dispatcher) watchPolicy(ctx context.Context) error {
 }
 
 // approvalID names the approval of a call: the run id, the cycle and the
-// plan index, so an approver can find the run from the id alone.
-func approvalID(runID string, cycle, planIndex int) string {
+// plan index, so an approver can find the run from the id alone, and the
+// attempt from the second on ("<runId>-<cycle>-<index>-<attempt>"): a
+// retried step needs an approval of its own, which an answered approval
+// id would refuse as a replay.
+func approvalID(runID string, cycle, planIndex, attempt int) string {
+	if attempt > 1 {
+		return fmt.Sprintf("%s-%d-%d-%d", runID, cycle, planIndex, attempt)
+	}
 	return fmt.Sprintf("%s-%d-%d", runID, cycle, planIndex)
 }
 
@@ -74,7 +80,7 @@ func (d *Dispatcher) requestApproval(st *RunState, i int, snap policy.Snapshot) 
 		return nil, err
 	}
 	ctx := events.ApprovalContext{
-		ApprovalID: approvalID(st.RunID, st.Cycle, c.PlanIndex), RunID: st.RunID, StepID: c.CallID,
+		ApprovalID: approvalID(st.RunID, st.Cycle, c.PlanIndex, c.Attempt), RunID: st.RunID, StepID: c.CallID,
 		UserID: st.UserID, Action: c.Action, InputHash: hash, DryRunHash: st.DryRunHash,
 		ExpiresAt: time.Now().Add(d.cfg.ApprovalTTL).UTC().Truncate(time.Second),
 	}

@@ -70,6 +70,12 @@ func (w *wfActions) register(ex *executor.Executor) error {
 		executor.Register(ex, executor.Action{Name: "wf.mutate", Mode: executor.ModeMutate}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
 			return executor.Result[map[string]any]{Output: in}, nil
 		}),
+		executor.Register(ex, executor.Action{Name: "wf.mutateFlaky", Mode: executor.ModeMutate}, func(_ context.Context, in map[string]any, call executor.Call) (executor.Result[map[string]any], error) {
+			if call.Attempt == 1 {
+				return executor.Result[map[string]any]{}, actionbus.Errorf("flaky", "first attempt fails")
+			}
+			return executor.Result[map[string]any]{Output: map[string]any{"attempt": call.Attempt}}, nil
+		}),
 	)
 }
 
@@ -185,6 +191,37 @@ func TestACancelDuringARetryDelayAbortsTheWorkflow(t *testing.T) {
 	assert.Equal(t, 1, rec.Count(func(r actionbustest.Recorded) bool {
 		return r.Type() == events.TypeActionRequested && r.Event.Extensions()[events.ExtRunID] == runID
 	}), "the handler was not called again")
+}
+
+// TestARetriedMutateStepIsApprovedAgain: each attempt of a mutate step has
+// its own approval (its own id), so the retry can be approved; the first
+// attempt's id is refused as a replay.
+func TestARetriedMutateStepIsApprovedAgain(t *testing.T) {
+	rec, st, _ := startWF(t, actionbustest.StackOptions{})
+	ctx := ctxT(t)
+	runID, err := st.Client.Start(ctx, client.RunRequest{AllowedModes: []string{"read", "mutate"}, Workflow: client.NewWorkflow("w").
+		Step("m", "wf.mutateFlaky", map[string]any{"n": 1}, client.Retry(2, 0, false)).Build()})
+	require.NoError(t, err)
+	awaiting := func(n int) string {
+		rs := rec.WaitForN(t, 0, n, func(r actionbustest.Recorded) bool {
+			var s events.RunStep
+			return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "awaiting-approval"
+		})
+		var s events.RunStep
+		require.NoError(t, events.DataAs(rs[n-1].Event, &s))
+		return s.Details["approvalId"].(string)
+	}
+	first := awaiting(1)
+	require.NoError(t, st.Client.Approve(ctx, first, "k1", approvalKey, "alice"))
+	second := awaiting(2)
+	assert.NotEqual(t, first, second, "the retry has its own approval")
+	assert.ErrorIs(t, st.Client.Approve(ctx, first, "k1", approvalKey, "alice"), &actionbus.Error{Code: actionbus.CodeApprovalReplayed})
+	require.NoError(t, st.Client.Approve(ctx, second, "k1", approvalKey, "alice"))
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	byStep, _ := output(res)
+	assert.Equal(t, map[string]any{"attempt": 2.0}, byStep["m"])
 }
 
 func TestTwoPendingApprovalsAnsweredInEitherOrder(t *testing.T) {
