@@ -204,26 +204,34 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 	call := actions.Call{RunID: req.RunID, CallID: req.CallID, Action: req.Action, UserID: req.UserID,
 		Origin: req.Origin, Attempt: req.Attempt, Input: input, IdempotencyKey: key, InputHash: inputHash, Approval: req.Approval}
 	res, took, abandoned, herr := e.execute(ctx, msg, reg, call, timeout)
+	// release gives the key up once the handler has really returned: a
+	// handler still running past its deadline keeps its key reserved, so
+	// a retry with the same key cannot run beside it.
+	release := func() {}
+	if claim != nil {
+		release = func() { e.release(claim) }
+	}
 	if abandoned != nil {
-		defer func() { <-abandoned }() // the slot is freed when the handler returns
+		now := release
+		release = func() {}
+		defer func() {
+			<-abandoned // the slot and the key are freed when the handler returns
+			now()
+		}()
 	}
 	if errors.Is(context.Cause(ctx), errShutdown) && errors.Is(herr, errShutdown) {
-		if claim != nil {
-			e.release(claim)
-		}
+		release()
 		return outcomeHandBack, 0
 	}
 	if herr == nil {
 		herr = e.checkOutput(reg, &res)
 	}
-	if claim != nil {
-		if herr == nil {
-			if err := e.complete(ctx, claim, res); err != nil {
-				log.Warn("result not stored under its idempotency key", "err", err)
-			}
-		} else {
-			e.release(claim)
+	if claim != nil && herr == nil {
+		if err := e.complete(ctx, claim, res); err != nil {
+			log.Warn("result not stored under its idempotency key", "err", err)
 		}
+	} else if herr != nil {
+		release()
 	}
 	return publish(res, herr, took, false)
 }

@@ -5,11 +5,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -79,6 +82,41 @@ func TestAHandlerIgnoringItsDeadlineIsReportedTimedOutAtTheDeadline(t *testing.T
 	res, err = st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.stubborn"}}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, client.StatusCompleted, res.Status, "the slot was given back once the handler returned")
+}
+
+// TestATimedOutHandlerKeepsItsIdempotencyKeyUntilItReturns: a handler that
+// ignores its deadline is reported timed out, but its key stays reserved
+// while it still runs (a retry with the key would run beside it), and is
+// released once it returns.
+func TestATimedOutHandlerKeepsItsIdempotencyKeyUntilItReturns(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	release := make(chan struct{})
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "test.stubborn", Timeout: 200 * time.Millisecond},
+			func(context.Context, struct{}, executor.Call) (executor.Result[blobOut], error) {
+				<-release // ignores its context on purpose
+				return executor.Result[blobOut]{Output: blobOut{Blob: "late"}}, nil
+			})
+	}})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(letGo) // before the stack stops, whatever the outcome
+	ctx := ctxT(t)
+	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.stubborn", IdempotencyKey: "k-1"}}, nil)
+	require.NoError(t, err)
+	require.ErrorIs(t, res.Error, actionbus.ErrTimeout)
+	kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketIdempotency())
+	require.NoError(t, err)
+	sum := sha256.Sum256([]byte("k-1"))
+	key := "default." + hex.EncodeToString(sum[:])
+	entry, err := kv.Get(ctx, key)
+	require.NoError(t, err, "the key was released while the handler still ran")
+	assert.Contains(t, string(entry.Value()), `"state":"reserved"`)
+	letGo()
+	require.Eventually(t, func() bool {
+		_, err := kv.Get(ctx, key)
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	}, 10*time.Second, 20*time.Millisecond, "the key was not released once the handler returned")
 }
 
 func TestAnIdempotencyKeyReplaysTheFirstResult(t *testing.T) {
