@@ -75,6 +75,7 @@ const (
 	CodeInvalidRunID         Code = "invalid_run_id"
 	CodeIdempotencyConflict  Code = "idempotency_key_conflict"
 	CodePayloadTooLarge      Code = "payload_too_large"
+	CodeRunEnded             Code = "run_ended"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -90,7 +91,7 @@ var Codes = []Code{
 	CodeApprovalDenied, CodeApprovalExpired, CodeApprovalInvalid, CodeApprovalReplayed,
 	CodeProviderError, CodeNativeToolCallsEmpty, CodeToolsUnsupported, CodePlannerRepaired,
 	CodeReplayDiverged, CodeWorkspacePath, CodeStaleFile, CodePatchRejected, CodeSQLRefused,
-	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge,
+	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge, CodeRunEnded,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code

@@ -138,6 +138,9 @@ type Executor struct {
 	// handlers, so that a run's cancellation reaches them.
 	inflightMu sync.Mutex
 	inflight   map[string]map[string]context.CancelCauseFunc
+	// ended remembers runs seen ending, so that their queued calls are
+	// answered without running (guarded by inflightMu).
+	ended endedRuns
 
 	heartbeat time.Duration
 	idem      jetstream.KeyValue
@@ -334,9 +337,10 @@ func (e *Executor) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Runs that end while their actions run: cancel those handlers. Core
+	// Runs that end while their actions run or wait in the queue: cancel
+	// those handlers, and answer queued calls without running them. Core
 	// subscriptions see every executor's copy of the terminal event.
-	for _, verb := range []string{"canceled", "failed"} {
+	for _, verb := range []string{"canceled", "failed", "completed"} {
 		sub, err := e.nc.Subscribe(e.topo.Subjects().AnyRun(verb), e.onRunEnded)
 		if err != nil {
 			return fmt.Errorf("executor: subscribe to run ends: %w", err)
@@ -391,14 +395,58 @@ var ErrRunEnded = errors.New("executor: the run ended")
 
 func (e *Executor) onRunEnded(m *nats.Msg) {
 	runID := e.topo.Subjects().RunIDFromSubject(m.Subject)
+	if !events.ValidRunID(runID) {
+		return
+	}
 	e.inflightMu.Lock()
 	calls := e.inflight[runID]
 	delete(e.inflight, runID)
+	e.ended.add(runID)
 	e.inflightMu.Unlock()
 	for callID, cancel := range calls {
 		e.log.Info("run ended; canceling its running action", "run_id", runID, "call_id", callID)
 		cancel(ErrRunEnded)
 	}
+}
+
+// runEnded reports whether the executor saw runID end.
+func (e *Executor) runEnded(runID string) bool {
+	e.inflightMu.Lock()
+	defer e.inflightMu.Unlock()
+	return e.ended.has(runID)
+}
+
+// endedRuns is a bounded set of run ids, oldest forgotten first. A call of
+// a run forgotten here still runs and its result is ignored by the
+// dispatcher (the run has ended): the set saves work, it does not decide.
+type endedRuns struct {
+	ids  map[string]struct{}
+	ring []string
+	next int
+}
+
+// endedCapacity bounds the runs an executor remembers ending.
+const endedCapacity = 8192
+
+func (r *endedRuns) add(id string) {
+	if r.ids == nil {
+		r.ids = make(map[string]struct{}, endedCapacity)
+		r.ring = make([]string, endedCapacity)
+	}
+	if _, ok := r.ids[id]; ok {
+		return
+	}
+	if old := r.ring[r.next]; old != "" {
+		delete(r.ids, old)
+	}
+	r.ring[r.next] = id
+	r.ids[id] = struct{}{}
+	r.next = (r.next + 1) % endedCapacity
+}
+
+func (r *endedRuns) has(id string) bool {
+	_, ok := r.ids[id]
+	return ok
 }
 
 func (e *Executor) track(runID, callID string, cancel context.CancelCauseFunc) (untrack func()) {

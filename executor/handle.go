@@ -144,6 +144,12 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeDeliveryExhausted,
 			"delivered %d times without a result; not running it again", deliveries), 0, false)
 	}
+	if e.runEnded(req.RunID) {
+		// Queued work of a run that ended (canceled, failed, completed):
+		// never started, so no effect can follow a cancel.
+		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeRunEnded,
+			"run %s ended before this call started; the handler was not called", req.RunID), 0, false)
+	}
 	reg, ok := e.reg.Lookup(req.Action)
 	if !ok {
 		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not registered on pool %s", req.Action, e.cfg.Pool), 0, false)

@@ -151,3 +151,60 @@ func TestAnIdempotencyKeyReplaysTheFirstResult(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 2.0, other.Output.(map[string]any)["charge"], "another key runs")
 }
+
+// TestQueuedWorkOfACanceledRunNeverRuns: with the only slot busy, a run is
+// canceled while its call waits in the queue. When the slot frees, the
+// executor answers the call with run_ended and never calls the handler: no
+// effect follows a cancel.
+func TestQueuedWorkOfACanceledRunNeverRuns(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	release := make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	var effects atomic.Int32
+	st := srv.StartStack(t, actionbustest.StackOptions{Slots: 1, Register: func(ex *executor.Executor) error {
+		return errors.Join(
+			executor.Register(ex, executor.Action{Name: "test.hold"},
+				func(ctx context.Context, _ struct{}, _ executor.Call) (executor.Result[blobOut], error) {
+					select {
+					case <-release:
+					case <-ctx.Done():
+					}
+					return executor.Result[blobOut]{Output: blobOut{Blob: "held"}}, nil
+				}),
+			executor.Register(ex, executor.Action{Name: "test.effect"},
+				func(context.Context, struct{}, executor.Call) (executor.Result[blobOut], error) {
+					effects.Add(1)
+					return executor.Result[blobOut]{Output: blobOut{Blob: "done"}}, nil
+				}))
+	}})
+	t.Cleanup(letGo)
+	ctx := ctxT(t)
+	rec := srv.Record(t, "ab.>")
+	holder, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.hold"}})
+	require.NoError(t, err)
+	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
+		var s events.RunStep
+		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == holder && s.Name == "action-dispatched"
+	})
+	queued, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.effect"}})
+	require.NoError(t, err)
+	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
+		return r.Type() == events.TypeActionRequested && r.Event.Extensions()[events.ExtRunID] == queued
+	})
+	require.NoError(t, st.Client.Cancel(ctx, queued, "changed my mind"))
+	res, err := st.Client.Wait(ctx, queued)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCanceled, res.Status)
+	letGo()
+	r := rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
+		return r.Type() == events.TypeActionFailed && r.Event.Extensions()[events.ExtRunID] == queued
+	})
+	var failed events.ActionFailed
+	require.NoError(t, events.DataAs(r.Event, &failed))
+	assert.Equal(t, actionbus.CodeRunEnded, failed.Error.Code)
+	assert.Equal(t, int32(0), effects.Load(), "the canceled run's queued call ran")
+	done, err := st.Client.Wait(ctx, holder)
+	require.NoError(t, err)
+	assert.Equal(t, client.StatusCompleted, done.Status)
+}
