@@ -102,6 +102,9 @@ func (d *Dispatcher) advanceWorkflow(ctx context.Context, st *RunState) ([]emiss
 	steps := make([]any, 0, len(wf.Steps))
 	for i, s := range wf.Def.Steps {
 		byStep[s.ID] = wf.Steps[i].Output
+		// The terminal result holds the outputs from here on: run state
+		// keeps each output once.
+		wf.Steps[i].Output = nil
 		steps = append(steps, map[string]any{"id": s.ID, "action": s.Action, "attempts": wf.Steps[i].Attempt,
 			"ok": wf.Steps[i].Error == nil})
 	}
@@ -188,7 +191,9 @@ func (d *Dispatcher) onStepResult(ctx context.Context, st *RunState, i int) ([]e
 	c := st.Calls[i]
 	if c.OK {
 		st.Workflow.Steps[i].Status = StepDone
-		st.Workflow.Steps[i].Output = c.Output
+		// The step holds the output; its call keeps none, so run state
+		// stores each output once.
+		st.Workflow.Steps[i].Output, st.Calls[i].Output = c.Output, nil
 		return d.advanceWorkflow(ctx, st)
 	}
 	out := d.stepFailed(st, i, c.Error)

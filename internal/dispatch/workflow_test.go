@@ -256,6 +256,30 @@ func TestTwoPendingApprovalsAnsweredInEitherOrder(t *testing.T) {
 	}
 }
 
+// TestWorkflowStateKeepsEachOutputOnce: four steps of 200 KB complete
+// under the 1 MB max payload; with each output stored twice (in the step
+// and its call) the state would pass 1.6 MB.
+func TestWorkflowStateKeepsEachOutputOnce(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "wf.big"}, func(_ context.Context, _ map[string]any, call executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: map[string]any{"blob": strings.Repeat("b", 200<<10)}}, nil
+		})
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wf := client.NewWorkflow("big")
+	for i := range 4 {
+		wf = wf.Step(fmt.Sprintf("s%d", i), "wf.big", nil)
+	}
+	res, err := st.Client.Run(ctx, client.RunRequest{Workflow: wf.Build()}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	byStep, _ := output(res)
+	assert.Len(t, byStep, 4)
+	assert.Len(t, byStep["s3"].(map[string]any)["blob"], 200<<10)
+}
+
 // TestARunWhoseStateOutgrowsTheMaxPayloadFailsAtOnce: six steps of 200 KB
 // each (every result under the executor's MaxOutputBytes) add up to a run
 // state and a run.completed over the server's 1 MB max payload. The run
