@@ -663,17 +663,7 @@ const stateHeadroom = 4 << 10
 // encoding could not be stored (it would exceed the server's max payload),
 // and nil otherwise.
 func (d *Dispatcher) stateTooLarge(state []byte) *actionbus.Error {
-	nc := d.js.Conn()
-	if nc == nil {
-		return nil
-	}
-	limit := nc.MaxPayload() - stateHeadroom
-	if limit <= 0 || int64(len(state)) <= limit {
-		return nil
-	}
-	return (&actionbus.Error{Code: actionbus.CodePayloadTooLarge,
-		Message: fmt.Sprintf("the run's state of %d bytes is over the %d bytes the server stores in one message", len(state), limit)}).
-		WithDetail("event", "run state").WithDetail("bytes", len(state)).WithDetail("limit", limit)
+	return events.OverPayload(d.js.Conn(), "run state", int64(len(state)), stateHeadroom)
 }
 
 // publishOrFail publishes what a stored transition emitted. An event the

@@ -276,25 +276,31 @@ func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 }
 
 // checkSize refuses a message the server would refuse: one over the
-// connection's max payload (headers included). The error is a typed
-// payload_too_large naming the event type, its size and the limit, so that
-// the caller can fail what produced it instead of retrying for ever.
+// connection's max payload (headers included).
 func (b *Bus) checkSize(eventType string, msg *nats.Msg) error {
-	nc := b.js.Conn()
+	if err := OverPayload(b.js.Conn(), eventType+" event", int64(len(msg.Data))+headerSize(msg.Header), 0); err != nil {
+		return err
+	}
+	return nil
+}
+
+// OverPayload returns a typed payload_too_large error when a message of
+// size bytes (what names it: an event, a run state) would not fit the
+// server's max payload less headroom (bytes kept for headers), and nil
+// otherwise or when nc has no server limit yet. The error names what, its
+// size and the limit, so the caller can fail what produced it instead of
+// retrying for ever.
+func OverPayload(nc *nats.Conn, what string, size, headroom int64) *actionbus.Error {
 	if nc == nil {
 		return nil
 	}
-	limit := nc.MaxPayload()
-	if limit <= 0 {
-		return nil
-	}
-	size := int64(len(msg.Data)) + headerSize(msg.Header)
-	if size <= limit {
+	limit := nc.MaxPayload() - headroom
+	if limit <= 0 || size <= limit {
 		return nil
 	}
 	return (&actionbus.Error{Code: actionbus.CodePayloadTooLarge,
-		Message: fmt.Sprintf("%s event of %d bytes is over the server's max payload of %d bytes", eventType, size, limit)}).
-		WithDetail("event", eventType).WithDetail("bytes", size).WithDetail("limit", limit)
+		Message: fmt.Sprintf("%s of %d bytes is over the %d bytes the server takes in one message", what, size, limit)}).
+		WithDetail("event", what).WithDetail("bytes", size).WithDetail("limit", limit)
 }
 
 // headerSize is the size of h as NATS sends it.
