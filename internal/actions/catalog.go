@@ -184,7 +184,8 @@ func isRevisionConflict(err error) bool {
 type View struct {
 	cat     *Catalog
 	mu      sync.RWMutex
-	entries map[string]Entry // by bucket key
+	entries map[string]Entry            // by bucket key
+	byName  map[string]map[string]Entry // action name → bucket key → entry
 }
 
 // Watch starts a View that follows the catalog until ctx ends. It returns
@@ -194,7 +195,7 @@ func (c *Catalog) Watch(ctx context.Context) (*View, error) {
 	if err != nil {
 		return nil, fmt.Errorf("actions: watch catalog: %w", err)
 	}
-	v := &View{cat: c, entries: map[string]Entry{}}
+	v := &View{cat: c, entries: map[string]Entry{}, byName: map[string]map[string]Entry{}}
 	loaded := make(chan struct{})
 	go func() {
 		defer w.Stop()
@@ -229,14 +230,23 @@ func (c *Catalog) Watch(ctx context.Context) (*View, error) {
 func (v *View) apply(kve jetstream.KeyValueEntry) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	key := kve.Key()
+	if old, ok := v.entries[key]; ok {
+		delete(v.entries, key)
+		delete(v.byName[old.Name], key)
+		if len(v.byName[old.Name]) == 0 {
+			delete(v.byName, old.Name)
+		}
+	}
 	if kve.Operation() != jetstream.KeyValuePut {
-		delete(v.entries, kve.Key())
 		return
 	}
-	if e, ok := decodeEntry(kve.Key(), kve.Value()); ok {
-		v.entries[kve.Key()] = e
-	} else {
-		delete(v.entries, kve.Key())
+	if e, ok := decodeEntry(key, kve.Value()); ok {
+		v.entries[key] = e
+		if v.byName[e.Name] == nil {
+			v.byName[e.Name] = map[string]Entry{}
+		}
+		v.byName[e.Name][key] = e
 	}
 }
 
@@ -247,11 +257,9 @@ func (v *View) apply(kve jetstream.KeyValueEntry) {
 // the name.
 func (v *View) Get(ctx context.Context, name string) (*Entry, error) {
 	v.mu.RLock()
-	var found []Entry
-	for _, e := range v.entries {
-		if e.Name == name {
-			found = append(found, e)
-		}
+	found := make([]Entry, 0, len(v.byName[name]))
+	for _, e := range v.byName[name] {
+		found = append(found, e)
 	}
 	v.mu.RUnlock()
 	if len(found) > 0 {
@@ -265,9 +273,11 @@ func (v *View) Get(ctx context.Context, name string) (*Entry, error) {
 func (v *View) List() []Entry {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	byName := map[string][]Entry{}
-	for _, e := range v.entries {
-		byName[e.Name] = append(byName[e.Name], e)
+	byName := make(map[string][]Entry, len(v.byName))
+	for name, perKey := range v.byName {
+		for _, e := range perKey {
+			byName[name] = append(byName[name], e)
+		}
 	}
 	return resolvedList(byName)
 }

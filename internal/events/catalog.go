@@ -149,14 +149,14 @@ func (s Subjects) AllRuns() string { return s.prefix + ".run.>" }
 // stays out of the duplicate window of what services write.
 var requestProducers = map[string]bool{"client": true, "approver": true}
 
-// RequestVerbs are the per-run subject verbs that clients and approvers
+// requestVerbs are the per-run subject verbs that clients and approvers
 // publish (run requests, cancels, inputs, approvals' answers), from the
 // catalog.
-func RequestVerbs() []string { return runVerbs(true) }
+func requestVerbs() []string { return runVerbs(true) }
 
-// ServiceVerbs are the per-run subject verbs that services publish, from
+// serviceVerbs are the per-run subject verbs that services publish, from
 // the catalog.
-func ServiceVerbs() []string { return runVerbs(false) }
+func serviceVerbs() []string { return runVerbs(false) }
 
 func runVerbs(requests bool) []string {
 	var out []string
@@ -175,7 +175,7 @@ func runVerbs(requests bool) []string {
 // RequestSubjects are the subjects of the requests stream.
 func (s Subjects) RequestSubjects() []string {
 	var out []string
-	for _, v := range RequestVerbs() {
+	for _, v := range requestVerbs() {
 		out = append(out, s.AnyRun(v))
 	}
 	return out
@@ -185,7 +185,7 @@ func (s Subjects) RequestSubjects() []string {
 // verb services publish, and the timer schedules.
 func (s Subjects) ServiceRunSubjects() []string {
 	var out []string
-	for _, v := range ServiceVerbs() {
+	for _, v := range serviceVerbs() {
 		out = append(out, s.AnyRun(v))
 	}
 	return append(out, s.prefix+".run.*.sched.*")

@@ -155,8 +155,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	url, adminJS := deployedServer(t, ctx)
-	approvalKey := []byte("0123456789abcdef0123456789abcdef")
-	t.Setenv("ACTIONBUS_APPROVAL_KEYS", "k1:"+base64.StdEncoding.EncodeToString(approvalKey))
+	approvalKey := deployApprovalKey
 	bin := buildServices(t)
 	dir := t.TempDir()
 	jsonl := filepath.Join(dir, "audit.jsonl")
