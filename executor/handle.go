@@ -176,13 +176,7 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 			return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeApprovalInvalid, "the approval of %s is bound to other input", req.Action), 0, false)
 		}
 	}
-	timeout := e.cfg.DefaultTimeout
-	if reg.Def.TimeoutMs > 0 {
-		timeout = time.Duration(reg.Def.TimeoutMs) * time.Millisecond
-	}
-	if req.TimeoutMs > 0 && time.Duration(req.TimeoutMs)*time.Millisecond < timeout {
-		timeout = time.Duration(req.TimeoutMs) * time.Millisecond
-	}
+	timeout := actions.Timeout(reg.Def.TimeoutMs, req.TimeoutMs, e.cfg.DefaultTimeout)
 
 	key := req.IdempotencyKey
 	if key == "" && reg.Def.Mode == actions.ModeMutate {

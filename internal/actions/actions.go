@@ -287,3 +287,18 @@ func (r *Registry) Definitions() []Definition {
 
 // DefaultTimeout bounds an action without its own timeout.
 const DefaultTimeout = 30 * time.Second
+
+// Timeout is the one rule for an action call's deadline, applied by the
+// dispatcher when it admits a call and by the executor when it runs one:
+// the action's own timeout (defMs) or, without one, fallback; a smaller
+// timeout asked for by the call (callMs, e.g. a workflow step's) wins.
+func Timeout(defMs, callMs int64, fallback time.Duration) time.Duration {
+	t := fallback
+	if defMs > 0 {
+		t = time.Duration(defMs) * time.Millisecond
+	}
+	if callMs > 0 && time.Duration(callMs)*time.Millisecond < t {
+		t = time.Duration(callMs) * time.Millisecond
+	}
+	return t
+}

@@ -43,6 +43,9 @@ func (p *progress) token(delta string, end bool) {
 }
 
 func (p *progress) event(e client.Event) {
+	if e.Type != events.TypeRunStarted && e.Type != events.TypeRunStep {
+		return // only these are printed: the others must not break a streamed line
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.streaming {

@@ -13,8 +13,8 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/run"
 )
 
 type lookupIn struct {
@@ -88,7 +88,7 @@ func TestModelInputIsStrippedAndTheDiagnosticRecorded(t *testing.T) {
 	require.NoError(t, err)
 	entry, err := kv.Get(ctx, res.RunID)
 	require.NoError(t, err)
-	var state dispatch.RunState
+	var state run.State
 	require.NoError(t, json.Unmarshal(entry.Value(), &state))
 	names := []string{}
 	for _, d := range state.Diagnostics {

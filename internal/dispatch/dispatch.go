@@ -1,14 +1,16 @@
-// Package dispatch is the dispatcher service: it owns run state (observe,
-// orient, decide, act, evaluate), asks the planner for decisions, validates
-// them, fans actions out to executor pools with bounded parallelism,
-// reassembles results in declaration order, and ends every run with exactly
-// one terminal event.
+// Package dispatch is the dispatcher service: the I/O shell around the run
+// state machine of package run. For every event it consumes it loads the
+// run's state (from its cache, else the runs bucket), applies the event
+// ([run.Machine.Apply]), writes the new state together with the effects
+// it implies (the outbox) under a revision check, publishes them, and then
+// clears the outbox. A crash anywhere in between loses nothing: the event
+// is redelivered, the outbox found and published again, and the effects'
+// deterministic ids make the copies harmless.
 //
-// Run state lives in a JetStream key-value bucket and is only updated with
-// revision checks, so a restarted dispatcher finishes what it started and
-// two dispatchers can share the work without driving a run twice. The
-// package does not execute actions (executors do) and does not plan
-// (planners do).
+// Two dispatchers can share the work without driving a run twice (every
+// write is revision-checked). The package does not execute actions
+// (executors do), does not plan (planners do), and decides nothing about a
+// run itself (package run does).
 package dispatch
 
 import (
@@ -34,6 +36,7 @@ import (
 	"github.com/actionbus/actionbus/internal/keymutex"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/run"
 )
 
 // Plan limits.
@@ -77,6 +80,10 @@ type Config struct {
 	// ObservationBytes bounds one observation's output as given to the
 	// planner; larger outputs are replaced by a digest; default 4096.
 	ObservationBytes int
+	// InlineOutputBytes is the largest workflow step output kept in run
+	// state; a larger one is stored as an artifact and the state keeps its
+	// reference; default 16384.
+	InlineOutputBytes int
 	// Policy is the operator's policy configuration (explicit per-action
 	// policy, required roles and scopes); nil means tier defaults only. A
 	// document under the key "config" of the policy bucket replaces it
@@ -135,6 +142,9 @@ func (c *Config) setDefaults() {
 	if c.ObservationBytes == 0 {
 		c.ObservationBytes = 4096
 	}
+	if c.InlineOutputBytes == 0 {
+		c.InlineOutputBytes = 16 << 10
+	}
 	if c.ApprovalTTL == 0 {
 		c.ApprovalTTL = time.Hour
 	}
@@ -181,24 +191,28 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("dispatch: deadlines must be at least one second (timers have second precision)")
 	case c.ObservationBytes < 256:
 		return fmt.Errorf("dispatch: ObservationBytes must be at least 256, got %d", c.ObservationBytes)
+	case c.InlineOutputBytes < 1024:
+		return fmt.Errorf("dispatch: InlineOutputBytes must be at least 1024, got %d", c.InlineOutputBytes)
 	}
 	return events.Topology{Prefix: c.Prefix}.Validate()
 }
 
 // Dispatcher is the dispatcher service.
 type Dispatcher struct {
-	cfg      Config
-	js       jetstream.JetStream
-	bus      *events.Bus
-	topo     events.Topology
-	log      *slog.Logger
-	locks    *keymutex.Striped
-	runs     jetstream.KeyValue
-	cat      *actions.View
-	ready    chan struct{}
-	cache    *stateCache
-	checkers *checkerCache
-	policy   atomic.Pointer[policy.Evaluator]
+	cfg       Config
+	js        jetstream.JetStream
+	bus       *events.Bus
+	topo      events.Topology
+	log       *slog.Logger
+	locks     *keymutex.Striped
+	runs      jetstream.KeyValue
+	artifacts jetstream.ObjectStore
+	cat       *actions.View
+	ready     chan struct{}
+	cache     *stateCache
+	checkers  *checkerCache
+	policy    atomic.Pointer[policy.Evaluator]
+	machine   *run.Machine
 
 	queueMu sync.Mutex
 	queues  map[string]*runQueue
@@ -218,9 +232,13 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	js := bus.JetStream()
-	d := &Dispatcher{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), ready: make(chan struct{}), cache: newStateCache(20000), checkers: newCheckerCache(), queues: map[string]*runQueue{}}
+	d := &Dispatcher{cfg: cfg, js: bus.JetStream(), bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256),
+		ready: make(chan struct{}), cache: newStateCache(20000), checkers: newCheckerCache(), queues: map[string]*runQueue{}}
 	d.policy.Store(&policy.Evaluator{Config: cfg.Policy, Extra: cfg.ExtraPolicies})
+	d.machine = run.New(env{d}, run.Limits{MaxCycles: cfg.MaxCycles, MaxPlanActions: cfg.MaxPlanActions, MaxPlanParallel: cfg.MaxPlanParallel,
+		MaxSectionParallel: cfg.MaxSectionParallel, MaxFailedRounds: cfg.MaxFailedRounds, RunDeadline: cfg.RunDeadline,
+		DecisionTimeout: cfg.DecisionTimeout, ActionGrace: cfg.ActionGrace, InputTimeout: cfg.InputTimeout, ApprovalTTL: cfg.ApprovalTTL,
+		ObservationBytes: cfg.ObservationBytes, InlineOutputBytes: cfg.InlineOutputBytes})
 	return d, nil
 }
 
@@ -232,6 +250,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	var err error
 	if d.runs, err = d.js.KeyValue(ctx, d.topo.BucketRuns()); err != nil {
+		return err
+	}
+	if d.artifacts, err = d.js.ObjectStore(ctx, d.topo.BucketArtifacts()); err != nil {
 		return err
 	}
 	catKV, err := d.js.KeyValue(ctx, d.topo.BucketCatalog())
@@ -293,131 +314,35 @@ func (d *Dispatcher) onRejected(ctx context.Context, msg jetstream.Msg, reason e
 	if errors.As(reason, &typed) {
 		abErr.Message = "run.requested rejected: " + typed.Message
 	}
-	now := time.Now().UTC()
-	st := &RunState{RunID: runID, IDKey: newIDKey(), Kind: "rejected", Observations: []events.Observation{}, CreatedAt: now, UpdatedAt: now, Deadline: now}
-	out := d.fail(st, abErr)
+	st, out := d.machine.Rejected(runID, run.NewIDKey(), abErr)
 	return d.admit(ctx, st, out, msg)
-}
-
-// emission is an event a state transition publishes once the new state is
-// stored.
-type emission struct {
-	typ, id, pool string
-	data          any
-	ext           []events.Extension
-	// subject and header are set for timer schedules only.
-	subject string
-	header  nats.Header
 }
 
 func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
-	redelivered := false
-	if md, err := msg.Metadata(); err == nil {
-		redelivered = md.NumDelivered > 1
-	}
-	switch data := r.Data.(type) {
-	case *events.RunRequested:
-		return d.onRunRequested(ctx, data, msg)
-	case *events.DecisionMade:
-		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onDecision(ctx, st, data)
-		})
-	case *events.ActionCompleted:
-		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onResult(ctx, st, data.CallID, data.Executor, true, data.Output, data.Summary, data.Complete, nil)
-		})
-	case *events.ActionFailed:
-		errCopy := data.Error
-		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onResult(ctx, st, data.CallID, data.Executor, false, nil, "", false, &errCopy)
-		})
-	case *events.CancelRequested:
-		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			if st.IsTerminal() {
-				return nil, nil
-			}
-			if st.waitingRetry() {
-				// The seed's rule: a cancel during a retry delay aborts the
-				// workflow; the step's handler is not called again.
-				err := actionbus.Errorf(actionbus.CodeWorkflowAborted, "workflow canceled during a retry delay: %s", data.Reason)
-				return append([]emission{step(st, "workflow-aborted", nil, "", data.Reason, "failed")}, d.fail(st, err)...), nil
-			}
-			return append([]emission{step(st, "canceled", nil, "", data.Reason, "")},
-				d.terminate(st, &Terminal{Type: events.TypeRunCanceled, Reason: data.Reason})...), nil
-		})
-	case *events.InputProvided:
-		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onInput(st, data), nil
-		})
-	case *events.ApprovalGranted:
-		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onApprovalGranted(st, data, r.Event.ID()), nil
-		})
-	case *events.ApprovalDenied:
-		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onApprovalDenied(st, data, r.Event.ID()), nil
-		})
-	case *events.SynthesisCompleted:
-		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onSynthesis(st, data), nil
-		})
-	case *events.TimerFired:
-		return d.transition(ctx, data.RunID, redelivered, func(st *RunState) ([]emission, error) {
-			return d.onTimer(ctx, st, data)
-		})
-	}
-	d.log.Warn("ignoring an event the dispatcher does not handle", "type", r.Event.Type(), "subject", r.Subject)
-	return nil
-}
-
-func (d *Dispatcher) onRunRequested(ctx context.Context, req *events.RunRequested, msg jetstream.Msg) error {
-	unlock := d.locks.Lock(req.RunID)
-	defer unlock()
-	now := time.Now().UTC()
-	st := &RunState{
-		RunID: req.RunID, IDKey: newIDKey(), Status: StatusRunning, Kind: "agent", Prompt: req.Prompt, Scenario: req.Scenario, Replay: req.Replay,
-		UserID: req.UserID, AllowedModes: req.AllowedModes, Metadata: req.Metadata,
-		Observations: []events.Observation{}, CreatedAt: now, UpdatedAt: now,
-	}
-	var out []emission
-	if req.Action != nil {
-		st.Kind = "exec"
-	}
-	deadline := d.cfg.RunDeadline
-	if req.DeadlineMs > 0 {
-		deadline = time.Duration(req.DeadlineMs) * time.Millisecond
-	}
-	st.Deadline = now.Add(deadline)
-	out = append(out, emission{typ: events.TypeRunStarted, id: st.derive("started"),
-		data: &events.RunStarted{RunID: req.RunID, Kind: st.Kind, Scenario: req.Scenario, Prompt: req.Prompt}},
-		d.timer(st, events.TimerRunDeadline, "run", "", "run", deadline))
-	if req.Action != nil {
-		st.Cycle = 1
-		more, err := d.startCalls(ctx, st, []events.Decision{{Type: events.DecisionAction, Name: req.Action.Name, Args: req.Action.Args, IdempotencyKey: req.Action.IdempotencyKey}}, events.OriginHost, nil)
+	if req, ok := r.Data.(*events.RunRequested); ok {
+		unlock := d.locks.Lock(req.RunID)
+		defer unlock()
+		st, out, err := d.machine.Start(ctx, req, run.NewIDKey())
 		if err != nil {
 			return err
 		}
-		out = append(out, more...)
-	} else if req.Workflow != nil {
-		st.Kind = "workflow"
-		more, err := d.startWorkflow(ctx, st, req.Workflow)
-		if err != nil {
-			return err
-		}
-		out = append(out, more...)
-	} else {
-		out = append(out, d.askPlanner(st)...)
+		return d.admit(ctx, st, out, msg)
 	}
-	return d.admit(ctx, st, out, msg)
+	runID := r.RunID()
+	if runID == "" {
+		d.log.Warn("ignoring an event the dispatcher does not handle", "type", r.Event.Type(), "subject", r.Subject)
+		return nil
+	}
+	return d.transition(ctx, runID, run.Event{ID: r.Event.ID(), Data: r.Data})
 }
 
-// admit creates a new run's state and publishes what it implies. Create
-// only: the first request of a run creates it; a republished request, or
-// another dispatcher that got there first, finds it and changes nothing.
-// When msg itself is redelivered the dispatcher may have crashed between
-// storing the run and publishing, so what the stored run waits on is
-// published again.
-func (d *Dispatcher) admit(ctx context.Context, st *RunState, out []emission, msg jetstream.Msg) error {
+// admit creates a new run's state, with its effects in the outbox, and
+// publishes them. Create only: the first request of a run creates it; a
+// republished request, or another dispatcher that got there first, finds
+// it and changes nothing, except that an outbox still in the stored state
+// (the creator crashed before publishing) is published.
+func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect, msg jetstream.Msg) error {
+	st.Outbox = run.Dedupe(out)
 	val, err := json.Marshal(st)
 	if err != nil {
 		return events.Permanent(err)
@@ -425,10 +350,10 @@ func (d *Dispatcher) admit(ctx context.Context, st *RunState, out []emission, ms
 	if tooLarge := d.stateTooLarge(val); tooLarge != nil {
 		// A request that cannot be held as state: the run is created
 		// failed, without what made it too large.
-		now := time.Now().UTC()
-		failed := &RunState{RunID: st.RunID, IDKey: st.IDKey, Kind: st.Kind, UserID: st.UserID, Observations: []events.Observation{},
-			CreatedAt: now, UpdatedAt: now, Deadline: st.Deadline}
-		st, out = failed, d.fail(failed, tooLarge)
+		failed, fout := d.machine.Rejected(st.RunID, st.IDKey, tooLarge)
+		failed.Kind, failed.UserID = st.Kind, st.UserID
+		failed.Outbox = fout
+		st = failed
 		if val, err = json.Marshal(st); err != nil {
 			return events.Permanent(err)
 		}
@@ -437,54 +362,98 @@ func (d *Dispatcher) admit(ctx context.Context, st *RunState, out []emission, ms
 	rev, err := d.runs.Create(cctx, st.RunID, val)
 	cancel()
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		if md, mdErr := msg.Metadata(); mdErr != nil || md.NumDelivered <= 1 {
-			return nil
-		}
-		gctx, cancel := events.Bounded(ctx)
-		entry, err := d.runs.Get(gctx, st.RunID)
-		cancel()
-		if err != nil {
-			return err
-		}
-		var cur RunState
-		if err := json.Unmarshal(entry.Value(), &cur); err != nil {
-			return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", st.RunID, err))
-		}
-		return d.publishOrFail(ctx, &cur, d.pending(&cur))
+		return d.flushStored(ctx, st.RunID)
 	}
 	if err != nil {
 		return err
 	}
-	d.cache.put(st.RunID, val, rev, st.IsTerminal())
-	d.cfg.Metrics.RunStarted(st.Kind)
+	d.cfg.Metrics.RunStarted(string(st.Kind))
 	if st.IsTerminal() {
-		d.cfg.Metrics.RunEnded(st.Kind, st.Status, 0)
+		d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), 0)
 	}
-	return d.publishOrFail(ctx, st, out)
+	return d.flush(ctx, st, rev)
 }
 
-// transitionFunc applies one event to a run's state and returns what to
-// publish. It returns nil emissions exactly when it changed nothing (a
-// duplicate or stale event).
-type transitionFunc func(*RunState) ([]emission, error)
+// flushStored publishes the outbox of the stored state of runID, if it has
+// one, and clears it.
+func (d *Dispatcher) flushStored(ctx context.Context, runID string) error {
+	gctx, cancel := events.Bounded(ctx)
+	entry, err := d.runs.Get(gctx, runID)
+	cancel()
+	if err != nil {
+		return err
+	}
+	var st run.State
+	if err := json.Unmarshal(entry.Value(), &st); err != nil {
+		return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
+	}
+	if len(st.Outbox) == 0 {
+		d.cache.put(runID, entry.Value(), entry.Revision(), st.IsTerminal())
+		return nil
+	}
+	return d.flush(ctx, &st, entry.Revision())
+}
+
+// flush publishes the outbox of st, stored at revision rev, then clears it
+// (unless another event of the run is queued: its write will). Until the
+// outbox is published the state is not cached, so a failed publish is
+// retried from the stored outbox.
+func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev uint64) error {
+	if err := d.publishOrFail(ctx, st, st.Outbox); err != nil {
+		d.cache.drop(st.RunID)
+		return err
+	}
+	if d.queued(st.RunID) {
+		// The next transition of the run drops the published outbox in its
+		// own write: cache the state as published.
+		if val, err := json.Marshal(st); err == nil {
+			d.cache.put(st.RunID, val, rev, st.IsTerminal())
+		}
+		return nil
+	}
+	st.Outbox = nil
+	val, err := json.Marshal(st)
+	if err != nil {
+		return events.Permanent(err)
+	}
+	uctx, cancel := events.Bounded(ctx)
+	rev, err = d.runs.Update(uctx, st.RunID, val, rev)
+	cancel()
+	if err != nil {
+		// Another writer came first (its state carries the outbox, which
+		// it publishes again: the ids make that harmless), or the write
+		// was lost; either way everything was published.
+		d.cache.drop(st.RunID)
+		if !isConflict(err) {
+			d.log.Warn("clearing a published outbox failed", "run_id", st.RunID, "err", err)
+		}
+		return nil
+	}
+	d.cache.put(st.RunID, val, rev, st.IsTerminal())
+	return nil
+}
+
+// queued reports whether events of runID wait to be applied.
+func (d *Dispatcher) queued(runID string) bool {
+	d.queueMu.Lock()
+	defer d.queueMu.Unlock()
+	q, ok := d.queues[runID]
+	return ok && len(q.jobs) > 0
+}
 
 // job is one event waiting to be applied to its run.
 type job struct {
-	fn          transitionFunc
-	redelivered bool
-	done        chan error
+	ev   run.Event
+	done chan error
 }
 
-// transition applies fn to the stored state of runID under a revision
-// check and publishes what it emitted. Events of one run that arrive while
-// a transition of that run is being stored are applied together in the
-// next one (group commit): one read, one revision-checked write and one
-// publish batch for all of them, which is what keeps a plan's results from
-// queueing behind each other's round trips. A transition that changes
-// nothing republishes what the run waits for when its event was
-// redelivered.
-func (d *Dispatcher) transition(ctx context.Context, runID string, redelivered bool, fn transitionFunc) error {
-	j := &job{fn: fn, redelivered: redelivered, done: make(chan error, 1)}
+// transition applies ev to the stored state of runID. Events of one run
+// that arrive while a transition of that run is being stored are applied
+// together in the next one (group commit): one read, one revision-checked
+// write and one publish batch for all of them, which is what keeps a
+// plan's results from queueing behind each other's round trips.
+func (d *Dispatcher) transition(ctx context.Context, runID string, ev run.Event) error {
+	j := &job{ev: ev, done: make(chan error, 1)}
 	d.queueMu.Lock()
 	q, leading := d.queues[runID]
 	if !leading {
@@ -526,14 +495,17 @@ func (d *Dispatcher) lead(ctx context.Context, runID string) {
 	}
 }
 
+// applyBatch is the shell around one transition: load, apply, store the
+// new state with its outbox, publish, clear.
 func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job) error {
 	unlock := d.locks.Lock(runID)
 	defer unlock()
 	for attempt := 0; attempt < 20; attempt++ {
-		// The cached copy saves a read; its revision makes a stale copy
-		// (another dispatcher wrote since) fail the update and be reloaded.
-		before, revision, ok := d.cache.get(runID)
-		fresh := !ok || attempt > 0
+		// A cached state is one whose outbox was published; its revision
+		// makes a stale copy (another dispatcher wrote since) fail the
+		// update and be reloaded.
+		before, revision, cached := d.cache.get(runID)
+		fresh := !cached || attempt > 0
 		if fresh {
 			gctx, cancel := events.Bounded(ctx)
 			entry, err := d.runs.Get(gctx, runID)
@@ -549,41 +521,41 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			}
 			before, revision = entry.Value(), entry.Revision()
 		}
-		var st RunState
+		var st run.State
 		if err := json.Unmarshal(before, &st); err != nil {
 			return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
 		}
-		var out []emission
-		changed, republish := false, false
+		// An outbox read from the bucket may never have been published (its
+		// writer crashed): it goes out again with this transition's.
+		var carried []run.Effect
+		if fresh {
+			carried = st.Outbox
+		}
+		st.Outbox = nil
 		wasTerminal := st.IsTerminal()
+		var out []run.Effect
 		for _, j := range batch {
-			emitted, err := j.fn(&st)
+			effects, err := d.machine.Apply(ctx, &st, j.ev)
 			if err != nil {
 				return err
 			}
-			if emitted != nil {
-				changed = true
-				out = append(out, emitted...)
-			} else if j.redelivered {
-				republish = true
-			}
+			out = append(out, effects...)
 		}
-		if !changed {
+		if len(out) == 0 {
 			if !fresh {
 				// "Nothing to do" is only trusted on the stored state: a
 				// cached copy may predate what another dispatcher wrote
 				// (a result for a call this copy does not know yet).
 				continue
 			}
-			d.cache.put(runID, before, revision, st.IsTerminal())
-			if republish {
-				return d.publishOrFail(ctx, &st, d.pending(&st))
+			if len(carried) > 0 {
+				st.Outbox = carried
+				return d.flush(ctx, &st, revision)
 			}
+			d.cache.put(runID, before, revision, st.IsTerminal())
 			return nil
 		}
-		if republish {
-			out = append(out, d.pending(&st)...)
-		}
+		st.Outbox = run.Dedupe(append(carried, out...))
 		st.UpdatedAt = time.Now().UTC()
 		after, err := json.Marshal(&st)
 		if err != nil {
@@ -593,12 +565,11 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			// The new state could never be stored: the run fails from the
 			// state as it is stored, with the limit named.
 			d.log.Warn("run state over the server's max payload; failing the run", "run_id", runID, "bytes", len(after))
-			st = RunState{}
+			st = run.State{}
 			if err := json.Unmarshal(before, &st); err != nil {
 				return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
 			}
-			st.Terminal = nil
-			out = d.fail(&st, tooLarge)
+			st.Outbox = run.Dedupe(append(carried, d.machine.FailWith(&st, tooLarge)...))
 			st.UpdatedAt = time.Now().UTC()
 			if after, err = json.Marshal(&st); err != nil {
 				return events.Permanent(err)
@@ -614,27 +585,12 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			}
 			return err
 		}
-		d.cache.put(runID, after, rev, st.IsTerminal())
 		if !wasTerminal && st.IsTerminal() {
-			d.cfg.Metrics.RunEnded(st.Kind, st.Status, st.UpdatedAt.Sub(st.CreatedAt))
+			d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), st.UpdatedAt.Sub(st.CreatedAt))
 		}
-		return d.publishOrFail(ctx, &st, dedupe(out))
+		return d.flush(ctx, &st, rev)
 	}
 	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
-}
-
-// dedupe drops emissions with an id already in the batch (the same event
-// implied twice, e.g. a republished pending request).
-func dedupe(out []emission) []emission {
-	seen := make(map[string]bool, len(out))
-	kept := out[:0]
-	for _, e := range out {
-		if !seen[e.id] {
-			seen[e.id] = true
-			kept = append(kept, e)
-		}
-	}
-	return kept
 }
 
 func isConflict(err error) bool {
@@ -643,14 +599,21 @@ func isConflict(err error) bool {
 		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
 }
 
-func (d *Dispatcher) publish(ctx context.Context, st *RunState, out []emission) error {
-	if len(out) == 0 {
-		return nil
+// publish renders effects from st and publishes them in one batch.
+func (d *Dispatcher) publish(ctx context.Context, st *run.State, effects []run.Effect) error {
+	batch := make([]events.Emission, 0, len(effects))
+	for _, e := range effects {
+		if e.Kind == run.EffectTimer {
+			fired := e.Timer.Fired
+			batch = append(batch, d.bus.TimerEmission(e.ID, e.Timer.Name, e.Timer.At, &fired))
+			continue
+		}
+		if em, ok := run.Render(st, e); ok {
+			batch = append(batch, em)
+		}
 	}
-	batch := make([]events.Emission, len(out))
-	for i, e := range out {
-		batch[i] = events.Emission{Type: e.typ, ID: e.id, RunID: st.RunID, Pool: e.pool, Data: e.data, Ext: e.ext,
-			Subject: e.subject, Header: e.header}
+	if len(batch) == 0 {
+		return nil
 	}
 	return d.bus.EmitAll(ctx, batch)
 }
@@ -666,12 +629,12 @@ func (d *Dispatcher) stateTooLarge(state []byte) *actionbus.Error {
 	return events.OverPayload(d.js.Conn(), "run state", int64(len(state)), stateHeadroom)
 }
 
-// publishOrFail publishes what a stored transition emitted. An event the
-// server would refuse (over its max payload) can never be published, so
-// retrying is pointless: the run is failed at once with payload_too_large,
-// naming the event and its size, instead of waiting for its deadline.
-func (d *Dispatcher) publishOrFail(ctx context.Context, st *RunState, out []emission) error {
-	err := d.publish(ctx, st, out)
+// publishOrFail publishes effects. An event the server would refuse (over
+// its max payload) can never be published, so retrying is pointless: the
+// run is failed at once with payload_too_large, naming the event and its
+// size, instead of waiting for its deadline.
+func (d *Dispatcher) publishOrFail(ctx context.Context, st *run.State, effects []run.Effect) error {
+	err := d.publish(ctx, st, effects)
 	var tooLarge *actionbus.Error
 	if !errors.As(err, &tooLarge) || tooLarge.Code != actionbus.CodePayloadTooLarge {
 		return err
@@ -690,16 +653,17 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 		if err != nil {
 			return err
 		}
-		var st RunState
+		var st run.State
 		if err := json.Unmarshal(entry.Value(), &st); err != nil {
 			return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
 		}
 		if t := st.Terminal; t != nil && t.Error != nil && t.Error.Code == actionbus.CodePayloadTooLarge {
-			return d.publish(ctx, &st, []emission{terminalEmission(&st)})
+			return d.publish(ctx, &st, st.Outbox)
 		}
 		wasTerminal := st.IsTerminal()
-		st.Terminal = nil
-		out := d.fail(&st, abErr)
+		// Only the failure goes out: whatever else the outbox held is what
+		// could not be published.
+		st.Outbox = d.machine.FailWith(&st, abErr)
 		st.UpdatedAt = time.Now().UTC()
 		val, err := json.Marshal(&st)
 		if err != nil {
@@ -714,54 +678,22 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 		if err != nil {
 			return err
 		}
-		d.cache.put(runID, val, rev, true)
 		if !wasTerminal {
-			d.cfg.Metrics.RunEnded(st.Kind, st.Status, st.UpdatedAt.Sub(st.CreatedAt))
+			d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), st.UpdatedAt.Sub(st.CreatedAt))
 		}
-		return d.publish(ctx, &st, out)
+		if err := d.publish(ctx, &st, st.Outbox); err != nil {
+			return err
+		}
+		st.Outbox = nil
+		if val, err = json.Marshal(&st); err == nil {
+			cctx, cancel := events.Bounded(ctx)
+			_, _ = d.runs.Update(cctx, runID, val, rev) // best effort: the outbox was published
+			cancel()
+		}
+		d.cache.drop(runID)
+		return nil
 	}
 	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
-}
-
-// pending returns the events a run is waiting on in its current state: its
-// terminal event, its decision request, or its dispatched calls. All have
-// deterministic ids, so republishing them is deduplicated.
-func (d *Dispatcher) pending(st *RunState) []emission {
-	if st.IsTerminal() {
-		return []emission{terminalEmission(st)}
-	}
-	if st.Phase == PhaseDeciding {
-		return []emission{d.decisionRequest(st)}
-	}
-	var out []emission
-	if st.Phase == PhaseSynthesizing && st.Synthesis != nil {
-		for _, p := range st.Synthesis.Parts {
-			if p.Requested && !p.Done {
-				out = append(out, d.synthesisRequest(st, p))
-			}
-		}
-		return out
-	}
-	for _, c := range st.Calls {
-		if c.Dispatched && !c.Done {
-			out = append(out, d.actionRequest(st, c))
-		}
-	}
-	return out
-}
-
-func step(st *RunState, name string, planIndex *int, action, message, status string) emission {
-	return stepWith(st, name, planIndex, action, message, status, nil)
-}
-
-func stepWith(st *RunState, name string, planIndex *int, action, message, status string, details map[string]any) emission {
-	// Steps are numbered in the run state, so each step has its own id
-	// (a retried workflow step repeats names) and a transition recomputed
-	// from the same stored state derives the same ids.
-	st.StepSeq++
-	return emission{typ: events.TypeRunStep, id: st.derive("step", st.StepSeq),
-		data: &events.RunStep{RunID: st.RunID, Name: name, Cycle: st.Cycle, PlanIndex: planIndex, Action: action,
-			Message: message, Status: status, Details: details}}
 }
 
 // CheckReady reports whether the streams, consumers and buckets the

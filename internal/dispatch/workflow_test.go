@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -256,47 +257,75 @@ func TestTwoPendingApprovalsAnsweredInEitherOrder(t *testing.T) {
 	}
 }
 
-// TestWorkflowStateKeepsEachOutputOnce: four steps of 200 KB complete
-// under the 1 MB max payload; with each output stored twice (in the step
-// and its call) the state would pass 1.6 MB.
-func TestWorkflowStateKeepsEachOutputOnce(t *testing.T) {
+// TestWorkflowStateStaysBoundedOver20StepsOf250KB: the documented bound.
+// Twenty steps each return 250 KB (5 MB in all, five times the server's
+// 1 MB max payload); the last one reads a field out of the first one's
+// output. Run state keeps each large output as an artifact reference, so
+// the run completes, its stored state stays small, and every output can be
+// read back whole.
+func TestWorkflowStateStaysBoundedOver20StepsOf250KB(t *testing.T) {
 	srv := actionbustest.NewServer(t)
+	const size = 250 << 10
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
-		return executor.Register(ex, executor.Action{Name: "wf.big"}, func(_ context.Context, _ map[string]any, call executor.Call) (executor.Result[map[string]any], error) {
-			return executor.Result[map[string]any]{Output: map[string]any{"blob": strings.Repeat("b", 200<<10)}}, nil
-		})
+		return errors.Join(
+			executor.Register(ex, executor.Action{Name: "wf.big"}, func(_ context.Context, _ map[string]any, call executor.Call) (executor.Result[map[string]any], error) {
+				return executor.Result[map[string]any]{Output: map[string]any{"blob": strings.Repeat("b", size), "call": call.CallID}}, nil
+			}),
+			executor.Register(ex, executor.Action{Name: "wf.len"}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+				s, _ := in["blob"].(string)
+				return executor.Result[map[string]any]{Output: map[string]any{"len": len(s)}}, nil
+			}))
 	}})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	wf := client.NewWorkflow("big")
-	for i := range 4 {
+	for i := range 19 {
 		wf = wf.Step(fmt.Sprintf("s%d", i), "wf.big", nil)
 	}
+	wf = wf.Step("last", "wf.len", map[string]any{"blob": map[string]any{"$fromStep": "s0", "path": "/blob"}})
 	res, err := st.Client.Run(ctx, client.RunRequest{Workflow: wf.Build()}, nil)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
 	byStep, _ := output(res)
-	assert.Len(t, byStep, 4)
-	assert.Len(t, byStep["s3"].(map[string]any)["blob"], 200<<10)
+	require.Len(t, byStep, 20)
+	assert.Equal(t, float64(size), byStep["last"].(map[string]any)["len"], "a step reads a large output of an earlier one whole")
+	ref, ok := byStep["s7"].(map[string]any)["artifact"].(map[string]any)
+	require.True(t, ok, "a large output is kept by reference: %v", byStep["s7"])
+	data, _, err := st.Client.Artifact(ctx, ref["id"].(string))
+	require.NoError(t, err)
+	var out map[string]any
+	require.NoError(t, json.Unmarshal(data, &out))
+	assert.Len(t, out["blob"], size)
+	assert.NotEmpty(t, out["call"])
+
+	kv, err := srv.JS.KeyValue(ctx, "ab_runs")
+	require.NoError(t, err)
+	entry, err := kv.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	assert.Less(t, len(entry.Value()), 64<<10, "run state of 20 large steps stays small")
 }
 
-// TestARunWhoseStateOutgrowsTheMaxPayloadFailsAtOnce: six steps of 200 KB
-// each (every result under the executor's MaxOutputBytes) add up to a run
-// state and a run.completed over the server's 1 MB max payload. The run
-// fails promptly with payload_too_large, naming the limit, instead of
-// retrying an impossible write until its deadline.
+// TestARunWhoseStateOutgrowsTheMaxPayloadFailsAtOnce: five steps in
+// flight at once, each given the same 250 KB string as input, need a run
+// state over the server's 1 MB max payload (the calls' arguments travel
+// with the state). The run fails promptly with payload_too_large, naming
+// the limit, instead of retrying an impossible write until its deadline.
 func TestARunWhoseStateOutgrowsTheMaxPayloadFailsAtOnce(t *testing.T) {
 	srv := actionbustest.NewServer(t)
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
-		return executor.Register(ex, executor.Action{Name: "wf.big"}, func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
-			return executor.Result[map[string]any]{Output: map[string]any{"blob": strings.Repeat("b", 200<<10)}}, nil
-		})
+		return errors.Join(
+			executor.Register(ex, executor.Action{Name: "wf.big"}, func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
+				return executor.Result[map[string]any]{Output: map[string]any{"blob": strings.Repeat("b", 250<<10)}}, nil
+			}),
+			executor.Register(ex, executor.Action{Name: "wf.len"}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+				return executor.Result[map[string]any]{Output: map[string]any{}}, nil
+			}))
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	wf := client.NewWorkflow("big")
-	for i := range 6 {
-		wf = wf.Step(fmt.Sprintf("s%d", i), "wf.big", nil)
+	wf := client.NewWorkflow("big").Step("s0", "wf.big", nil)
+	for i := range 5 {
+		wf = wf.Step(fmt.Sprintf("use%d", i), "wf.len", map[string]any{"blob": map[string]any{"$fromStep": "s0", "path": "/blob"}})
 	}
 	res, err := st.Client.Run(ctx, client.RunRequest{Workflow: wf.Build()}, nil)
 	require.NoError(t, err, "the run did not end long before its deadline")

@@ -366,6 +366,7 @@ func (t Topology) Needs(service, pool string) Requirements {
 			Streams:   []string{t.StreamRuns(), t.StreamRequests(), t.StreamWork(), t.StreamRejected()},
 			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerDispatcher), c(t.StreamRequests(), ConsumerDispatcherRequests)},
 			Buckets:   []string{t.BucketRuns(), t.BucketCatalog(), t.BucketPolicy()},
+			Objects:   []string{t.BucketArtifacts()},
 		}
 	case "planner":
 		return Requirements{

@@ -189,12 +189,16 @@ const (
 // publishes it as a JetStream message schedule whose target is the run's
 // timer subject, so it fires even if every service restarted meanwhile.
 type TimerFired struct {
-	RunID  string    `json:"runId"`
-	Kind   string    `json:"kind"`
-	Cycle  int       `json:"cycle"`
-	CallID string    `json:"callId,omitempty"`
-	Stage  string    `json:"stage"`
-	DueAt  time.Time `json:"dueAt"`
+	RunID string `json:"runId"`
+	Kind  string `json:"kind"`
+	Cycle int    `json:"cycle"`
+	// CallID names the call of an action timer, ApprovalID the approval
+	// of an approval timer, StepID the workflow step of a retry timer.
+	CallID     string    `json:"callId,omitempty"`
+	ApprovalID string    `json:"approvalId,omitempty"`
+	StepID     string    `json:"stepId,omitempty"`
+	Stage      string    `json:"stage"`
+	DueAt      time.Time `json:"dueAt"`
 }
 
 // Decision is one planner envelope: action, plan, clarify or final.

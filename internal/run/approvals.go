@@ -1,64 +1,15 @@
-package dispatch
+package run
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
 )
-
-// PolicyKey is the key of the policy document in the policy bucket.
-const PolicyKey = "config"
-
-// watchPolicy follows the policy bucket: a valid document under PolicyKey
-// replaces the running policy configuration at once; an invalid one is
-// logged and ignored (the previous policy stays in force).
-func (d *Dispatcher) watchPolicy(ctx context.Context) error {
-	kv, err := d.js.KeyValue(ctx, d.topo.BucketPolicy())
-	if err != nil {
-		return fmt.Errorf("dispatch: policy bucket: %w", err)
-	}
-	w, err := kv.Watch(ctx, PolicyKey)
-	if err != nil {
-		return fmt.Errorf("dispatch: watch policy: %w", err)
-	}
-	go func() {
-		defer w.Stop() //nolint:errcheck // best effort
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e == nil {
-					continue
-				}
-				if e.Operation() != jetstream.KeyValuePut {
-					d.policy.Store(&policy.Evaluator{Config: d.cfg.Policy, Extra: d.cfg.ExtraPolicies})
-					d.log.Info("policy reset to the configured one")
-					continue
-				}
-				cfg, err := policy.ParseConfig(e.Value())
-				if err != nil {
-					d.log.Error("policy document refused; the previous policy stays in force", "revision", e.Revision(), "err", err)
-					continue
-				}
-				d.policy.Store(&policy.Evaluator{Config: cfg, Extra: d.cfg.ExtraPolicies})
-				d.log.Info("policy reloaded", "revision", e.Revision())
-			}
-		}
-	}()
-	return nil
-}
 
 // approvalID names the approval of a call: the run id, the cycle and the
 // plan index, so an approver can find the run from the id alone, and the
@@ -73,16 +24,14 @@ func approvalID(runID string, cycle, planIndex, attempt int) string {
 }
 
 // requestApproval holds a call and asks for its approval.
-func (d *Dispatcher) requestApproval(st *RunState, i int, snap policy.Snapshot) ([]emission, error) {
+func (m *Machine) requestApproval(st *State, i int, snap policy.Snapshot) []Effect {
 	c := &st.Calls[i]
-	hash, err := policy.InputHash(c.Args)
-	if err != nil {
-		return nil, err
-	}
+	// Arguments are decoded JSON, so they always hash.
+	hash, _ := policy.InputHash(c.Args)
 	ctx := events.ApprovalContext{
 		ApprovalID: approvalID(st.RunID, st.Cycle, c.PlanIndex, c.Attempt), RunID: st.RunID, StepID: c.CallID,
 		UserID: st.UserID, Action: c.Action, InputHash: hash, DryRunHash: st.DryRunHash,
-		ExpiresAt: time.Now().Add(d.cfg.ApprovalTTL).UTC().Truncate(time.Second),
+		ExpiresAt: m.env.Now().Add(m.lim.ApprovalTTL).UTC().Truncate(time.Second),
 	}
 	if ids, ok := c.Args["resourceIds"].([]any); ok {
 		for _, id := range ids {
@@ -95,21 +44,21 @@ func (d *Dispatcher) requestApproval(st *RunState, i int, snap policy.Snapshot) 
 	if st.Approvals == nil {
 		st.Approvals = map[string]*PendingApproval{}
 	}
-	st.Approvals[ctx.ApprovalID] = &PendingApproval{Context: ctx, CallIndex: i}
+	st.Approvals[ctx.ApprovalID] = &PendingApproval{Context: ctx, CallIndex: i, Reason: snap.Reason}
 	if st.Workflow == nil {
 		st.Phase = PhaseAwaitingApproval // a workflow's other steps go on
 	}
 	st.Status = StatusAwaitingApproval
 	pi := c.PlanIndex
-	t := d.timer(st, events.TimerApproval, fmt.Sprintf("appr%d", c.PlanIndex), ctx.ApprovalID, "approval "+ctx.ApprovalID, d.cfg.ApprovalTTL)
+	t := m.timer(st, events.TimerFired{Kind: events.TimerApproval, ApprovalID: ctx.ApprovalID, Stage: "approval " + ctx.ApprovalID},
+		fmt.Sprintf("appr%d", c.PlanIndex), m.lim.ApprovalTTL)
 	// The request goes out before the step that announces it, so whoever
 	// reacts to the step finds the request stored.
-	return []emission{
-		{typ: events.TypeApprovalRequested, id: st.derive("approval", ctx.ApprovalID),
-			data: &events.ApprovalRequested{RunID: st.RunID, Context: ctx, Input: nonNilArgs(c.Args), Reason: snap.Reason}},
-		stepWith(st, "awaiting-approval", &pi, c.Action, ctx.ApprovalID, "", map[string]any{"approvalId": ctx.ApprovalID, "reason": snap.Reason}),
+	return []Effect{
+		{Kind: EffectApproval, ID: st.derive("approval", ctx.ApprovalID), ApprovalID: ctx.ApprovalID},
+		stepWith(st, StepAwaitingApproval, &pi, c.Action, ctx.ApprovalID, "", map[string]any{"approvalId": ctx.ApprovalID, "reason": snap.Reason}),
 		t,
-	}, nil
+	}
 }
 
 func toPolicyContext(c events.ApprovalContext) policy.ApprovalContext {
@@ -118,15 +67,15 @@ func toPolicyContext(c events.ApprovalContext) policy.ApprovalContext {
 
 // resolved is the dispatcher's answer to a grant or denial with event id
 // answerID, published on the approval subject for the approver who sent it.
-func resolved(st *RunState, approvalID, answerID, outcome, approver string, err *actionbus.Error) emission {
-	return emission{typ: events.TypeApprovalResolved, id: st.derive("approval-resolved", answerID),
-		data: &events.ApprovalResolved{RunID: st.RunID, ApprovalID: approvalID, AnswerID: answerID, Outcome: outcome, Approver: approver, Error: err}}
+func resolved(st *State, approvalID, answerID, outcome, approver string, err *actionbus.Error) Effect {
+	return Effect{Kind: EffectEvent, Type: events.TypeApprovalResolved, ID: st.derive("approval-resolved", answerID),
+		Data: &events.ApprovalResolved{RunID: st.RunID, ApprovalID: approvalID, AnswerID: answerID, Outcome: outcome, Approver: approver, Error: err}}
 }
 
-func (d *Dispatcher) onApprovalGranted(st *RunState, g *events.ApprovalGranted, answerID string) []emission {
-	refuse := func(err *actionbus.Error) []emission {
+func (m *Machine) onApprovalGranted(st *State, g *events.ApprovalGranted, answerID string) []Effect {
+	refuse := func(err *actionbus.Error) []Effect {
 		err = err.WithDetail("approvalId", g.ApprovalID)
-		return []emission{stepWith(st, "approval-refused", nil, "", err.Error(), "failed",
+		return []Effect{stepWith(st, StepApprovalRefused, nil, "", err.Error(), "failed",
 			map[string]any{"approvalId": g.ApprovalID, "code": string(err.Code)}),
 			resolved(st, g.ApprovalID, answerID, events.ApprovalOutcomeRefused, g.Approver, err)}
 	}
@@ -142,13 +91,13 @@ func (d *Dispatcher) onApprovalGranted(st *RunState, g *events.ApprovalGranted, 
 	if !ok || st.IsTerminal() {
 		return refuse(actionbus.Errorf(actionbus.CodeApprovalInvalid, "no pending approval %s", g.ApprovalID))
 	}
-	if err := d.cfg.ApprovalKeys.Verify(g.Token, toPolicyContext(p.Context), time.Now()); err != nil {
+	if err := m.env.VerifyApproval(g.Token, toPolicyContext(p.Context), m.env.Now()); err != nil {
 		var abErr *actionbus.Error
 		if errors.As(err, &abErr) && abErr.Code == actionbus.CodeApprovalExpired {
 			delete(st.Approvals, g.ApprovalID)
 			st.ApprovalsExpired = append(st.ApprovalsExpired, g.ApprovalID)
 			abErr = abErr.WithDetail("approvalId", g.ApprovalID)
-			return append([]emission{resolved(st, g.ApprovalID, answerID, events.ApprovalOutcomeRefused, g.Approver, abErr)}, d.fail(st, abErr)...)
+			return append([]Effect{resolved(st, g.ApprovalID, answerID, events.ApprovalOutcomeRefused, g.Approver, abErr)}, m.fail(st, abErr)...)
 		}
 		if !errors.As(err, &abErr) {
 			abErr = &actionbus.Error{Code: actionbus.CodeApprovalInvalid, Message: err.Error()}
@@ -161,18 +110,18 @@ func (d *Dispatcher) onApprovalGranted(st *RunState, g *events.ApprovalGranted, 
 	c.NeedsApproval = false
 	c.Approval = &events.ApprovalGrant{Context: p.Context, Token: g.Token, Approver: g.Approver}
 	pi := c.PlanIndex
-	out := []emission{stepWith(st, "approval-granted", &pi, c.Action, "approved by "+g.Approver, "ok", map[string]any{"approvalId": g.ApprovalID}),
+	out := []Effect{stepWith(st, StepApprovalGranted, &pi, c.Action, "approved by "+g.Approver, "ok", map[string]any{"approvalId": g.ApprovalID}),
 		resolved(st, g.ApprovalID, answerID, events.ApprovalOutcomeGranted, g.Approver, nil)}
 	if len(st.Approvals) == 0 {
 		st.Phase, st.Status = PhaseActing, StatusRunning
 	}
 	if st.Workflow != nil {
-		st.Workflow.Steps[p.CallIndex].Status = StepReady
+		st.Workflow.Steps[p.CallIndex].Status = StepStatusReady
 	}
-	return append(out, d.dispatchMore(st)...)
+	return append(out, m.dispatchMore(st)...)
 }
 
-func (d *Dispatcher) onApprovalDenied(st *RunState, dn *events.ApprovalDenied, answerID string) []emission {
+func (m *Machine) onApprovalDenied(st *State, dn *events.ApprovalDenied, answerID string) []Effect {
 	if _, ok := st.Approvals[dn.ApprovalID]; !ok || st.IsTerminal() {
 		code, msg := actionbus.CodeApprovalInvalid, "no pending approval "+dn.ApprovalID
 		switch {
@@ -182,12 +131,12 @@ func (d *Dispatcher) onApprovalDenied(st *RunState, dn *events.ApprovalDenied, a
 			code, msg = actionbus.CodeApprovalReplayed, "approval "+dn.ApprovalID+" was already answered"
 		}
 		err := (&actionbus.Error{Code: code, Message: msg}).WithDetail("approvalId", dn.ApprovalID)
-		return []emission{resolved(st, dn.ApprovalID, answerID, events.ApprovalOutcomeRefused, dn.Approver, err)}
+		return []Effect{resolved(st, dn.ApprovalID, answerID, events.ApprovalOutcomeRefused, dn.Approver, err)}
 	}
 	delete(st.Approvals, dn.ApprovalID)
 	st.ApprovalsDone = append(st.ApprovalsDone, dn.ApprovalID)
 	err := actionbus.Errorf(actionbus.CodeApprovalDenied, "approval %s denied by %s: %s", dn.ApprovalID, dn.Approver, dn.Reason).
 		WithDetail("approvalId", dn.ApprovalID).WithDetail("approver", dn.Approver)
-	return append([]emission{step(st, "approval-denied", nil, "", err.Message, "failed"),
-		resolved(st, dn.ApprovalID, answerID, events.ApprovalOutcomeDenied, dn.Approver, nil)}, d.fail(st, err)...)
+	return append([]Effect{step(st, StepApprovalDenied, nil, "", err.Message, "failed"),
+		resolved(st, dn.ApprovalID, answerID, events.ApprovalOutcomeDenied, dn.Approver, nil)}, m.fail(st, err)...)
 }

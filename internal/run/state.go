@@ -1,4 +1,4 @@
-package dispatch
+package run
 
 import (
 	"crypto/rand"
@@ -11,39 +11,60 @@ import (
 	"github.com/actionbus/actionbus/internal/workflow"
 )
 
+// Kind is what a run is.
+type Kind string
+
+// Run kinds.
+const (
+	// KindAgent is a planner-driven run (a prompt).
+	KindAgent Kind = "agent"
+	// KindExec is one action called by a host.
+	KindExec Kind = "exec"
+	// KindWorkflow is a JSON workflow.
+	KindWorkflow Kind = "workflow"
+	// KindRejected is a run whose request was refused before admission.
+	KindRejected Kind = "rejected"
+)
+
+// Status is where a run stands, as its users see it.
+type Status string
+
 // Run statuses.
 const (
-	StatusRunning          = "running"
-	StatusAwaitingInput    = "awaiting_input"
-	StatusAwaitingApproval = "awaiting_approval"
-	StatusCompleted        = "completed"
-	StatusFailed           = "failed"
-	StatusCanceled         = "canceled"
+	StatusRunning          Status = "running"
+	StatusAwaitingInput    Status = "awaiting_input"
+	StatusAwaitingApproval Status = "awaiting_approval"
+	StatusCompleted        Status = "completed"
+	StatusFailed           Status = "failed"
+	StatusCanceled         Status = "canceled"
 )
+
+// Phase is what a running run waits for.
+type Phase string
 
 // Phases of a running run.
 const (
-	PhaseDeciding         = "deciding"
-	PhaseActing           = "acting"
-	PhaseAwaitingInput    = "awaiting_input"
-	PhaseAwaitingApproval = "awaiting_approval"
-	PhaseSynthesizing     = "synthesizing"
+	PhaseDeciding         Phase = "deciding"
+	PhaseActing           Phase = "acting"
+	PhaseAwaitingInput    Phase = "awaiting_input"
+	PhaseAwaitingApproval Phase = "awaiting_approval"
+	PhaseSynthesizing     Phase = "synthesizing"
 )
 
-// RunState is the dispatcher's record of one run, stored as JSON under the
+// State is the dispatcher's record of one run, stored as JSON under the
 // run id in the runs bucket and only ever updated with a revision check.
-type RunState struct {
+type State struct {
 	RunID string `json:"runId"`
 	// IDKey is a random secret drawn when the run is admitted. Every id
-	// the dispatcher derives for the run mixes it in ([RunState.derive]),
+	// the dispatcher derives for the run mixes it in ([State.derive]),
 	// so the ids stay deterministic for a restarted dispatcher yet cannot
 	// be predicted by anyone who cannot read run state: no executor,
 	// planner or client can pre-empt one of the run's events with a forged
 	// Nats-Msg-Id and have the real one dropped as a duplicate.
 	IDKey        string               `json:"idKey"`
-	Kind         string               `json:"kind"`
-	Status       string               `json:"status"`
-	Phase        string               `json:"phase,omitempty"`
+	Kind         Kind                 `json:"kind"`
+	Status       Status               `json:"status"`
+	Phase        Phase                `json:"phase,omitempty"`
 	Cycle        int                  `json:"cycle"`
 	Prompt       string               `json:"prompt,omitempty"`
 	Scenario     string               `json:"scenario,omitempty"`
@@ -95,6 +116,12 @@ type RunState struct {
 	Workflow *WorkflowRun `json:"workflow,omitempty"`
 	// StepSeq numbers the run's progress steps.
 	StepSeq int `json:"stepSeq,omitempty"`
+	// Outbox holds the effects of the last transition until they are
+	// published: stored with the state in one revision-checked write, so
+	// that a crash between the write and the publishes loses nothing (the
+	// next handler of the run publishes them again; their ids are
+	// deterministic).
+	Outbox []Effect `json:"outbox,omitempty"`
 	// DryRunHash is the input hash of the latest successful dryRun call,
 	// recorded in the approval context of a mutation that follows it.
 	DryRunHash string `json:"dryRunHash,omitempty"`
@@ -104,6 +131,8 @@ type RunState struct {
 type PendingApproval struct {
 	Context   events.ApprovalContext `json:"context"`
 	CallIndex int                    `json:"callIndex"`
+	// Reason is the policy's reason for asking.
+	Reason string `json:"reason,omitempty"`
 }
 
 // PlanState is what the dispatcher remembers of a plan decision.
@@ -165,18 +194,21 @@ type WorkflowRun struct {
 	Steps []StepRun         `json:"steps"`
 }
 
-// Step statuses.
+// StepStatus is where a workflow step stands.
+type StepStatus string
+
+// Workflow step statuses.
 const (
-	StepPending      = "pending"
-	StepReady        = "ready"
-	StepWaitingRetry = "waiting_retry"
-	StepDone         = "done"
-	StepFailed       = "failed"
+	StepStatusPending      StepStatus = "pending"
+	StepStatusReady        StepStatus = "ready"
+	StepStatusWaitingRetry StepStatus = "waiting_retry"
+	StepStatusDone         StepStatus = "done"
+	StepStatusFailed       StepStatus = "failed"
 )
 
 // StepRun is one step of a workflow run.
 type StepRun struct {
-	Status  string           `json:"status"`
+	Status  StepStatus       `json:"status"`
 	Attempt int              `json:"attempt"`
 	Output  any              `json:"output,omitempty"`
 	Error   *actionbus.Error `json:"error,omitempty"`
@@ -193,9 +225,9 @@ type Terminal struct {
 }
 
 // IsTerminal reports whether the run has ended.
-func (s *RunState) IsTerminal() bool { return s.Terminal != nil }
+func (s *State) IsTerminal() bool { return s.Terminal != nil }
 
-func (s *RunState) inFlight() int {
+func (s *State) inFlight() int {
 	n := 0
 	for _, c := range s.Calls {
 		if c.Dispatched && !c.Done {
@@ -205,7 +237,7 @@ func (s *RunState) inFlight() int {
 	return n
 }
 
-func (s *RunState) allDone() bool {
+func (s *State) allDone() bool {
 	for _, c := range s.Calls {
 		if !c.Done {
 			return false
@@ -214,7 +246,7 @@ func (s *RunState) allDone() bool {
 	return true
 }
 
-func (s *RunState) callIndex(callID string) int {
+func (s *State) callIndex(callID string) int {
 	for i, c := range s.Calls {
 		if c.CallID == callID {
 			return i
@@ -224,13 +256,13 @@ func (s *RunState) callIndex(callID string) int {
 }
 
 // derive returns the deterministic id of one of the run's events, keyed by
-// the run's secret [RunState.IDKey].
-func (st *RunState) derive(parts ...any) string {
+// the run's secret [State.IDKey].
+func (st *State) derive(parts ...any) string {
 	return events.DerivedID(st.RunID, append([]any{st.IDKey}, parts...)...)
 }
 
-// newIDKey draws a run's id key: 128 random bits, hex.
-func newIDKey() string {
+// NewIDKey draws a run's id key: 128 random bits, hex.
+func NewIDKey() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)

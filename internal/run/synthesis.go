@@ -1,4 +1,4 @@
-package dispatch
+package run
 
 import (
 	"encoding/json"
@@ -21,6 +21,9 @@ import (
 type SynthesisState struct {
 	Parts  []SynthesisPart `json:"parts"`
 	Stitch *events.Stitch  `json:"stitch,omitempty"`
+	// ObservationBytes bounds a section's view of its result (the
+	// machine's limit when the synthesis started).
+	ObservationBytes int `json:"observationBytes,omitempty"`
 }
 
 // SynthesisPart is one section, intro or outro of a per-action synthesis.
@@ -51,8 +54,8 @@ func checkPerAction(dec events.Decision) *actionbus.Error {
 
 // startSynthesis begins the per-action synthesis of the current plan's
 // results. Direct-final results and failed actions need no call.
-func (d *Dispatcher) startSynthesis(st *RunState) []emission {
-	syn := &SynthesisState{Stitch: st.Plan.Stitch}
+func (m *Machine) startSynthesis(st *State) []Effect {
+	syn := &SynthesisState{Stitch: st.Plan.Stitch, ObservationBytes: m.lim.ObservationBytes}
 	for i, c := range st.Calls {
 		p := SynthesisPart{Part: events.PartSection, Index: c.PlanIndex, Action: c.Action, Title: fmt.Sprintf("## Section %d", i+1)}
 		if i < len(st.Plan.Sections) {
@@ -79,15 +82,15 @@ func (d *Dispatcher) startSynthesis(st *RunState) []emission {
 	}
 	st.Synthesis = syn
 	st.Phase = PhaseSynthesizing
-	out := []emission{stepWith(st, "synthesize-per-action-start", nil, "", fmt.Sprintf("%d parts", len(syn.Parts)), "",
-		map[string]any{"parts": len(syn.Parts), "maxSectionParallel": d.cfg.MaxSectionParallel})}
-	out = append(out, d.timer(st, events.TimerSynthesis, "synthesis", "", "synthesis", d.cfg.DecisionTimeout))
-	return append(out, d.continueSynthesis(st)...)
+	out := []Effect{stepWith(st, StepSynthesizePerActionStart, nil, "", fmt.Sprintf("%d parts", len(syn.Parts)), "",
+		map[string]any{"parts": len(syn.Parts), "maxSectionParallel": m.lim.MaxSectionParallel})}
+	out = append(out, m.timer(st, events.TimerFired{Kind: events.TimerSynthesis, Stage: "synthesis"}, "synthesis", m.lim.DecisionTimeout))
+	return append(out, m.continueSynthesis(st)...)
 }
 
 // continueSynthesis requests parts up to the parallel bound, or stitches
 // once every part is done.
-func (d *Dispatcher) continueSynthesis(st *RunState) []emission {
+func (m *Machine) continueSynthesis(st *State) []Effect {
 	syn := st.Synthesis
 	inFlight, pending := 0, 0
 	for _, p := range syn.Parts {
@@ -101,14 +104,14 @@ func (d *Dispatcher) continueSynthesis(st *RunState) []emission {
 	if pending == 0 {
 		md := stitch(syn)
 		st.Synthesis = nil
-		out := []emission{stepWith(st, "synthesize-stitch-done", nil, "", fmt.Sprintf("%d parts stitched", len(syn.Parts)), "ok",
+		out := []Effect{stepWith(st, StepSynthesizeStitchDone, nil, "", fmt.Sprintf("%d parts stitched", len(syn.Parts)), "ok",
 			map[string]any{"finalAnswerSource": "plan_synthesize", "bytes": len(md)})}
-		return append(out, d.terminate(st, &Terminal{Type: events.TypeRunCompleted, Answer: md})...)
+		return append(out, m.terminate(st, &Terminal{Type: events.TypeRunCompleted, Answer: md})...)
 	}
-	var out []emission
+	var out []Effect
 	for i := range syn.Parts {
 		p := &syn.Parts[i]
-		if inFlight >= d.cfg.MaxSectionParallel {
+		if inFlight >= m.lim.MaxSectionParallel {
 			break
 		}
 		if p.Requested || p.Done {
@@ -116,42 +119,45 @@ func (d *Dispatcher) continueSynthesis(st *RunState) []emission {
 		}
 		p.Requested = true
 		inFlight++
-		out = append(out, d.synthesisRequest(st, *p))
+		out = append(out, synthesizeEffect(st, *p))
 	}
 	return out
 }
 
-func (d *Dispatcher) synthesisRequest(st *RunState, p SynthesisPart) emission {
+// synthesisRequest is the request of one part: a section sees its
+// action's result, an intro or outro compact summaries of every result.
+func synthesisRequest(st *State, p SynthesisPart) *events.SynthesisRequested {
 	req := &events.SynthesisRequested{RunID: st.RunID, Cycle: st.Cycle, Part: p.Part, Index: p.Index, Prompt: st.Prompt,
 		Instruction: p.Instruction, Scenario: st.Scenario}
 	if p.Part == events.PartSection {
 		for _, c := range st.Calls {
 			if c.PlanIndex == p.Index {
-				req.Results = []events.Observation{d.observe(st, c, true)}
+				req.Results = []events.Observation{observe(st, c, true, st.Synthesis.ObservationBytes)}
 			}
 		}
-	} else {
-		// Intro and outro see compact summaries of every result.
-		for _, c := range st.Calls {
-			obs := d.observe(st, c, true)
-			obs.Output = digest(obs.Output, 512)
-			req.Results = append(req.Results, obs)
-		}
+		return req
 	}
-	return emission{typ: events.TypeSynthesisRequested, id: st.derive("synthesize", st.Cycle, p.Part, p.Index), data: req,
-		ext: []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}}
+	for _, c := range st.Calls {
+		req.Results = append(req.Results, observe(st, c, true, 512))
+	}
+	return req
 }
 
-func (d *Dispatcher) onSynthesis(st *RunState, sc *events.SynthesisCompleted) []emission {
+// part returns the part named by kind and index, or nil.
+func (s *SynthesisState) part(kind string, index int) *SynthesisPart {
+	for i := range s.Parts {
+		if p := &s.Parts[i]; p.Part == kind && p.Index == index {
+			return p
+		}
+	}
+	return nil
+}
+
+func (m *Machine) onSynthesis(st *State, sc *events.SynthesisCompleted) []Effect {
 	if st.IsTerminal() || st.Phase != PhaseSynthesizing || st.Cycle != sc.Cycle || st.Synthesis == nil {
 		return nil
 	}
-	var p *SynthesisPart
-	for i := range st.Synthesis.Parts {
-		if q := &st.Synthesis.Parts[i]; q.Part == sc.Part && q.Index == sc.Index {
-			p = q
-		}
-	}
+	p := st.Synthesis.part(sc.Part, sc.Index)
 	if p == nil || p.Done || !p.Requested {
 		return nil // a duplicate or an answer to nothing asked
 	}
@@ -166,14 +172,14 @@ func (d *Dispatcher) onSynthesis(st *RunState, sc *events.SynthesisCompleted) []
 	default:
 		p.Markdown = md
 	}
-	var out []emission
+	var out []Effect
 	if p.Part == events.PartSection {
 		pi := p.Index
-		out = append(out, stepWith(st, "synthesize-section-done", &pi, p.Action, p.Title, status, map[string]any{"bytes": len(p.Markdown)}))
+		out = append(out, stepWith(st, StepSynthesizeSectionDone, &pi, p.Action, p.Title, status, map[string]any{"bytes": len(p.Markdown)}))
 	} else {
-		out = append(out, stepWith(st, "synthesize-"+p.Part+"-done", nil, "", p.Part, status, map[string]any{"bytes": len(p.Markdown)}))
+		out = append(out, stepWith(st, StepName("synthesize-"+p.Part+"-done"), nil, "", p.Part, status, map[string]any{"bytes": len(p.Markdown)}))
 	}
-	return append(out, d.continueSynthesis(st)...)
+	return append(out, m.continueSynthesis(st)...)
 }
 
 func errorText(e *actionbus.Error) string {

@@ -1,0 +1,234 @@
+package run
+
+import (
+	"time"
+
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// EffectKind says what an [Effect] does.
+type EffectKind string
+
+// Effect kinds. Requests that carry what the state already holds (a
+// decision request's observations, an action call's arguments) are
+// references rendered from the state by [Render], so the outbox stored with
+// the state never holds them twice.
+const (
+	// EffectEvent publishes a literal event (Type, Data).
+	EffectEvent EffectKind = "event"
+	// EffectStep publishes a progress step (Step).
+	EffectStep EffectKind = "step"
+	// EffectTimer arms a durable timer (Timer).
+	EffectTimer EffectKind = "timer"
+	// EffectDecide publishes the decision request of cycle Cycle.
+	EffectDecide EffectKind = "decide"
+	// EffectAct publishes the action request of call CallID.
+	EffectAct EffectKind = "act"
+	// EffectSynthesize publishes the synthesis request of part (Cycle,
+	// Part, Index).
+	EffectSynthesize EffectKind = "synthesize"
+	// EffectApproval publishes the approval request ApprovalID.
+	EffectApproval EffectKind = "approval"
+	// EffectEnd publishes the run's terminal event.
+	EffectEnd EffectKind = "end"
+)
+
+// Effect is one thing a transition implies, stored with the new state (the
+// outbox) until it is published. Its ID is the id of the event it
+// publishes: deterministic, so publishing it again is harmless.
+type Effect struct {
+	Kind EffectKind `json:"kind"`
+	ID   string     `json:"id"`
+	// Type and Data are a literal event's.
+	Type string `json:"type,omitempty"`
+	Data any    `json:"data,omitempty"`
+	// Step is a progress step's.
+	Step *events.RunStep `json:"step,omitempty"`
+	// Timer is a timer's.
+	Timer *Timer `json:"timer,omitempty"`
+	// Cycle, CallID, Part, Index and ApprovalID name what a reference
+	// renders.
+	Cycle      int    `json:"cycle,omitempty"`
+	CallID     string `json:"callId,omitempty"`
+	Part       string `json:"part,omitempty"`
+	Index      int    `json:"index,omitempty"`
+	ApprovalID string `json:"approvalId,omitempty"`
+}
+
+// Timer is a durable timer to arm: Fired is published on the run's timer
+// subject at At (the schedule named Name replaces an earlier one of the
+// same name). Stale timers are not canceled: a timer that fires for a
+// stage the run has left changes nothing.
+type Timer struct {
+	Name  string            `json:"name"`
+	At    time.Time         `json:"at"`
+	Fired events.TimerFired `json:"fired"`
+}
+
+// Render returns the event an effect publishes, rendered from st, the
+// state stored with it. ok is false for an effect that no longer applies
+// (a reference to a request the run has moved past: its answer arrived,
+// so it was published) and for timers, which the caller turns into a
+// schedule.
+func Render(st *State, e Effect) (em events.Emission, ok bool) {
+	em = events.Emission{ID: e.ID, RunID: st.RunID}
+	switch e.Kind {
+	case EffectEvent:
+		em.Type, em.Data = e.Type, e.Data
+	case EffectStep:
+		em.Type, em.Data = events.TypeRunStep, e.Step
+	case EffectDecide:
+		if st.IsTerminal() || st.Phase != PhaseDeciding || st.Cycle != e.Cycle {
+			return em, false
+		}
+		em.Type = events.TypeDecisionRequested
+		em.Data = &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Prompt, Scenario: st.Scenario,
+			Observations: st.Observations, Feedback: st.Feedback, Synthesize: st.Synthesize, Replay: st.Replay}
+		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}
+	case EffectAct:
+		i := st.callIndex(e.CallID)
+		if st.IsTerminal() || i < 0 || st.Calls[i].Done {
+			return em, false
+		}
+		c := st.Calls[i]
+		em.Type, em.Pool = events.TypeActionRequested, c.Pool
+		em.Data = &events.ActionRequested{RunID: st.RunID, CallID: c.CallID, Cycle: st.Cycle, PlanIndex: c.PlanIndex, Attempt: max(c.Attempt, 1),
+			Action: c.Action, Args: nonNilArgs(c.Args), Origin: c.Origin, UserID: st.UserID, TimeoutMs: c.TimeoutMs,
+			IdempotencyKey: c.IdempotencyKey, Approval: c.Approval, StepID: c.StepID, MaxAttempts: c.MaxAttempts}
+		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}, {Name: events.ExtPlanIndex, Value: c.PlanIndex},
+			{Name: events.ExtAttempt, Value: max(c.Attempt, 1)}, {Name: events.ExtPool, Value: c.Pool}}
+	case EffectSynthesize:
+		if st.IsTerminal() || st.Phase != PhaseSynthesizing || st.Synthesis == nil || st.Cycle != e.Cycle {
+			return em, false
+		}
+		p := st.Synthesis.part(e.Part, e.Index)
+		if p == nil || p.Done {
+			return em, false
+		}
+		em.Type, em.Data = events.TypeSynthesisRequested, synthesisRequest(st, *p)
+		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}
+	case EffectApproval:
+		p, pending := st.Approvals[e.ApprovalID]
+		if !pending || st.IsTerminal() {
+			return em, false
+		}
+		em.Type = events.TypeApprovalRequested
+		em.Data = &events.ApprovalRequested{RunID: st.RunID, Context: p.Context, Input: nonNilArgs(st.Calls[p.CallIndex].Args), Reason: p.Reason}
+	case EffectEnd:
+		if !st.IsTerminal() {
+			return em, false
+		}
+		em.Type, em.Data = terminalEvent(st)
+	default:
+		return em, false
+	}
+	return em, true
+}
+
+func terminalEvent(st *State) (string, any) {
+	t := st.Terminal
+	switch t.Type {
+	case events.TypeRunCompleted:
+		return t.Type, &events.RunCompleted{RunID: st.RunID, Answer: t.Answer, Output: t.Output, Citations: t.Citations, Cycles: st.Cycle}
+	case events.TypeRunCanceled:
+		return t.Type, &events.RunCanceled{RunID: st.RunID, Reason: t.Reason, Cycles: st.Cycle}
+	}
+	return events.TypeRunFailed, &events.RunFailed{RunID: st.RunID, Error: *t.Error, Cycles: st.Cycle}
+}
+
+// Pending returns what a stored run waits on, for a caller that must make
+// sure it was published (a redelivered event of a run whose outbox is
+// empty needs nothing; this is for states stored before outboxes): its
+// terminal event, or its decision request, or its open requests.
+func Pending(st *State) []Effect {
+	if st.IsTerminal() {
+		return []Effect{endEffect(st)}
+	}
+	var out []Effect
+	switch st.Phase {
+	case PhaseDeciding:
+		out = append(out, decideEffect(st))
+	case PhaseSynthesizing:
+		if st.Synthesis != nil {
+			for _, p := range st.Synthesis.Parts {
+				if p.Requested && !p.Done {
+					out = append(out, synthesizeEffect(st, p))
+				}
+			}
+		}
+	}
+	for _, c := range st.Calls {
+		if c.Dispatched && !c.Done {
+			out = append(out, actEffect(c))
+		}
+	}
+	return out
+}
+
+func decideEffect(st *State) Effect {
+	return Effect{Kind: EffectDecide, ID: st.derive("decide", st.Cycle), Cycle: st.Cycle}
+}
+
+func actEffect(c CallState) Effect {
+	return Effect{Kind: EffectAct, ID: c.CallID, CallID: c.CallID}
+}
+
+func synthesizeEffect(st *State, p SynthesisPart) Effect {
+	return Effect{Kind: EffectSynthesize, ID: st.derive("synthesize", st.Cycle, p.Part, p.Index), Cycle: st.Cycle, Part: p.Part, Index: p.Index}
+}
+
+func endEffect(st *State) Effect {
+	return Effect{Kind: EffectEnd, ID: st.derive("terminal")}
+}
+
+// Dedupe drops effects with an id already in the list (the same event
+// implied twice, e.g. an outbox entry implied again), keeping the first.
+func Dedupe(out []Effect) []Effect {
+	seen := make(map[string]bool, len(out))
+	kept := out[:0]
+	for _, e := range out {
+		if !seen[e.ID] {
+			seen[e.ID] = true
+			kept = append(kept, e)
+		}
+	}
+	return kept
+}
+
+func nonNilArgs(a map[string]any) map[string]any {
+	if a == nil {
+		return map[string]any{}
+	}
+	return a
+}
+
+func step(st *State, name StepName, planIndex *int, action, message, status string) Effect {
+	return stepWith(st, name, planIndex, action, message, status, nil)
+}
+
+func stepWith(st *State, name StepName, planIndex *int, action, message, status string, details map[string]any) Effect {
+	// Steps are numbered in the run state, so each step has its own id
+	// (a retried workflow step repeats names) and a transition recomputed
+	// from the same stored state derives the same ids.
+	st.StepSeq++
+	return Effect{Kind: EffectStep, ID: st.derive("step", st.StepSeq),
+		Step: &events.RunStep{RunID: st.RunID, Name: string(name), Cycle: st.Cycle, PlanIndex: planIndex, Action: action,
+			Message: message, Status: status, Details: details}}
+}
+
+// timer arms a durable timer after the given duration (the run deadline
+// timer: at the run's deadline). f names what the timer is for; the run id
+// and cycle are filled in. Schedules with the same name replace each
+// other, so a run has at most one pending timer per name.
+func (m *Machine) timer(st *State, f events.TimerFired, name string, after time.Duration) Effect {
+	at := m.env.Now().Add(after)
+	if f.Kind == events.TimerRunDeadline {
+		at = st.Deadline
+	}
+	f.RunID, f.Cycle = st.RunID, st.Cycle
+	// The id names what the timer is for (the call, approval and step
+	// attempt differ), so a timer of a later attempt is not mistaken for a
+	// duplicate of an earlier one.
+	id := st.derive("timer", name, st.Cycle, f.CallID+f.ApprovalID+f.StepID)
+	return Effect{Kind: EffectTimer, ID: id, Timer: &Timer{Name: name, At: at, Fired: f}}
+}

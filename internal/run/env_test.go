@@ -1,0 +1,127 @@
+package run
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
+)
+
+// memEnv is the world of the transition tests, in memory: a small
+// catalog, the tier policy, one approval key, an artifact map and a clock
+// the test moves.
+type memEnv struct {
+	mu        sync.Mutex
+	catalog   map[string]*actions.Entry
+	checkers  map[string]*actions.ArgsChecker
+	policy    *policy.Evaluator
+	keys      policy.Keys
+	artifacts map[string][]byte
+	now       time.Time
+	// catalogDown makes catalog reads fail (the world cannot be asked).
+	catalogDown bool
+}
+
+var testKey = []byte("0123456789abcdef0123456789abcdef")
+
+func newMemEnv(t testing.TB) *memEnv {
+	e := &memEnv{catalog: map[string]*actions.Entry{}, checkers: map[string]*actions.ArgsChecker{}, policy: &policy.Evaluator{},
+		keys: policy.Keys{"k1": testKey}, artifacts: map[string][]byte{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+	add := func(name string, mode actions.Mode, tier int, schema string) {
+		d := actions.Definition{Name: name, Description: name, Mode: mode, Tier: tier, Pool: "default", Version: "1"}
+		if schema == "" {
+			schema = `{"type":"object"}`
+		}
+		d.InputSchema = json.RawMessage(schema)
+		require.NoError(t, d.Normalize())
+		e.catalog[name] = &actions.Entry{Definition: d, Hash: d.Hash()}
+	}
+	add("t.read", actions.ModeRead, 0, "")
+	add("t.other", actions.ModeRead, 0, "")
+	add("t.query", actions.ModeRead, 0, `{"type":"object","properties":{"q":{"type":"string"}},"required":["q"],"additionalProperties":false}`)
+	add("t.draft", actions.ModeDraft, 0, "")
+	add("t.mutate", actions.ModeMutate, 2, "")
+	add("t.denied", actions.ModeRead, 3, "")
+	return e
+}
+
+func (e *memEnv) Action(_ context.Context, name string) (*actions.Entry, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.catalogDown {
+		return nil, fmt.Errorf("catalog unavailable")
+	}
+	if entry, ok := e.catalog[name]; ok {
+		return entry, nil
+	}
+	return nil, fmt.Errorf("%w: %s", actionbus.ErrActionNotFound, name)
+}
+
+func (e *memEnv) Checker(entry *actions.Entry) (*actions.ArgsChecker, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c, ok := e.checkers[entry.Hash]; ok {
+		return c, nil
+	}
+	c, err := actions.NewArgsChecker(entry.Definition)
+	if err == nil {
+		e.checkers[entry.Hash] = c
+	}
+	return c, err
+}
+
+func (e *memEnv) Evaluate(ctx context.Context, r policy.Request) policy.Snapshot {
+	return e.policy.Evaluate(ctx, r)
+}
+
+func (e *memEnv) VerifyApproval(token string, c policy.ApprovalContext, now time.Time) error {
+	return e.keys.Verify(token, c, now)
+}
+
+func (e *memEnv) PutArtifact(_ context.Context, id string, data []byte) (events.ArtifactRef, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.artifacts[id] = append([]byte(nil), data...)
+	sum := sha256.Sum256(data)
+	return events.ArtifactRef{ID: id, Role: "output", MediaType: "application/json", Bytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}, nil
+}
+
+func (e *memEnv) GetArtifact(_ context.Context, ref events.ArtifactRef) ([]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	data, ok := e.artifacts[ref.ID]
+	if !ok {
+		return nil, fmt.Errorf("no artifact %s", ref.ID)
+	}
+	return data, nil
+}
+
+func (e *memEnv) Now() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.now
+}
+
+func (e *memEnv) advance(d time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.now = e.now.Add(d)
+}
+
+// sign returns a valid approval token for a pending approval.
+func sign(t testing.TB, c events.ApprovalContext) string {
+	tok, err := policy.Sign("k1", testKey, policy.ApprovalContext(c))
+	require.NoError(t, err)
+	return tok
+}

@@ -1,0 +1,181 @@
+package run
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+const testRunID = "01JB0000000000000000000000"
+
+// harness drives one run through the machine, as the dispatcher would,
+// but without NATS: every transition's state goes through a JSON round
+// trip (as it does through the runs bucket) and every effect is kept.
+type harness struct {
+	t   testing.TB
+	env *memEnv
+	m   *Machine
+	st  *State
+	// all are every effect so far; last those of the last transition.
+	all, last []Effect
+	seq       int
+}
+
+func newHarness(t testing.TB, lim Limits) *harness {
+	env := newMemEnv(t)
+	return &harness{t: t, env: env, m: New(env, lim)}
+}
+
+func (h *harness) start(req events.RunRequested) *harness {
+	h.t.Helper()
+	req.RunID = testRunID
+	st, out, err := h.m.Start(context.Background(), &req, "idkey")
+	require.NoError(h.t, err)
+	h.st = st
+	h.record(out)
+	return h
+}
+
+func (h *harness) agent() *harness { return h.start(events.RunRequested{Prompt: "help"}) }
+
+func (h *harness) workflow(doc string) *harness {
+	var wf map[string]any
+	require.NoError(h.t, json.Unmarshal([]byte(doc), &wf))
+	return h.start(events.RunRequested{Workflow: wf})
+}
+
+// record keeps a transition's effects and round-trips the state.
+func (h *harness) record(out []Effect) {
+	h.t.Helper()
+	h.last = out
+	h.all = append(h.all, out...)
+	b, err := json.Marshal(h.st)
+	require.NoError(h.t, err)
+	var st State
+	require.NoError(h.t, json.Unmarshal(b, &st))
+	h.st = &st
+	for _, e := range out {
+		if e.Kind == EffectTimer || e.Kind == EffectEvent || e.Kind == EffectStep {
+			continue
+		}
+		_, ok := Render(h.st, e)
+		require.True(h.t, ok, "effect %s %s renders from the state stored with it", e.Kind, e.ID)
+	}
+}
+
+// apply applies one event and returns its effects.
+func (h *harness) apply(data any) []Effect {
+	h.t.Helper()
+	h.seq++
+	out, err := h.m.Apply(context.Background(), h.st, Event{ID: fmt.Sprintf("ev-%d", h.seq), Data: data})
+	require.NoError(h.t, err)
+	h.record(out)
+	return out
+}
+
+func (h *harness) decide(d events.Decision) []Effect {
+	return h.apply(&events.DecisionMade{RunID: testRunID, Cycle: h.st.Cycle, Decision: d})
+}
+
+func (h *harness) succeed(callID string, output any) []Effect {
+	return h.apply(&events.ActionCompleted{RunID: testRunID, CallID: callID, Output: output, Executor: "x1"})
+}
+
+func (h *harness) failCall(callID string, code actionbus.Code) []Effect {
+	return h.apply(&events.ActionFailed{RunID: testRunID, CallID: callID, Error: actionbus.Error{Code: code, Message: "it failed"}, Executor: "x1"})
+}
+
+// fire fires the last armed timer of the kind.
+func (h *harness) fire(kind string) []Effect {
+	h.t.Helper()
+	tm := h.timer(kind)
+	require.NotNil(h.t, tm, "a %s timer was armed", kind)
+	f := tm.Fired
+	f.DueAt = tm.At
+	if h.env.Now().Before(tm.At) {
+		h.env.advance(tm.At.Sub(h.env.Now()) + time.Second)
+	}
+	return h.apply(&f)
+}
+
+// timer returns the last armed timer of the kind.
+func (h *harness) timer(kind string) *Timer {
+	for i := len(h.all) - 1; i >= 0; i-- {
+		if e := h.all[i]; e.Kind == EffectTimer && e.Timer.Fired.Kind == kind {
+			return e.Timer
+		}
+	}
+	return nil
+}
+
+// dispatched returns the calls the last transition dispatched, in order.
+func (h *harness) dispatched() []CallState {
+	var out []CallState
+	for _, e := range h.last {
+		if e.Kind == EffectAct {
+			out = append(out, h.st.Calls[h.st.callIndex(e.CallID)])
+		}
+	}
+	return out
+}
+
+// approvals returns the approval ids the last transition requested.
+func (h *harness) approvals() []string {
+	var out []string
+	for _, e := range h.last {
+		if e.Kind == EffectApproval {
+			out = append(out, e.ApprovalID)
+		}
+	}
+	return out
+}
+
+func stepNames(out []Effect) []string {
+	var names []string
+	for _, e := range out {
+		if e.Kind == EffectStep {
+			names = append(names, e.Step.Name)
+		}
+	}
+	return names
+}
+
+func kinds(out []Effect) []EffectKind {
+	var ks []EffectKind
+	for _, e := range out {
+		ks = append(ks, e.Kind)
+	}
+	return ks
+}
+
+func has(out []Effect, k EffectKind) bool {
+	for _, e := range out {
+		if e.Kind == k {
+			return true
+		}
+	}
+	return false
+}
+
+// code is the run's failure code ("" when it did not fail).
+func (h *harness) code() actionbus.Code {
+	if t := h.st.Terminal; t != nil && t.Error != nil {
+		return t.Error.Code
+	}
+	return ""
+}
+
+func action(name string, args map[string]any) events.Decision {
+	return events.Decision{Type: events.DecisionAction, Name: name, Args: args}
+}
+
+func plan(actions ...events.Decision) events.Decision {
+	return events.Decision{Type: events.DecisionPlan, Actions: actions}
+}

@@ -1,0 +1,509 @@
+package run
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
+)
+
+// The loop of a run: observe (results come back), orient (they are
+// recorded in declaration order, guards applied), decide (the planner is
+// asked), act (calls are validated and dispatched), evaluate (a cycle's
+// results decide whether the run ends). Every phase is recorded as a
+// run.step with the seed's telemetry names.
+
+// plannerStateMutators are the seed's actions that change planner state;
+// they must run alone, never inside a plan. Actions can declare the same
+// with PlannerMeta.StateMutator.
+var plannerStateMutators = map[string]bool{
+	"list_agent_skills": true, "read_agent_skill": true, "use_agent_skill": true, "handoff_to_skill": true,
+}
+
+// clarifyAction is the action name a clarify decision maps to in the
+// run's observations.
+const clarifyAction = "ask_clarification"
+
+func (m *Machine) askPlanner(st *State) []Effect {
+	var out []Effect
+	if st.Cycle > 0 {
+		out = append(out, step(st, StepOrient, nil, "", fmt.Sprintf("%d observations", len(st.Observations)), ""))
+	}
+	st.Cycle++
+	st.Phase = PhaseDeciding
+	st.Calls = nil
+	st.Plan = nil
+	if st.Cycle > m.lim.MaxCycles {
+		st.Cycle--
+		return append(out, m.terminate(st, &Terminal{Type: events.TypeRunFailed, Error: actionbus.Errorf(actionbus.CodeMaxCycles,
+			"run used its %d planner cycles without a final answer", m.lim.MaxCycles)})...)
+	}
+	return append(out, step(st, StepDecide, nil, "", fmt.Sprintf("asking the planner (cycle %d)", st.Cycle), ""),
+		decideEffect(st), m.timer(st, events.TimerFired{Kind: events.TimerDecision, Stage: "planner"}, "decide", m.lim.DecisionTimeout))
+}
+
+// terminate ends the run: it stores its terminal event and returns it.
+func (m *Machine) terminate(st *State, t *Terminal) []Effect {
+	st.Terminal = t
+	st.Phase = ""
+	switch t.Type {
+	case events.TypeRunCompleted:
+		st.Status = StatusCompleted
+	case events.TypeRunCanceled:
+		st.Status = StatusCanceled
+	default:
+		st.Status = StatusFailed
+	}
+	return []Effect{endEffect(st)}
+}
+
+func (m *Machine) fail(st *State, err error) []Effect {
+	var abErr *actionbus.Error
+	if !errors.As(err, &abErr) {
+		abErr = &actionbus.Error{Code: actionbus.CodeInternal, Message: err.Error()}
+	}
+	return m.terminate(st, &Terminal{Type: events.TypeRunFailed, Error: abErr})
+}
+
+// reject gives a decision back to the planner with the reason, without
+// running anything: the planner corrects itself on the next cycle.
+func (m *Machine) reject(st *State, stepName StepName, err *actionbus.Error) []Effect {
+	st.Feedback = err
+	return append([]Effect{step(st, stepName, nil, "", err.Error(), "failed")}, m.askPlanner(st)...)
+}
+
+func (m *Machine) onDecision(ctx context.Context, st *State, dm *events.DecisionMade) ([]Effect, error) {
+	if st.IsTerminal() || st.Phase != PhaseDeciding || dm.Cycle != st.Cycle {
+		return nil, nil // stale or duplicate decision
+	}
+	var diag []Effect
+	if len(dm.Diagnostics) > 0 {
+		// Planning evidence, not executed work: one step names them all.
+		codes := make([]string, len(dm.Diagnostics))
+		for i, e := range dm.Diagnostics {
+			codes[i] = string(e.Code)
+		}
+		diag = append(diag, stepWith(st, StepPlannerDiagnostics, nil, "", strings.Join(codes, ", "), "",
+			map[string]any{"diagnostics": dm.Diagnostics}))
+	}
+	if dm.Error != nil {
+		return append(diag, m.fail(st, dm.Error)...), nil
+	}
+	out, err := m.applyDecision(ctx, st, dm)
+	return append(diag, out...), err
+}
+
+func (m *Machine) applyDecision(ctx context.Context, st *State, dm *events.DecisionMade) ([]Effect, error) {
+	st.Feedback = nil
+	st.Synthesize = ""
+	dec := dm.Decision
+	switch dec.Type {
+	case events.DecisionFinal:
+		out := []Effect{step(st, StepFinal, nil, "", dec.Answer, "ok")}
+		return append(out, m.terminate(st, &Terminal{Type: events.TypeRunCompleted, Answer: dec.Answer, Citations: dec.Citations})...), nil
+	case events.DecisionAction:
+		if dec.Name == "" {
+			return m.reject(st, StepDecisionInvalid, actionbus.Errorf(actionbus.CodeInvalidDecision, "an action decision needs a name")), nil
+		}
+		return m.startCalls(ctx, st, []events.Decision{dec}, events.OriginModel, nil)
+	case events.DecisionPlan:
+		if err := m.checkPlanShape(dec); err != nil {
+			return m.reject(st, StepPlanValidationFailed, err), nil
+		}
+		if err := checkPerAction(dec); err != nil {
+			return m.reject(st, StepPlanValidationFailed, err), nil
+		}
+		ps := &PlanState{PartialOK: dec.PartialOK, SynthesizeInstruction: dec.SynthesizeInstruction, PerAction: dec.SynthesizePerAction, Stitch: dec.Stitch}
+		if dec.SynthesizePerAction {
+			for _, a := range dec.Actions {
+				ps.Sections = append(ps.Sections, *a.Section)
+			}
+		}
+		return m.startCalls(ctx, st, dec.Actions, events.OriginModel, ps)
+	case events.DecisionClarify:
+		if strings.TrimSpace(dec.Question) == "" {
+			return m.reject(st, StepDecisionInvalid, actionbus.Errorf(actionbus.CodeInvalidDecision, "a clarify decision needs a question")), nil
+		}
+		st.Phase = PhaseAwaitingInput
+		st.Status = StatusAwaitingInput
+		st.Question = dec.Question
+		return []Effect{
+			step(st, StepAwaitingInput, nil, clarifyAction, dec.Question, ""),
+			m.timer(st, events.TimerFired{Kind: events.TimerInput, Stage: "input"}, "input", m.lim.InputTimeout),
+		}, nil
+	}
+	return m.reject(st, StepDecisionInvalid, actionbus.Errorf(actionbus.CodeInvalidDecision, "unknown decision type %q (want action, plan, clarify or final)", dec.Type)), nil
+}
+
+// checkPlanShape applies the plan envelope rules that need no catalog.
+func (m *Machine) checkPlanShape(dec events.Decision) *actionbus.Error {
+	switch {
+	case len(dec.Actions) == 0:
+		return actionbus.Errorf(actionbus.CodePlanRejected, "a plan needs at least one action")
+	case len(dec.Actions) > m.lim.MaxPlanActions:
+		return actionbus.Errorf(actionbus.CodePlanRejected, "plan has %d actions; at most %d are allowed per plan (split it or run some first)",
+			len(dec.Actions), m.lim.MaxPlanActions).WithDetail("actions", len(dec.Actions)).WithDetail("maxPlanActions", m.lim.MaxPlanActions)
+	}
+	for i, a := range dec.Actions {
+		if a.Type != events.DecisionAction {
+			return actionbus.Errorf(actionbus.CodePlanRejected, "plan entry %d has type %q; a plan may contain only action envelopes (no nested plans, clarify or final)", i, a.Type).
+				WithDetail("planIndex", i)
+		}
+		if plannerStateMutators[a.Name] {
+			return actionbus.Errorf(actionbus.CodePlanRejected, "%s changes planner state and must run as a standalone action before planning", a.Name).
+				WithDetail("planIndex", i).WithDetail("action", a.Name)
+		}
+	}
+	return nil
+}
+
+func (m *Machine) onInput(st *State, in *events.InputProvided) []Effect {
+	if st.IsTerminal() || st.Phase != PhaseAwaitingInput {
+		return nil
+	}
+	st.Status = StatusRunning
+	st.Observations = append(st.Observations, events.Observation{Cycle: st.Cycle, Action: clarifyAction, OK: true,
+		Output: map[string]any{"question": st.Question, "answer": in.Answer}, Summary: "answered: " + in.Answer})
+	st.Question = ""
+	out := []Effect{step(st, StepInputReceived, nil, clarifyAction, in.Answer, "ok")}
+	return append(out, m.askPlanner(st)...)
+}
+
+func (m *Machine) onTimer(ctx context.Context, st *State, t *events.TimerFired) ([]Effect, error) {
+	if st.IsTerminal() {
+		return nil, nil
+	}
+	if t.Kind == events.TimerRetry {
+		return m.onRetryTimer(ctx, st, t.StepID)
+	}
+	return m.onStageTimer(st, t), nil
+}
+
+func (m *Machine) onStageTimer(st *State, t *events.TimerFired) []Effect {
+	stalled := func(stage string, details ...any) []Effect {
+		err := actionbus.Errorf(actionbus.CodeStageStalled, "stage %s did not answer by %s", stage, t.DueAt.Format(time.RFC3339)).
+			WithDetail("stage", stage).WithDetail("cycle", t.Cycle)
+		for i := 0; i+1 < len(details); i += 2 {
+			err = err.WithDetail(details[i].(string), details[i+1])
+		}
+		return append([]Effect{step(st, StepStageStalled, nil, "", err.Message, "failed")}, m.fail(st, err)...)
+	}
+	switch t.Kind {
+	case events.TimerRunDeadline:
+		if m.env.Now().Before(st.Deadline.Add(-time.Second)) {
+			return nil // a stale schedule from before a deadline change
+		}
+		err := actionbus.Errorf(actionbus.CodeRunDeadline, "run passed its deadline %s", st.Deadline.Format(time.RFC3339)).
+			WithDetail("phase", st.Phase).WithDetail("cycle", st.Cycle)
+		return m.fail(st, err)
+	case events.TimerDecision:
+		if st.Phase == PhaseDeciding && st.Cycle == t.Cycle {
+			return stalled("planner")
+		}
+	case events.TimerInput:
+		if st.Phase == PhaseAwaitingInput && st.Cycle == t.Cycle {
+			return stalled("input")
+		}
+	case events.TimerSynthesis:
+		if st.Phase == PhaseSynthesizing && st.Cycle == t.Cycle {
+			return stalled("synthesis")
+		}
+	case events.TimerApproval:
+		if p, ok := st.Approvals[t.ApprovalID]; ok {
+			delete(st.Approvals, t.ApprovalID)
+			st.ApprovalsExpired = append(st.ApprovalsExpired, t.ApprovalID)
+			err := actionbus.Errorf(actionbus.CodeApprovalExpired, "approval %s was not given before %s", t.ApprovalID, p.Context.ExpiresAt.Format(time.RFC3339)).
+				WithDetail("approvalId", t.ApprovalID).WithDetail("action", p.Context.Action)
+			return append([]Effect{step(st, StepApprovalExpired, nil, p.Context.Action, err.Message, "failed")}, m.fail(st, err)...)
+		}
+	case events.TimerAction:
+		if st.Phase != PhaseActing || st.Cycle != t.Cycle {
+			return nil
+		}
+		if i := st.callIndex(t.CallID); i >= 0 && !st.Calls[i].Done {
+			c := st.Calls[i]
+			return stalled("action "+c.Action, "action", c.Action, "planIndex", c.PlanIndex, "callId", c.CallID)
+		}
+	}
+	return nil
+}
+
+// dispatchMore dispatches calls in declaration order while fewer than
+// MaxPlanParallel are in flight, each with a durable action deadline.
+func (m *Machine) dispatchMore(st *State) []Effect {
+	var out []Effect
+	for i := range st.Calls {
+		if st.inFlight() >= m.lim.MaxPlanParallel {
+			break
+		}
+		c := &st.Calls[i]
+		if c.Dispatched || c.NeedsApproval {
+			continue
+		}
+		c.Dispatched = true
+		pi := c.PlanIndex
+		out = append(out, step(st, StepActionDispatched, &pi, c.Action, "to pool "+c.Pool, ""), actEffect(*c),
+			m.timer(st, events.TimerFired{Kind: events.TimerAction, CallID: c.CallID, Stage: "action " + c.Action}, fmt.Sprintf("call%d", c.PlanIndex),
+				time.Duration(c.TimeoutMs)*time.Millisecond+m.lim.ActionGrace))
+	}
+	return out
+}
+
+// result is an action's result, from action.completed or action.failed.
+type result struct {
+	callID, executor string
+	ok               bool
+	output           any
+	summary          string
+	complete         bool
+	err              *actionbus.Error
+}
+
+func (m *Machine) onResult(ctx context.Context, st *State, r result) ([]Effect, error) {
+	if st.IsTerminal() {
+		return nil, nil
+	}
+	i := st.callIndex(r.callID)
+	if i < 0 || st.Calls[i].Done {
+		return nil, nil // a duplicate (the first result wins) or a result of an earlier cycle
+	}
+	ok, summary, abErr, executor := r.ok, r.summary, r.err, r.executor
+	if !ok && abErr == nil {
+		abErr = actionbus.Errorf(actionbus.CodeHandlerFailed, "action failed without an error")
+	}
+	c := &st.Calls[i]
+	c.Done, c.OK, c.Output, c.Summary, c.Complete, c.Error, c.Executor = true, ok, r.output, summary, r.complete, abErr, executor
+	if ok && c.Mode == string(actions.ModeDryRun) {
+		if h, err := policy.InputHash(c.Args); err == nil {
+			st.DryRunHash = h
+		}
+	}
+	// Run state keeps full outputs only where they become the run's
+	// output; everything else is kept as the bounded digest the planner
+	// sees, so state stays far below the server's message size limit.
+	if _, skipped := directFinal(*c); st.Kind == KindAgent && !r.complete && !isDirectFinal(*c) && !skipped {
+		c.Output = digest(r.output, m.lim.ObservationBytes)
+	}
+	pi := c.PlanIndex
+	status, msg := "ok", summary
+	if !ok {
+		status, msg = "failed", string(abErr.Code)+": "+abErr.Message
+	}
+	name := StepActionCompleted
+	if !ok {
+		name = StepActionFailed
+	}
+	out := []Effect{step(st, name, &pi, c.Action, msg+" (executor "+executor+")", status)}
+	if st.Workflow != nil {
+		more, err := m.onStepResult(ctx, st, i)
+		return append(out, more...), err
+	}
+	out = append(out, m.dispatchMore(st)...)
+	if !st.allDone() {
+		return out, nil
+	}
+	return append(out, m.evaluate(st)...), nil
+}
+
+// observe turns a call into the observation the planner sees: status,
+// summary, and the output or, when it is larger than ObservationBytes, a
+// bounded digest (execution recall: never a full large payload).
+func (m *Machine) observe(st *State, c CallState, isPlan bool) events.Observation {
+	return observe(st, c, isPlan, m.lim.ObservationBytes)
+}
+
+func observe(st *State, c CallState, isPlan bool, maxBytes int) events.Observation {
+	obs := events.Observation{Cycle: st.Cycle, Action: c.Action, OK: c.OK, Output: digest(c.Output, maxBytes), Summary: c.Summary, Error: c.Error}
+	if isPlan {
+		pi := c.PlanIndex
+		obs.PlanIndex = &pi
+	}
+	return obs
+}
+
+// digest returns v, or a bounded digest of it when its JSON is larger than
+// max bytes.
+func digest(v any, max int) any {
+	if v == nil {
+		return nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil || len(b) <= max {
+		return v
+	}
+	sum := sha256.Sum256(b)
+	preview := string(b[:max/2])
+	for len(preview) > 0 && !json.Valid([]byte(`"`+preview+`"`)) && preview[len(preview)-1] >= 0x80 {
+		preview = preview[:len(preview)-1] // do not cut a UTF-8 sequence
+	}
+	return map[string]any{"truncated": true, "bytes": len(b), "sha256": hex.EncodeToString(sum[:]), "preview": preview}
+}
+
+// directFinal returns the markdown of a call whose output is a direct
+// final answer ({resultKind: "final", markdown: "..."}); skipped reports a
+// final result kind without markdown.
+func directFinal(c CallState) (markdown string, skipped bool) {
+	m, ok := c.Output.(map[string]any)
+	if !ok || m["resultKind"] != "final" {
+		return "", false
+	}
+	md, _ := m["markdown"].(string)
+	if strings.TrimSpace(md) == "" {
+		return "", true
+	}
+	return md, false
+}
+
+func isDirectFinal(c CallState) bool {
+	md, _ := directFinal(c)
+	return md != ""
+}
+
+// evaluate runs when every call of the cycle has a result: results are
+// recorded in declaration order, whatever order they arrived in; then the
+// run ends (a direct final, a Complete result), stops (repeated failures)
+// or goes back to the planner.
+func (m *Machine) evaluate(st *State) []Effect {
+	isPlan := st.Plan != nil
+	out := []Effect{step(st, StepObserve, nil, "", fmt.Sprintf("%d result(s)", len(st.Calls)), "")}
+	if isPlan {
+		out = append(out, step(st, StepPlanExecuted, nil, "", fmt.Sprintf("%d actions", len(st.Calls)), ""))
+	}
+	if st.Kind == KindExec {
+		c := st.Calls[0]
+		st.Observations = append(st.Observations, m.observe(st, c, false))
+		if !c.OK {
+			return append(out, m.terminate(st, &Terminal{Type: events.TypeRunFailed, Error: c.Error})...)
+		}
+		return append(out, m.terminate(st, &Terminal{Type: events.TypeRunCompleted, Output: c.Output, Answer: c.Summary})...)
+	}
+	var failed, succeeded []CallState
+	for _, c := range st.Calls {
+		if c.OK {
+			succeeded = append(succeeded, c)
+		} else {
+			failed = append(failed, c)
+		}
+	}
+	if isPlan && !st.Plan.PartialOK && len(failed) > 0 {
+		// No output is applied; the observation names the first failure in
+		// declaration order.
+		first := failed[0]
+		obs := m.observe(st, first, true)
+		obs.Summary = fmt.Sprintf("plan failed: %d of %d actions failed; first failure at planIndex %d; no output applied", len(failed), len(st.Calls), first.PlanIndex)
+		st.Observations = append(st.Observations, obs)
+		out = append(out, step(st, StepPlanFailed, nil, "", obs.Summary, "failed"))
+	} else {
+		for _, c := range st.Calls {
+			st.Observations = append(st.Observations, m.observe(st, c, isPlan))
+		}
+	}
+	facts, stopped := m.guard(st, failed, succeeded)
+	out = append(out, facts...)
+	if stopped {
+		return out
+	}
+	out = append(out, step(st, StepEvaluate, nil, "", fmt.Sprintf("%d ok, %d failed", len(succeeded), len(failed)), ""))
+	if isPlan && st.Plan.PerAction && (st.Plan.PartialOK || len(failed) == 0) {
+		return append(out, m.startSynthesis(st)...)
+	}
+	if !isPlan || st.Plan.PartialOK || len(failed) == 0 {
+		// A direct final result ends the run; declaration order wins.
+		for _, c := range st.Calls {
+			if !c.OK {
+				continue
+			}
+			md, skipped := directFinal(c)
+			pi := c.PlanIndex
+			if skipped {
+				out = append(out, stepWith(st, StepDirectFinalSkipped, &pi, c.Action, "resultKind final without markdown", "", nil))
+				continue
+			}
+			if md != "" {
+				out = append(out, stepWith(st, StepDirectFinalEmitted, &pi, c.Action, "direct-emit-final", "ok",
+					map[string]any{"reason": "direct-emit-final", "finalAnswerSource": "direct_final"}))
+				return append(out, m.terminate(st, &Terminal{Type: events.TypeRunCompleted, Answer: md, Output: c.Output})...)
+			}
+		}
+		// A handler result with Complete ends the run; declaration order wins.
+		for _, c := range st.Calls {
+			if c.OK && c.Complete {
+				return append(out, m.terminate(st, &Terminal{Type: events.TypeRunCompleted, Output: c.Output, Answer: c.Summary})...)
+			}
+		}
+	}
+	if isPlan && len(failed) == 0 {
+		switch ins := st.Plan.SynthesizeInstruction; ins {
+		case "", "direct":
+		default:
+			st.Synthesize = ins
+			out = append(out, step(st, StepPlanSynthesizeRequested, nil, "", ins, ""))
+		}
+	}
+	return append(out, m.askPlanner(st)...)
+}
+
+// guard records repeated failures (as action-repeated-failure steps) and
+// stops the loop when the same action has failed MaxFailedRounds
+// consecutive rounds, failing the run with the failure evidence. A round in
+// which an action succeeds, or is not called, resets its count.
+func (m *Machine) guard(st *State, failed, succeeded []CallState) (out []Effect, stopped bool) {
+	if st.FailStreaks == nil {
+		st.FailStreaks = map[string]int{}
+		st.FailEvidence = map[string][]actionbus.Error{}
+	}
+	round := map[string]bool{}
+	for _, c := range succeeded {
+		round[c.Action] = round[c.Action] || false // called; failed only if a call failed
+	}
+	for _, c := range failed {
+		round[c.Action] = true
+	}
+	for name := range st.FailStreaks {
+		if _, called := round[name]; !called {
+			delete(st.FailStreaks, name)
+			delete(st.FailEvidence, name)
+		}
+	}
+	var names []string
+	for name := range round {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if !round[name] {
+			delete(st.FailStreaks, name)
+			delete(st.FailEvidence, name)
+			continue
+		}
+		st.FailStreaks[name]++
+		for _, c := range failed {
+			if c.Action == name && c.Error != nil {
+				st.FailEvidence[name] = append(st.FailEvidence[name], *c.Error)
+				break
+			}
+		}
+		n := st.FailStreaks[name]
+		if n < 2 && n < m.lim.MaxFailedRounds {
+			continue // a single failed round is feedback, not yet a streak
+		}
+		out = append(out, stepWith(st, StepActionRepeatedFailure, nil, name, fmt.Sprintf("%s failed %d consecutive rounds", name, n), "failed",
+			map[string]any{"rounds": n, "evidence": st.FailEvidence[name]}))
+		if n >= m.lim.MaxFailedRounds {
+			err := actionbus.Errorf(actionbus.CodeRepeatedFailure, "%s failed %d consecutive rounds; stopping the loop", name, n).
+				WithDetail("action", name).WithDetail("rounds", n).WithDetail("evidence", st.FailEvidence[name])
+			return append(out, m.fail(st, err)...), true
+		}
+	}
+	return out, false
+}

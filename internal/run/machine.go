@@ -1,0 +1,245 @@
+// Package run is the run as a state machine: a run's state (a common
+// header plus the parts of its kind — agent, exec or workflow) and one
+// transition, [Machine.Apply], that takes the state and one event and
+// returns the effects the new state implies: events to publish, durable
+// timers to arm, progress steps.
+//
+// The package does no I/O of its own. What a transition needs to know of
+// the world — the action catalog, the policy in force, approval keys, the
+// clock — comes through [Env], a small interface the dispatcher implements
+// over JetStream and tests implement in memory. Storing the state with its
+// effects (the outbox) and publishing them is the dispatcher's job.
+//
+// Ids are deterministic: every event a transition implies has an id derived
+// from the run's secret id key and the state, so a transition recomputed
+// from the same stored state, or an outbox republished after a crash,
+// produces the same ids and JetStream drops the copies.
+package run
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
+)
+
+// Env is what a transition asks of the world.
+type Env interface {
+	// Action returns the catalog entry of the named action, or an error
+	// wrapping actionbus.ErrActionNotFound.
+	Action(ctx context.Context, name string) (*actions.Entry, error)
+	// Checker returns the argument checker of a catalog entry.
+	Checker(e *actions.Entry) (*actions.ArgsChecker, error)
+	// Evaluate judges one call by the policy in force.
+	Evaluate(ctx context.Context, r policy.Request) policy.Snapshot
+	// VerifyApproval checks an approval token against the context it must
+	// sign, at time now.
+	VerifyApproval(token string, c policy.ApprovalContext, now time.Time) error
+	// PutArtifact stores data under id in the artifact store and returns
+	// its reference; ids are deterministic, so storing again is harmless.
+	PutArtifact(ctx context.Context, id string, data []byte) (events.ArtifactRef, error)
+	// GetArtifact reads an artifact.
+	GetArtifact(ctx context.Context, ref events.ArtifactRef) ([]byte, error)
+	// Now is the clock.
+	Now() time.Time
+}
+
+// Limits bound a run. The zero value of a field takes the default named
+// in its comment.
+type Limits struct {
+	// MaxCycles bounds planner cycles per run; default 12.
+	MaxCycles int
+	// MaxPlanActions bounds the actions of one plan; default 10.
+	MaxPlanActions int
+	// MaxPlanParallel bounds the calls in flight of one cycle (and of a
+	// workflow); default 8.
+	MaxPlanParallel int
+	// MaxSectionParallel bounds the synthesis requests in flight; default 4.
+	MaxSectionParallel int
+	// MaxFailedRounds stops the loop when the same action failed this many
+	// consecutive rounds; default 2.
+	MaxFailedRounds int
+	// RunDeadline bounds a run that does not give its own; default 10m.
+	RunDeadline time.Duration
+	// DecisionTimeout bounds one planner decision and a synthesis;
+	// default 2m.
+	DecisionTimeout time.Duration
+	// ActionGrace is added to an action's timeout before its stage is
+	// declared stalled; default 30s.
+	ActionGrace time.Duration
+	// InputTimeout bounds the wait for a clarify answer; default 24h.
+	InputTimeout time.Duration
+	// ApprovalTTL is how long an approval request stays valid; default 1h.
+	ApprovalTTL time.Duration
+	// ObservationBytes bounds one observation's output as the planner
+	// sees it; default 4096.
+	ObservationBytes int
+	// InlineOutputBytes is the largest action output a workflow run keeps
+	// in its state; a larger one is kept as a digest, the full value
+	// staying in the action's result (and artifact) for whoever needs it.
+	// Default 16384.
+	InlineOutputBytes int
+}
+
+// SetDefaults fills zero fields with their defaults.
+func (l *Limits) SetDefaults() {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defD := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&l.MaxCycles, 12)
+	def(&l.MaxPlanActions, 10)
+	def(&l.MaxPlanParallel, 8)
+	def(&l.MaxSectionParallel, 4)
+	def(&l.MaxFailedRounds, 2)
+	def(&l.ObservationBytes, 4096)
+	def(&l.InlineOutputBytes, 16<<10)
+	defD(&l.RunDeadline, 10*time.Minute)
+	defD(&l.DecisionTimeout, 2*time.Minute)
+	defD(&l.ActionGrace, 30*time.Second)
+	defD(&l.InputTimeout, 24*time.Hour)
+	defD(&l.ApprovalTTL, time.Hour)
+}
+
+// Machine applies events to runs. It holds no run state: one Machine
+// serves every run, from any goroutine.
+type Machine struct {
+	env Env
+	lim Limits
+}
+
+// New returns a machine over env with the given limits (defaults filled).
+func New(env Env, lim Limits) *Machine {
+	lim.SetDefaults()
+	return &Machine{env: env, lim: lim}
+}
+
+// Limits returns the machine's limits, defaults filled.
+func (m *Machine) Limits() Limits { return m.lim }
+
+// Event is one event applied to a run: its id and its decoded data, one of
+// the per-run event types the dispatcher consumes (*events.DecisionMade,
+// *events.ActionCompleted, *events.ActionFailed, *events.CancelRequested,
+// *events.InputProvided, *events.ApprovalGranted, *events.ApprovalDenied,
+// *events.SynthesisCompleted, *events.TimerFired).
+type Event struct {
+	ID   string
+	Data any
+}
+
+// Apply applies one event to st and returns the effects of the change. It
+// returns no effects exactly when the event changed nothing (a duplicate,
+// a stale answer, an event of an ended run). An error means the world
+// could not be asked (the catalog could not be read): nothing is decided
+// and the event is to be retried.
+func (m *Machine) Apply(ctx context.Context, st *State, ev Event) ([]Effect, error) {
+	switch data := ev.Data.(type) {
+	case *events.DecisionMade:
+		return m.onDecision(ctx, st, data)
+	case *events.ActionCompleted:
+		return m.onResult(ctx, st, result{callID: data.CallID, executor: data.Executor, ok: true, output: data.Output,
+			summary: data.Summary, complete: data.Complete})
+	case *events.ActionFailed:
+		errCopy := data.Error
+		return m.onResult(ctx, st, result{callID: data.CallID, executor: data.Executor, err: &errCopy})
+	case *events.CancelRequested:
+		return m.onCancel(st, data), nil
+	case *events.InputProvided:
+		return m.onInput(st, data), nil
+	case *events.ApprovalGranted:
+		return m.onApprovalGranted(st, data, ev.ID), nil
+	case *events.ApprovalDenied:
+		return m.onApprovalDenied(st, data, ev.ID), nil
+	case *events.SynthesisCompleted:
+		return m.onSynthesis(st, data), nil
+	case *events.TimerFired:
+		return m.onTimer(ctx, st, data)
+	}
+	return nil, fmt.Errorf("run: %T is not an event of a run", ev.Data)
+}
+
+// Start admits a run: the state a run.requested creates and what it
+// implies (run.started, the run's deadline timer, then the first decision
+// request, the action call or the workflow's first steps). idKey is the
+// run's secret id key, drawn by the caller ([NewIDKey]).
+func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey string) (*State, []Effect, error) {
+	now := m.env.Now().UTC()
+	st := &State{
+		RunID: req.RunID, IDKey: idKey, Status: StatusRunning, Kind: KindAgent, Prompt: req.Prompt, Scenario: req.Scenario, Replay: req.Replay,
+		UserID: req.UserID, AllowedModes: req.AllowedModes, Metadata: req.Metadata,
+		Observations: []events.Observation{}, CreatedAt: now, UpdatedAt: now,
+	}
+	switch {
+	case req.Action != nil:
+		st.Kind = KindExec
+	case req.Workflow != nil:
+		st.Kind = KindWorkflow
+	}
+	deadline := m.lim.RunDeadline
+	if req.DeadlineMs > 0 {
+		deadline = time.Duration(req.DeadlineMs) * time.Millisecond
+	}
+	st.Deadline = now.Add(deadline)
+	out := []Effect{
+		{Kind: EffectEvent, ID: st.derive("started"), Type: events.TypeRunStarted,
+			Data: &events.RunStarted{RunID: req.RunID, Kind: string(st.Kind), Scenario: req.Scenario, Prompt: req.Prompt}},
+		m.timer(st, events.TimerFired{Kind: events.TimerRunDeadline, Stage: "run"}, "run", deadline),
+	}
+	var more []Effect
+	var err error
+	switch st.Kind {
+	case KindExec:
+		st.Cycle = 1
+		more, err = m.startCalls(ctx, st, []events.Decision{{Type: events.DecisionAction, Name: req.Action.Name, Args: req.Action.Args,
+			IdempotencyKey: req.Action.IdempotencyKey}}, events.OriginHost, nil)
+	case KindWorkflow:
+		more, err = m.startWorkflow(ctx, st, req.Workflow)
+	default:
+		more = m.askPlanner(st)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, append(out, more...), nil
+}
+
+// Rejected is the state of a run whose request was refused before it could
+// be admitted (a malformed or forged run.requested): created failed with
+// cause, so that whoever waits on the run id learns why.
+func (m *Machine) Rejected(runID, idKey string, cause *actionbus.Error) (*State, []Effect) {
+	now := m.env.Now().UTC()
+	st := &State{RunID: runID, IDKey: idKey, Kind: KindRejected, Observations: []events.Observation{}, CreatedAt: now, UpdatedAt: now, Deadline: now}
+	return st, m.fail(st, cause)
+}
+
+// FailWith ends a run that cannot go on (its next state could not be
+// stored, an event of it could not be published) with cause, replacing the
+// terminal event it had if any.
+func (m *Machine) FailWith(st *State, cause *actionbus.Error) []Effect {
+	st.Terminal = nil
+	return m.fail(st, cause)
+}
+
+func (m *Machine) onCancel(st *State, c *events.CancelRequested) []Effect {
+	if st.IsTerminal() {
+		return nil
+	}
+	if st.waitingRetry() {
+		// The seed's rule: a cancel during a retry delay aborts the
+		// workflow; the step's handler is not called again.
+		err := actionbus.Errorf(actionbus.CodeWorkflowAborted, "workflow canceled during a retry delay: %s", c.Reason)
+		return append([]Effect{step(st, StepWorkflowAborted, nil, "", c.Reason, "failed")}, m.fail(st, err)...)
+	}
+	return append([]Effect{step(st, StepCanceled, nil, "", c.Reason, "")},
+		m.terminate(st, &Terminal{Type: events.TypeRunCanceled, Reason: c.Reason})...)
+}

@@ -1,0 +1,606 @@
+package run
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+var allModes = []string{"read", "draft", "dryRun", "mutate"}
+
+func TestStartArmsTheRunDeadlineAndAsksThePlanner(t *testing.T) {
+	h := newHarness(t, Limits{})
+	h.start(events.RunRequested{Prompt: "help", DeadlineMs: 5000})
+	assert.Equal(t, KindAgent, h.st.Kind)
+	assert.Equal(t, StatusRunning, h.st.Status)
+	assert.Equal(t, PhaseDeciding, h.st.Phase)
+	assert.Equal(t, []EffectKind{EffectEvent, EffectTimer, EffectStep, EffectDecide, EffectTimer}, kinds(h.last))
+	assert.Equal(t, events.TypeRunStarted, h.last[0].Type)
+	deadline := h.timer(events.TimerRunDeadline)
+	require.NotNil(t, deadline)
+	assert.Equal(t, h.env.Now().Add(5*time.Second), deadline.At)
+	require.NotNil(t, h.timer(events.TimerDecision), "the decision has its own deadline")
+}
+
+// TestDecisions: every decision type and plan rule, applied to a run in
+// cycle 1.
+func TestDecisions(t *testing.T) {
+	many := make([]events.Decision, 11)
+	for i := range many {
+		many[i] = action("t.read", nil)
+	}
+	type check func(t *testing.T, h *harness, out []Effect)
+	acting := func(n int) check {
+		return func(t *testing.T, h *harness, out []Effect) {
+			assert.Equal(t, PhaseActing, h.st.Phase)
+			assert.Len(t, h.dispatched(), n)
+			assert.NotNil(t, h.timer(events.TimerAction), "every dispatched call has a deadline")
+		}
+	}
+	failed := func(code actionbus.Code) check {
+		return func(t *testing.T, h *harness, out []Effect) {
+			assert.Equal(t, StatusFailed, h.st.Status)
+			assert.Equal(t, code, h.code())
+			assert.True(t, has(out, EffectEnd))
+		}
+	}
+	// fedBack: the decision goes back to the planner with the reason, in
+	// a new cycle; nothing ran.
+	fedBack := func(code actionbus.Code) check {
+		return func(t *testing.T, h *harness, out []Effect) {
+			require.NotNil(t, h.st.Feedback)
+			assert.Equal(t, code, h.st.Feedback.Code)
+			assert.Equal(t, 2, h.st.Cycle)
+			assert.Equal(t, PhaseDeciding, h.st.Phase)
+			assert.True(t, has(out, EffectDecide))
+			assert.False(t, has(out, EffectAct))
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		modes    []string
+		decision events.Decision
+		check    check
+	}{
+		{"final ends the run", nil, events.Decision{Type: events.DecisionFinal, Answer: "done"}, func(t *testing.T, h *harness, out []Effect) {
+			assert.Equal(t, StatusCompleted, h.st.Status)
+			assert.Equal(t, "done", h.st.Terminal.Answer)
+			assert.Contains(t, stepNames(out), string(StepFinal))
+			assert.True(t, has(out, EffectEnd))
+		}},
+		{"an action is dispatched", nil, action("t.read", nil), acting(1)},
+		{"a plan dispatches every action", nil, plan(action("t.read", nil), action("t.other", nil)), acting(2)},
+		{"an unknown action fails the run", nil, action("t.nope", nil), failed(actionbus.CodeActionNotFound)},
+		{"an unknown action in a plan fails the run", nil, plan(action("t.read", nil), action("t.nope", nil)), failed(actionbus.CodeActionNotFound)},
+		{"a mode the run does not allow fails it", nil, action("t.mutate", nil), failed(actionbus.CodeModeNotAllowed)},
+		{"a denied action fails the run", nil, action("t.denied", nil), failed(actionbus.CodePolicyRejected)},
+		{"an action that needs approval waits for it", allModes, action("t.mutate", map[string]any{"id": "a"}), func(t *testing.T, h *harness, out []Effect) {
+			assert.Equal(t, StatusAwaitingApproval, h.st.Status)
+			assert.Len(t, h.approvals(), 1)
+			assert.False(t, has(out, EffectAct), "nothing runs before the approval")
+			assert.NotNil(t, h.timer(events.TimerApproval), "the approval has a deadline")
+		}},
+		{"an action without a name", nil, events.Decision{Type: events.DecisionAction}, fedBack(actionbus.CodeInvalidDecision)},
+		{"an unknown decision type", nil, events.Decision{Type: "shrug"}, fedBack(actionbus.CodeInvalidDecision)},
+		{"a clarify without a question", nil, events.Decision{Type: events.DecisionClarify, Question: " "}, fedBack(actionbus.CodeInvalidDecision)},
+		{"an empty plan", nil, plan(), fedBack(actionbus.CodePlanRejected)},
+		{"a plan over MaxPlanActions", nil, plan(many...), fedBack(actionbus.CodePlanRejected)},
+		{"a nested plan", nil, plan(action("t.read", nil), plan(action("t.read", nil))), fedBack(actionbus.CodePlanRejected)},
+		{"a planner state mutator in a plan", nil, plan(action("t.read", nil), action("read_agent_skill", nil)), fedBack(actionbus.CodePlanRejected)},
+		{"an action that needs approval in a plan", allModes, plan(action("t.read", nil), action("t.mutate", nil)), fedBack(actionbus.CodeApprovalRequired)},
+		{"a denied action in a plan", nil, plan(action("t.read", nil), action("t.denied", nil)), fedBack(actionbus.CodePolicyRejected)},
+		{"invalid arguments go back to the planner", nil, action("t.query", map[string]any{}), func(t *testing.T, h *harness, out []Effect) {
+			fedBack(actionbus.CodeActionArgsInvalid)(t, h, out)
+			require.Len(t, h.st.Observations, 1)
+			assert.False(t, h.st.Observations[0].OK)
+		}},
+		{"a plan with invalid arguments runs nothing", nil, plan(action("t.read", nil), action("t.query", map[string]any{"q": 1})), func(t *testing.T, h *harness, out []Effect) {
+			fedBack(actionbus.CodeActionArgsInvalid)(t, h, out)
+			assert.Contains(t, stepNames(out), string(StepPlanValidationFailed))
+		}},
+		{"clarify waits for input", nil, events.Decision{Type: events.DecisionClarify, Question: "which one?"}, func(t *testing.T, h *harness, out []Effect) {
+			assert.Equal(t, StatusAwaitingInput, h.st.Status)
+			assert.Equal(t, "which one?", h.st.Question)
+			assert.NotNil(t, h.timer(events.TimerInput), "the question has a deadline")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Limits{}).start(events.RunRequested{Prompt: "help", AllowedModes: tc.modes})
+			tc.check(t, h, h.decide(tc.decision))
+		})
+	}
+}
+
+func TestStaleAndDuplicateDecisionsChangeNothing(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	h.decide(action("t.read", nil))
+	before, _ := json.Marshal(h.st)
+	assert.Nil(t, h.apply(&events.DecisionMade{RunID: testRunID, Cycle: 1, Decision: action("t.read", nil)}), "a duplicate decision")
+	assert.Nil(t, h.apply(&events.DecisionMade{RunID: testRunID, Cycle: 7, Decision: events.Decision{Type: events.DecisionFinal}}), "a decision of another cycle")
+	after, _ := json.Marshal(h.st)
+	assert.JSONEq(t, string(before), string(after))
+}
+
+func TestAPlannerErrorFailsTheRun(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	h.apply(&events.DecisionMade{RunID: testRunID, Cycle: 1, Error: actionbus.Errorf(actionbus.CodeProviderError, "down")})
+	assert.Equal(t, actionbus.CodeProviderError, h.code())
+}
+
+func TestPlanResultsAreObservedInDeclarationOrder(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	h.decide(plan(action("t.read", map[string]any{"n": 0}), action("t.other", nil), action("t.read", map[string]any{"n": 2})))
+	calls := h.dispatched()
+	require.Len(t, calls, 3)
+	for i := len(calls) - 1; i >= 0; i-- { // results arrive in reverse
+		h.succeed(calls[i].CallID, map[string]any{"i": i})
+	}
+	require.Len(t, h.st.Observations, 3)
+	for i, o := range h.st.Observations {
+		require.NotNil(t, o.PlanIndex)
+		assert.Equal(t, i, *o.PlanIndex)
+		assert.Equal(t, map[string]any{"i": float64(i)}, o.Output)
+	}
+	assert.Equal(t, 2, h.st.Cycle, "the planner is asked again")
+}
+
+func TestPlanParallelismIsBounded(t *testing.T) {
+	h := newHarness(t, Limits{MaxPlanParallel: 2}).agent()
+	var acts []events.Decision
+	for i := range 5 {
+		acts = append(acts, action("t.read", map[string]any{"i": i}))
+	}
+	h.decide(plan(acts...))
+	first := h.dispatched()
+	require.Len(t, first, 2)
+	assert.Equal(t, 2, h.st.inFlight())
+	h.succeed(first[0].CallID, nil)
+	next := h.dispatched()
+	require.Len(t, next, 1, "one result frees one slot")
+	assert.Equal(t, 2, next[0].PlanIndex, "in declaration order")
+	assert.Equal(t, 2, h.st.inFlight())
+}
+
+func TestPartialOK(t *testing.T) {
+	for _, partial := range []bool{false, true} {
+		t.Run(fmt.Sprint("partial_ok=", partial), func(t *testing.T) {
+			h := newHarness(t, Limits{}).agent()
+			p := plan(action("t.read", nil), action("t.query", map[string]any{}))
+			p.PartialOK = partial
+			h.decide(p)
+			if !partial {
+				assert.Empty(t, h.dispatched(), "one invalid action holds the plan back")
+				return
+			}
+			calls := h.dispatched()
+			require.Len(t, calls, 1, "the valid action runs")
+			h.succeed(calls[0].CallID, map[string]any{"ok": true})
+			require.Len(t, h.st.Observations, 2, "the invalid one is a failed result")
+			assert.True(t, h.st.Observations[0].OK)
+			assert.False(t, h.st.Observations[1].OK)
+		})
+	}
+}
+
+func TestAFailedPlanWithoutPartialOKAppliesNoOutput(t *testing.T) {
+	h := newHarness(t, Limits{MaxFailedRounds: 3}).agent()
+	h.decide(plan(action("t.read", nil), action("t.other", nil)))
+	calls := h.dispatched()
+	h.succeed(calls[0].CallID, map[string]any{"secret": 1})
+	out := h.failCall(calls[1].CallID, "upstream_down")
+	assert.Contains(t, stepNames(out), string(StepPlanFailed))
+	require.Len(t, h.st.Observations, 1, "one observation names the first failure")
+	assert.Contains(t, h.st.Observations[0].Summary, "first failure at planIndex 1")
+}
+
+func TestDirectFinalDeclarationOrderWins(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	h.decide(plan(action("t.read", nil), action("t.other", nil)))
+	calls := h.dispatched()
+	h.succeed(calls[1].CallID, map[string]any{"resultKind": "final", "markdown": "second"})
+	out := h.succeed(calls[0].CallID, map[string]any{"resultKind": "final", "markdown": "first"})
+	assert.Equal(t, StatusCompleted, h.st.Status)
+	assert.Equal(t, "first", h.st.Terminal.Answer)
+	assert.Contains(t, stepNames(out), string(StepDirectFinalEmitted))
+}
+
+func TestACompleteResultEndsTheRun(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	h.decide(action("t.read", nil))
+	h.apply(&events.ActionCompleted{RunID: testRunID, CallID: h.dispatched()[0].CallID, Output: map[string]any{"n": 1}, Summary: "one", Complete: true})
+	assert.Equal(t, StatusCompleted, h.st.Status)
+	assert.Equal(t, "one", h.st.Terminal.Answer)
+}
+
+// TestMaxFailedRounds: MaxFailedRounds = 1 stops at the first failed
+// round; 2 at the second.
+func TestMaxFailedRounds(t *testing.T) {
+	for _, rounds := range []int{1, 2, 3} {
+		t.Run(fmt.Sprint(rounds), func(t *testing.T) {
+			h := newHarness(t, Limits{MaxFailedRounds: rounds}).agent()
+			for r := 1; r <= rounds; r++ {
+				require.False(t, h.st.IsTerminal(), "still running before round %d", r)
+				h.decide(action("t.read", nil))
+				h.failCall(h.dispatched()[0].CallID, "upstream_down")
+			}
+			assert.Equal(t, actionbus.CodeRepeatedFailure, h.code())
+			assert.EqualValues(t, rounds, h.st.Terminal.Error.Details["rounds"])
+		})
+	}
+}
+
+func TestASuccessResetsTheFailureStreak(t *testing.T) {
+	h := newHarness(t, Limits{MaxFailedRounds: 2}).agent()
+	h.decide(action("t.read", nil))
+	h.failCall(h.dispatched()[0].CallID, "upstream_down")
+	h.decide(action("t.read", nil))
+	h.succeed(h.dispatched()[0].CallID, nil)
+	h.decide(action("t.read", nil))
+	h.failCall(h.dispatched()[0].CallID, "upstream_down")
+	assert.False(t, h.st.IsTerminal())
+}
+
+func TestMaxCyclesEndsTheRun(t *testing.T) {
+	h := newHarness(t, Limits{MaxCycles: 2}).agent()
+	for range 2 {
+		h.decide(action("t.read", nil))
+		h.succeed(h.dispatched()[0].CallID, nil)
+	}
+	assert.Equal(t, actionbus.CodeMaxCycles, h.code())
+}
+
+func TestSynthesizeInstructionGoesToTheNextDecision(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	p := plan(action("t.read", nil))
+	p.SynthesizeInstruction = "summarize"
+	h.decide(p)
+	out := h.succeed(h.dispatched()[0].CallID, nil)
+	assert.Equal(t, "summarize", h.st.Synthesize)
+	for _, e := range out {
+		if e.Kind == EffectDecide {
+			em, ok := Render(h.st, e)
+			require.True(t, ok)
+			assert.Equal(t, "summarize", em.Data.(*events.DecisionRequested).Synthesize)
+		}
+	}
+}
+
+func TestPerActionSynthesis(t *testing.T) {
+	h := newHarness(t, Limits{MaxSectionParallel: 2}).agent()
+	var acts []events.Decision
+	for i := range 3 {
+		a := action("t.read", map[string]any{"i": i})
+		a.Section = &events.Section{Title: fmt.Sprintf("## S%d", i), Prompt: "write it"}
+		acts = append(acts, a)
+	}
+	p := plan(acts...)
+	p.SynthesizePerAction = true
+	p.Stitch = &events.Stitch{IntroPrompt: "intro"}
+	h.decide(p)
+	for _, c := range h.dispatched() {
+		h.succeed(c.CallID, map[string]any{"i": c.PlanIndex})
+	}
+	assert.Equal(t, PhaseSynthesizing, h.st.Phase)
+	require.NotNil(t, h.timer(events.TimerSynthesis), "the synthesis has a deadline")
+	answered := 0
+	var asked []Effect
+	collect := func(out []Effect) {
+		for _, e := range out {
+			if e.Kind == EffectSynthesize {
+				asked = append(asked, e)
+			}
+		}
+		require.LessOrEqual(t, len(asked), 2, "at most MaxSectionParallel in flight")
+	}
+	collect(h.last)
+	for !h.st.IsTerminal() {
+		require.NotEmpty(t, asked)
+		e := asked[0]
+		asked = asked[1:]
+		answered++
+		collect(h.apply(&events.SynthesisCompleted{RunID: testRunID, Cycle: e.Cycle, Part: e.Part, Index: e.Index, Markdown: fmt.Sprintf("%s %d", e.Part, e.Index)}))
+	}
+	assert.Equal(t, 4, answered, "three sections and the intro")
+	assert.Equal(t, "intro 0\n\n## S0\n\nsection 0\n\n## S1\n\nsection 1\n\n## S2\n\nsection 2", h.st.Terminal.Answer)
+}
+
+func TestAnswerToAClarifyAsksThePlannerAgain(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	h.decide(events.Decision{Type: events.DecisionClarify, Question: "which?"})
+	out := h.apply(&events.InputProvided{RunID: testRunID, Answer: "that one"})
+	assert.Equal(t, StatusRunning, h.st.Status)
+	assert.Equal(t, 2, h.st.Cycle)
+	assert.True(t, has(out, EffectDecide))
+	assert.Equal(t, "ask_clarification", h.st.Observations[0].Action)
+	assert.Nil(t, h.apply(&events.InputProvided{RunID: testRunID, Answer: "again"}), "an answer nobody asked for")
+}
+
+func TestTimers(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(h *harness)
+		kind  string
+		code  actionbus.Code // "" when the timer must change nothing
+	}{
+		{"a decision not made in time", func(h *harness) {}, events.TimerDecision, actionbus.CodeStageStalled},
+		{"a decision timer of a past cycle", func(h *harness) {
+			h.decide(action("t.read", nil))
+			h.succeed(h.dispatched()[0].CallID, nil)
+			h.apply(&events.TimerFired{RunID: testRunID, Kind: events.TimerDecision, Cycle: 1, Stage: "planner"})
+		}, "", ""},
+		{"an action not answered in time", func(h *harness) { h.decide(action("t.read", nil)) }, events.TimerAction, actionbus.CodeStageStalled},
+		{"an action timer after its result", func(h *harness) {
+			h.decide(plan(action("t.read", nil), action("t.other", nil)))
+			calls := h.dispatched()
+			h.succeed(calls[0].CallID, nil)
+			h.apply(&events.TimerFired{RunID: testRunID, Kind: events.TimerAction, Cycle: 1, CallID: calls[0].CallID})
+		}, "", ""},
+		{"a question not answered in time", func(h *harness) {
+			h.decide(events.Decision{Type: events.DecisionClarify, Question: "which?"})
+		}, events.TimerInput, actionbus.CodeStageStalled},
+		{"the run's deadline", func(h *harness) { h.decide(action("t.read", nil)) }, events.TimerRunDeadline, actionbus.CodeRunDeadline},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Limits{}).agent()
+			tc.setup(h)
+			if tc.kind == "" {
+				assert.Nil(t, h.last, "a stale timer changes nothing")
+				assert.False(t, h.st.IsTerminal())
+				return
+			}
+			out := h.fire(tc.kind)
+			assert.Equal(t, tc.code, h.code())
+			assert.True(t, has(out, EffectEnd))
+		})
+	}
+}
+
+func TestCancel(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	h.decide(action("t.read", nil))
+	out := h.apply(&events.CancelRequested{RunID: testRunID, Reason: "enough"})
+	assert.Equal(t, StatusCanceled, h.st.Status)
+	assert.Equal(t, "enough", h.st.Terminal.Reason)
+	assert.True(t, has(out, EffectEnd))
+	assert.False(t, has(out, EffectAct), "no work goes out for a canceled run")
+	assert.Nil(t, h.apply(&events.CancelRequested{RunID: testRunID}), "a second cancel")
+	assert.Nil(t, h.succeed(h.st.Calls[0].CallID, nil), "a late result")
+	assert.Nil(t, h.fire(events.TimerRunDeadline), "the deadline of an ended run")
+}
+
+// TestApprovals: grants, refusals, replays, denials and expiry.
+func TestApprovals(t *testing.T) {
+	start := func(t *testing.T) (*harness, PendingApproval) {
+		h := newHarness(t, Limits{}).start(events.RunRequested{Prompt: "p", AllowedModes: allModes, UserID: "u1"})
+		h.decide(action("t.mutate", map[string]any{"id": "a"}))
+		ids := h.approvals()
+		require.Len(t, ids, 1)
+		return h, *h.st.Approvals[ids[0]]
+	}
+	resolution := func(out []Effect) *events.ApprovalResolved {
+		for _, e := range out {
+			if e.Type == events.TypeApprovalResolved {
+				return e.Data.(*events.ApprovalResolved)
+			}
+		}
+		return nil
+	}
+	t.Run("a valid grant dispatches the call with its approval", func(t *testing.T) {
+		h, p := start(t)
+		out := h.apply(&events.ApprovalGranted{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: sign(t, p.Context), Approver: "ann"})
+		assert.Equal(t, events.ApprovalOutcomeGranted, resolution(out).Outcome)
+		calls := h.dispatched()
+		require.Len(t, calls, 1)
+		require.NotNil(t, calls[0].Approval)
+		assert.Equal(t, "ann", calls[0].Approval.Approver)
+		assert.Equal(t, StatusRunning, h.st.Status)
+		replay := h.apply(&events.ApprovalGranted{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: sign(t, p.Context), Approver: "ann"})
+		assert.Equal(t, actionbus.CodeApprovalReplayed, resolution(replay).Error.Code)
+		assert.False(t, has(replay, EffectAct))
+	})
+	t.Run("a token for other input is refused and the run waits on", func(t *testing.T) {
+		h, p := start(t)
+		other := p.Context
+		other.InputHash = "sha256:0000"
+		out := h.apply(&events.ApprovalGranted{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: sign(t, other)})
+		assert.Equal(t, events.ApprovalOutcomeRefused, resolution(out).Outcome)
+		assert.False(t, has(out, EffectAct))
+		assert.Equal(t, StatusAwaitingApproval, h.st.Status)
+	})
+	t.Run("a denial fails the run", func(t *testing.T) {
+		h, p := start(t)
+		out := h.apply(&events.ApprovalDenied{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Approver: "ann", Reason: "no"})
+		assert.Equal(t, events.ApprovalOutcomeDenied, resolution(out).Outcome)
+		assert.Equal(t, actionbus.CodeApprovalDenied, h.code())
+	})
+	t.Run("an approval that expires fails the run; a late grant is refused as expired", func(t *testing.T) {
+		h, p := start(t)
+		h.fire(events.TimerApproval)
+		assert.Equal(t, actionbus.CodeApprovalExpired, h.code())
+		out := h.apply(&events.ApprovalGranted{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: sign(t, p.Context)})
+		assert.Equal(t, actionbus.CodeApprovalExpired, resolution(out).Error.Code)
+	})
+	t.Run("a grant for an approval that does not exist", func(t *testing.T) {
+		h, p := start(t)
+		ctx := p.Context
+		ctx.ApprovalID = "nope"
+		out := h.apply(&events.ApprovalGranted{RunID: testRunID, ApprovalID: "nope", Token: sign(t, ctx)})
+		assert.Equal(t, actionbus.CodeApprovalInvalid, resolution(out).Error.Code)
+	})
+}
+
+const retriedMutateWorkflow = `{"workflowName": "w", "steps": [
+	{"id": "m", "action": "t.mutate", "input": {"id": "a"}, "allowedModes": ["mutate"], "retry": {"maxAttempts": 2, "delayMs": 1000}}]}`
+
+// TestARetriedMutateStepIsApprovedAgainUnderAFreshID: the second attempt
+// of a mutate step needs an approval of its own, under its own id, and
+// gets it.
+func TestARetriedMutateStepIsApprovedAgainUnderAFreshID(t *testing.T) {
+	h := newHarness(t, Limits{})
+	var wf map[string]any
+	require.NoError(t, json.Unmarshal([]byte(retriedMutateWorkflow), &wf))
+	h.start(events.RunRequested{Workflow: wf, AllowedModes: allModes})
+	grant := func() string {
+		ids := h.approvals()
+		require.Len(t, ids, 1)
+		p := h.st.Approvals[ids[0]]
+		h.apply(&events.ApprovalGranted{RunID: testRunID, ApprovalID: ids[0], Token: sign(t, p.Context)})
+		return ids[0]
+	}
+	first := grant()
+	calls := h.dispatched()
+	require.Len(t, calls, 1)
+	h.failCall(calls[0].CallID, "upstream_down")
+	assert.Equal(t, StepStatusWaitingRetry, h.st.Workflow.Steps[0].Status)
+	h.fire(events.TimerRetry)
+	second := grant()
+	assert.NotEqual(t, first, second)
+	calls = h.dispatched()
+	require.Len(t, calls, 1, "the second attempt runs once approved")
+	assert.Equal(t, 2, calls[0].Attempt)
+	h.succeed(calls[0].CallID, map[string]any{"done": true})
+	assert.Equal(t, StatusCompleted, h.st.Status)
+}
+
+func TestACancelDuringARetryDelayAbortsTheWorkflow(t *testing.T) {
+	h := newHarness(t, Limits{}).workflow(`{"workflowName": "w", "steps": [
+		{"id": "a", "action": "t.read", "input": {}, "retry": {"maxAttempts": 3, "delayMs": 1000}}]}`)
+	h.failCall(h.dispatched()[0].CallID, "upstream_down")
+	require.True(t, h.st.waitingRetry())
+	h.apply(&events.CancelRequested{RunID: testRunID, Reason: "stop"})
+	assert.Equal(t, actionbus.CodeWorkflowAborted, h.code())
+	assert.Nil(t, h.fire(events.TimerRetry), "the retry of an aborted workflow")
+}
+
+func TestWorkflowStepsRunWhenTheirReferencesAreSatisfied(t *testing.T) {
+	h := newHarness(t, Limits{}).workflow(`{"workflowName": "w", "steps": [
+		{"id": "a", "action": "t.read", "input": {}},
+		{"id": "b", "action": "t.query", "input": {"q": {"$fromStep": "a", "path": "/name"}}},
+		{"id": "c", "action": "t.other", "input": {}}]}`)
+	first := h.dispatched()
+	require.Len(t, first, 2, "a and c have no references")
+	assert.Equal(t, []string{"a", "c"}, []string{first[0].StepID, first[1].StepID})
+	h.succeed(first[1].CallID, map[string]any{"c": 1})
+	h.succeed(first[0].CallID, map[string]any{"name": "ann"})
+	b := h.dispatched()
+	require.Len(t, b, 1)
+	assert.Equal(t, map[string]any{"q": "ann"}, b[0].Args)
+	h.succeed(b[0].CallID, map[string]any{"b": true})
+	require.Equal(t, StatusCompleted, h.st.Status)
+	byStep := h.st.Terminal.Output.(map[string]any)["outputByStep"].(map[string]any)
+	assert.Equal(t, map[string]any{"name": "ann"}, byStep["a"])
+}
+
+func TestWorkflowContinueOnError(t *testing.T) {
+	h := newHarness(t, Limits{}).workflow(`{"workflowName": "w", "steps": [
+		{"id": "a", "action": "t.read", "input": {}, "continueOnError": true},
+		{"id": "b", "action": "t.other", "input": {}}]}`)
+	calls := h.dispatched()
+	h.failCall(calls[0].CallID, "upstream_down")
+	h.succeed(calls[1].CallID, nil)
+	assert.Equal(t, StatusCompleted, h.st.Status)
+}
+
+func TestAnInvalidWorkflowFailsBeforeAnyStep(t *testing.T) {
+	h := newHarness(t, Limits{}).workflow(`{"workflowName": "w", "steps": [{"id": "a", "action": "t.nope", "input": {}}]}`)
+	assert.Equal(t, actionbus.CodeWorkflowValidation, h.code())
+	assert.False(t, has(h.all, EffectAct))
+}
+
+// TestWorkflowStateIsBounded: 20 steps of 250 KB outputs keep the state
+// small: large outputs go to the artifact store; the last step reads a
+// large output of the first whole.
+func TestWorkflowStateIsBounded(t *testing.T) {
+	var steps []string
+	for i := range 19 {
+		steps = append(steps, fmt.Sprintf(`{"id": "s%d", "action": "t.read", "input": {}}`, i))
+	}
+	steps = append(steps, `{"id": "last", "action": "t.query", "input": {"q": {"$fromStep": "s0", "path": "/blob"}}}`)
+	h := newHarness(t, Limits{MaxPlanParallel: 4}).workflow(`{"workflowName": "big", "steps": [` + strings.Join(steps, ",") + `]}`)
+	blob := strings.Repeat("b", 250<<10)
+	largest := 0
+	pending := h.dispatched()
+	for !h.st.IsTerminal() {
+		require.NotEmpty(t, pending)
+		c := pending[0]
+		pending = pending[1:]
+		if c.StepID == "last" {
+			assert.Len(t, c.Args["q"], len(blob), "the reference resolves to the whole output")
+		}
+		h.succeed(c.CallID, map[string]any{"blob": blob})
+		pending = append(pending, h.dispatched()...)
+		b, _ := json.Marshal(h.st)
+		largest = max(largest, len(b))
+	}
+	assert.Equal(t, StatusCompleted, h.st.Status)
+	b, _ := json.Marshal(h.st)
+	assert.Less(t, len(b), 64<<10, "the final state")
+	assert.Less(t, largest, 2*(250<<10)+(64<<10), "at most the calls in flight carry large arguments")
+	assert.Len(t, h.env.artifacts, 20)
+}
+
+func TestExecRunFailsOnInvalidArguments(t *testing.T) {
+	h := newHarness(t, Limits{}).start(events.RunRequested{Action: &events.ActionCall{Name: "t.query", Args: map[string]any{}}})
+	assert.Equal(t, KindExec, h.st.Kind)
+	assert.Equal(t, actionbus.CodeActionArgsInvalid, h.code())
+}
+
+func TestExecRunCarriesTheHostsIdempotencyKey(t *testing.T) {
+	h := newHarness(t, Limits{}).start(events.RunRequested{Action: &events.ActionCall{Name: "t.read", IdempotencyKey: "k-1"}})
+	calls := h.dispatched()
+	require.Len(t, calls, 1)
+	assert.Equal(t, "k-1", calls[0].IdempotencyKey)
+	h.succeed(calls[0].CallID, map[string]any{"n": 1})
+	assert.Equal(t, map[string]any{"n": float64(1)}, h.st.Terminal.Output)
+}
+
+// TestACatalogThatCannotBeReadIsAnErrorNotADecision: the event is to be
+// retried; the run is not failed for the world's outage.
+func TestACatalogThatCannotBeReadIsAnErrorNotADecision(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	h.env.catalogDown = true
+	_, err := h.m.Apply(context.Background(), h.st, Event{ID: "x", Data: &events.DecisionMade{RunID: testRunID, Cycle: 1, Decision: action("t.read", nil)}})
+	require.Error(t, err)
+}
+
+// TestIdsAreDeterministic: the same transition from the same stored state
+// gives the same effect ids (a republished outbox is deduplicated), and
+// another run key gives other ids.
+func TestIdsAreDeterministic(t *testing.T) {
+	run := func(key string) []string {
+		env := newMemEnv(t)
+		m := New(env, Limits{})
+		st, out, err := m.Start(context.Background(), &events.RunRequested{RunID: testRunID, Prompt: "p"}, key)
+		require.NoError(t, err)
+		more, err := m.Apply(context.Background(), st, Event{ID: "e", Data: &events.DecisionMade{RunID: testRunID, Cycle: 1,
+			Decision: plan(action("t.read", nil), action("t.other", nil))}})
+		require.NoError(t, err)
+		var ids []string
+		for _, e := range append(out, more...) {
+			ids = append(ids, e.ID)
+		}
+		return ids
+	}
+	a, b, c := run("k1"), run("k1"), run("k2")
+	assert.Equal(t, a, b)
+	for i := range a {
+		assert.NotEqual(t, a[i], c[i])
+	}
+}
+
+func TestStepNamesAreUnique(t *testing.T) {
+	seen := map[StepName]bool{}
+	for _, n := range StepNames {
+		assert.False(t, seen[n], "%s listed twice", n)
+		seen[n] = true
+	}
+}

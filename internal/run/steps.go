@@ -1,0 +1,102 @@
+package run
+
+// StepName names a progress step (the name of a run.step event). The names
+// are the seed's telemetry names; the CLI, the auditor and the docs use
+// these constants, and [StepNames] lists them all.
+type StepName string
+
+// Progress steps, in alphabetical order.
+const (
+	StepAct                               StepName = "act"
+	StepActionArgsAliasRewrite            StepName = "action-args-alias-rewrite"
+	StepActionArgsAutoHeal                StepName = "action-args-auto-heal"
+	StepActionArgsInvalid                 StepName = "action-args-invalid"
+	StepActionCompleted                   StepName = "action-completed"
+	StepActionDispatched                  StepName = "action-dispatched"
+	StepActionFailed                      StepName = "action-failed"
+	StepActionRepeatedFailure             StepName = "action-repeated-failure"
+	StepActionInputUnexpectedKeysStripped StepName = "action.input.unexpected_keys_stripped"
+	StepApprovalDenied                    StepName = "approval-denied"
+	StepApprovalExpired                   StepName = "approval-expired"
+	StepApprovalGranted                   StepName = "approval-granted"
+	StepApprovalRefused                   StepName = "approval-refused"
+	StepAwaitingApproval                  StepName = "awaiting-approval"
+	StepAwaitingInput                     StepName = "awaiting-input"
+	StepCanceled                          StepName = "canceled"
+	StepDecide                            StepName = "decide"
+	StepDecisionInvalid                   StepName = "decision-invalid"
+	StepDirectFinalEmitted                StepName = "direct-final-emitted"
+	StepDirectFinalSkipped                StepName = "direct-final-skipped"
+	StepEvaluate                          StepName = "evaluate"
+	StepFinal                             StepName = "final"
+	StepInputReceived                     StepName = "input-received"
+	StepObserve                           StepName = "observe"
+	StepOrient                            StepName = "orient"
+	StepPlanExecuted                      StepName = "plan-executed"
+	StepPlanExecuting                     StepName = "plan-executing"
+	StepPlanFailed                        StepName = "plan-failed"
+	StepPlanSynthesizeRequested           StepName = "plan-synthesize-requested"
+	StepPlanValidating                    StepName = "plan-validating"
+	StepPlanValidationFailed              StepName = "plan-validation-failed"
+	StepPlannerDiagnostics                StepName = "planner-diagnostics"
+	StepPolicyEvaluated                   StepName = "policy-evaluated"
+	StepStageStalled                      StepName = "stage-stalled"
+	StepSynthesizeIntroDone               StepName = "synthesize-intro-done"
+	StepSynthesizeOutroDone               StepName = "synthesize-outro-done"
+	StepSynthesizePerActionStart          StepName = "synthesize-per-action-start"
+	StepSynthesizeSectionDone             StepName = "synthesize-section-done"
+	StepSynthesizeStitchDone              StepName = "synthesize-stitch-done"
+	StepWorkflowAborted                   StepName = "workflow-aborted"
+	StepWorkflowCompleted                 StepName = "workflow-completed"
+	StepWorkflowStepContinued             StepName = "workflow-step-continued"
+	StepWorkflowStepRetry                 StepName = "workflow-step-retry"
+	StepWorkflowValidated                 StepName = "workflow-validated"
+)
+
+// StepNames lists every step a run publishes.
+var StepNames = []StepName{
+	StepAct,
+	StepActionArgsAliasRewrite,
+	StepActionArgsAutoHeal,
+	StepActionArgsInvalid,
+	StepActionCompleted,
+	StepActionDispatched,
+	StepActionFailed,
+	StepActionRepeatedFailure,
+	StepActionInputUnexpectedKeysStripped,
+	StepApprovalDenied,
+	StepApprovalExpired,
+	StepApprovalGranted,
+	StepApprovalRefused,
+	StepAwaitingApproval,
+	StepAwaitingInput,
+	StepCanceled,
+	StepDecide,
+	StepDecisionInvalid,
+	StepDirectFinalEmitted,
+	StepDirectFinalSkipped,
+	StepEvaluate,
+	StepFinal,
+	StepInputReceived,
+	StepObserve,
+	StepOrient,
+	StepPlanExecuted,
+	StepPlanExecuting,
+	StepPlanFailed,
+	StepPlanSynthesizeRequested,
+	StepPlanValidating,
+	StepPlanValidationFailed,
+	StepPlannerDiagnostics,
+	StepPolicyEvaluated,
+	StepStageStalled,
+	StepSynthesizeIntroDone,
+	StepSynthesizeOutroDone,
+	StepSynthesizePerActionStart,
+	StepSynthesizeSectionDone,
+	StepSynthesizeStitchDone,
+	StepWorkflowAborted,
+	StepWorkflowCompleted,
+	StepWorkflowStepContinued,
+	StepWorkflowStepRetry,
+	StepWorkflowValidated,
+}
