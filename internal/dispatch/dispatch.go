@@ -216,7 +216,15 @@ type Dispatcher struct {
 
 	queueMu sync.Mutex
 	queues  map[string]*runQueue
+
+	// crashAfterWrite, set by tests, simulates a crash between storing a
+	// state and publishing its outbox when it returns true: nothing is
+	// published, the event is handed back, the cache is lost.
+	crashAfterWrite func(runID string) bool
 }
+
+// errSimulatedCrash is what a simulated crash returns.
+var errSimulatedCrash = errors.New("dispatch: simulated crash after the state write")
 
 // Ready is closed once Run has loaded the catalog and started serving.
 func (d *Dispatcher) Ready() <-chan struct{} { return d.ready }
@@ -399,6 +407,10 @@ func (d *Dispatcher) flushStored(ctx context.Context, runID string) error {
 // outbox is published the state is not cached, so a failed publish is
 // retried from the stored outbox.
 func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev uint64) error {
+	if d.crashAfterWrite != nil && d.crashAfterWrite(st.RunID) {
+		d.cache.drop(st.RunID)
+		return errSimulatedCrash
+	}
 	if err := d.publishOrFail(ctx, st, st.Outbox); err != nil {
 		d.cache.drop(st.RunID)
 		return err

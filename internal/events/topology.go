@@ -216,14 +216,6 @@ type ConsumerSpec struct {
 	Config jetstream.ConsumerConfig
 }
 
-// backOff returns the redelivery delays of every consumer: AckWait first,
-// then 2×, 4× and 10× it. JetStream redelivery is only for crashes and lost
-// acks, so the first redelivery comes soon and later ones back off.
-func (t Topology) backOff() []time.Duration {
-	a := t.withDefaults().AckWait
-	return []time.Duration{a, 2 * a, 4 * a, 10 * a}
-}
-
 const (
 	// DefaultMaxDeliver bounds redeliveries of one message.
 	DefaultMaxDeliver = 5
@@ -232,15 +224,17 @@ const (
 )
 
 func (t Topology) durable(name, desc string, filters ...string) jetstream.ConsumerConfig {
-	consumerBackOff := t.backOff()
+	// No BackOff: handlers' own retries are naks with a delay, and a
+	// server with a BackOff list offsets a nak's delay by the list's entry
+	// for the delivery count (a 200 ms nak of a second delivery waited
+	// 30 s). Crashed handlers are redelivered after AckWait.
 	return jetstream.ConsumerConfig{
 		Durable:        name,
 		Description:    desc,
 		FilterSubjects: filters,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		AckWait:        consumerBackOff[0],
-		BackOff:        consumerBackOff,
+		AckWait:        t.withDefaults().AckWait,
 		MaxDeliver:     DefaultMaxDeliver,
 		MaxAckPending:  DefaultMaxAckPending,
 	}

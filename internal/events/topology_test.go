@@ -29,8 +29,8 @@ func TestProvisionIsIdempotent(t *testing.T) {
 		cfg := cons.CachedInfo().Config
 		assert.Equal(t, events.DefaultMaxAckPending, cfg.MaxAckPending, cs.Config.Durable)
 		assert.Equal(t, events.DefaultMaxDeliver, cfg.MaxDeliver, cs.Config.Durable)
-		assert.NotEmpty(t, cfg.BackOff, cs.Config.Durable)
-		assert.Equal(t, cfg.BackOff[0], cfg.AckWait)
+		assert.Empty(t, cfg.BackOff, "naks carry their own delays: %s", cs.Config.Durable)
+		assert.Equal(t, events.DefaultAckWait, cfg.AckWait)
 	}
 	for _, sc := range topo.Streams() {
 		st, err := srv.JS.Stream(ctx, sc.Name)
