@@ -48,6 +48,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzExtractJSON$$' -fuzztime $(FUZZTIME) ./internal/planner
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckSQL$$' -fuzztime $(FUZZTIME) ./internal/builtin
 	$(GO) test -run '^$$' -fuzz '^FuzzClean$$' -fuzztime $(FUZZTIME) ./internal/builtin
+	$(GO) test -run '^$$' -fuzz '^FuzzTransitions$$' -fuzztime $(FUZZTIME) ./internal/run
 
 clean:
 	rm -rf bin bench/results

@@ -274,8 +274,11 @@ func (m *Machine) onResult(ctx context.Context, st *State, r result) ([]Effect, 
 		return nil, nil
 	}
 	i := st.callIndex(r.callID)
-	if i < 0 || st.Calls[i].Done {
-		return nil, nil // a duplicate (the first result wins) or a result of an earlier cycle
+	if i < 0 || st.Calls[i].Done || !st.Calls[i].Dispatched {
+		// A duplicate (the first result wins), a result of an earlier
+		// cycle, or a result for a call never dispatched (one still
+		// waiting for its approval): nothing ran that this run asked for.
+		return nil, nil
 	}
 	ok, summary, abErr, executor := r.ok, r.summary, r.err, r.executor
 	if !ok && abErr == nil {

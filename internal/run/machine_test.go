@@ -429,6 +429,13 @@ func TestApprovals(t *testing.T) {
 		out := h.apply(&events.ApprovalGranted{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: sign(t, p.Context)})
 		assert.Equal(t, actionbus.CodeApprovalExpired, resolution(out).Error.Code)
 	})
+	t.Run("a result for the call before its approval is ignored", func(t *testing.T) {
+		h, p := start(t)
+		callID := h.st.Calls[p.CallIndex].CallID
+		assert.Nil(t, h.succeed(callID, map[string]any{"done": true}), "an executor cannot complete what was never dispatched")
+		assert.Nil(t, h.failCall(callID, "upstream_down"))
+		assert.Equal(t, StatusAwaitingApproval, h.st.Status)
+	})
 	t.Run("a grant for an approval that does not exist", func(t *testing.T) {
 		h, p := start(t)
 		ctx := p.Context
