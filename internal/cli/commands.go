@@ -22,6 +22,7 @@ import (
 	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/workflow"
 )
 
@@ -112,7 +113,7 @@ func followWith(ctx context.Context, g *globals, c *client.Client, runID string,
 	res, err := c.Follow(ctx, runID, func(e client.Event) {
 		p.event(e)
 		s, ok := e.Step()
-		if ok && s.Name == "awaiting-input" {
+		if ok && s.Name == string(run.StepAwaitingInput) {
 			answerQuestion(ctx, g, c, runID, s.Message)
 		}
 		if ok && p.onStep != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/stack"
 )
 
@@ -171,7 +172,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 		fmt.Fprintf(g.out, "\ndemo: %q (scenario %s)\n", f.prompt, f.demoScenario)
 		p := newProgress(g.out)
 		p.onStep = func(s client.Step) {
-			if s.Name != "awaiting-approval" {
+			if s.Name != string(run.StepAwaitingApproval) {
 				return
 			}
 			// In production an operator answers with actionbus approve;

@@ -177,7 +177,7 @@ func (m *Machine) onSynthesis(st *State, sc *events.SynthesisCompleted) []Effect
 		pi := p.Index
 		out = append(out, stepWith(st, StepSynthesizeSectionDone, &pi, p.Action, p.Title, status, map[string]any{"bytes": len(p.Markdown)}))
 	} else {
-		out = append(out, stepWith(st, StepName("synthesize-"+p.Part+"-done"), nil, "", p.Part, status, map[string]any{"bytes": len(p.Markdown)}))
+		out = append(out, stepWith(st, map[string]StepName{events.PartIntro: StepSynthesizeIntroDone, events.PartOutro: StepSynthesizeOutroDone}[p.Part], nil, "", p.Part, status, map[string]any{"bytes": len(p.Markdown)}))
 	}
 	return append(out, m.continueSynthesis(st)...)
 }
