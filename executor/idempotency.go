@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,8 +28,10 @@ import (
 //   - A key reserved by a call still within its timeout (running on
 //     another executor, or this very delivery's duplicate) is retried
 //     later (nak with delay).
-//   - A reservation older than the call's timeout plus the ack wait was
-//     left by a crashed executor: this executor takes it over and runs the
+//   - A reservation is a lease: while its handler runs (even past its
+//     deadline, when it ignores its context) the holder renews it every
+//     heartbeat. A reservation not renewed for three heartbeats was left
+//     by a crashed executor: this executor takes it over and runs the
 //     handler again, with the same key, so that a domain store can make
 //     the effect itself idempotent. Without that, the effect may happen
 //     twice: the runtime can replay results, not undo effects.
@@ -54,9 +57,64 @@ type idemEntry struct {
 }
 
 type idemClaim struct {
-	key      string
+	key   string
+	entry idemEntry
+
+	mu       sync.Mutex
 	revision uint64
-	entry    idemEntry
+	// stopLease ends the lease's renewals and waits for the last one.
+	stopLease func()
+}
+
+// leaseTTL is how long a reservation lives without renewal.
+func (e *Executor) leaseTTL() time.Duration { return 3 * e.heartbeatInterval() }
+
+// lease renews c's reservation every heartbeat until c.stop is called, so
+// that no other executor takes over a key whose handler is still running.
+func (e *Executor) lease(c *idemClaim) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	var once sync.Once
+	c.stopLease = func() {
+		once.Do(func() { close(done) })
+		<-stopped
+	}
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(e.heartbeatInterval())
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			renewed := c.entry
+			renewed.ReservedAt = time.Now().UTC()
+			val, _ := json.Marshal(renewed)
+			ctx, cancel := events.Bounded(context.Background())
+			c.mu.Lock()
+			rev, err := e.idem.Update(ctx, c.key, val, c.revision)
+			if err == nil {
+				c.revision = rev
+			}
+			c.mu.Unlock()
+			cancel()
+			if err != nil {
+				e.log.Warn("idempotency lease not renewed", "call_id", c.entry.CallID, "err", err)
+			}
+		}
+	}()
+}
+
+// stop ends the claim's lease; its revision is final afterwards.
+func (c *idemClaim) stop() uint64 {
+	if c.stopLease != nil {
+		c.stopLease()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.revision
 }
 
 // idemKey is the bucket key of an idempotency key on a pool:
@@ -80,7 +138,7 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 		rev, err := e.idem.Create(cctx, k, val)
 		cancel()
 		if err == nil {
-			return &idemClaim{key: k, revision: rev, entry: entry}, nil, 0, nil
+			return e.claimed(k, rev, entry), nil, 0, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, nil, 0, err
@@ -102,7 +160,9 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 		if held.State == "done" {
 			return nil, &held, 0, nil
 		}
-		staleAt := held.ReservedAt.Add(time.Duration(held.TimeoutMs)*time.Millisecond + e.heartbeatInterval())
+		// The holder renews its lease every heartbeat while its handler
+		// runs; only a lease not renewed for leaseTTL is abandoned.
+		staleAt := held.ReservedAt.Add(e.leaseTTL())
 		if wait := time.Until(staleAt); wait > 0 {
 			return nil, nil, wait, nil
 		}
@@ -112,10 +172,17 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 		rev, err = e.idem.Update(uctx, k, val, cur.Revision())
 		cancel()
 		if err == nil {
-			return &idemClaim{key: k, revision: rev, entry: entry}, nil, 0, nil
+			return e.claimed(k, rev, entry), nil, 0, nil
 		}
 	}
 	return nil, nil, 0, errors.New("executor: idempotency key contended")
+}
+
+// claimed returns a claim on key k at revision rev, its lease running.
+func (e *Executor) claimed(k string, rev uint64, entry idemEntry) *idemClaim {
+	c := &idemClaim{key: k, revision: rev, entry: entry}
+	e.lease(c)
+	return c
 }
 
 // sameCall refuses a key held for another action, user or input. The
@@ -147,9 +214,10 @@ func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Resul
 	if err != nil {
 		return err
 	}
+	rev := c.stop()
 	uctx, cancel := events.Bounded(context.WithoutCancel(ctx))
 	defer cancel()
-	_, err = e.idem.Update(uctx, c.key, val, c.revision)
+	_, err = e.idem.Update(uctx, c.key, val, rev)
 	return err
 }
 
@@ -157,9 +225,10 @@ func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Resul
 func (e *Executor) release(c *idemClaim) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	rev := c.stop()
 	dctx, cancel := events.Bounded(ctx)
 	defer cancel()
-	if err := e.idem.Delete(dctx, c.key, jetstream.LastRevision(c.revision)); err != nil {
+	if err := e.idem.Delete(dctx, c.key, jetstream.LastRevision(rev)); err != nil {
 		e.log.Warn("idempotency key not released", "err", err)
 	}
 }

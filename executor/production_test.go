@@ -208,3 +208,42 @@ func TestQueuedWorkOfACanceledRunNeverRuns(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, client.StatusCompleted, done.Status)
 }
+
+// TestALeaseKeepsARunningHandlersKeyFromATakeover: a handler that ignores
+// its 200 ms deadline runs on for 2 s, far past what a reservation would
+// live without renewal (three heartbeats: 600 ms here). Its executor
+// renews the lease while it runs, so a second call with the same key, on
+// another executor, waits for it instead of taking the key over: the
+// handler never runs twice at once, and the second call runs after the
+// first returns.
+func TestALeaseKeepsARunningHandlersKeyFromATakeover(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: 600 * time.Millisecond})
+	var inFlight, most, calls atomic.Int32
+	first := make(chan struct{})
+	var firstOnce sync.Once
+	st := srv.StartStack(t, actionbustest.StackOptions{Executors: 2, Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "test.stubborn", Timeout: 200 * time.Millisecond},
+			func(context.Context, struct{}, executor.Call) (executor.Result[blobOut], error) {
+				n := inFlight.Add(1)
+				defer inFlight.Add(-1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				if calls.Add(1) == 1 {
+					firstOnce.Do(func() { close(first) })
+					time.Sleep(2 * time.Second) // ignores its context on purpose
+				}
+				return executor.Result[blobOut]{Output: blobOut{Blob: "done"}}, nil
+			})
+	}})
+	ctx := ctxT(t)
+	req := client.RunRequest{Action: &client.ActionCall{Name: "test.stubborn", IdempotencyKey: "k-lease"}}
+	res, err := st.Client.Run(ctx, req, nil)
+	require.NoError(t, err)
+	require.ErrorIs(t, res.Error, actionbus.ErrTimeout)
+	<-first
+	res, err = st.Client.Run(ctx, req, nil)
+	require.NoError(t, err)
+	assert.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	assert.EqualValues(t, 2, calls.Load())
+	assert.EqualValues(t, 1, most.Load(), "the key was taken over while its handler still ran")
+}
