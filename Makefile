@@ -3,7 +3,7 @@ GO      ?= go
 FUZZTIME ?= 15s
 PKG_FUZZ := ./internal/events
 
-.PHONY: all build test test-cluster demo bench lint fuzz examples clean
+.PHONY: all build test test-cluster soak demo bench lint fuzz examples clean
 
 all: lint test
 
@@ -37,6 +37,12 @@ lint:
 ## processes, a node SIGKILLed under load); make test runs it too.
 test-cluster:
 	$(GO) test -race -count=1 -timeout 10m -run ThreeNode -v ./test/process/
+
+## soak: the chaos soak at full size (about 6 minutes): 1 000 runs through
+## real service processes while random ones are SIGKILLed and restarted
+## for 300 s; make test runs a 60-second version.
+soak:
+	SOAK_SECONDS=300 SOAK_RUNS=1000 $(GO) test -count=1 -timeout 20m -run '^TestChaosSoak$$' -v ./test/process/ | grep -E '^(---|ok|FAIL|PASS)|soak:|Error'
 
 ## fuzz: every fuzz target for a short bounded time.
 fuzz:

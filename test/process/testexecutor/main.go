@@ -11,11 +11,20 @@
 //	test.other  records that it ran and returns {"ok": true}
 //	test.huge   fails with a 2 MB error message (over the server's max
 //	            payload)
+//	soak.effect (mutate) applies the business effect {"order": ...} of its
+//	            run once per idempotency key, in a store outside the bus:
+//	            TEST_DIR/effects holds one file per applied key whose
+//	            content is "<run id>/<order>", created atomically, as a
+//	            database's unique key would be
 package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -119,6 +128,36 @@ func main() {
 	must(executor.Register(ex, executor.Action{Name: "test.huge", Timeout: 5 * time.Second},
 		func(ctx context.Context, in map[string]any, call executor.Call) (executor.Result[anyOut], error) {
 			return executor.Result[anyOut]{}, fmt.Errorf("%s", strings.Repeat("x", 2<<20))
+		}))
+	type effectIn struct {
+		Order string `json:"order"`
+	}
+	must(os.MkdirAll(filepath.Join(dir, "effects"), 0o700))
+	must(executor.Register(ex, executor.Action{Name: "soak.effect", Mode: executor.ModeMutate, Timeout: 5 * time.Second},
+		func(ctx context.Context, in effectIn, call executor.Call) (executor.Result[anyOut], error) {
+			business := call.RunID + "/" + in.Order
+			sum := sha256.Sum256([]byte(call.IdempotencyKey))
+			marker := filepath.Join(dir, "effects", hex.EncodeToString(sum[:]))
+			tmp, err := os.CreateTemp(dir, "effect-*")
+			if err != nil {
+				return executor.Result[anyOut]{}, err
+			}
+			defer os.Remove(tmp.Name())
+			if _, err := tmp.WriteString(business); err != nil {
+				return executor.Result[anyOut]{}, err
+			}
+			if err := tmp.Sync(); err != nil {
+				return executor.Result[anyOut]{}, err
+			}
+			_ = tmp.Close()
+			// The link creates the marker with its content in one step,
+			// and fails when the key was applied before.
+			if err := os.Link(tmp.Name(), marker); errors.Is(err, fs.ErrExist) {
+				return executor.Result[anyOut]{Output: anyOut{"applied": false}, Summary: "already applied"}, nil
+			} else if err != nil {
+				return executor.Result[anyOut]{}, err
+			}
+			return executor.Result[anyOut]{Output: anyOut{"applied": true}, Summary: "applied " + in.Order}, nil
 		}))
 	if err := ex.Run(ctx); err != nil {
 		log.Error("run", "err", err)
