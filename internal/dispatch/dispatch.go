@@ -323,7 +323,7 @@ func (d *Dispatcher) onRejected(ctx context.Context, msg jetstream.Msg, reason e
 		abErr.Message = "run.requested rejected: " + typed.Message
 	}
 	st, out := d.machine.Rejected(runID, run.NewIDKey(), abErr)
-	return d.admit(ctx, st, out, msg)
+	return d.admit(ctx, st, out)
 }
 
 func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
@@ -334,7 +334,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		if err != nil {
 			return err
 		}
-		return d.admit(ctx, st, out, msg)
+		return d.admit(ctx, st, out)
 	}
 	runID := r.RunID()
 	if runID == "" {
@@ -349,7 +349,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 // republished request, or another dispatcher that got there first, finds
 // it and changes nothing, except that an outbox still in the stored state
 // (the creator crashed before publishing) is published.
-func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect, msg jetstream.Msg) error {
+func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect) error {
 	st.Outbox = run.Dedupe(out)
 	val, err := json.Marshal(st)
 	if err != nil {

@@ -109,7 +109,7 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}
 	case EffectApproval:
 		p, pending := st.Approvals[e.ApprovalID]
-		if !pending || st.IsTerminal() {
+		if !pending || st.IsTerminal() || p.CallIndex < 0 || p.CallIndex >= len(st.Calls) {
 			return em, false
 		}
 		em.Type = events.TypeApprovalRequested
@@ -134,35 +134,6 @@ func terminalEvent(st *State) (string, any) {
 		return t.Type, &events.RunCanceled{RunID: st.RunID, Reason: t.Reason, Cycles: st.Cycle}
 	}
 	return events.TypeRunFailed, &events.RunFailed{RunID: st.RunID, Error: *t.Error, Cycles: st.Cycle}
-}
-
-// Pending returns what a stored run waits on, for a caller that must make
-// sure it was published (a redelivered event of a run whose outbox is
-// empty needs nothing; this is for states stored before outboxes): its
-// terminal event, or its decision request, or its open requests.
-func Pending(st *State) []Effect {
-	if st.IsTerminal() {
-		return []Effect{endEffect(st)}
-	}
-	var out []Effect
-	switch st.Phase {
-	case PhaseDeciding:
-		out = append(out, decideEffect(st))
-	case PhaseSynthesizing:
-		if st.Synthesis != nil {
-			for _, p := range st.Synthesis.Parts {
-				if p.Requested && !p.Done {
-					out = append(out, synthesizeEffect(st, p))
-				}
-			}
-		}
-	}
-	for _, c := range st.Calls {
-		if c.Dispatched && !c.Done {
-			out = append(out, actEffect(c))
-		}
-	}
-	return out
 }
 
 func decideEffect(st *State) Effect {

@@ -124,9 +124,6 @@ func New(env Env, lim Limits) *Machine {
 	return &Machine{env: env, lim: lim}
 }
 
-// Limits returns the machine's limits, defaults filled.
-func (m *Machine) Limits() Limits { return m.lim }
-
 // Event is one event applied to a run: its id and its decoded data, one of
 // the per-run event types the dispatcher consumes (*events.DecisionMade,
 // *events.ActionCompleted, *events.ActionFailed, *events.CancelRequested,
