@@ -221,7 +221,9 @@ func (m *Machine) startCalls(ctx context.Context, st *State, decs []events.Decis
 	}
 	st.Phase = PhaseActing
 	st.Calls = calls
-	st.Plan = plan
+	if st.Agent != nil {
+		st.Agent.Plan = plan
+	}
 	if !isPlan && calls[0].NeedsApproval {
 		return append(out, m.requestApproval(st, 0, st.PolicySnapshots[len(st.PolicySnapshots)-1])...), nil
 	}
@@ -251,12 +253,14 @@ func (m *Machine) argsRejected(st *State, calls []CallState, isPlan bool) []Effe
 			first = c.Error
 		}
 		failed = append(failed, c)
-		st.Observations = append(st.Observations, m.observe(st, c, isPlan))
+		if st.Agent != nil {
+			st.Agent.Observations = append(st.Agent.Observations, m.observe(st, c, isPlan))
+		}
 	}
 	if isPlan {
 		out = append(out, step(st, StepPlanValidationFailed, nil, "", fmt.Sprintf("%d of %d actions have invalid arguments; nothing ran", len(failed), len(calls)), "failed"))
 	}
-	if st.Kind == KindExec {
+	if st.Agent == nil { // an exec run has no planner to correct it
 		return append(out, m.fail(st, first)...)
 	}
 	facts, stopped := m.guard(st, failed, nil)
@@ -264,6 +268,6 @@ func (m *Machine) argsRejected(st *State, calls []CallState, isPlan bool) []Effe
 	if stopped {
 		return out
 	}
-	st.Feedback = first
+	st.Agent.Feedback = first
 	return append(out, m.askPlanner(st)...)
 }

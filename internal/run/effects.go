@@ -78,12 +78,12 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 	case EffectStep:
 		em.Type, em.Data = events.TypeRunStep, e.Step
 	case EffectDecide:
-		if st.IsTerminal() || st.Phase != PhaseDeciding || st.Cycle != e.Cycle {
+		if st.Agent == nil || st.IsTerminal() || st.Phase != PhaseDeciding || st.Cycle != e.Cycle {
 			return em, false
 		}
 		em.Type = events.TypeDecisionRequested
-		em.Data = &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Prompt, Scenario: st.Scenario,
-			Observations: st.Observations, Feedback: st.Feedback, Synthesize: st.Synthesize, Replay: st.Replay}
+		em.Data = &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Agent.Prompt, Scenario: st.Agent.Scenario,
+			Observations: st.Agent.Observations, Feedback: st.Agent.Feedback, Synthesize: st.Agent.Synthesize, Replay: st.Agent.Replay}
 		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}
 	case EffectAct:
 		i := st.callIndex(e.CallID)
@@ -98,10 +98,10 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}, {Name: events.ExtPlanIndex, Value: c.PlanIndex},
 			{Name: events.ExtAttempt, Value: max(c.Attempt, 1)}, {Name: events.ExtPool, Value: c.Pool}}
 	case EffectSynthesize:
-		if st.IsTerminal() || st.Phase != PhaseSynthesizing || st.Synthesis == nil || st.Cycle != e.Cycle {
+		if st.Agent == nil || st.IsTerminal() || st.Phase != PhaseSynthesizing || st.Agent.Synthesis == nil || st.Cycle != e.Cycle {
 			return em, false
 		}
-		p := st.Synthesis.part(e.Part, e.Index)
+		p := st.Agent.Synthesis.part(e.Part, e.Index)
 		if p == nil || p.Done {
 			return em, false
 		}

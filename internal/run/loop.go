@@ -37,12 +37,12 @@ const clarifyAction = "ask_clarification"
 func (m *Machine) askPlanner(st *State) []Effect {
 	var out []Effect
 	if st.Cycle > 0 {
-		out = append(out, step(st, StepOrient, nil, "", fmt.Sprintf("%d observations", len(st.Observations)), ""))
+		out = append(out, step(st, StepOrient, nil, "", fmt.Sprintf("%d observations", len(st.Agent.Observations)), ""))
 	}
 	st.Cycle++
 	st.Phase = PhaseDeciding
 	st.Calls = nil
-	st.Plan = nil
+	st.Agent.Plan = nil
 	if st.Cycle > m.lim.MaxCycles {
 		st.Cycle--
 		return append(out, m.terminate(st, &Terminal{Type: events.TypeRunFailed, Error: actionbus.Errorf(actionbus.CodeMaxCycles,
@@ -78,12 +78,12 @@ func (m *Machine) fail(st *State, err error) []Effect {
 // reject gives a decision back to the planner with the reason, without
 // running anything: the planner corrects itself on the next cycle.
 func (m *Machine) reject(st *State, stepName StepName, err *actionbus.Error) []Effect {
-	st.Feedback = err
+	st.Agent.Feedback = err
 	return append([]Effect{step(st, stepName, nil, "", err.Error(), "failed")}, m.askPlanner(st)...)
 }
 
 func (m *Machine) onDecision(ctx context.Context, st *State, dm *events.DecisionMade) ([]Effect, error) {
-	if st.IsTerminal() || st.Phase != PhaseDeciding || dm.Cycle != st.Cycle {
+	if st.Agent == nil || st.IsTerminal() || st.Phase != PhaseDeciding || dm.Cycle != st.Cycle {
 		return nil, nil // stale or duplicate decision
 	}
 	var diag []Effect
@@ -104,8 +104,8 @@ func (m *Machine) onDecision(ctx context.Context, st *State, dm *events.Decision
 }
 
 func (m *Machine) applyDecision(ctx context.Context, st *State, dm *events.DecisionMade) ([]Effect, error) {
-	st.Feedback = nil
-	st.Synthesize = ""
+	st.Agent.Feedback = nil
+	st.Agent.Synthesize = ""
 	dec := dm.Decision
 	switch dec.Type {
 	case events.DecisionFinal:
@@ -136,7 +136,7 @@ func (m *Machine) applyDecision(ctx context.Context, st *State, dm *events.Decis
 		}
 		st.Phase = PhaseAwaitingInput
 		st.Status = StatusAwaitingInput
-		st.Question = dec.Question
+		st.Agent.Question = dec.Question
 		return []Effect{
 			step(st, StepAwaitingInput, nil, clarifyAction, dec.Question, ""),
 			m.timer(st, events.TimerFired{Kind: events.TimerInput, Stage: "input"}, "input", m.lim.InputTimeout),
@@ -168,13 +168,13 @@ func (m *Machine) checkPlanShape(dec events.Decision) *actionbus.Error {
 }
 
 func (m *Machine) onInput(st *State, in *events.InputProvided) []Effect {
-	if st.IsTerminal() || st.Phase != PhaseAwaitingInput {
+	if st.Agent == nil || st.IsTerminal() || st.Phase != PhaseAwaitingInput {
 		return nil
 	}
 	st.Status = StatusRunning
-	st.Observations = append(st.Observations, events.Observation{Cycle: st.Cycle, Action: clarifyAction, OK: true,
-		Output: map[string]any{"question": st.Question, "answer": in.Answer}, Summary: "answered: " + in.Answer})
-	st.Question = ""
+	st.Agent.Observations = append(st.Agent.Observations, events.Observation{Cycle: st.Cycle, Action: clarifyAction, OK: true,
+		Output: map[string]any{"question": st.Agent.Question, "answer": in.Answer}, Summary: "answered: " + in.Answer})
+	st.Agent.Question = ""
 	out := []Effect{step(st, StepInputReceived, nil, clarifyAction, in.Answer, "ok")}
 	return append(out, m.askPlanner(st)...)
 }
@@ -377,18 +377,17 @@ func isDirectFinal(c CallState) bool {
 // run ends (a direct final, a Complete result), stops (repeated failures)
 // or goes back to the planner.
 func (m *Machine) evaluate(st *State) []Effect {
-	isPlan := st.Plan != nil
 	out := []Effect{step(st, StepObserve, nil, "", fmt.Sprintf("%d result(s)", len(st.Calls)), "")}
-	if isPlan {
-		out = append(out, step(st, StepPlanExecuted, nil, "", fmt.Sprintf("%d actions", len(st.Calls)), ""))
-	}
-	if st.Kind == KindExec {
+	if st.Agent == nil { // an exec run: its one call is its result
 		c := st.Calls[0]
-		st.Observations = append(st.Observations, m.observe(st, c, false))
 		if !c.OK {
 			return append(out, m.terminate(st, &Terminal{Type: events.TypeRunFailed, Error: c.Error})...)
 		}
 		return append(out, m.terminate(st, &Terminal{Type: events.TypeRunCompleted, Output: c.Output, Answer: c.Summary})...)
+	}
+	isPlan := st.Agent.Plan != nil
+	if isPlan {
+		out = append(out, step(st, StepPlanExecuted, nil, "", fmt.Sprintf("%d actions", len(st.Calls)), ""))
 	}
 	var failed, succeeded []CallState
 	for _, c := range st.Calls {
@@ -398,17 +397,17 @@ func (m *Machine) evaluate(st *State) []Effect {
 			failed = append(failed, c)
 		}
 	}
-	if isPlan && !st.Plan.PartialOK && len(failed) > 0 {
+	if isPlan && !st.Agent.Plan.PartialOK && len(failed) > 0 {
 		// No output is applied; the observation names the first failure in
 		// declaration order.
 		first := failed[0]
 		obs := m.observe(st, first, true)
 		obs.Summary = fmt.Sprintf("plan failed: %d of %d actions failed; first failure at planIndex %d; no output applied", len(failed), len(st.Calls), first.PlanIndex)
-		st.Observations = append(st.Observations, obs)
+		st.Agent.Observations = append(st.Agent.Observations, obs)
 		out = append(out, step(st, StepPlanFailed, nil, "", obs.Summary, "failed"))
 	} else {
 		for _, c := range st.Calls {
-			st.Observations = append(st.Observations, m.observe(st, c, isPlan))
+			st.Agent.Observations = append(st.Agent.Observations, m.observe(st, c, isPlan))
 		}
 	}
 	facts, stopped := m.guard(st, failed, succeeded)
@@ -417,10 +416,10 @@ func (m *Machine) evaluate(st *State) []Effect {
 		return out
 	}
 	out = append(out, step(st, StepEvaluate, nil, "", fmt.Sprintf("%d ok, %d failed", len(succeeded), len(failed)), ""))
-	if isPlan && st.Plan.PerAction && (st.Plan.PartialOK || len(failed) == 0) {
+	if isPlan && st.Agent.Plan.PerAction && (st.Agent.Plan.PartialOK || len(failed) == 0) {
 		return append(out, m.startSynthesis(st)...)
 	}
-	if !isPlan || st.Plan.PartialOK || len(failed) == 0 {
+	if !isPlan || st.Agent.Plan.PartialOK || len(failed) == 0 {
 		// A direct final result ends the run; declaration order wins.
 		for _, c := range st.Calls {
 			if !c.OK {
@@ -446,10 +445,10 @@ func (m *Machine) evaluate(st *State) []Effect {
 		}
 	}
 	if isPlan && len(failed) == 0 {
-		switch ins := st.Plan.SynthesizeInstruction; ins {
+		switch ins := st.Agent.Plan.SynthesizeInstruction; ins {
 		case "", "direct":
 		default:
-			st.Synthesize = ins
+			st.Agent.Synthesize = ins
 			out = append(out, step(st, StepPlanSynthesizeRequested, nil, "", ins, ""))
 		}
 	}
@@ -461,9 +460,9 @@ func (m *Machine) evaluate(st *State) []Effect {
 // consecutive rounds, failing the run with the failure evidence. A round in
 // which an action succeeds, or is not called, resets its count.
 func (m *Machine) guard(st *State, failed, succeeded []CallState) (out []Effect, stopped bool) {
-	if st.FailStreaks == nil {
-		st.FailStreaks = map[string]int{}
-		st.FailEvidence = map[string][]actionbus.Error{}
+	if st.Agent.FailStreaks == nil {
+		st.Agent.FailStreaks = map[string]int{}
+		st.Agent.FailEvidence = map[string][]actionbus.Error{}
 	}
 	round := map[string]bool{}
 	for _, c := range succeeded {
@@ -472,10 +471,10 @@ func (m *Machine) guard(st *State, failed, succeeded []CallState) (out []Effect,
 	for _, c := range failed {
 		round[c.Action] = true
 	}
-	for name := range st.FailStreaks {
+	for name := range st.Agent.FailStreaks {
 		if _, called := round[name]; !called {
-			delete(st.FailStreaks, name)
-			delete(st.FailEvidence, name)
+			delete(st.Agent.FailStreaks, name)
+			delete(st.Agent.FailEvidence, name)
 		}
 	}
 	var names []string
@@ -485,26 +484,26 @@ func (m *Machine) guard(st *State, failed, succeeded []CallState) (out []Effect,
 	sort.Strings(names)
 	for _, name := range names {
 		if !round[name] {
-			delete(st.FailStreaks, name)
-			delete(st.FailEvidence, name)
+			delete(st.Agent.FailStreaks, name)
+			delete(st.Agent.FailEvidence, name)
 			continue
 		}
-		st.FailStreaks[name]++
+		st.Agent.FailStreaks[name]++
 		for _, c := range failed {
 			if c.Action == name && c.Error != nil {
-				st.FailEvidence[name] = append(st.FailEvidence[name], *c.Error)
+				st.Agent.FailEvidence[name] = append(st.Agent.FailEvidence[name], *c.Error)
 				break
 			}
 		}
-		n := st.FailStreaks[name]
+		n := st.Agent.FailStreaks[name]
 		if n < 2 && n < m.lim.MaxFailedRounds {
 			continue // a single failed round is feedback, not yet a streak
 		}
 		out = append(out, stepWith(st, StepActionRepeatedFailure, nil, name, fmt.Sprintf("%s failed %d consecutive rounds", name, n), "failed",
-			map[string]any{"rounds": n, "evidence": st.FailEvidence[name]}))
+			map[string]any{"rounds": n, "evidence": st.Agent.FailEvidence[name]}))
 		if n >= m.lim.MaxFailedRounds {
 			err := actionbus.Errorf(actionbus.CodeRepeatedFailure, "%s failed %d consecutive rounds; stopping the loop", name, n).
-				WithDetail("action", name).WithDetail("rounds", n).WithDetail("evidence", st.FailEvidence[name])
+				WithDetail("action", name).WithDetail("rounds", n).WithDetail("evidence", st.Agent.FailEvidence[name])
 			return append(out, m.fail(st, err)...), true
 		}
 	}

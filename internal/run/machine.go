@@ -171,16 +171,15 @@ func (m *Machine) Apply(ctx context.Context, st *State, ev Event) ([]Effect, err
 // run's secret id key, drawn by the caller ([NewIDKey]).
 func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey string) (*State, []Effect, error) {
 	now := m.env.Now().UTC()
-	st := &State{
-		RunID: req.RunID, IDKey: idKey, Status: StatusRunning, Kind: KindAgent, Prompt: req.Prompt, Scenario: req.Scenario, Replay: req.Replay,
-		UserID: req.UserID, AllowedModes: req.AllowedModes, Metadata: req.Metadata,
-		Observations: []events.Observation{}, CreatedAt: now, UpdatedAt: now,
-	}
+	st := &State{RunID: req.RunID, IDKey: idKey, Status: StatusRunning, Kind: KindAgent, UserID: req.UserID,
+		AllowedModes: req.AllowedModes, Metadata: req.Metadata, CreatedAt: now, UpdatedAt: now}
 	switch {
 	case req.Action != nil:
 		st.Kind = KindExec
 	case req.Workflow != nil:
 		st.Kind = KindWorkflow
+	default:
+		st.Agent = &AgentRun{Prompt: req.Prompt, Scenario: req.Scenario, Replay: req.Replay, Observations: []events.Observation{}}
 	}
 	deadline := m.lim.RunDeadline
 	if req.DeadlineMs > 0 {
@@ -215,7 +214,7 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 // cause, so that whoever waits on the run id learns why.
 func (m *Machine) Rejected(runID, idKey string, cause *actionbus.Error) (*State, []Effect) {
 	now := m.env.Now().UTC()
-	st := &State{RunID: runID, IDKey: idKey, Kind: KindRejected, Observations: []events.Observation{}, CreatedAt: now, UpdatedAt: now, Deadline: now}
+	st := &State{RunID: runID, IDKey: idKey, Kind: KindRejected, CreatedAt: now, UpdatedAt: now, Deadline: now}
 	return st, m.fail(st, cause)
 }
 

@@ -57,8 +57,8 @@ func TestDecisions(t *testing.T) {
 	// a new cycle; nothing ran.
 	fedBack := func(code actionbus.Code) check {
 		return func(t *testing.T, h *harness, out []Effect) {
-			require.NotNil(t, h.st.Feedback)
-			assert.Equal(t, code, h.st.Feedback.Code)
+			require.NotNil(t, h.st.Agent.Feedback)
+			assert.Equal(t, code, h.st.Agent.Feedback.Code)
 			assert.Equal(t, 2, h.st.Cycle)
 			assert.Equal(t, PhaseDeciding, h.st.Phase)
 			assert.True(t, has(out, EffectDecide))
@@ -100,8 +100,8 @@ func TestDecisions(t *testing.T) {
 		{"a denied action in a plan", nil, plan(action("t.read", nil), action("t.denied", nil)), fedBack(actionbus.CodePolicyRejected)},
 		{"invalid arguments go back to the planner", nil, action("t.query", map[string]any{}), func(t *testing.T, h *harness, out []Effect) {
 			fedBack(actionbus.CodeActionArgsInvalid)(t, h, out)
-			require.Len(t, h.st.Observations, 1)
-			assert.False(t, h.st.Observations[0].OK)
+			require.Len(t, h.st.Agent.Observations, 1)
+			assert.False(t, h.st.Agent.Observations[0].OK)
 		}},
 		{"a plan with invalid arguments runs nothing", nil, plan(action("t.read", nil), action("t.query", map[string]any{"q": 1})), func(t *testing.T, h *harness, out []Effect) {
 			fedBack(actionbus.CodeActionArgsInvalid)(t, h, out)
@@ -109,7 +109,7 @@ func TestDecisions(t *testing.T) {
 		}},
 		{"clarify waits for input", nil, events.Decision{Type: events.DecisionClarify, Question: "which one?"}, func(t *testing.T, h *harness, out []Effect) {
 			assert.Equal(t, StatusAwaitingInput, h.st.Status)
-			assert.Equal(t, "which one?", h.st.Question)
+			assert.Equal(t, "which one?", h.st.Agent.Question)
 			assert.NotNil(t, h.timer(events.TimerInput), "the question has a deadline")
 		}},
 	} {
@@ -144,8 +144,8 @@ func TestPlanResultsAreObservedInDeclarationOrder(t *testing.T) {
 	for i := len(calls) - 1; i >= 0; i-- { // results arrive in reverse
 		h.succeed(calls[i].CallID, map[string]any{"i": i})
 	}
-	require.Len(t, h.st.Observations, 3)
-	for i, o := range h.st.Observations {
+	require.Len(t, h.st.Agent.Observations, 3)
+	for i, o := range h.st.Agent.Observations {
 		require.NotNil(t, o.PlanIndex)
 		assert.Equal(t, i, *o.PlanIndex)
 		assert.Equal(t, map[string]any{"i": float64(i)}, o.Output)
@@ -184,9 +184,9 @@ func TestPartialOK(t *testing.T) {
 			calls := h.dispatched()
 			require.Len(t, calls, 1, "the valid action runs")
 			h.succeed(calls[0].CallID, map[string]any{"ok": true})
-			require.Len(t, h.st.Observations, 2, "the invalid one is a failed result")
-			assert.True(t, h.st.Observations[0].OK)
-			assert.False(t, h.st.Observations[1].OK)
+			require.Len(t, h.st.Agent.Observations, 2, "the invalid one is a failed result")
+			assert.True(t, h.st.Agent.Observations[0].OK)
+			assert.False(t, h.st.Agent.Observations[1].OK)
 		})
 	}
 }
@@ -198,8 +198,8 @@ func TestAFailedPlanWithoutPartialOKAppliesNoOutput(t *testing.T) {
 	h.succeed(calls[0].CallID, map[string]any{"secret": 1})
 	out := h.failCall(calls[1].CallID, "upstream_down")
 	assert.Contains(t, stepNames(out), string(StepPlanFailed))
-	require.Len(t, h.st.Observations, 1, "one observation names the first failure")
-	assert.Contains(t, h.st.Observations[0].Summary, "first failure at planIndex 1")
+	require.Len(t, h.st.Agent.Observations, 1, "one observation names the first failure")
+	assert.Contains(t, h.st.Agent.Observations[0].Summary, "first failure at planIndex 1")
 }
 
 func TestDirectFinalDeclarationOrderWins(t *testing.T) {
@@ -264,7 +264,7 @@ func TestSynthesizeInstructionGoesToTheNextDecision(t *testing.T) {
 	p.SynthesizeInstruction = "summarize"
 	h.decide(p)
 	out := h.succeed(h.dispatched()[0].CallID, nil)
-	assert.Equal(t, "summarize", h.st.Synthesize)
+	assert.Equal(t, "summarize", h.st.Agent.Synthesize)
 	for _, e := range out {
 		if e.Kind == EffectDecide {
 			em, ok := Render(h.st, e)
@@ -320,7 +320,7 @@ func TestAnswerToAClarifyAsksThePlannerAgain(t *testing.T) {
 	assert.Equal(t, StatusRunning, h.st.Status)
 	assert.Equal(t, 2, h.st.Cycle)
 	assert.True(t, has(out, EffectDecide))
-	assert.Equal(t, "ask_clarification", h.st.Observations[0].Action)
+	assert.Equal(t, "ask_clarification", h.st.Agent.Observations[0].Action)
 	assert.Nil(t, h.apply(&events.InputProvided{RunID: testRunID, Answer: "again"}), "an answer nobody asked for")
 }
 

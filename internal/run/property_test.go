@@ -157,10 +157,10 @@ func nextEvent(t *testing.T, h *harness, s *script, history []any) any {
 		}
 		return &events.ApprovalGranted{RunID: testRunID, ApprovalID: testRunID + "-1-0", Token: "k1.x"}
 	case 7: // a synthesis part
-		if st.Synthesis == nil {
+		if st.Agent == nil || st.Agent.Synthesis == nil {
 			return &events.SynthesisCompleted{RunID: testRunID, Cycle: cycle, Part: events.PartSection, Index: s.pick(3), Markdown: "x"}
 		}
-		p := st.Synthesis.Parts[s.pick(len(st.Synthesis.Parts))]
+		p := st.Agent.Synthesis.Parts[s.pick(len(st.Agent.Synthesis.Parts))]
 		return &events.SynthesisCompleted{RunID: testRunID, Cycle: cycle, Part: p.Part, Index: p.Index, Markdown: "section"}
 	case 8: // a cancel or an answer
 		if s.pick(3) == 0 {

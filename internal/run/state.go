@@ -51,56 +51,47 @@ const (
 	PhaseSynthesizing     Phase = "synthesizing"
 )
 
-// State is the dispatcher's record of one run, stored as JSON under the
-// run id in the runs bucket and only ever updated with a revision check.
+// State is one run: a header every run has, the calls and approvals of
+// every run that calls actions, and the part of its kind — Agent for a
+// planner-driven run, Workflow for a workflow (an exec run is its one
+// call). It is stored as JSON under the run id in the runs bucket and only
+// ever updated with a revision check.
 type State struct {
+	// Header.
 	RunID string `json:"runId"`
 	// IDKey is a random secret drawn when the run is admitted. Every id
-	// the dispatcher derives for the run mixes it in ([State.derive]),
-	// so the ids stay deterministic for a restarted dispatcher yet cannot
-	// be predicted by anyone who cannot read run state: no executor,
-	// planner or client can pre-empt one of the run's events with a forged
-	// Nats-Msg-Id and have the real one dropped as a duplicate.
-	IDKey        string               `json:"idKey"`
-	Kind         Kind                 `json:"kind"`
-	Status       Status               `json:"status"`
-	Phase        Phase                `json:"phase,omitempty"`
-	Cycle        int                  `json:"cycle"`
-	Prompt       string               `json:"prompt,omitempty"`
-	Scenario     string               `json:"scenario,omitempty"`
-	UserID       string               `json:"userId,omitempty"`
-	AllowedModes []string             `json:"allowedModes,omitempty"`
-	Metadata     map[string]any       `json:"metadata,omitempty"`
-	Observations []events.Observation `json:"observations"`
-	// Calls are the action calls of the current cycle, in declaration
-	// order.
-	Calls     []CallState `json:"calls,omitempty"`
-	CreatedAt time.Time   `json:"createdAt"`
-	UpdatedAt time.Time   `json:"updatedAt"`
-	// Terminal holds the run's terminal event once it has one, so that a
-	// restarted dispatcher republishes exactly that event.
-	Terminal *Terminal `json:"terminal,omitempty"`
-	// Feedback tells the planner why its last decision did not run.
-	Feedback *actionbus.Error `json:"feedback,omitempty"`
-	// Diagnostics are facts recorded about the run's inputs (alias
-	// rewrites, stripped keys).
-	Diagnostics []Diagnostic `json:"diagnostics,omitempty"`
-	// Plan describes the current cycle's plan, when it is one.
-	Plan *PlanState `json:"plan,omitempty"`
-	// Question is the clarify question the run waits on.
-	Question string `json:"question,omitempty"`
-	// Synthesize is the synthesize instruction for the next decision.
-	Synthesize string `json:"synthesize,omitempty"`
-	// Synthesis is the per-action synthesis in progress.
-	Synthesis *SynthesisState `json:"synthesis,omitempty"`
-	// Replay holds the recorded decisions of a replay run.
-	Replay *events.Replay `json:"replay,omitempty"`
-	// FailStreaks counts, per action, consecutive rounds that failed.
-	FailStreaks map[string]int `json:"failStreaks,omitempty"`
-	// FailEvidence keeps the errors of the current streaks.
-	FailEvidence map[string][]actionbus.Error `json:"failEvidence,omitempty"`
+	// derived for the run mixes it in ([State.derive]), so the ids stay
+	// deterministic for a restarted dispatcher yet cannot be predicted by
+	// anyone who cannot read run state: no executor, planner or client can
+	// pre-empt one of the run's events with a forged Nats-Msg-Id and have
+	// the real one dropped as a duplicate.
+	IDKey        string         `json:"idKey"`
+	Kind         Kind           `json:"kind"`
+	Status       Status         `json:"status"`
+	Phase        Phase          `json:"phase,omitempty"`
+	Cycle        int            `json:"cycle"`
+	UserID       string         `json:"userId,omitempty"`
+	AllowedModes []string       `json:"allowedModes,omitempty"`
+	Metadata     map[string]any `json:"metadata,omitempty"`
+	CreatedAt    time.Time      `json:"createdAt"`
+	UpdatedAt    time.Time      `json:"updatedAt"`
 	// Deadline is when the whole run times out.
 	Deadline time.Time `json:"deadline"`
+	// Terminal holds the run's terminal event once it has one.
+	Terminal *Terminal `json:"terminal,omitempty"`
+	// StepSeq numbers the run's progress steps.
+	StepSeq int `json:"stepSeq,omitempty"`
+	// Outbox holds the effects of the last transition until they are
+	// published: stored with the state in one revision-checked write, so
+	// that a crash between the write and the publishes loses nothing (the
+	// next handler of the run publishes them again; their ids are
+	// deterministic).
+	Outbox []Effect `json:"outbox,omitempty"`
+
+	// Acting: the calls of the current cycle (of a workflow: Calls[i] is
+	// step i's current attempt), in declaration order, and what judged
+	// them.
+	Calls []CallState `json:"calls,omitempty"`
 	// Approvals are the pending approvals, by approval id. They live in
 	// the run state, so they survive restarts of every service.
 	Approvals map[string]*PendingApproval `json:"approvals,omitempty"`
@@ -112,19 +103,42 @@ type State struct {
 	ApprovalsExpired []string `json:"approvalsExpired,omitempty"`
 	// PolicySnapshots record every policy evaluation of the run.
 	PolicySnapshots []policy.Snapshot `json:"policySnapshots,omitempty"`
-	// Workflow is set for workflow runs.
-	Workflow *WorkflowRun `json:"workflow,omitempty"`
-	// StepSeq numbers the run's progress steps.
-	StepSeq int `json:"stepSeq,omitempty"`
-	// Outbox holds the effects of the last transition until they are
-	// published: stored with the state in one revision-checked write, so
-	// that a crash between the write and the publishes loses nothing (the
-	// next handler of the run publishes them again; their ids are
-	// deterministic).
-	Outbox []Effect `json:"outbox,omitempty"`
+	// Diagnostics are facts recorded about the run's inputs (alias
+	// rewrites, stripped keys).
+	Diagnostics []Diagnostic `json:"diagnostics,omitempty"`
 	// DryRunHash is the input hash of the latest successful dryRun call,
 	// recorded in the approval context of a mutation that follows it.
 	DryRunHash string `json:"dryRunHash,omitempty"`
+
+	// Agent is set for agent runs.
+	Agent *AgentRun `json:"agent,omitempty"`
+	// Workflow is set for workflow runs.
+	Workflow *WorkflowRun `json:"workflow,omitempty"`
+}
+
+// AgentRun is the part of a planner-driven run: what the planner is told
+// and what the loop remembers between cycles.
+type AgentRun struct {
+	Prompt   string `json:"prompt,omitempty"`
+	Scenario string `json:"scenario,omitempty"`
+	// Replay holds the recorded decisions of a replay run.
+	Replay *events.Replay `json:"replay,omitempty"`
+	// Observations are what the planner has seen, in order.
+	Observations []events.Observation `json:"observations"`
+	// Feedback tells the planner why its last decision did not run.
+	Feedback *actionbus.Error `json:"feedback,omitempty"`
+	// Plan describes the current cycle's plan, when it is one.
+	Plan *PlanState `json:"plan,omitempty"`
+	// Question is the clarify question the run waits on.
+	Question string `json:"question,omitempty"`
+	// Synthesize is the synthesize instruction for the next decision.
+	Synthesize string `json:"synthesize,omitempty"`
+	// Synthesis is the per-action synthesis in progress.
+	Synthesis *SynthesisState `json:"synthesis,omitempty"`
+	// FailStreaks counts, per action, consecutive rounds that failed;
+	// FailEvidence keeps the errors of the current streaks.
+	FailStreaks  map[string]int               `json:"failStreaks,omitempty"`
+	FailEvidence map[string][]actionbus.Error `json:"failEvidence,omitempty"`
 }
 
 // PendingApproval is an approval the run waits for.

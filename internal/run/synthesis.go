@@ -55,14 +55,14 @@ func checkPerAction(dec events.Decision) *actionbus.Error {
 // startSynthesis begins the per-action synthesis of the current plan's
 // results. Direct-final results and failed actions need no call.
 func (m *Machine) startSynthesis(st *State) []Effect {
-	syn := &SynthesisState{Stitch: st.Plan.Stitch, ObservationBytes: m.lim.ObservationBytes}
+	syn := &SynthesisState{Stitch: st.Agent.Plan.Stitch, ObservationBytes: m.lim.ObservationBytes}
 	for i, c := range st.Calls {
 		p := SynthesisPart{Part: events.PartSection, Index: c.PlanIndex, Action: c.Action, Title: fmt.Sprintf("## Section %d", i+1)}
-		if i < len(st.Plan.Sections) {
-			if t := strings.TrimSpace(st.Plan.Sections[i].Title); t != "" {
+		if i < len(st.Agent.Plan.Sections) {
+			if t := strings.TrimSpace(st.Agent.Plan.Sections[i].Title); t != "" {
 				p.Title = t
 			}
-			p.Instruction = st.Plan.Sections[i].Prompt
+			p.Instruction = st.Agent.Plan.Sections[i].Prompt
 		}
 		switch md, _ := directFinal(c); {
 		case !c.OK:
@@ -80,7 +80,7 @@ func (m *Machine) startSynthesis(st *State) []Effect {
 			syn.Parts = append(syn.Parts, SynthesisPart{Part: events.PartOutro, Instruction: s.OutroPrompt})
 		}
 	}
-	st.Synthesis = syn
+	st.Agent.Synthesis = syn
 	st.Phase = PhaseSynthesizing
 	out := []Effect{stepWith(st, StepSynthesizePerActionStart, nil, "", fmt.Sprintf("%d parts", len(syn.Parts)), "",
 		map[string]any{"parts": len(syn.Parts), "maxSectionParallel": m.lim.MaxSectionParallel})}
@@ -91,7 +91,7 @@ func (m *Machine) startSynthesis(st *State) []Effect {
 // continueSynthesis requests parts up to the parallel bound, or stitches
 // once every part is done.
 func (m *Machine) continueSynthesis(st *State) []Effect {
-	syn := st.Synthesis
+	syn := st.Agent.Synthesis
 	inFlight, pending := 0, 0
 	for _, p := range syn.Parts {
 		if p.Requested && !p.Done {
@@ -103,7 +103,7 @@ func (m *Machine) continueSynthesis(st *State) []Effect {
 	}
 	if pending == 0 {
 		md := stitch(syn)
-		st.Synthesis = nil
+		st.Agent.Synthesis = nil
 		out := []Effect{stepWith(st, StepSynthesizeStitchDone, nil, "", fmt.Sprintf("%d parts stitched", len(syn.Parts)), "ok",
 			map[string]any{"finalAnswerSource": "plan_synthesize", "bytes": len(md)})}
 		return append(out, m.terminate(st, &Terminal{Type: events.TypeRunCompleted, Answer: md})...)
@@ -127,12 +127,12 @@ func (m *Machine) continueSynthesis(st *State) []Effect {
 // synthesisRequest is the request of one part: a section sees its
 // action's result, an intro or outro compact summaries of every result.
 func synthesisRequest(st *State, p SynthesisPart) *events.SynthesisRequested {
-	req := &events.SynthesisRequested{RunID: st.RunID, Cycle: st.Cycle, Part: p.Part, Index: p.Index, Prompt: st.Prompt,
-		Instruction: p.Instruction, Scenario: st.Scenario}
+	req := &events.SynthesisRequested{RunID: st.RunID, Cycle: st.Cycle, Part: p.Part, Index: p.Index, Prompt: st.Agent.Prompt,
+		Instruction: p.Instruction, Scenario: st.Agent.Scenario}
 	if p.Part == events.PartSection {
 		for _, c := range st.Calls {
 			if c.PlanIndex == p.Index {
-				req.Results = []events.Observation{observe(st, c, true, st.Synthesis.ObservationBytes)}
+				req.Results = []events.Observation{observe(st, c, true, st.Agent.Synthesis.ObservationBytes)}
 			}
 		}
 		return req
@@ -154,10 +154,10 @@ func (s *SynthesisState) part(kind string, index int) *SynthesisPart {
 }
 
 func (m *Machine) onSynthesis(st *State, sc *events.SynthesisCompleted) []Effect {
-	if st.IsTerminal() || st.Phase != PhaseSynthesizing || st.Cycle != sc.Cycle || st.Synthesis == nil {
+	if st.Agent == nil || st.IsTerminal() || st.Phase != PhaseSynthesizing || st.Cycle != sc.Cycle || st.Agent.Synthesis == nil {
 		return nil
 	}
-	p := st.Synthesis.part(sc.Part, sc.Index)
+	p := st.Agent.Synthesis.part(sc.Part, sc.Index)
 	if p == nil || p.Done || !p.Requested {
 		return nil // a duplicate or an answer to nothing asked
 	}
