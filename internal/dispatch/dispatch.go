@@ -379,7 +379,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 	if st.IsTerminal() {
 		d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), 0)
 	}
-	return d.flush(ctx, st, rev)
+	return d.flush(ctx, st, val, rev)
 }
 
 // flushStored publishes the outbox of the stored state of runID, if it has
@@ -399,14 +399,14 @@ func (d *Dispatcher) flushStored(ctx context.Context, runID string) error {
 		d.cache.put(runID, entry.Value(), entry.Revision(), st.IsTerminal())
 		return nil
 	}
-	return d.flush(ctx, &st, entry.Revision())
+	return d.flush(ctx, &st, entry.Value(), entry.Revision())
 }
 
-// flush publishes the outbox of st, stored at revision rev, then clears it
-// (unless another event of the run is queued: its write will). Until the
-// outbox is published the state is not cached, so a failed publish is
-// retried from the stored outbox.
-func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev uint64) error {
+// flush publishes the outbox of st (stored at revision rev, encoded as
+// val), then clears it — unless another event of the run is queued: that
+// transition's write drops it. Until the outbox is published the state is
+// not cached, so a failed publish is retried from the stored outbox.
+func (d *Dispatcher) flush(ctx context.Context, st *run.State, val []byte, rev uint64) error {
 	if d.crashAfterWrite != nil && d.crashAfterWrite(st.RunID) {
 		d.cache.drop(st.RunID)
 		return errSimulatedCrash
@@ -415,21 +415,17 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev uint64) error
 		d.cache.drop(st.RunID)
 		return err
 	}
-	if d.queued(st.RunID) {
-		// The next transition of the run drops the published outbox in its
-		// own write: cache the state as published.
-		if val, err := json.Marshal(st); err == nil {
-			d.cache.put(st.RunID, val, rev, st.IsTerminal())
-		}
+	if len(st.Outbox) == 0 || d.queued(st.RunID) {
+		d.cache.put(st.RunID, val, rev, st.IsTerminal())
 		return nil
 	}
 	st.Outbox = nil
-	val, err := json.Marshal(st)
+	cleared, err := json.Marshal(st)
 	if err != nil {
 		return events.Permanent(err)
 	}
 	uctx, cancel := events.Bounded(ctx)
-	rev, err = d.runs.Update(uctx, st.RunID, val, rev)
+	rev, err = d.runs.Update(uctx, st.RunID, cleared, rev)
 	cancel()
 	if err != nil {
 		// Another writer came first (its state carries the outbox, which
@@ -441,7 +437,7 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev uint64) error
 		}
 		return nil
 	}
-	d.cache.put(st.RunID, val, rev, st.IsTerminal())
+	d.cache.put(st.RunID, cleared, rev, st.IsTerminal())
 	return nil
 }
 
@@ -562,7 +558,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			}
 			if len(carried) > 0 {
 				st.Outbox = carried
-				return d.flush(ctx, &st, revision)
+				return d.flush(ctx, &st, before, revision)
 			}
 			d.cache.put(runID, before, revision, st.IsTerminal())
 			return nil
@@ -600,7 +596,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		if !wasTerminal && st.IsTerminal() {
 			d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), st.UpdatedAt.Sub(st.CreatedAt))
 		}
-		return d.flush(ctx, &st, rev)
+		return d.flush(ctx, &st, after, rev)
 	}
 	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
 }
