@@ -47,10 +47,10 @@ func StepModes(modes ...string) StepOption {
 
 // Step adds a step.
 func (w *Workflow) Step(id, action string, input map[string]any, opts ...StepOption) *Workflow {
-	s := map[string]any{"id": id, "action": action}
-	if input != nil {
-		s["input"] = input
+	if input == nil {
+		input = map[string]any{} // every step gives its input
 	}
+	s := map[string]any{"id": id, "action": action, "input": input}
 	for _, o := range opts {
 		o(s)
 	}

@@ -173,7 +173,7 @@ func TestWorkflowValidatePrintsEveryIssueAndFails(t *testing.T) {
 		assert.Contains(t, out.String(), want)
 	}
 	good := filepath.Join(dir, "good.json")
-	require.NoError(t, os.WriteFile(good, []byte(`{"workflowName": "w", "steps": [{"id": "a", "action": "x.y"}]}`), 0o600))
+	require.NoError(t, os.WriteFile(good, []byte(`{"workflowName": "w", "steps": [{"id": "a", "action": "x.y", "input": {}}]}`), 0o600))
 	out.Reset()
 	assert.Equal(t, 0, cli.Execute(context.Background(), []string{"workflow", "validate", good}, nil, &out, &errOut))
 	assert.Contains(t, out.String(), "valid")

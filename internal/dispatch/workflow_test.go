@@ -142,7 +142,7 @@ func TestWorkflowFailuresAndTimeouts(t *testing.T) {
 	assert.Equal(t, "timeout", cause["code"])
 
 	res, err = st.Client.Run(ctx, client.RunRequest{Workflow: map[string]any{"workflowName": "w", "steps": []any{
-		map[string]any{"id": "a", "action": "wf.search", "retry": map[string]any{"maxAttempts": 0}}}}}, nil)
+		map[string]any{"id": "a", "action": "wf.search", "input": map[string]any{}, "retry": map[string]any{"maxAttempts": 0}}}}}, nil)
 	require.NoError(t, err)
 	assert.ErrorIs(t, res.Error, actionbus.ErrWorkflowValidation)
 	issues := res.Error.Details["issues"].([]any)

@@ -85,6 +85,11 @@ const (
 	CodeUnknownField          actionbus.Code = "unknown_field"
 )
 
+// IssueCodes lists every code an [Issue] can carry.
+var IssueCodes = []actionbus.Code{CodeInvalidName, CodeMissingSteps, CodeInvalidStepID, actionbus.CodeDuplicateStep,
+	actionbus.CodeActionNotFound, CodeInvalidActionMode, CodeStepModeExcluded, CodeInvalidRetry, CodeInvalidTimeout,
+	CodeInvalidContinue, CodeInvalidIdempotencyKey, CodeUnsupportedInput, actionbus.CodeInvalidStepReference, CodeUnknownField}
+
 var (
 	namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 	modes       = []string{"read", "draft", "dryRun", "mutate"}
@@ -219,7 +224,10 @@ func Validate(doc any, catalog Catalog) []Issue {
 				add(CodeInvalidIdempotencyKey, p+"/idempotencyKey", "idempotencyKey must be a non-empty string of at most 512 characters")
 			}
 		}
-		if v, present := st["input"]; present {
+		if v, present := st["input"]; !present {
+			// The seed: every step gives its input ({} for none).
+			add(CodeUnsupportedInput, p+"/input", "a step needs an input object ({} for none)")
+		} else {
 			in, ok := v.(map[string]any)
 			if !ok {
 				add(CodeUnsupportedInput, p+"/input", "input must be a JSON object")
@@ -235,10 +243,12 @@ func Validate(doc any, catalog Catalog) []Issue {
 							add(CodeUnsupportedInput, path+"/"+escape(k), "a $fromStep reference has only $fromStep and path")
 						}
 					}
-					if ptr, present := ref["path"]; present {
-						if s, ok := ptr.(string); !ok || (s != "" && !strings.HasPrefix(s, "/")) {
-							add(CodeUnsupportedInput, path+"/path", "path must be a JSON Pointer (\"\" or starting with /)")
-						}
+					// The seed: a reference is fromStep(stepId, path), the path a
+					// JSON Pointer; anything else is an invalid step reference.
+					if ptr, present := ref["path"]; !present {
+						add(actionbus.CodeInvalidStepReference, path+"/path", "a $fromStep reference needs a path (a JSON Pointer; \"\" for the whole output)")
+					} else if s, ok := ptr.(string); !ok || (s != "" && !strings.HasPrefix(s, "/")) {
+						add(actionbus.CodeInvalidStepReference, path+"/path", "path must be a JSON Pointer (\"\" or starting with /)")
 					}
 					j, known := seen[from]
 					switch {

@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"encoding/json"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -27,8 +28,8 @@ func TestValidationReportsEveryCheckWithCodeAndPath(t *testing.T) {
 		{"missing steps", `{"workflowName": "w"}`, []workflow.Issue{{Code: "missing_steps", Path: "/steps"}}},
 		{"empty steps", `{"workflowName": "w", "steps": []}`, []workflow.Issue{{Code: "missing_steps", Path: "/steps"}}},
 		{"duplicate step ids", `{"workflowName": "w", "steps": [` + step("") + `,` + step("") + `]}`, []workflow.Issue{{Code: "duplicate_step", Path: "/steps/1/id"}}},
-		{"unknown action", `{"workflowName": "w", "steps": [{"id": "a", "action": "nope.missing"}]}`, []workflow.Issue{{Code: "action_not_found", Path: "/steps/0/action"}}},
-		{"invalid action mode", `{"workflowName": "w", "steps": [{"id": "a", "action": "odd.action"}]}`, []workflow.Issue{{Code: "invalid_action_mode", Path: "/steps/0/action"}}},
+		{"unknown action", `{"workflowName": "w", "steps": [{"id": "a", "action": "nope.missing", "input": {}}]}`, []workflow.Issue{{Code: "action_not_found", Path: "/steps/0/action"}}},
+		{"invalid action mode", `{"workflowName": "w", "steps": [{"id": "a", "action": "odd.action", "input": {}}]}`, []workflow.Issue{{Code: "invalid_action_mode", Path: "/steps/0/action"}}},
 		{"allowedModes exclude the action's mode", `{"workflowName": "w", "steps": [` + step(`, "allowedModes": ["dryRun"]`) + `]}`, []workflow.Issue{{Code: "step_mode_excluded", Path: "/steps/0/allowedModes"}}},
 		{"unknown mode in allowedModes", `{"workflowName": "w", "steps": [` + step(`, "allowedModes": ["read", "yolo"]`) + `]}`, []workflow.Issue{{Code: "invalid_action_mode", Path: "/steps/0/allowedModes/1"}}},
 		{"maxAttempts below one", `{"workflowName": "w", "steps": [` + step(`, "retry": {"maxAttempts": 0}`) + `]}`, []workflow.Issue{{Code: "invalid_retry", Path: "/steps/0/retry/maxAttempts"}}},
@@ -42,15 +43,22 @@ func TestValidationReportsEveryCheckWithCodeAndPath(t *testing.T) {
 		{"idempotency key not a string", `{"workflowName": "w", "steps": [` + step(`, "idempotencyKey": 7`) + `]}`, []workflow.Issue{{Code: "invalid_idempotency_key", Path: "/steps/0/idempotencyKey"}}},
 		{"reference to a missing step", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"jobIds": {"$fromStep": "ghost", "path": "/x"}}}]}`,
 			[]workflow.Issue{{Code: "invalid_step_reference", Path: "/steps/1/input/jobIds/$fromStep"}}},
-		{"reference to a future step", `{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.dryRunRetry", "input": {"jobIds": {"$fromStep": "b", "path": "/x"}}}, {"id": "b", "action": "delivery.searchJobs"}]}`,
+		{"reference to a future step", `{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.dryRunRetry", "input": {"jobIds": {"$fromStep": "b", "path": "/x"}}}, {"id": "b", "action": "delivery.searchJobs", "input": {}}]}`,
 			[]workflow.Issue{{Code: "invalid_step_reference", Path: "/steps/0/input/jobIds/$fromStep"}}},
-		{"reference to itself", `{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.dryRunRetry", "input": {"jobIds": [{"$fromStep": "a"}]}}]}`,
+		{"reference to itself", `{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.dryRunRetry", "input": {"jobIds": [{"$fromStep": "a", "path": ""}]}}]}`,
 			[]workflow.Issue{{Code: "invalid_step_reference", Path: "/steps/0/input/jobIds/0/$fromStep"}}},
 		{"input not an object", `{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.searchJobs", "input": [1]}]}`, []workflow.Issue{{Code: "unsupported_input_value", Path: "/steps/0/input"}}},
 		{"reference with an extra key", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"x": {"$fromStep": "jobs", "path": "/a", "default": 1}}}]}`,
 			[]workflow.Issue{{Code: "unsupported_input_value", Path: "/steps/1/input/x/default"}}},
-		{"reference path not a pointer", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"x": {"$fromStep": "jobs", "path": "jobIds"}}}]}`,
-			[]workflow.Issue{{Code: "unsupported_input_value", Path: "/steps/1/input/x/path"}}},
+		// Seed 002: a reference is fromStep(stepId, path); a missing path
+		// or one that is not a JSON Pointer is an invalid step reference.
+		{"seed 002: a reference path that is not a pointer is an invalid step reference", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"x": {"$fromStep": "jobs", "path": "jobIds"}}}]}`,
+			[]workflow.Issue{{Code: "invalid_step_reference", Path: "/steps/1/input/x/path"}}},
+		{"seed 002: a reference without a path is an invalid step reference", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"x": {"$fromStep": "jobs"}}}]}`,
+			[]workflow.Issue{{Code: "invalid_step_reference", Path: "/steps/1/input/x/path"}}},
+		// Seed 002: every step gives its input, at /steps/N/input.
+		{"seed 002: a step without input is invalid input", `{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.searchJobs"}]}`,
+			[]workflow.Issue{{Code: "unsupported_input_value", Path: "/steps/0/input"}}},
 		{"unknown step field", `{"workflowName": "w", "steps": [` + step(`, "retries": 3`) + `]}`, []workflow.Issue{{Code: "unknown_field", Path: "/steps/0/retries"}}},
 	}
 	for _, c := range cases {
@@ -70,7 +78,7 @@ func TestValidationReportsEveryCheckWithCodeAndPath(t *testing.T) {
 
 func TestValidationWithoutACatalogSkipsActionChecks(t *testing.T) {
 	var doc any
-	require.NoError(t, json.Unmarshal([]byte(`{"workflowName": "w", "steps": [{"id": "a", "action": "not.known"}]}`), &doc))
+	require.NoError(t, json.Unmarshal([]byte(`{"workflowName": "w", "steps": [{"id": "a", "action": "not.known", "input": {}}]}`), &doc))
 	assert.Empty(t, workflow.Validate(doc, nil))
 }
 
@@ -95,4 +103,13 @@ func TestRetryDelays(t *testing.T) {
 	assert.Equal(t, []int64{100, 100, 100}, []int64{fixed.Delay(2), fixed.Delay(3), fixed.Delay(4)})
 	assert.Equal(t, []int64{100, 200, 400}, []int64{exp.Delay(2), exp.Delay(3), exp.Delay(4)})
 	assert.Equal(t, 1, workflow.Step{}.Attempts())
+}
+
+// TestEveryIssueCodeIsDocumented: docs/events.md lists every issue code.
+func TestEveryIssueCodeIsDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/events.md")
+	require.NoError(t, err)
+	for _, c := range workflow.IssueCodes {
+		assert.Contains(t, string(b), "| `"+string(c)+"` |", "issue code %s", c)
+	}
 }
