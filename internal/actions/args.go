@@ -112,21 +112,34 @@ func (c *ArgsChecker) Prepare(args map[string]any, origin string) (map[string]an
 	if c.schema == nil {
 		return in, rep, nil
 	}
+	// The seed's rule: a required value given as null, or a required
+	// string of only whitespace, is missing — not a type error, and not
+	// valid.
+	out := c.blankRequired(in)
+	blank := make(map[string]bool, len(out))
+	for _, is := range out {
+		blank[is.Key] = true
+	}
 	doc, err := json.Marshal(in)
 	if err != nil {
 		return in, rep, []ArgIssue{{ActionName: c.def.Name, Reason: "encoding", Error: err.Error()}}
 	}
 	verr := c.schema.ValidateJSON(doc)
 	if verr == nil {
+		if len(out) > 0 {
+			return in, rep, out
+		}
 		return in, rep, nil
 	}
 	var abErr *actionbus.Error
 	if !errors.As(verr, &abErr) {
-		return in, rep, []ArgIssue{{ActionName: c.def.Name, Reason: "invalid", Error: verr.Error()}}
+		return in, rep, append(out, ArgIssue{ActionName: c.def.Name, Reason: "invalid", Error: verr.Error()})
 	}
 	issues, _ := abErr.Details["issues"].([]schema.Issue)
-	out := make([]ArgIssue, 0, len(issues))
 	for _, is := range issues {
+		if blank[is.Path] {
+			continue // already reported as missing
+		}
 		reason := is.Keyword
 		switch reason {
 		case "required":
@@ -140,6 +153,33 @@ func (c *ArgsChecker) Prepare(args map[string]any, origin string) (map[string]an
 		out = append(out, ArgIssue{ActionName: c.def.Name, Reason: "invalid", Error: abErr.Message})
 	}
 	return in, rep, out
+}
+
+// blankRequired reports the required top-level keys whose value is null or
+// a string of only whitespace, as missing.
+func (c *ArgsChecker) blankRequired(in map[string]any) []ArgIssue {
+	required, _ := c.root["required"].([]any)
+	var out []ArgIssue
+	for _, r := range required {
+		k, _ := r.(string)
+		v, present := in[k]
+		if !present {
+			continue // the schema reports it
+		}
+		switch t := v.(type) {
+		case nil:
+			out = append(out, ArgIssue{ActionName: c.def.Name, Key: "/" + pointerEscape(k), Reason: "missing", Error: "required value is null"})
+		case string:
+			if strings.TrimSpace(t) == "" {
+				out = append(out, ArgIssue{ActionName: c.def.Name, Key: "/" + pointerEscape(k), Reason: "missing", Error: "required string is blank"})
+			}
+		}
+	}
+	return out
+}
+
+func pointerEscape(k string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
 }
 
 // ArgsError turns issues into the action_args_invalid error that travels

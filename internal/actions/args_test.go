@@ -72,8 +72,12 @@ func TestPrepareArgs(t *testing.T) {
 			issues: []string{"/filter/status"}, reasons: []string{"missing"}},
 		{name: "null kept where allowed", origin: "model", in: `{"document_no":"D1","filter":{"status":"a","since":null}}`,
 			want: `{"document_no":"D1","filter":{"status":"a","since":null}}`},
-		{name: "null refused where not allowed", origin: "model", in: `{"document_no":null}`, want: `{"document_no":null}`,
-			issues: []string{"/document_no"}, reasons: []string{"type"}},
+		{name: "seed 000: a required value given as null is missing", origin: "model", in: `{"document_no":null}`, want: `{"document_no":null}`,
+			issues: []string{"/document_no"}, reasons: []string{"missing"}},
+		{name: "seed 000: a required string of only whitespace is missing", origin: "model", in: `{"document_no":" \t\n"}`, want: `{"document_no":" \t\n"}`,
+			issues: []string{"/document_no"}, reasons: []string{"missing"}},
+		{name: "null refused where not allowed and not required", origin: "model", in: `{"document_no":"D1","pageSize":null}`, want: `{"document_no":"D1","pageSize":null}`,
+			issues: []string{"/pageSize"}, reasons: []string{"type"}},
 		{name: "empty input", origin: "model", in: `null`, want: `{}`, issues: []string{"/document_no"}, reasons: []string{"missing"}},
 	}
 	for _, tc := range cases {
