@@ -334,6 +334,17 @@ func observe(st *State, c CallState, isPlan bool, maxBytes int) events.Observati
 	return obs
 }
 
+// plannedActionError is the structured error result a failed action of a
+// partial_ok plan records (seed 000): its kind, action, plan index and
+// error.
+func plannedActionError(c CallState) map[string]any {
+	out := map[string]any{"kind": "planned_action_error", "actionName": c.Action, "planIndex": c.PlanIndex}
+	if c.Error != nil {
+		out["error"] = map[string]any{"code": string(c.Error.Code), "message": c.Error.Message}
+	}
+	return out
+}
+
 // digest returns v, or a bounded digest of it when its JSON is larger than
 // max bytes.
 func digest(v any, max int) any {
@@ -407,7 +418,11 @@ func (m *Machine) evaluate(st *State) []Effect {
 		out = append(out, step(st, StepPlanFailed, nil, "", obs.Summary, "failed"))
 	} else {
 		for _, c := range st.Calls {
-			st.Agent.Observations = append(st.Agent.Observations, m.observe(st, c, isPlan))
+			obs := m.observe(st, c, isPlan)
+			if isPlan && !c.OK {
+				obs.Output = plannedActionError(c)
+			}
+			st.Agent.Observations = append(st.Agent.Observations, obs)
 		}
 	}
 	facts, stopped := m.guard(st, failed, succeeded)

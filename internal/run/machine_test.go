@@ -187,6 +187,13 @@ func TestPartialOK(t *testing.T) {
 			require.Len(t, h.st.Agent.Observations, 2, "the invalid one is a failed result")
 			assert.True(t, h.st.Agent.Observations[0].OK)
 			assert.False(t, h.st.Agent.Observations[1].OK)
+			// Seed 000: a failed entry of a partial_ok plan is a structured
+			// error result.
+			failed := h.st.Agent.Observations[1].Output.(map[string]any)
+			assert.Equal(t, "planned_action_error", failed["kind"])
+			assert.Equal(t, "t.query", failed["actionName"])
+			assert.EqualValues(t, 1, failed["planIndex"])
+			assert.Equal(t, string(actionbus.CodeActionArgsInvalid), failed["error"].(map[string]any)["code"])
 		})
 	}
 }
@@ -610,4 +617,21 @@ func TestStepNamesAreUnique(t *testing.T) {
 		assert.False(t, seen[n], "%s listed twice", n)
 		seen[n] = true
 	}
+}
+
+// Seed 000: partial_ok records failed actions as structured error results
+// and goes on.
+func TestPartialOKRecordsAFailedActionAsAPlannedActionError(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	p := plan(action("t.read", nil), action("t.other", nil))
+	p.PartialOK = true
+	h.decide(p)
+	calls := h.dispatched()
+	h.failCall(calls[1].CallID, "upstream_down")
+	h.succeed(calls[0].CallID, map[string]any{"rows": 2})
+	require.Len(t, h.st.Agent.Observations, 2)
+	assert.Equal(t, map[string]any{"rows": float64(2)}, h.st.Agent.Observations[0].Output)
+	assert.Equal(t, map[string]any{"kind": "planned_action_error", "actionName": "t.other", "planIndex": float64(1),
+		"error": map[string]any{"code": "upstream_down", "message": "it failed"}}, h.st.Agent.Observations[1].Output)
+	assert.Equal(t, 2, h.st.Cycle, "the run goes on")
 }
