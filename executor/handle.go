@@ -277,7 +277,7 @@ func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, reg *actions.
 				err = actionbus.Errorf(actionbus.CodeCanceled, "action %s was canceled: its run ended", call.Action)
 			case err != nil && errors.Is(err, context.DeadlineExceeded) && actionbus.CodeOf(err) == actionbus.CodeInternal,
 				err == nil && errors.Is(hctx.Err(), context.DeadlineExceeded):
-				err = actionbus.Errorf(actionbus.CodeTimeout, "action %s exceeded its %s timeout", call.Action, timeout)
+				err = timeoutError(call.Action, timeout, false)
 			}
 			return r.res, time.Since(start), nil, err
 		case <-beat.C:
@@ -287,6 +287,15 @@ func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, reg *actions.
 				continue // canceled: wait for the handler to return
 			}
 			took := time.Since(start)
+			// A handler that honours its context returns right after the
+			// deadline: give it a moment before calling it stubborn.
+			grace := time.NewTimer(returnGrace)
+			select {
+			case <-done:
+				grace.Stop()
+				return actions.Result{}, took, nil, timeoutError(call.Action, timeout, false)
+			case <-grace.C:
+			}
 			e.log.Warn("handler ignored its deadline; reporting a timeout and discarding its late output",
 				"action", call.Action, "call_id", call.CallID, "timeout", timeout)
 			abandoned := make(chan struct{})
@@ -294,10 +303,25 @@ func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, reg *actions.
 				<-done // the late output is discarded
 				close(abandoned)
 			}()
-			return actions.Result{}, took, abandoned,
-				actionbus.Errorf(actionbus.CodeTimeout, "action %s exceeded its %s timeout (the handler ignored its context)", call.Action, timeout)
+			return actions.Result{}, took, abandoned, timeoutError(call.Action, timeout, true)
 		}
 	}
+}
+
+// returnGrace is how long a handler may take to return once its deadline
+// passed before it counts as ignoring its context.
+const returnGrace = 100 * time.Millisecond
+
+// timeoutError is the timeout failure of an action: the timeout is in its
+// details (timeoutMs), and ignoredContext says whether the handler was
+// still running after returnGrace (its late output is discarded).
+func timeoutError(action string, timeout time.Duration, ignoredContext bool) *actionbus.Error {
+	msg := fmt.Sprintf("action %s exceeded its %s timeout", action, timeout)
+	if ignoredContext {
+		msg += " (the handler ignored its context)"
+	}
+	return (&actionbus.Error{Code: actionbus.CodeTimeout, Message: msg}).
+		WithDetail("timeoutMs", timeout.Milliseconds()).WithDetail("ignoredContext", ignoredContext)
 }
 
 func (e *Executor) heartbeatInterval() time.Duration {

@@ -76,12 +76,34 @@ func TestAHandlerIgnoringItsDeadlineIsReportedTimedOutAtTheDeadline(t *testing.T
 	assert.Equal(t, client.StatusFailed, res.Status)
 	assert.ErrorIs(t, res.Error, actionbus.ErrTimeout)
 	assert.Contains(t, res.Error.Message, "ignored its context")
+	assert.Equal(t, true, res.Error.Details["ignoredContext"])
+	assert.EqualValues(t, 200, res.Error.Details["timeoutMs"])
 	assert.False(t, returned.Load(), "the timeout was reported while the handler still ran")
 	assert.Less(t, took, 5*time.Second)
 	close(release) // the late output is discarded; the slot frees up
 	res, err = st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.stubborn"}}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, client.StatusCompleted, res.Status, "the slot was given back once the handler returned")
+}
+
+// TestAHandlerHonouringItsDeadlineIsNotCalledStubborn: a handler that
+// returns when its context ends is reported as timed out, with the timeout
+// in the details, and not as one that ignored its context.
+func TestAHandlerHonouringItsDeadlineIsNotCalledStubborn(t *testing.T) {
+	srv := actionbustest.NewServer(t)
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "test.polite", Timeout: 150 * time.Millisecond},
+			func(ctx context.Context, _ struct{}, _ executor.Call) (executor.Result[blobOut], error) {
+				<-ctx.Done()
+				return executor.Result[blobOut]{}, ctx.Err()
+			})
+	}})
+	res, err := st.Client.Run(ctxT(t), client.RunRequest{Action: &client.ActionCall{Name: "test.polite"}}, nil)
+	require.NoError(t, err)
+	require.ErrorIs(t, res.Error, actionbus.ErrTimeout)
+	assert.NotContains(t, res.Error.Message, "ignored")
+	assert.Equal(t, false, res.Error.Details["ignoredContext"])
+	assert.EqualValues(t, 150, res.Error.Details["timeoutMs"])
 }
 
 // TestATimedOutHandlerKeepsItsIdempotencyKeyUntilItReturns: a handler that
