@@ -191,7 +191,7 @@ func approveCmd(g *globals) *cobra.Command {
 			}
 			input, _ := json.MarshalIndent(p.Input, "  ", "  ")
 			fmt.Fprintf(g.out, "approving %s\n  action:     %s\n  for user:   %s\n  input hash: %s\n  expires:    %s\n  reason:     %s\n  input:      %s\n",
-				args[0], p.Context.Action, p.Context.UserID, p.Context.InputHash, p.Context.ExpiresAt.Format(time.RFC3339), p.Reason, input)
+				args[0], p.Context.Action, orNone(p.Context.UserID), p.Context.InputHash, p.Context.ExpiresAt.Format(time.RFC3339), p.Reason, input)
 			for kid, key := range keys {
 				if err := c.Approve(ctx, args[0], kid, key, approver); err != nil {
 					return fmt.Errorf("approval %s refused: %w", args[0], err)
@@ -718,4 +718,12 @@ func replayCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the recorded run's events and the replay")
 	return cmd
+}
+
+// orNone prints an empty value as "(none)".
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
 }

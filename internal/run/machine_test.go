@@ -635,3 +635,21 @@ func TestPartialOKRecordsAFailedActionAsAPlannedActionError(t *testing.T) {
 		"error": map[string]any{"code": "upstream_down", "message": "it failed"}}, h.st.Agent.Observations[1].Output)
 	assert.Equal(t, 2, h.st.Cycle, "the run goes on")
 }
+
+// TestRunStartedNamesTheRunsKind: run.started says agent, exec or
+// workflow (a workflow run was announced as an agent run).
+func TestRunStartedNamesTheRunsKind(t *testing.T) {
+	var wf map[string]any
+	require.NoError(t, json.Unmarshal([]byte(`{"workflowName": "w", "steps": [{"id": "a", "action": "t.read", "input": {}}]}`), &wf))
+	for _, tc := range []struct {
+		req  events.RunRequested
+		kind Kind
+	}{
+		{events.RunRequested{Prompt: "p"}, KindAgent},
+		{events.RunRequested{Action: &events.ActionCall{Name: "t.read"}}, KindExec},
+		{events.RunRequested{Workflow: wf}, KindWorkflow},
+	} {
+		h := newHarness(t, Limits{}).start(tc.req)
+		assert.Equal(t, string(tc.kind), h.all[0].Data.(*events.RunStarted).Kind)
+	}
+}
