@@ -133,7 +133,7 @@ func start(ctx context.Context, executors, slots int) *env {
 	must(err)
 	st, err := stack.Start(ctx, svcConn, stack.Config{Provider: script, Executors: executors, Slots: slots, Register: register})
 	must(err)
-	c, err := client.New(nc)
+	c, err := client.New(nc, client.Options{})
 	must(err)
 	e := &env{nc: nc, js: js, c: c}
 	// One subscription for every terminal event: the harness measures the

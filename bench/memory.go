@@ -84,7 +84,7 @@ func memoryInFlight(ctx context.Context, n int) (float64, string, error) {
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 
-	c, err := client.New(nc)
+	c, err := client.New(nc, client.Options{})
 	if err != nil {
 		return 0, "", err
 	}

@@ -42,25 +42,29 @@ type Client struct {
 	topo events.Topology
 }
 
-// New returns a client using nc.
-func New(nc *nats.Conn, opts ...Options) (*Client, error) {
-	var o Options
-	if len(opts) > 0 {
-		o = opts[0]
-	}
+func (o *Options) setDefaults() {
 	if o.Source == "" {
 		o.Source = "/actionbus/client"
 	}
-	topo := events.Topology{Prefix: o.Prefix}
-	if err := topo.Validate(); err != nil {
+}
+
+// Validate reports configuration errors (a prefix that is not a subject
+// token).
+func (o *Options) Validate() error {
+	return events.Topology{Prefix: o.Prefix}.Validate()
+}
+
+// New returns a client using nc; the zero Options are the defaults.
+func New(nc *nats.Conn, opts Options) (*Client, error) {
+	opts.setDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	bus, err := events.Open(nc, events.BusConfig{Prefix: o.Prefix, Source: o.Source})
+	bus, err := events.Open(nc, events.BusConfig{Prefix: opts.Prefix, Source: opts.Source})
 	if err != nil {
 		return nil, err
 	}
-	js := bus.JetStream()
-	return &Client{nc: nc, js: js, bus: bus, topo: topo}, nil
+	return &Client{nc: nc, js: bus.JetStream(), bus: bus, topo: events.Topology{Prefix: opts.Prefix}}, nil
 }
 
 // ActionCall names an action and its input.
@@ -164,7 +168,7 @@ func (c *Client) Input(ctx context.Context, runID, answer string) error {
 
 // PendingApproval is an approval request as an approver reads it.
 type PendingApproval struct {
-	Context events.ApprovalContext
+	Context ApprovalContext
 	// Input is the call's input as it will run.
 	Input  map[string]any
 	Reason string
@@ -591,7 +595,7 @@ type ActionInfo struct {
 	// PlannerVisible is false for actions hidden from planners.
 	PlannerVisible bool
 	// Permission is the normalized permission metadata.
-	Permission   actions.NormalizedPermission
+	Permission   Permission
 	Tags         []string
 	ResourceType string
 	RiskLevel    string
@@ -618,7 +622,7 @@ func (c *Client) Actions(ctx context.Context) ([]ActionInfo, error) {
 }
 
 // AuditRecords reads the audit records of a run, in stream order.
-func (c *Client) AuditRecords(ctx context.Context, runID string) ([]events.AuditRecorded, error) {
+func (c *Client) AuditRecords(ctx context.Context, runID string) ([]AuditRecord, error) {
 	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamAudit(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{c.topo.Subjects().RunAudit(runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
@@ -628,7 +632,7 @@ func (c *Client) AuditRecords(ctx context.Context, runID string) ([]events.Audit
 	defer func() {
 		_ = c.js.DeleteConsumer(context.WithoutCancel(ctx), c.topo.StreamAudit(), cons.CachedInfo().Name)
 	}()
-	var out []events.AuditRecorded
+	var out []AuditRecord
 	for {
 		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(500*time.Millisecond))
 		if err != nil {
@@ -686,7 +690,7 @@ type AuditQuery struct {
 // AuditStream delivers audit records with their audit-stream sequence, in
 // stream order, to fn until fn returns an error, the records run out (not
 // Live) or ctx ends.
-func (c *Client) AuditStream(ctx context.Context, q AuditQuery, fn func(seq uint64, rec events.AuditRecorded) error) error {
+func (c *Client) AuditStream(ctx context.Context, q AuditQuery, fn func(seq uint64, rec AuditRecord) error) error {
 	subjects := c.topo.Subjects()
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjects.AllAudit()}, DeliverPolicy: jetstream.DeliverAllPolicy}
 	if q.RunID != "" {

@@ -71,7 +71,7 @@ scenarios:
 `, registerEcho)
 	defer stop()
 
-	c, err := client.New(nc)
+	c, err := client.New(nc, client.Options{})
 	if err != nil {
 		panic(err)
 	}
@@ -98,7 +98,7 @@ func ExampleRunRequest_action() {
 	nc, stop := startDeployment(ctx, `scenarios: {}`, registerEcho)
 	defer stop()
 
-	c, _ := client.New(nc)
+	c, _ := client.New(nc, client.Options{})
 	res, err := c.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "demo.echo", Args: map[string]any{"message": "hi"}}}, nil)
 	if err != nil {
 		panic(err)

@@ -17,12 +17,12 @@ import (
 // decision of each cycle, what the planner saw before each decision, and
 // its result.
 type Recording struct {
-	Request *events.RunRequested
+	Request *RequestEvent
 	// Decisions are the decisions of cycles 1..n, in order.
-	Decisions []events.Decision
+	Decisions []Decision
 	// Observations[i] are the observations the planner saw before
 	// deciding cycle i+1.
-	Observations [][]events.Observation
+	Observations [][]Observation
 	Result       *Result
 }
 

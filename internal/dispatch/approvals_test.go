@@ -247,7 +247,7 @@ func TestAPendingApprovalSurvivesADispatcherRestart(t *testing.T) {
 	ctx := ctxT(t)
 	first, err := stack.Start(ctx, srv.Connect(t), cfg())
 	require.NoError(t, err)
-	c, err := client.New(srv.Conn)
+	c, err := client.New(srv.Conn, client.Options{})
 	require.NoError(t, err)
 	runID, err := c.Start(ctx, restart("mutate"))
 	require.NoError(t, err)

@@ -165,7 +165,7 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 		}})
 	require.NoError(t, err)
 	defer st.Stop()
-	c, err := client.New(connect())
+	c, err := client.New(connect(), client.Options{})
 	require.NoError(t, err)
 
 	const runs = 200

@@ -144,7 +144,7 @@ func TestAnIdempotentEffectSurvivesACrashAfterTheEffect(t *testing.T) {
 			dir := t.TempDir()
 			rec := srv.Record(t, "ab.run.*.result")
 			a := startTestExecutor(t, bin, srv.URL, dir, "ex-a", "CRASH_AFTER_EFFECT=1", "SLOTS=1")
-			c, err := client.New(srv.Conn)
+			c, err := client.New(srv.Conn, client.Options{})
 			require.NoError(t, err)
 			waitCatalog(t, ctx, c, "test.count")
 

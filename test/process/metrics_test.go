@@ -97,7 +97,7 @@ func TestServicesServeMetricsAndReadiness(t *testing.T) {
 		}, 20*time.Second, 20*time.Millisecond, "%s becomes ready", svc)
 	}
 
-	c, err := client.New(nc)
+	c, err := client.New(nc, client.Options{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		list, _ := c.Actions(ctx)

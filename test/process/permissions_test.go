@@ -38,7 +38,7 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	}
 
 	nc, clientRefused := connectAs(t, url("client"), "")
-	c, err := client.New(nc)
+	c, err := client.New(nc, client.Options{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		list, _ := c.Actions(ctx)
@@ -61,7 +61,7 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	approver, err := nats.Connect(url("approver"))
 	require.NoError(t, err)
 	defer approver.Close()
-	ac, err := client.New(approver)
+	ac, err := client.New(approver, client.Options{})
 	require.NoError(t, err)
 	runID, err := c.Start(ctx, client.RunRequest{Scenario: "delivery-retry", Prompt: "retry", AllowedModes: []string{"read", "dryRun", "mutate"}})
 	require.NoError(t, err)

@@ -150,7 +150,7 @@ func TestReadmeExampleRunsAgainstServiceProcesses(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := client.New(srv.Conn)
+	c, err := client.New(srv.Conn, client.Options{})
 	require.NoError(t, err)
 	// The executors publish the catalog when they are up.
 	require.Eventually(t, func() bool {

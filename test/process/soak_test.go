@@ -152,7 +152,7 @@ func TestChaosSoak(t *testing.T) {
 			}
 		}
 	})
-	c, err := client.New(srv.Conn)
+	c, err := client.New(srv.Conn, client.Options{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), chaosFor+5*time.Minute)
 	defer cancel()
