@@ -18,8 +18,12 @@ demo:
 test: examples
 	$(GO) test -race -count=1 ./...
 
+## examples: the example modules outside the main one build and vet
+## (binaries go to a temporary directory, never into the tree).
 examples:
-	cd examples/custom-executor && $(GO) build ./... && $(GO) vet ./...
+	for d in examples/custom-executor examples/client-app; do \
+		(cd $$d && $(GO) vet ./... && $(GO) build -o "$$(mktemp -d)/" ./...) || exit 1; \
+	done
 
 ## bench: Go benchmarks plus the end-to-end harness table.
 bench:
