@@ -1,6 +1,8 @@
 package actionbustest
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -117,6 +119,35 @@ func (r *Recorder) WaitForN(t testing.TB, timeout time.Duration, n int, match fu
 	return recs
 }
 
+// ErrNotSeen is returned by [Recorder.Await] when no recorded message
+// matched before the context ended.
+var ErrNotSeen = errors.New("actionbustest: no matching message")
+
+// Await is WaitFor for callers that word their own failure: it returns
+// the first recorded message that satisfies match (including ones recorded
+// before the call), or an error wrapping ErrNotSeen and the context's
+// error once ctx ends. A ctx without a deadline waits DefaultWait.
+func (r *Recorder) Await(ctx context.Context, match func(Recorded) bool) (Recorded, error) {
+	timeout := DefaultWait
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	if timeout <= 0 {
+		return Recorded{}, fmt.Errorf("%w: %w", ErrNotSeen, context.DeadlineExceeded)
+	}
+	stop := context.AfterFunc(ctx, r.wake)
+	defer stop()
+	recs, ok := r.waitUntil(ctx, timeout, 1, match)
+	if !ok {
+		cause := ctx.Err()
+		if cause == nil {
+			cause = context.DeadlineExceeded
+		}
+		return Recorded{}, fmt.Errorf("%w within %s (%d messages recorded): %w", ErrNotSeen, timeout.Round(time.Millisecond), len(r.All()), cause)
+	}
+	return recs[0], nil
+}
+
 // WaitForType waits for an event of eventType, optionally of one run.
 func (r *Recorder) WaitForType(t testing.TB, timeout time.Duration, eventType, runID string) Recorded {
 	t.Helper()
@@ -126,9 +157,15 @@ func (r *Recorder) WaitForType(t testing.TB, timeout time.Duration, eventType, r
 }
 
 func (r *Recorder) waitN(timeout time.Duration, n int, match func(Recorded) bool) ([]Recorded, bool) {
+	return r.waitUntil(context.Background(), timeout, n, match)
+}
+
+// waitUntil waits for n matches until the timeout passes or ctx ends
+// (whoever ends ctx must Broadcast r.cond).
+func (r *Recorder) waitUntil(ctx context.Context, timeout time.Duration, n int, match func(Recorded) bool) ([]Recorded, bool) {
 	deadline := time.Now().Add(orDefault(timeout))
 	// sync.Cond has no deadline; a timer broadcast wakes the waiter once.
-	timer := time.AfterFunc(orDefault(timeout), r.cond.Broadcast)
+	timer := time.AfterFunc(orDefault(timeout), r.wake)
 	defer timer.Stop()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -142,11 +179,19 @@ func (r *Recorder) waitN(timeout time.Duration, n int, match func(Recorded) bool
 				}
 			}
 		}
-		if !time.Now().Before(deadline) {
+		if !time.Now().Before(deadline) || ctx.Err() != nil {
 			return found, false
 		}
 		r.cond.Wait()
 	}
+}
+
+// wake wakes the waiters; holding the lock, so that a waiter between its
+// check and its Wait cannot miss it.
+func (r *Recorder) wake() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cond.Broadcast()
 }
 
 func (r *Recorder) describe() string {

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -11,15 +12,21 @@ import (
 
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/embedded"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/planner"
+	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/stack"
 )
 
 // startDeployment runs an embedded server and the four services, as
 // `actionbus dev` does, and returns a connection to it.
 func startDeployment(ctx context.Context, scenarios string, register func(*executor.Executor) error) (*nats.Conn, func()) {
+	return startDeploymentWith(ctx, scenarios, register, dispatch.Config{})
+}
+
+func startDeploymentWith(ctx context.Context, scenarios string, register func(*executor.Executor) error, dc dispatch.Config) (*nats.Conn, func()) {
 	dir, _ := os.MkdirTemp("", "actionbus-example-")
 	ns, err := embedded.Start(embedded.Options{Port: -1, StoreDir: dir})
 	if err != nil {
@@ -35,7 +42,7 @@ func startDeployment(ctx context.Context, scenarios string, register func(*execu
 		panic(err)
 	}
 	script, _ := planner.NewScript(sc)
-	st, err := stack.Start(ctx, nc, stack.Config{Provider: script, Register: register})
+	st, err := stack.Start(ctx, nc, stack.Config{Provider: script, Register: register, Dispatcher: dc})
 	if err != nil {
 		panic(err)
 	}
@@ -105,4 +112,82 @@ func ExampleRunRequest_action() {
 	}
 	fmt.Println(res.Status, res.Output)
 	// Output: completed map[message:hi]
+}
+
+// A mutation waits for an approval; an approver holding an approval key
+// looks at what it would approve, then signs it. Approve returns once the
+// dispatcher accepted the grant (a refusal is an error with its code).
+func ExampleClient_Approve() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key := []byte("0123456789abcdef0123456789abcdef")
+	nc, stop := startDeploymentWith(ctx, `scenarios: {}`, func(ex *executor.Executor) error {
+		type in struct {
+			Service string `json:"service"`
+		}
+		return executor.Register(ex, executor.Action{Name: "ops.restart", Mode: executor.ModeMutate, Description: "Restart a service."},
+			func(_ context.Context, x in, call executor.Call) (executor.Result[in], error) {
+				return executor.Result[in]{Output: x, Summary: "restarted " + x.Service + ", approved by " + call.Approval.Approver}, nil
+			})
+	}, dispatch.Config{ApprovalKeys: policy.Keys{"k1": key}})
+	defer stop()
+
+	c, _ := client.New(nc, client.Options{})
+	res, err := c.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "ops.restart", Args: map[string]any{"service": "api"}},
+		AllowedModes: []string{"read", "mutate"}}, func(e client.Event) {
+		s, ok := e.Step()
+		if !ok || s.Name != "awaiting-approval" {
+			return
+		}
+		id, _ := s.Details["approvalId"].(string)
+		p, err := c.Approval(ctx, id)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println("approving", p.Context.Action, "with input", p.Input)
+		if err := c.Approve(ctx, id, "k1", key, "ann"); err != nil {
+			panic(err)
+		}
+	})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(res.Status, "-", res.Answer)
+	// Output:
+	// approving ops.restart with input map[service:api]
+	// completed - restarted api, approved by ann
+}
+
+// Read a run's audit records: minimized, hash-chained, in order.
+func ExampleClient_AuditStream() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, stop := startDeployment(ctx, `scenarios: {}`, registerEcho)
+	defer stop()
+
+	c, _ := client.New(nc, client.Options{})
+	began := time.Now()
+	res, err := c.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "demo.echo", Args: map[string]any{"message": "hi"}}}, nil)
+	if err != nil {
+		panic(err)
+	}
+	// Live, from when the run began: records arrive as the auditor writes them; the run's terminal
+	// record is its last, so the callback stops there.
+	var kinds []string
+	done := errors.New("terminal record seen")
+	err = c.AuditStream(ctx, client.AuditQuery{RunID: res.RunID, Since: began, Live: true}, func(_ uint64, rec client.AuditRecord) error {
+		if rec.Kind != "run" {
+			return nil
+		}
+		kinds = append(kinds, rec.Kind+"/"+rec.Status)
+		if rec.Status == "completed" {
+			return done
+		}
+		return nil
+	})
+	if !errors.Is(err, done) {
+		panic(err)
+	}
+	fmt.Println(kinds)
+	// Output: [run/requested run/started run/completed]
 }
