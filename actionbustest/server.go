@@ -9,6 +9,9 @@ package actionbustest
 
 import (
 	"context"
+	"net/url"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -16,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	natsconf "github.com/actionbus/actionbus/deploy/nats"
 	"github.com/actionbus/actionbus/internal/embedded"
 	"github.com/actionbus/actionbus/internal/events"
 )
@@ -35,6 +39,12 @@ type Options struct {
 	// MaxPayload is the server's largest message; default the server's
 	// own default (1 MB), the limit a deployment meets.
 	MaxPayload int32
+	// Users starts the server with the accounts and least-privilege users
+	// of deploy/nats/accounts.conf (the password of user u is "pw-u"):
+	// [Server.UserURL] connects as one of them, Conn and JS are the admin
+	// user's, and provisioning runs as admin. Attacks on the trust rules
+	// are tested this way, as the deployed users.
+	Users bool
 }
 
 // Server is an embedded JetStream server for one test.
@@ -51,6 +61,8 @@ type Server struct {
 	Prefix string
 	// Pools are the provisioned executor pools.
 	Pools []string
+
+	users bool
 }
 
 // NewServer starts an embedded nats-server with JetStream on a free
@@ -69,7 +81,15 @@ func NewServer(t testing.TB, opts ...Options) *Server {
 	if len(o.Pools) == 0 {
 		o.Pools = []string{events.DefaultPool}
 	}
-	ns, err := embedded.Start(embedded.Options{Port: -1, StoreDir: t.TempDir(), MaxPayload: o.MaxPayload})
+	eo := embedded.Options{Port: -1, StoreDir: t.TempDir(), MaxPayload: o.MaxPayload}
+	if o.Users {
+		conf := filepath.Join(t.TempDir(), "accounts.conf")
+		if err := os.WriteFile(conf, []byte(natsconf.WithPasswords(userPassword)), 0o600); err != nil {
+			t.Fatalf("actionbustest: write accounts.conf: %v", err)
+		}
+		eo.ConfigFile = conf
+	}
+	ns, err := embedded.Start(eo)
 	if err != nil {
 		t.Fatalf("actionbustest: start nats-server: %v", err)
 	}
@@ -77,7 +97,10 @@ func NewServer(t testing.TB, opts ...Options) *Server {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 	})
-	s := &Server{NATS: ns, URL: ns.ClientURL(), Prefix: o.Prefix, Pools: o.Pools}
+	s := &Server{NATS: ns, URL: ns.ClientURL(), Prefix: o.Prefix, Pools: o.Pools, users: o.Users}
+	if o.Users {
+		s.URL = s.UserURL("admin")
+	}
 	s.Conn = s.Connect(t)
 	s.JS, err = jetstream.New(s.Conn)
 	if err != nil {
@@ -92,6 +115,26 @@ func NewServer(t testing.TB, opts ...Options) *Server {
 		}
 	}
 	return s
+}
+
+// userPassword is the password of a deployed user on a [Server] started
+// with Options.Users.
+func userPassword(user string) string { return "pw-" + user }
+
+// UserURL is the URL that connects as one of the users of
+// deploy/nats/accounts.conf (admin, dispatcher, planner, executor,
+// auditor, client, approver) on a server started with Options.Users; on
+// any other server it is URL.
+func (s *Server) UserURL(user string) string {
+	if !s.users {
+		return s.URL
+	}
+	u, err := url.Parse(s.NATS.ClientURL())
+	if err != nil {
+		return s.URL
+	}
+	u.User = url.UserPassword(user, userPassword(user))
+	return u.String()
 }
 
 // Connect opens another connection to the server, closed in t.Cleanup.

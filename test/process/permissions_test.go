@@ -3,10 +3,7 @@ package process
 import (
 	"context"
 	"encoding/base64"
-	"fmt"
-	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,9 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/embedded"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // TestLeastPrivilegeUsersRunTheSystem starts a server with the accounts and
@@ -108,33 +104,13 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 var deployApprovalKey = []byte("0123456789abcdef0123456789abcdef")
 
 // deployedServer starts an embedded server with the accounts and users of
-// deploy/nats (passwords pw-<user>, the server's default max payload) and
-// provisions it as admin. It returns the URL of each user and the admin's
-// JetStream context.
-func deployedServer(t *testing.T, ctx context.Context) (url func(user string) string, adminJS jetstream.JetStream) {
+// deploy/nats (actionbustest's Options.Users: passwords pw-<user>, the
+// server's default max payload), provisioned as admin, and sets the
+// approval key in the environment of the service processes. It returns the URL of each user and the admin's JetStream
+// context.
+func deployedServer(t *testing.T, _ context.Context) (url func(user string) string, adminJS jetstream.JetStream) {
 	t.Helper()
-	users := []string{"admin", "dispatcher", "planner", "executor", "auditor", "client", "approver"}
-	for _, u := range users {
-		t.Setenv(strings.ToUpper(u)+"_PASSWORD", "pw-"+u)
-	}
 	t.Setenv("ACTIONBUS_APPROVAL_KEYS", "k1:"+base64.StdEncoding.EncodeToString(deployApprovalKey))
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "server.conf")
-	// nats-server resolves includes relative to the including file.
-	accounts, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "nats", "accounts.conf"))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "accounts.conf"), accounts, 0o600))
-	require.NoError(t, os.WriteFile(conf, []byte("include ./accounts.conf\n"), 0o600))
-	ns, err := embedded.Start(embedded.Options{Port: -1, StoreDir: filepath.Join(dir, "js"), ConfigFile: conf})
-	require.NoError(t, err)
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	port := ns.Addr().String()[strings.LastIndex(ns.Addr().String(), ":")+1:]
-	url = func(user string) string { return fmt.Sprintf("nats://%s:pw-%s@127.0.0.1:%s", user, user, port) }
-	admin, err := nats.Connect(url("admin"))
-	require.NoError(t, err)
-	t.Cleanup(admin.Close)
-	adminJS, err = jetstream.New(admin)
-	require.NoError(t, err)
-	require.NoError(t, events.Topology{}.Provision(ctx, adminJS))
-	return url, adminJS
+	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true})
+	return srv.UserURL, srv.JS
 }
