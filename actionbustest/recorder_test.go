@@ -15,7 +15,7 @@ import (
 )
 
 func TestAwaitReturnsTheMessageOrAnErrorTheCallerWords(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "greet.>")
 	require.NoError(t, srv.Conn.Publish("greet.ann", []byte("hi")))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

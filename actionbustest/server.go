@@ -47,6 +47,15 @@ type Options struct {
 	Users bool
 }
 
+func (o *Options) setDefaults() {
+	if o.Prefix == "" {
+		o.Prefix = events.DefaultPrefix
+	}
+	if len(o.Pools) == 0 {
+		o.Pools = []string{events.DefaultPool}
+	}
+}
+
 // Server is an embedded JetStream server for one test.
 type Server struct {
 	// NATS is the embedded server.
@@ -67,20 +76,12 @@ type Server struct {
 
 // NewServer starts an embedded nats-server with JetStream on a free
 // loopback port and a store in t.TempDir(), connects to it and (unless
-// opts.SkipProvision) provisions every stream, consumer and bucket. The
+// o.SkipProvision) provisions every stream, consumer and bucket; the zero
+// Options are the defaults. The
 // server and connection are shut down in t.Cleanup.
-func NewServer(t testing.TB, opts ...Options) *Server {
+func NewServer(t testing.TB, o Options) *Server {
 	t.Helper()
-	var o Options
-	if len(opts) > 0 {
-		o = opts[0]
-	}
-	if o.Prefix == "" {
-		o.Prefix = events.DefaultPrefix
-	}
-	if len(o.Pools) == 0 {
-		o.Pools = []string{events.DefaultPool}
-	}
+	o.setDefaults()
 	eo := embedded.Options{Port: -1, StoreDir: t.TempDir(), MaxPayload: o.MaxPayload}
 	if o.Users {
 		conf := filepath.Join(t.TempDir(), "accounts.conf")

@@ -16,7 +16,7 @@ import (
 func BenchmarkActionsThroughExecutors(b *testing.B) {
 	for _, n := range []int{1, 4} {
 		b.Run(fmt.Sprintf("executors=%d", n), func(b *testing.B) {
-			srv := actionbustest.NewServer(b)
+			srv := actionbustest.NewServer(b, actionbustest.Options{})
 			st := srv.StartStack(b, actionbustest.StackOptions{Executors: n, Slots: 16, NoAuditor: true, Register: func(ex *executor.Executor) error {
 				return executor.Register(ex, executor.Action{Name: "bench.echo"},
 					func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {

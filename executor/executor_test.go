@@ -31,7 +31,7 @@ func ctxT(t *testing.T) context.Context {
 }
 
 func TestRegisteringANameTwiceFails(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	ex, err := executor.New(srv.Conn, executor.Config{})
 	require.NoError(t, err)
 	h := func(context.Context, greetIn, executor.Call) (executor.Result[greetOut], error) {
@@ -86,7 +86,7 @@ func failing(ex *executor.Executor) error {
 }
 
 func TestHandlerFailuresBecomeCodedResults(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: failing})
 	ctx := ctxT(t)
 	cases := []struct {
@@ -118,7 +118,7 @@ func TestHandlerFailuresBecomeCodedResults(t *testing.T) {
 }
 
 func TestCatalogListsRegisteredActionsWithDerivedSchemas(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: failing})
 	list, err := st.Client.Actions(ctxT(t))
 	require.NoError(t, err)
@@ -136,7 +136,7 @@ func TestCatalogListsRegisteredActionsWithDerivedSchemas(t *testing.T) {
 }
 
 func TestSameVersionWithAnotherDefinitionConflicts(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	ctx := ctxT(t)
 	start := func(desc, version string) error {
 		ex, err := executor.New(srv.Conn, executor.Config{})
@@ -165,7 +165,7 @@ func TestSameVersionWithAnotherDefinitionConflicts(t *testing.T) {
 }
 
 func TestHiddenActionsStayOutOfThePlannerListing(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		type in struct{}
 		h := func(context.Context, in, executor.Call) (executor.Result[in], error) {

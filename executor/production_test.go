@@ -28,7 +28,7 @@ type blobOut struct {
 }
 
 func TestLargeOutputsBecomeArtifactsThatReadBackExactly(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	blob := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		return executor.Register(ex, executor.Action{Name: "test.big"},
@@ -57,7 +57,7 @@ func TestLargeOutputsBecomeArtifactsThatReadBackExactly(t *testing.T) {
 }
 
 func TestAHandlerIgnoringItsDeadlineIsReportedTimedOutAtTheDeadline(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	release := make(chan struct{})
 	var returned atomic.Bool
 	st := srv.StartStack(t, actionbustest.StackOptions{Slots: 1, Register: func(ex *executor.Executor) error {
@@ -90,7 +90,7 @@ func TestAHandlerIgnoringItsDeadlineIsReportedTimedOutAtTheDeadline(t *testing.T
 // returns when its context ends is reported as timed out, with the timeout
 // in the details, and not as one that ignored its context.
 func TestAHandlerHonouringItsDeadlineIsNotCalledStubborn(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		return executor.Register(ex, executor.Action{Name: "test.polite", Timeout: 150 * time.Millisecond},
 			func(ctx context.Context, _ struct{}, _ executor.Call) (executor.Result[blobOut], error) {
@@ -111,7 +111,7 @@ func TestAHandlerHonouringItsDeadlineIsNotCalledStubborn(t *testing.T) {
 // while it still runs (a retry with the key would run beside it), and is
 // released once it returns.
 func TestATimedOutHandlerKeepsItsIdempotencyKeyUntilItReturns(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	release := make(chan struct{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		return executor.Register(ex, executor.Action{Name: "test.stubborn", Timeout: 200 * time.Millisecond},
@@ -142,7 +142,7 @@ func TestATimedOutHandlerKeepsItsIdempotencyKeyUntilItReturns(t *testing.T) {
 }
 
 func TestAnIdempotencyKeyReplaysTheFirstResult(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	var runs atomic.Int32
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		return executor.Register(ex, executor.Action{Name: "test.charge"},
@@ -179,7 +179,7 @@ func TestAnIdempotencyKeyReplaysTheFirstResult(t *testing.T) {
 // executor answers the call with run_ended and never calls the handler: no
 // effect follows a cancel.
 func TestQueuedWorkOfACanceledRunNeverRuns(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	release := make(chan struct{})
 	var once sync.Once
 	letGo := func() { once.Do(func() { close(release) }) }

@@ -21,7 +21,7 @@ import (
 // and a name published by two pools is refused, never resolved in favour
 // of either.
 func TestCatalogEntriesAreBoundToTheirPool(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketCatalog())

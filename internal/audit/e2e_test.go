@@ -106,7 +106,7 @@ func TestSecretsNeverReachTheAuditStreamSinksOrLogs(t *testing.T) {
 	jsonl, db := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "audit.db")
 	var logs syncBuffer
 	var flaky atomic.Int32
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	runs := srv.Record(t, "ab.run.>")
 	auditRec := srv.Record(t, "ab.audit.>")
 	st := srv.StartStack(t, actionbustest.StackOptions{
@@ -246,7 +246,7 @@ func TestASinkStoppedMidRunCatchesUpWithoutLossOrDuplicates(t *testing.T) {
 	jsonlPath, dbPath := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "audit.db")
 	var flaky atomic.Int32
 	flaky.Store(100) // jobs.flaky always works here
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: registerSecretActions(&flaky)})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

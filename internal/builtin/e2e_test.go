@@ -26,7 +26,7 @@ func TestBuiltinsRunOnExecutors(t *testing.T) {
 			r.URL.Query().Get("q"), pages.URL, pages.URL)
 	}))
 	t.Cleanup(searx.Close)
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		m, err := builtin.Register(ex, builtin.Config{Net: allowLoopback(), SearchEndpoint: searx.URL + "/search", WorkspaceRoot: t.TempDir()})
 		if err == nil {

@@ -180,7 +180,7 @@ func TestWorkflowValidatePrintsEveryIssueAndFails(t *testing.T) {
 }
 
 func TestAuditVerifyNamesTheFirstBrokenLink(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "ab.audit.*.*")
 	dir := t.TempDir()
 	jsonl, db := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "audit.db")

@@ -23,7 +23,7 @@ var key = []byte("0123456789abcdef0123456789abcdef")
 // retried call with the same idempotency key changes nothing twice.
 func TestExecuteRetryIsBoundToTheDryRun(t *testing.T) {
 	store := demo.NewStore()
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "ab.run.>")
 	st := srv.StartStack(t, actionbustest.StackOptions{ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(key),
 		Register: func(ex *executor.Executor) error { return demo.Register(ex, demo.Options{Store: store}) }})

@@ -80,7 +80,7 @@ func awaitingApproval(t *testing.T, rec *actionbustest.Recorder, runID string) s
 
 func startOps(t *testing.T, opts actionbustest.StackOptions) (*actionbustest.Server, *actionbustest.Recorder, *actionbustest.Stack, *opsActions) {
 	t.Helper()
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	ops := &opsActions{}
 	opts.Register, opts.Scenarios = ops.register, opsScenarios
@@ -233,7 +233,7 @@ func TestPolicyOutcomes(t *testing.T) {
 }
 
 func TestAPendingApprovalSurvivesADispatcherRestart(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	ops := &opsActions{}
 	script, err := planner.NewScript(nil)

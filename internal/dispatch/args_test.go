@@ -57,7 +57,7 @@ scenarios:
 `
 
 func TestModelInputIsStrippedAndTheDiagnosticRecorded(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	var mu sync.Mutex
 	var seen []lookupIn
@@ -98,7 +98,7 @@ func TestModelInputIsStrippedAndTheDiagnosticRecorded(t *testing.T) {
 }
 
 func TestInvalidArgsGoBackToThePlannerWhichCorrectsThem(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	var mu sync.Mutex
 	var seen []lookupIn
@@ -129,7 +129,7 @@ func TestInvalidArgsGoBackToThePlannerWhichCorrectsThem(t *testing.T) {
 }
 
 func TestInvalidPlanActionHoldsBackTheWholePlan(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	var mu sync.Mutex
 	var seen []lookupIn
@@ -160,7 +160,7 @@ func TestInvalidPlanActionHoldsBackTheWholePlan(t *testing.T) {
 }
 
 func TestExecKeepsHostOnlyKeys(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	var mu sync.Mutex
 	var seen []lookupIn
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: lookupActions(&seen, &mu)})

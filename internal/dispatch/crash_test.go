@@ -62,7 +62,7 @@ func onceEach() func(string) bool {
 // timers — so the run, never approved, ends at its 2 s deadline instead of
 // waiting for ever.
 func TestACrashBetweenTheStateWriteAndItsPublishesLosesNoTimer(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	ops := &opsActions{}
 	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: ops.register})
 	startCrashingDispatcher(t, srv, onceEach())
@@ -109,7 +109,7 @@ func (c *hitCounter) register(ex *executor.Executor) error {
 // (at most two per run) crash before their publishes; every run still ends once, with its own
 // answer, and no call ran twice.
 func TestRunsSurviveCrashesAtEveryStateWrite(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	counted := &hitCounter{hits: map[string]int{}}
 	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, Scenarios: pairScenario, Slots: 8, Register: counted.register})
 	var mu sync.Mutex

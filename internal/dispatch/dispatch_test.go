@@ -50,7 +50,7 @@ scenarios:
 `
 
 func TestPlanResultsKeepDeclarationOrder(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	var mu sync.Mutex
 	finished := []int{}
 	// Handler i waits for handler i+1 to finish, so they finish 2, 1, 0.
@@ -96,7 +96,7 @@ func TestPlanResultsKeepDeclarationOrder(t *testing.T) {
 }
 
 func TestTwoExecutorsShareOnePool(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	var mu sync.Mutex
 	started := 0
 	bothStarted := make(chan struct{})
@@ -178,7 +178,7 @@ func terminalCount(rec *actionbustest.Recorder, runID string) int {
 }
 
 func TestDuplicatesGiveExactlyOneTerminalEvent(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: echoScenario, Register: echoExecutor})
 	ctx := ctxT(t)
@@ -227,7 +227,7 @@ func auditedType(r actionbustest.Recorded) string {
 }
 
 func TestUnknownActionFailsTheRun(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: echoScenario, Register: echoExecutor})
 	res, err := st.Client.Run(ctxT(t), client.RunRequest{Scenario: "unknown"}, nil)
 	require.NoError(t, err)
@@ -238,7 +238,7 @@ func TestUnknownActionFailsTheRun(t *testing.T) {
 }
 
 func TestExecRunIsHostOriginAndEndsWithTheOutput(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	var (
 		mu     sync.Mutex
 		origin string
@@ -262,7 +262,7 @@ func TestExecRunIsHostOriginAndEndsWithTheOutput(t *testing.T) {
 }
 
 func TestInvalidRunRequestedGetsRunFailed(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: echoScenario, Register: echoExecutor})
 	ctx := ctxT(t)
 	runID := events.NewID()
@@ -280,7 +280,7 @@ func TestInvalidRunRequestedGetsRunFailed(t *testing.T) {
 }
 
 func TestAuditCoversEveryEventOfTheRun(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: reverseScenario + `
   echo:

@@ -159,7 +159,7 @@ scenarios:
 
 func startLoop(t *testing.T, opts actionbustest.StackOptions) (*actionbustest.Server, *actionbustest.Recorder, *actionbustest.Stack, *loopActions) {
 	t.Helper()
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	acts := newLoopActions()
 	opts.Scenarios = loopScenarios
@@ -243,7 +243,7 @@ func TestPlanLimitConfiguration(t *testing.T) {
 		_, err := dispatch.ParsePlanLimit(good)
 		assert.NoError(t, err, "%q", good)
 	}
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	_, err := dispatch.New(srv.Conn, dispatch.Config{MaxPlanActions: 21})
 	assert.ErrorContains(t, err, "MaxPlanActions must be 1 to 20")
 }

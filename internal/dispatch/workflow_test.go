@@ -82,7 +82,7 @@ func (w *wfActions) register(ex *executor.Executor) error {
 
 func startWF(t *testing.T, opts actionbustest.StackOptions) (*actionbustest.Recorder, *actionbustest.Stack, *wfActions) {
 	t.Helper()
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	w := &wfActions{gate: make(chan struct{})}
 	opts.Register = w.register
@@ -264,7 +264,7 @@ func TestTwoPendingApprovalsAnsweredInEitherOrder(t *testing.T) {
 // the run completes, its stored state stays small, and every output can be
 // read back whole.
 func TestWorkflowStateStaysBoundedOver20StepsOf250KB(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	const size = 250 << 10
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		return errors.Join(
@@ -311,7 +311,7 @@ func TestWorkflowStateStaysBoundedOver20StepsOf250KB(t *testing.T) {
 // with the state). The run fails promptly with payload_too_large, naming
 // the limit, instead of retrying an impossible write until its deadline.
 func TestARunWhoseStateOutgrowsTheMaxPayloadFailsAtOnce(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		return errors.Join(
 			executor.Register(ex, executor.Action{Name: "wf.big"}, func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {

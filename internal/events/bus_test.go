@@ -31,7 +31,7 @@ func ctxT(t *testing.T) context.Context {
 }
 
 func TestRepublishedEventIsStoredOnce(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	bus := newBus(t, srv, events.ModeBinary, "")
 	ctx := ctxT(t)
 	runID := events.NewID()
@@ -55,7 +55,7 @@ func TestRepublishedEventIsStoredOnce(t *testing.T) {
 }
 
 func TestTerminalEventsShareOneID(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	bus := newBus(t, srv, events.ModeBinary, "")
 	ctx := ctxT(t)
 	runID := events.NewID()
@@ -75,7 +75,7 @@ func TestPublishedEventsReachConsumersInBothModesAndCodecs(t *testing.T) {
 	for _, mode := range []events.Mode{events.ModeBinary, events.ModeStructured} {
 		for _, ct := range []string{events.ContentTypeJSON, events.ContentTypeMsgpack} {
 			t.Run(mode.String()+"/"+ct, func(t *testing.T) {
-				srv := actionbustest.NewServer(t)
+				srv := actionbustest.NewServer(t, actionbustest.Options{})
 				bus := newBus(t, srv, mode, ct)
 				ctx := ctxT(t)
 				runID := events.NewID()
@@ -119,7 +119,7 @@ func serve(t *testing.T, srv *actionbustest.Server, bus *events.Bus, consumer st
 }
 
 func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	bus := newBus(t, srv, events.ModeBinary, "")
 	ctx := ctxT(t)
 	rec := srv.Record(t, "")
@@ -224,7 +224,7 @@ func rejectedRun(r actionbustest.Recorded) string {
 // rejection under a fresh id and no run event (the dispatcher decides in
 // OnReject whether the run can be failed), and OnReject sees the reason.
 func TestRejectionSpeaksForNoRun(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	bus := newBus(t, srv, events.ModeBinary, "")
 	ctx := ctxT(t)
 	rec := srv.Record(t, "")
@@ -267,7 +267,7 @@ func TestRejectionSpeaksForNoRun(t *testing.T) {
 }
 
 func TestHandlerErrorsAreRetriedAndPermanentOnesTerminated(t *testing.T) {
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	bus := newBus(t, srv, events.ModeBinary, "")
 	ctx := ctxT(t)
 	transient, permanent := events.NewID(), events.NewID()

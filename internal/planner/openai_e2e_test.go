@@ -96,7 +96,7 @@ func TestOpenAIRunToolCallsToActionsToFinalWithCitationsThenReplay(t *testing.T)
 		return llmtest.Reply{ToolCalls: []llmtest.ToolCall{llmtest.Call("final_answer", map[string]any{
 			"answer": "NATS is a messaging system; JetStream adds persistence."})}}
 	})
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL}, Register: registerTestActions(&edition)})
 	ctx := ctxT(t)
 
@@ -123,7 +123,7 @@ func TestOpenAIRunToolCallsToActionsToFinalWithCitationsThenReplay(t *testing.T)
 
 func TestReplayReportsDivergence(t *testing.T) {
 	var edition atomic.Int32
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: registerTestActions(&edition), Scenarios: `
 scenarios:
   count:
@@ -175,7 +175,7 @@ func TestOpenAIPerActionSynthesisStitchesTheExactLayout(t *testing.T) {
 		}
 		return llmtest.Reply{Content: plan}
 	})
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL, Mode: "envelope"},
 		Register: registerTestActions(&edition), MaxSectionParallel: 2})
@@ -234,7 +234,7 @@ func TestOpenAIPlanFinalizeStreamsTheAnswer(t *testing.T) {
 		return llmtest.Reply{Content: `{"type":"plan","synthesize_instruction":"Compare the counts.","actions":[
 		  {"type":"action","name":"notes.count","args":{"topic":"alpha"}},{"type":"action","name":"notes.count","args":{"topic":"beta"}}]}`}
 	})
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL, Mode: "envelope"}, Register: registerTestActions(&edition)})
 	ctx := ctxT(t)
 
@@ -279,7 +279,7 @@ func TestASynthesisThatNeverAnswersStallsTheRun(t *testing.T) {
 		return llmtest.Reply{Content: `{"type":"plan","synthesize_per_action":true,"actions":[
 		  {"type":"action","name":"notes.count","args":{"topic":"alpha"},"section":{"prompt":"Write about alpha."}}]}`}
 	})
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL, Mode: "envelope"},
 		Register: registerTestActions(&edition), DecisionTimeout: time.Second})
 	res, err := st.Client.Run(ctxT(t), client.RunRequest{Prompt: "Report."}, nil)

@@ -135,7 +135,7 @@ func TestTwoDispatcherProcessesShareTwoHundredRuns(t *testing.T) {
 		t.Skip("starts dispatcher processes")
 	}
 	bin := buildServices(t)
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoAuditor: true, Scenarios: crashScenarios, Executors: 2, Slots: 16,
 		Register: func(ex *executor.Executor) error {

@@ -141,7 +141,7 @@ func TestReadmeExampleRunsAgainstServiceProcesses(t *testing.T) {
 		t.Skip("builds and starts four processes")
 	}
 	bin := buildServices(t)
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	for _, svc := range []string{"dispatcher", "planner", "auditor"} {
 		startService(t, filepath.Join(bin, svc), srv.URL)
 	}
@@ -183,7 +183,7 @@ func TestTheDispatcherRefusesABadPlanLimitAtStart(t *testing.T) {
 		t.Skip("builds the service binaries")
 	}
 	bin := buildServices(t)
-	srv := actionbustest.NewServer(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	for _, bad := range []string{"21", "0", "1.5"} {
 		cmd := exec.Command(filepath.Join(bin, "dispatcher"))
 		cmd.Env = append(os.Environ(), "NATS_URL="+srv.URL, "ACTIONBUS_MAX_PLAN_ACTIONS="+bad)
