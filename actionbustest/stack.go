@@ -26,6 +26,11 @@ type StackOptions struct {
 	Slots int
 	// Register registers your actions on each executor instance.
 	Register func(*executor.Executor) error
+	// Executor is the base configuration of every executor instance, for
+	// settings such as MaxOutputBytes, DefaultTimeout or ShutdownGrace;
+	// its ID, Pool, Prefix and Logger are the stack's, and Slots above,
+	// when set, wins.
+	Executor executor.Config
 	// MaxPlanParallel bounds a plan's actions in flight; default 8.
 	MaxPlanParallel int
 	// MaxPlanActions bounds a plan's actions; default 10, at most 20.
@@ -153,7 +158,7 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 	}
 	st, err := stack.Start(context.Background(), s.Connect(t), stack.Config{
 		Audit: ac, Logger: opts.Logger,
-		Prefix: s.Prefix, Provider: provider, Executors: opts.Executors, Slots: opts.Slots,
+		Prefix: s.Prefix, Provider: provider, Executors: opts.Executors, Slots: opts.Slots, Executor: opts.Executor,
 		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner, NoExecutors: opts.NoExecutors, NoDispatcher: opts.NoDispatcher,
 		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel, MaxPlanActions: opts.MaxPlanActions, MaxSectionParallel: opts.MaxSectionParallel,
 			MaxFailedRounds: opts.MaxFailedRounds, DecisionTimeout: opts.DecisionTimeout, RunDeadline: opts.RunDeadline,

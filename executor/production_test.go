@@ -269,3 +269,21 @@ func TestALeaseKeepsARunningHandlersKeyFromATakeover(t *testing.T) {
 	assert.EqualValues(t, 2, calls.Load())
 	assert.EqualValues(t, 1, most.Load(), "the key was taken over while its handler still ran")
 }
+
+// TestTheKitPassesExecutorSettings: StackOptions.Executor reaches every
+// executor of the stack (here a 1 KiB MaxOutputBytes turns a 4 KiB output
+// into an artifact).
+func TestTheKitPassesExecutorSettings(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{Executor: executor.Config{MaxOutputBytes: 1 << 10}, Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "test.four"},
+			func(context.Context, struct{}, executor.Call) (executor.Result[blobOut], error) {
+				return executor.Result[blobOut]{Output: blobOut{Blob: strings.Repeat("x", 4<<10)}}, nil
+			})
+	}})
+	res, err := st.Client.Run(ctxT(t), client.RunRequest{Action: &client.ActionCall{Name: "test.four"}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	_, isRef := res.Output.(map[string]any)["artifact"]
+	assert.True(t, isRef, "the output went to the artifact store: %v", res.Output)
+}

@@ -36,6 +36,11 @@ type Config struct {
 	Slots int
 	// Register registers the actions of each executor instance.
 	Register func(*executor.Executor) error
+	// Executor is the base configuration of every executor instance
+	// (MaxOutputBytes, DefaultTimeout, ShutdownGrace, ...); its ID, Pool,
+	// Prefix, Logger and Observer are the stack's, and Slots, when set,
+	// wins over it.
+	Executor executor.Config
 	// NoAuditor leaves the auditor out.
 	NoAuditor bool
 	// Audit configures the auditor's payload policy and sinks (Prefix and
@@ -112,7 +117,11 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	}
 	s := &Stack{}
 	for i := 0; i < cfg.Executors; i++ {
-		ecfg := executor.Config{Prefix: cfg.Prefix, Pool: cfg.Pool, Slots: cfg.Slots, ID: fmt.Sprintf("executor-%d", i+1), Logger: cfg.Logger}
+		ecfg := cfg.Executor
+		ecfg.Prefix, ecfg.Pool, ecfg.ID, ecfg.Logger = cfg.Prefix, cfg.Pool, fmt.Sprintf("executor-%d", i+1), cfg.Logger
+		if cfg.Slots > 0 {
+			ecfg.Slots = cfg.Slots
+		}
 		if cfg.Metrics != nil { // a nil *Metrics must not become a non-nil Observer
 			ecfg.Observer = cfg.Metrics
 		}
