@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -16,13 +15,6 @@ import (
 	"github.com/actionbus/actionbus/internal/service"
 )
 
-func envDuration(key string, def time.Duration) time.Duration {
-	if d, err := time.ParseDuration(os.Getenv(key)); err == nil {
-		return d
-	}
-	return def
-}
-
 func main() {
 	var c service.Common
 	var cfg dispatch.Config
@@ -30,10 +22,10 @@ func main() {
 	maxPlan := flag.String("max-plan-actions", service.Env("ACTIONBUS_MAX_PLAN_ACTIONS", strconv.Itoa(dispatch.DefaultMaxPlanActions)), "actions per plan, 1 to 20 (env ACTIONBUS_MAX_PLAN_ACTIONS)")
 	flag.IntVar(&cfg.MaxCycles, "max-cycles", service.EnvInt("ACTIONBUS_MAX_CYCLES", dispatch.DefaultMaxCycles), "planner cycles per run (env ACTIONBUS_MAX_CYCLES)")
 	flag.IntVar(&cfg.MaxPlanParallel, "max-plan-parallel", service.EnvInt("ACTIONBUS_MAX_PLAN_PARALLEL", dispatch.DefaultMaxPlanParallel), "plan actions in flight (env ACTIONBUS_MAX_PLAN_PARALLEL)")
-	flag.IntVar(&cfg.MaxFailedRounds, "max-failed-rounds", service.EnvInt("ACTIONBUS_MAX_FAILED_ROUNDS", 2), "consecutive failed rounds of one action before the loop stops")
-	flag.IntVar(&cfg.Concurrency, "concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", 64), "events handled at once (env ACTIONBUS_CONCURRENCY)")
-	flag.DurationVar(&cfg.RunDeadline, "run-deadline", envDuration("ACTIONBUS_RUN_DEADLINE", 10*time.Minute), "default whole-run deadline")
-	flag.DurationVar(&cfg.DecisionTimeout, "decision-timeout", envDuration("ACTIONBUS_DECISION_TIMEOUT", 2*time.Minute), "planner decision deadline")
+	flag.IntVar(&cfg.MaxFailedRounds, "max-failed-rounds", service.EnvInt("ACTIONBUS_MAX_FAILED_ROUNDS", dispatch.DefaultMaxFailedRounds), "consecutive failed rounds of one action before the loop stops (env ACTIONBUS_MAX_FAILED_ROUNDS)")
+	flag.IntVar(&cfg.Concurrency, "concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", dispatch.DefaultConcurrency), "events handled at once (env ACTIONBUS_CONCURRENCY)")
+	flag.DurationVar(&cfg.RunDeadline, "run-deadline", service.EnvDuration("ACTIONBUS_RUN_DEADLINE", dispatch.DefaultRunDeadline), "default whole-run deadline (env ACTIONBUS_RUN_DEADLINE)")
+	flag.DurationVar(&cfg.DecisionTimeout, "decision-timeout", service.EnvDuration("ACTIONBUS_DECISION_TIMEOUT", dispatch.DefaultDecisionTimeout), "planner decision deadline (env ACTIONBUS_DECISION_TIMEOUT)")
 	policyFile := flag.String("policy", service.Env("ACTIONBUS_POLICY_FILE", ""), "policy document (JSON); the policy bucket can replace it at run time")
 	flag.Parse()
 	os.Exit(service.Main("dispatcher", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {

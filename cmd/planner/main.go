@@ -34,7 +34,7 @@ func main() {
 	flag.DurationVar(&oc.CallTimeout, "llm-timeout", service.EnvDuration("ACTIONBUS_LLM_TIMEOUT", 0), "openai provider: deadline of each LLM call; default 60s (env ACTIONBUS_LLM_TIMEOUT)")
 	flag.Parse()
 	// The key only from the environment: flags show up in process lists.
-	oc.APIKey = service.Env("ACTIONBUS_OPENAI_API_KEY", os.Getenv("OPENAI_API_KEY"))
+	oc.APIKey = planner.APIKeyFromEnv()
 	os.Exit(service.Main("planner", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {
 		var p planner.Provider
 		switch *provider {
@@ -48,22 +48,15 @@ func main() {
 				return nil, err
 			}
 		case "script":
-			all, err := demo.Scenarios()
+			var files []string
+			if *scenarios != "" {
+				files = strings.Split(*scenarios, ",")
+			}
+			script, _, err := demo.Script(files...)
 			if err != nil {
 				return nil, err
 			}
-			if *scenarios != "" {
-				extra, err := planner.LoadScenarios(strings.Split(*scenarios, ",")...)
-				if err != nil {
-					return nil, err
-				}
-				for k, v := range extra {
-					all[k] = v
-				}
-			}
-			if p, err = planner.NewScript(all); err != nil {
-				return nil, err
-			}
+			p = script
 		default:
 			return nil, fmt.Errorf("unknown provider %q (want script or openai)", *provider)
 		}

@@ -110,31 +110,14 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 		return err
 	}
 
-	scenarios, err := demo.Scenarios()
-	if err != nil {
-		return err
-	}
-	if len(f.scenarios) > 0 {
-		extra, err := planner.LoadScenarios(f.scenarios...)
-		if err != nil {
-			return err
-		}
-		for k, v := range extra {
-			scenarios[k] = v
-		}
-	}
-	script, err := planner.NewScript(scenarios)
+	script, known, err := demo.Script(f.scenarios...)
 	if err != nil {
 		return err
 	}
 	var provider planner.Provider = script
-	plannerDesc := fmt.Sprintf("script: %d scenarios", len(scenarios))
+	plannerDesc := fmt.Sprintf("script: %d scenarios", known)
 	if f.openAIURL != "" {
-		key := os.Getenv("ACTIONBUS_OPENAI_API_KEY")
-		if key == "" {
-			key = os.Getenv("OPENAI_API_KEY")
-		}
-		if provider, err = planner.NewOpenAI(planner.OpenAIConfig{BaseURL: f.openAIURL, Model: f.openAIModel, Mode: f.plannerMode, APIKey: key}); err != nil {
+		if provider, err = planner.NewOpenAI(planner.OpenAIConfig{BaseURL: f.openAIURL, Model: f.openAIModel, Mode: f.plannerMode, APIKey: planner.APIKeyFromEnv()}); err != nil {
 			return err
 		}
 		plannerDesc = fmt.Sprintf("openai: %s at %s, %s", f.openAIModel, f.openAIURL, f.plannerMode)

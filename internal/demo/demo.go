@@ -32,6 +32,28 @@ func Scenarios() (map[string]planner.Scenario, error) {
 	return planner.ParseScenarios(b)
 }
 
+// Script is the script planner of the services and `actionbus dev`: the
+// built-in demo scenarios plus those of files (scenario files or
+// directories; a name in a file replaces a built-in one). It also returns
+// how many scenarios it knows.
+func Script(files ...string) (*planner.Script, int, error) {
+	all, err := Scenarios()
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(files) > 0 {
+		extra, err := planner.LoadScenarios(files...)
+		if err != nil {
+			return nil, 0, err
+		}
+		for k, v := range extra {
+			all[k] = v
+		}
+	}
+	s, err := planner.NewScript(all)
+	return s, len(all), err
+}
+
 // Job is a delivery job of the fake store.
 type Job struct {
 	JobID     string `json:"jobId"`

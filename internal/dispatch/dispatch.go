@@ -39,12 +39,23 @@ import (
 	"github.com/actionbus/actionbus/internal/run"
 )
 
-// Plan limits.
+// Defaults of [Config], named once for setDefaults and the command's
+// flags.
 const (
-	DefaultMaxPlanActions  = 10
-	MaxPlanActionsCeiling  = 20
-	DefaultMaxPlanParallel = 8
-	DefaultMaxCycles       = 12
+	DefaultMaxPlanActions     = 10
+	MaxPlanActionsCeiling     = 20
+	DefaultMaxPlanParallel    = 8
+	DefaultMaxCycles          = 12
+	DefaultMaxSectionParallel = 4
+	DefaultConcurrency        = 64
+	DefaultMaxFailedRounds    = 2
+	DefaultRunDeadline        = 10 * time.Minute
+	DefaultDecisionTimeout    = 2 * time.Minute
+	DefaultActionGrace        = 30 * time.Second
+	DefaultInputTimeout       = 24 * time.Hour
+	DefaultObservationBytes   = 4096
+	DefaultInlineOutputBytes  = 16 << 10
+	DefaultApprovalTTL        = time.Hour
 )
 
 // Config configures a [Dispatcher].
@@ -89,9 +100,6 @@ type Config struct {
 	// document under the key "config" of the policy bucket replaces it
 	// without a restart.
 	Policy *policy.Config
-	// ExtraPolicies are custom Go policies composed after the configured
-	// ones.
-	ExtraPolicies []policy.Policy
 	// ApprovalKeys verify approval tokens (key id to secret).
 	ApprovalKeys policy.Keys
 	// ApprovalTTL is how long an approval request stays valid; default 1h.
@@ -119,34 +127,34 @@ func (c *Config) setDefaults() {
 		c.MaxPlanParallel = DefaultMaxPlanParallel
 	}
 	if c.MaxSectionParallel == 0 {
-		c.MaxSectionParallel = 4
+		c.MaxSectionParallel = DefaultMaxSectionParallel
 	}
 	if c.Concurrency == 0 {
-		c.Concurrency = 64
+		c.Concurrency = DefaultConcurrency
 	}
 	if c.MaxFailedRounds == 0 {
-		c.MaxFailedRounds = 2
+		c.MaxFailedRounds = DefaultMaxFailedRounds
 	}
 	if c.RunDeadline == 0 {
-		c.RunDeadline = 10 * time.Minute
+		c.RunDeadline = DefaultRunDeadline
 	}
 	if c.DecisionTimeout == 0 {
-		c.DecisionTimeout = 2 * time.Minute
+		c.DecisionTimeout = DefaultDecisionTimeout
 	}
 	if c.ActionGrace == 0 {
-		c.ActionGrace = 30 * time.Second
+		c.ActionGrace = DefaultActionGrace
 	}
 	if c.InputTimeout == 0 {
-		c.InputTimeout = 24 * time.Hour
+		c.InputTimeout = DefaultInputTimeout
 	}
 	if c.ObservationBytes == 0 {
-		c.ObservationBytes = 4096
+		c.ObservationBytes = DefaultObservationBytes
 	}
 	if c.InlineOutputBytes == 0 {
-		c.InlineOutputBytes = 16 << 10
+		c.InlineOutputBytes = DefaultInlineOutputBytes
 	}
 	if c.ApprovalTTL == 0 {
-		c.ApprovalTTL = time.Hour
+		c.ApprovalTTL = DefaultApprovalTTL
 	}
 	if c.InstanceID == "" {
 		host, _ := os.Hostname()
@@ -242,7 +250,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	}
 	d := &Dispatcher{cfg: cfg, js: bus.JetStream(), bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256),
 		ready: make(chan struct{}), cache: newStateCache(20000), checkers: newCheckerCache(), queues: map[string]*runQueue{}}
-	d.policy.Store(&policy.Evaluator{Config: cfg.Policy, Extra: cfg.ExtraPolicies})
+	d.policy.Store(&policy.Evaluator{Config: cfg.Policy})
 	d.machine = run.New(env{d}, run.Limits{MaxCycles: cfg.MaxCycles, MaxPlanActions: cfg.MaxPlanActions, MaxPlanParallel: cfg.MaxPlanParallel,
 		MaxSectionParallel: cfg.MaxSectionParallel, MaxFailedRounds: cfg.MaxFailedRounds, RunDeadline: cfg.RunDeadline,
 		DecisionTimeout: cfg.DecisionTimeout, ActionGrace: cfg.ActionGrace, InputTimeout: cfg.InputTimeout, ApprovalTTL: cfg.ApprovalTTL,

@@ -38,7 +38,7 @@ func (d *Dispatcher) watchPolicy(ctx context.Context) error {
 					continue
 				}
 				if e.Operation() != jetstream.KeyValuePut {
-					d.policy.Store(&policy.Evaluator{Config: d.cfg.Policy, Extra: d.cfg.ExtraPolicies})
+					d.policy.Store(&policy.Evaluator{Config: d.cfg.Policy})
 					d.log.Info("policy reset to the configured one")
 					continue
 				}
@@ -47,7 +47,7 @@ func (d *Dispatcher) watchPolicy(ctx context.Context) error {
 					d.log.Error("policy document refused; the previous policy stays in force", "revision", e.Revision(), "err", err)
 					continue
 				}
-				d.policy.Store(&policy.Evaluator{Config: cfg, Extra: d.cfg.ExtraPolicies})
+				d.policy.Store(&policy.Evaluator{Config: cfg})
 				d.log.Info("policy reloaded", "revision", e.Revision())
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -455,4 +456,14 @@ func ParseModelPool(s string) (map[string]string, error) {
 		pool[key] = model
 	}
 	return pool, nil
+}
+
+// APIKeyFromEnv is the provider's API key: ACTIONBUS_OPENAI_API_KEY, else
+// OPENAI_API_KEY. Keys are read from the environment only, never from
+// flags (flags show up in process lists).
+func APIKeyFromEnv() string {
+	if k := os.Getenv("ACTIONBUS_OPENAI_API_KEY"); k != "" {
+		return k
+	}
+	return os.Getenv("OPENAI_API_KEY")
 }

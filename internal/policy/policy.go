@@ -130,17 +130,6 @@ func RequireScope(key, scope string) Policy {
 	}
 }
 
-// AllowModes denies actions whose mode is not listed (an operator-wide
-// ceiling on top of each run's allowed modes).
-func AllowModes(modes ...actions.Mode) Policy {
-	return func(_ context.Context, r Request) Verdict {
-		if slices.Contains(modes, r.Mode) {
-			return Verdict{}
-		}
-		return Verdict{Effect: Deny, Reason: fmt.Sprintf("mode %s is not allowed by policy", r.Mode)}
-	}
-}
-
 // ForActions limits a policy to the named actions.
 func ForActions(p Policy, names ...string) Policy {
 	return func(ctx context.Context, r Request) Verdict {

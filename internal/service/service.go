@@ -75,8 +75,9 @@ func (c *Common) Flags(fs *flag.FlagSet) {
 // ReadyChecker is a service that can say whether what it needs exists.
 type ReadyChecker interface{ CheckReady(context.Context) error }
 
-// Logger returns a JSON logger on stderr.
-func (c *Common) Logger(name string) *slog.Logger {
+// Logger returns a JSON logger on stderr, at debug level when Verbose;
+// each service adds its own "service" attribute.
+func (c *Common) Logger() *slog.Logger {
 	level := slog.LevelInfo
 	if c.Verbose {
 		level = slog.LevelDebug
@@ -91,7 +92,7 @@ type Runner interface{ Run(context.Context) error }
 // SIGINT or SIGTERM, drains the connection and returns the exit code.
 // build receives the process's metrics (never nil) to record into.
 func Main(name string, c Common, build func(*nats.Conn, *slog.Logger, *metrics.Metrics) (Runner, error)) int {
-	log := c.Logger(name)
+	log := c.Logger()
 	if c.NATSURL == "" {
 		c.NATSURL = Env("NATS_URL", nats.DefaultURL)
 	}
