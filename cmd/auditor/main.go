@@ -17,7 +17,7 @@ import (
 func main() {
 	var c service.Common
 	c.Flags(flag.CommandLine)
-	concurrency := flag.Int("concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", 16), "events audited at once per stream (env ACTIONBUS_CONCURRENCY)")
+	concurrency := flag.Int("concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", audit.DefaultConcurrency), "events audited at once per stream (env ACTIONBUS_CONCURRENCY)")
 	var pol audit.PayloadPolicy
 	flag.StringVar(&pol.Input, "audit-input", service.Env("ACTIONBUS_AUDIT_INPUT", audit.DefaultPayloadPolicy.Input), "default input payload mode: full, redacted, hash, omit (env ACTIONBUS_AUDIT_INPUT)")
 	flag.StringVar(&pol.Output, "audit-output", service.Env("ACTIONBUS_AUDIT_OUTPUT", audit.DefaultPayloadPolicy.Output), "default output payload mode: full, redacted, summary, hash, omit (env ACTIONBUS_AUDIT_OUTPUT)")

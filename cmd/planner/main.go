@@ -23,7 +23,7 @@ func main() {
 	c.Flags(flag.CommandLine)
 	provider := flag.String("provider", service.Env("ACTIONBUS_PROVIDER", "script"), "decision provider: script or openai (env ACTIONBUS_PROVIDER)")
 	scenarios := flag.String("scenarios", service.Env("ACTIONBUS_SCENARIOS", ""), "script provider: comma-separated scenario files or directories (env ACTIONBUS_SCENARIOS)")
-	concurrency := flag.Int("concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", 16), "decisions made at once (env ACTIONBUS_CONCURRENCY)")
+	concurrency := flag.Int("concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", planner.DefaultConcurrency), "decisions made at once (env ACTIONBUS_CONCURRENCY)")
 	var oc planner.OpenAIConfig
 	flag.StringVar(&oc.BaseURL, "openai-base-url", service.Env("ACTIONBUS_OPENAI_BASE_URL", "https://api.openai.com/v1"), "openai provider: OpenAI-compatible endpoint (env ACTIONBUS_OPENAI_BASE_URL)")
 	flag.StringVar(&oc.Model, "openai-model", service.Env("ACTIONBUS_OPENAI_MODEL", ""), "openai provider: model name (env ACTIONBUS_OPENAI_MODEL)")

@@ -79,25 +79,44 @@ type chainHead struct {
 const maxHeads = 20000
 
 // New returns an auditor using nc.
+// DefaultConcurrency is how many events an auditor audits at once per
+// stream unless configured.
+const DefaultConcurrency = 16
+
+func (c *Config) setDefaults() {
+	if c.Prefix == "" {
+		c.Prefix = events.DefaultPrefix
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	// Each payload mode not given takes the default policy's.
+	if c.Payload.Input == "" {
+		c.Payload.Input = DefaultPayloadPolicy.Input
+	}
+	if c.Payload.Output == "" {
+		c.Payload.Output = DefaultPayloadPolicy.Output
+	}
+	if c.Payload.Error == "" {
+		c.Payload.Error = DefaultPayloadPolicy.Error
+	}
+}
+
+// Validate reports configuration errors: an unknown payload mode, a bad
+// redaction path, a prefix that is not a subject token.
+func (c *Config) Validate() error {
+	if err := c.Payload.Validate(); err != nil {
+		return err
+	}
+	return events.Topology{Prefix: c.Prefix}.Validate()
+}
+
 func New(nc *nats.Conn, cfg Config) (*Service, error) {
-	if cfg.Prefix == "" {
-		cfg.Prefix = events.DefaultPrefix
-	}
-	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 16
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Payload.Input == "" && cfg.Payload.Output == "" && cfg.Payload.Error == "" && cfg.Payload.RedactPaths == nil {
-		cfg.Payload = DefaultPayloadPolicy
-	}
-	for field, mode := range map[string]*string{"input": &cfg.Payload.Input, "output": &cfg.Payload.Output, "error": &cfg.Payload.Error} {
-		if *mode == "" {
-			*mode = map[string]string{"input": DefaultPayloadPolicy.Input, "output": DefaultPayloadPolicy.Output, "error": DefaultPayloadPolicy.Error}[field]
-		}
-	}
-	if err := cfg.Payload.Validate(); err != nil {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	log := cfg.Logger.With("service", "auditor")

@@ -88,18 +88,35 @@ type Service struct {
 }
 
 // New returns a planner service using nc.
+// DefaultConcurrency is how many decisions a planner makes at once unless
+// configured.
+const DefaultConcurrency = 16
+
+func (c *Config) setDefaults() {
+	if c.Prefix == "" {
+		c.Prefix = events.DefaultPrefix
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Validate reports configuration errors: a missing provider, a prefix
+// that is not a subject token.
+func (c *Config) Validate() error {
+	if c.Provider == nil {
+		return errors.New("planner: Config.Provider is required")
+	}
+	return events.Topology{Prefix: c.Prefix}.Validate()
+}
+
 func New(nc *nats.Conn, cfg Config) (*Service, error) {
-	if cfg.Provider == nil {
-		return nil, errors.New("planner: Config.Provider is required")
-	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = events.DefaultPrefix
-	}
-	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 16
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	log := cfg.Logger.With("service", "planner", "provider", cfg.Provider.Name())
 	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/planner", Logger: log})
