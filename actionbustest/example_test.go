@@ -17,7 +17,7 @@ func Example() {
 	// In a _test.go file of your module:
 	testGreet := func(t *testing.T) {
 		srv := actionbustest.NewServer(t, actionbustest.Options{}) // port -1, a temporary store
-		rec := srv.Record(t, "")          // every event from now on
+		rec := srv.Record(t, "")                                   // every event from now on
 		st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 			type in struct {
 				Name string `json:"name"`
