@@ -385,6 +385,10 @@ type Result struct {
 	// Reason is set when Status is canceled.
 	Reason string
 	Cycles int
+	// EventID is the id of the run's terminal event (run.completed,
+	// run.failed or run.canceled): the run's audit records and the stream
+	// name it, and JetStream stores it once.
+	EventID string
 }
 
 // Follow delivers every event of a run to fn (when not nil), from the
@@ -436,14 +440,15 @@ func (c *Client) Follow(ctx context.Context, runID string, fn func(Event)) (*Res
 }
 
 func terminal(r *events.Received) *Result {
+	id := r.Event.ID()
 	switch d := r.Data.(type) {
 	case *events.RunCompleted:
-		return &Result{RunID: d.RunID, Status: StatusCompleted, Answer: d.Answer, Output: d.Output, Citations: d.Citations, Cycles: d.Cycles}
+		return &Result{RunID: d.RunID, Status: StatusCompleted, Answer: d.Answer, Output: d.Output, Citations: d.Citations, Cycles: d.Cycles, EventID: id}
 	case *events.RunFailed:
 		e := d.Error
-		return &Result{RunID: d.RunID, Status: StatusFailed, Error: &e, Cycles: d.Cycles}
+		return &Result{RunID: d.RunID, Status: StatusFailed, Error: &e, Cycles: d.Cycles, EventID: id}
 	case *events.RunCanceled:
-		return &Result{RunID: d.RunID, Status: StatusCanceled, Reason: d.Reason, Cycles: d.Cycles}
+		return &Result{RunID: d.RunID, Status: StatusCanceled, Reason: d.Reason, Cycles: d.Cycles, EventID: id}
 	}
 	return nil
 }

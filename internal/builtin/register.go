@@ -57,7 +57,7 @@ func Register(ex *executor.Executor, cfg Config) (*Mounted, error) {
 		Name: "read_url", Description: "Read one public web page (GET or HEAD) as readable text, JSON or raw text.",
 		Mode: executor.ModeRead, Tier: 0, Version: "1", Timeout: 2 * time.Minute,
 		Permission: readOnly("external_network"), Tags: []string{"web", "research"}, ResourceType: "url", RiskLevel: "low",
-		Planner: &executor.PlannerMeta{Aliases: []string{"browse", "fetch_url", "open_url"},
+		Planner: &executor.PlannerMeta{Aliases: []string{"browse", "fetch_url", "open_url", "fetch", "read_page"},
 			ArgsExample: map[string]any{"url": "https://example.com/article", "mode": "html_text"},
 			Guidance:    "Use when the user gives a URL or when search snippets are not enough."},
 		// Pages can be large: the audit keeps what was read, not the text.
@@ -85,7 +85,7 @@ func Register(ex *executor.Executor, cfg Config) (*Mounted, error) {
 			Name: "web_search", Description: "Search the web; returns titles, URLs and snippets.",
 			Mode: executor.ModeRead, Tier: 0, Version: "1", Timeout: 30 * time.Second,
 			Permission: readOnly("external_network"), Tags: []string{"web", "research"}, RiskLevel: "low",
-			Planner: &executor.PlannerMeta{Aliases: []string{"search", "websearch"}, ArgsExample: map[string]any{"query": "nats jetstream consumers", "limit": 5},
+			Planner: &executor.PlannerMeta{Aliases: []string{"search", "websearch", "search_web"}, ArgsExample: map[string]any{"query": "nats jetstream consumers", "limit": 5},
 				Guidance: "Use to find sources; then read_url the best results."},
 		}, func(ctx context.Context, in WebSearchArgs, _ executor.Call) (executor.Result[WebSearchResult], error) {
 			res, err := s.Search(ctx, in)

@@ -31,8 +31,10 @@ func entry(t *testing.T, name string, mode actions.Mode, tier int, schema string
 
 func testCatalog(t *testing.T) []actions.Entry {
 	return []actions.Entry{
-		entry(t, "web_search", actions.ModeRead, 0, `{"type":"object","required":["query"],"properties":{"query":{"type":"string","x-aliases":["q"]},"limit":{"type":"integer"}},"additionalProperties":false}`, nil),
-		entry(t, "read_url", actions.ModeRead, 0, `{"type":"object","required":["url"],"properties":{"url":{"type":"string"},"mode":{"enum":["auto","text","html_text","json"]}}}`, nil),
+		entry(t, "web_search", actions.ModeRead, 0, `{"type":"object","required":["query"],"properties":{"query":{"type":"string","x-aliases":["q"]},"limit":{"type":"integer"}},"additionalProperties":false}`,
+			&actions.PlannerMeta{Aliases: []string{"search", "websearch", "search_web"}}),
+		entry(t, "read_url", actions.ModeRead, 0, `{"type":"object","required":["url"],"properties":{"url":{"type":"string"},"mode":{"enum":["auto","text","html_text","json"]}}}`,
+			&actions.PlannerMeta{Aliases: []string{"browse", "fetch_url", "open_url", "fetch", "read_page"}}),
 		entry(t, "delivery.searchJobs", actions.ModeRead, 0, `{"type":"object","properties":{"status":{"type":"string","x-aliases":["state"]},"filter":{"type":"object","properties":{"team":{"type":"string","x-aliases":["group"]}}}}}`, nil),
 		entry(t, "delivery.executeRetry", actions.ModeMutate, 2, `{"type":"object","required":["jobId"],"properties":{"jobId":{"type":"string"}}}`, nil),
 		entry(t, "notes.lookup", actions.ModeRead, 0, "", &actions.PlannerMeta{ArgsExample: map[string]any{"topic": "billing", "limit": 3.0}, ArgsSchemaOptOut: "free-form lookup"}),

@@ -14,17 +14,11 @@ import (
 
 // Planner repair: what an LLM reply needs before it is a decision. The
 // reply's JSON is found in prose or a code fence, action names are mapped
-// through aliases, read_url gets the prompt's first URL when it has none,
+// through the aliases the catalog declares (PlannerMeta.Aliases; names no
+// action has), read_url gets the prompt's first URL when it has none,
 // and the decision is checked against the planner-visible catalog. The
 // dispatcher checks it all again (schemas, policy); this is the planner's
 // chance to send a bad reply back to the model before a cycle is spent.
-
-// repairAliases are the built-in name repairs, applied only when the
-// target action exists and the name itself does not.
-var repairAliases = map[string]string{
-	"search": "web_search", "websearch": "web_search", "search_web": "web_search",
-	"browse": "read_url", "fetch_url": "read_url", "open_url": "read_url", "fetch": "read_url", "read_page": "read_url",
-}
 
 // extractJSON returns the first JSON object of text: the whole text, the
 // body of a ```json fence, or the first balanced {...} in prose.
@@ -107,13 +101,6 @@ func newCatalogIndex(entries []actions.Entry) *catalogIndex {
 		if e.Planner != nil {
 			for _, a := range e.Planner.Aliases {
 				ix.aliases[a] = e.Name
-			}
-		}
-	}
-	for alias, target := range repairAliases {
-		if _, ok := ix.byName[target]; ok {
-			if _, taken := ix.aliases[alias]; !taken {
-				ix.aliases[alias] = target
 			}
 		}
 	}
