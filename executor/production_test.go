@@ -252,7 +252,7 @@ func TestALeaseKeepsARunningHandlersKeyFromATakeover(t *testing.T) {
 				}
 				if calls.Add(1) == 1 {
 					firstOnce.Do(func() { close(first) })
-					time.Sleep(2 * time.Second) // ignores its context on purpose
+					<-time.After(2 * time.Second) // runs on, ignoring its context on purpose
 				}
 				return executor.Result[blobOut]{Output: blobOut{Blob: "done"}}, nil
 			})

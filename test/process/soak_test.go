@@ -230,6 +230,8 @@ func TestChaosSoak(t *testing.T) {
 	type started struct{ id, kind string }
 	all := make([]started, 0, runs)
 	pace := time.Duration(float64(chaosFor) * 0.7 / float64(runs))
+	ticker := time.NewTicker(pace) // load pacing: one run per tick
+	defer ticker.Stop()
 	for i := range runs {
 		kind := kinds[i%3]
 		req := client.RunRequest{AllowedModes: []string{"read", "mutate"}, Deadline: chaosFor + 4*time.Minute}
@@ -246,7 +248,7 @@ func TestChaosSoak(t *testing.T) {
 		id, err := c.Start(ctx, req)
 		require.NoError(t, err, "run %d was not accepted", i)
 		all = append(all, started{id, kind})
-		time.Sleep(pace) // load pacing, not synchronization
+		<-ticker.C
 	}
 	// The chaos goes on for its whole duration, then every service is up.
 	select {
