@@ -76,6 +76,7 @@ const (
 	CodeIdempotencyConflict  Code = "idempotency_key_conflict"
 	CodePayloadTooLarge      Code = "payload_too_large"
 	CodeRunEnded             Code = "run_ended"
+	CodeArtifactMismatch     Code = "artifact_mismatch"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -92,6 +93,7 @@ var Codes = []Code{
 	CodeProviderError, CodeNativeToolCallsEmpty, CodeToolsUnsupported, CodePlannerRepaired,
 	CodeReplayDiverged, CodeWorkspacePath, CodeStaleFile, CodePatchRejected, CodeSQLRefused,
 	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge, CodeRunEnded,
+	CodeArtifactMismatch,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code

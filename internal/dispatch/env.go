@@ -5,12 +5,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
@@ -58,7 +58,7 @@ func (e env) GetArtifact(ctx context.Context, ref events.ArtifactRef) ([]byte, e
 	}
 	if ref.SHA256 != "" {
 		if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != ref.SHA256 {
-			return nil, fmt.Errorf("dispatch: artifact %s does not match its digest", ref.ID)
+			return nil, actionbus.Errorf(actionbus.CodeArtifactMismatch, "artifact %s does not match its digest", ref.ID).WithDetail("artifact", ref.ID)
 		}
 	}
 	return data, nil

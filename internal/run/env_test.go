@@ -31,6 +31,9 @@ type memEnv struct {
 	now       time.Time
 	// catalogDown makes catalog reads fail (the world cannot be asked).
 	catalogDown bool
+	// tamper overwrites every artifact right after it is stored (another
+	// writer of the store).
+	tamper bool
 }
 
 var testKey = []byte("0123456789abcdef0123456789abcdef")
@@ -94,6 +97,9 @@ func (e *memEnv) PutArtifact(_ context.Context, id string, data []byte) (events.
 	defer e.mu.Unlock()
 	e.artifacts[id] = append([]byte(nil), data...)
 	sum := sha256.Sum256(data)
+	if e.tamper {
+		e.artifacts[id] = []byte(`{"blob":"changed"}`)
+	}
 	return events.ArtifactRef{ID: id, Role: "output", MediaType: "application/json", Bytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}, nil
 }
 
@@ -103,6 +109,9 @@ func (e *memEnv) GetArtifact(_ context.Context, ref events.ArtifactRef) ([]byte,
 	data, ok := e.artifacts[ref.ID]
 	if !ok {
 		return nil, fmt.Errorf("no artifact %s", ref.ID)
+	}
+	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != ref.SHA256 {
+		return nil, actionbus.Errorf(actionbus.CodeArtifactMismatch, "artifact %s does not match its digest", ref.ID)
 	}
 	return data, nil
 }

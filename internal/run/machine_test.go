@@ -653,3 +653,24 @@ func TestRunStartedNamesTheRunsKind(t *testing.T) {
 		assert.Equal(t, string(tc.kind), h.all[0].Data.(*events.RunStarted).Kind)
 	}
 }
+
+// TestAStepWhoseInputWasTamperedWithFails: a large output kept as an
+// artifact and overwritten before a later step reads it fails that step
+// with artifact_mismatch; nothing runs with the changed input.
+func TestAStepWhoseInputWasTamperedWithFails(t *testing.T) {
+	h := newHarness(t, Limits{}).workflow(`{"workflowName": "w", "steps": [
+		{"id": "a", "action": "t.read", "input": {}},
+		{"id": "b", "action": "t.query", "input": {"q": {"$fromStep": "a", "path": "/blob"}}}]}`)
+	big := strings.Repeat("x", 20<<10)
+	a := h.dispatched()[0]
+	// The output is stored when the result is applied; overwrite it right
+	// after, before step b resolves its reference in the same transition.
+	h.env.mu.Lock()
+	h.env.tamper = true
+	h.env.mu.Unlock()
+	out := h.succeed(a.CallID, map[string]any{"blob": big})
+	assert.False(t, has(out, EffectAct), "step b did not run")
+	assert.Equal(t, actionbus.CodeWorkflowExecution, h.code())
+	cause, _ := h.st.Terminal.Error.Details["cause"].(map[string]any)
+	assert.Equal(t, string(actionbus.CodeArtifactMismatch), cause["code"], "%+v", h.st.Terminal.Error)
+}

@@ -130,6 +130,10 @@ func (m *Machine) readyStep(ctx context.Context, st *State, i int, outputs map[s
 	}
 	for _, dep := range s.Dependencies() {
 		if outputs[dep], err = m.loadOutput(ctx, outputs[dep]); err != nil {
+			var abErr *actionbus.Error
+			if errors.As(err, &abErr) {
+				return failStep(abErr) // a typed refusal (a tampered output), not an outage
+			}
 			return nil, false, err
 		}
 	}
@@ -172,6 +176,10 @@ func (m *Machine) loadOutput(ctx context.Context, v any) (any, error) {
 	}
 	data, err := m.env.GetArtifact(ctx, ref)
 	if err != nil {
+		var abErr *actionbus.Error
+		if errors.As(err, &abErr) {
+			return nil, abErr
+		}
 		return nil, fmt.Errorf("run: load output artifact %s: %w", ref.ID, err)
 	}
 	var out any
