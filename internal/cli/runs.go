@@ -1,0 +1,99 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/run"
+)
+
+// runsCmd lists runs from the run-state bucket. Run state holds each run's
+// secret id key, so only an operator's user (admin, or the dispatcher's)
+// can read it: the client user is refused.
+func runsCmd(g *globals) *cobra.Command {
+	var statuses, kinds []string
+	var user string
+	var maxAge time.Duration
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "runs",
+		Short: "List runs: status, kind, age and what each waits for (reads the run-state bucket; needs an operator's user)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			nc, err := g.connect()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			kv, err := js.KeyValue(ctx, events.Topology{Prefix: g.prefix}.BucketRuns())
+			if err != nil {
+				return fmt.Errorf("runs: the run-state bucket: %w", err)
+			}
+			f := run.Filter{UserID: user, MaxAge: maxAge}
+			for _, s := range statuses {
+				f.Statuses = append(f.Statuses, run.Status(s))
+			}
+			for _, k := range kinds {
+				f.Kinds = append(f.Kinds, run.Kind(k))
+			}
+			keys, err := kv.ListKeys(ctx)
+			if err != nil {
+				return err
+			}
+			now := time.Now()
+			var list []run.Summary
+			for key := range keys.Keys() {
+				entry, err := kv.Get(ctx, key)
+				if errors.Is(err, jetstream.ErrKeyNotFound) {
+					continue // expired meanwhile
+				}
+				if err != nil {
+					return err
+				}
+				var st run.State
+				if err := json.Unmarshal(entry.Value(), &st); err != nil {
+					fmt.Fprintf(g.errOut, "run %s: unreadable state: %v\n", key, err)
+					continue
+				}
+				if s := run.Summarize(&st, now); f.Match(s) {
+					list = append(list, s)
+				}
+			}
+			sort.Slice(list, func(i, j int) bool { return list[i].Age < list[j].Age })
+			if limit > 0 && len(list) > limit {
+				list = list[:limit]
+			}
+			tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "RUN\tSTATUS\tKIND\tAGE\tWAITING FOR\tUSER")
+			for _, s := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, s.Status, s.Kind, s.Age, dash(s.Waiting), dash(s.UserID))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringSliceVar(&statuses, "status", nil, "only runs in these statuses (running, awaiting_input, awaiting_approval, completed, failed, canceled)")
+	cmd.Flags().StringSliceVar(&kinds, "kind", nil, "only runs of these kinds (agent, exec, workflow)")
+	cmd.Flags().StringVar(&user, "user", "", "only runs of this user")
+	cmd.Flags().DurationVar(&maxAge, "since", 0, "only runs younger than this (e.g. 1h)")
+	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many runs, youngest first (0: all)")
+	return cmd
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

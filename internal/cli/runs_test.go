@@ -1,0 +1,63 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/cli"
+)
+
+// TestRunsListsRunsWithWhatTheyWaitFor: a run the planner has not
+// answered (no planner runs) and a completed exec run, listed and
+// filtered.
+func TestRunsListsRunsWithWhatTheyWaitFor(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{NoPlanner: true, Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "t.ping", Description: "Ping."},
+			func(context.Context, struct{}, executor.Call) (executor.Result[struct{}], error) {
+				return executor.Result[struct{}]{Summary: "pong"}, nil
+			})
+	}})
+	rec := srv.Record(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	waiting, err := st.Client.Start(ctx, client.RunRequest{Prompt: "anyone there?", UserID: "u1"})
+	require.NoError(t, err)
+	done, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "t.ping"}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, done.Status)
+	_, err = rec.Await(ctx, func(r actionbustest.Recorded) bool {
+		return r.Type() == "io.actionbus.decision.requested" && r.Subject == "ab.run."+waiting+".decide"
+	})
+	require.NoError(t, err)
+
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", srv.URL, "runs"}, nil, &out, &errOut), errOut.String())
+	assert.Regexp(t, waiting+`\s+running\s+agent\s+\S+\s+planner \(cycle 1\)\s+u1`, out.String())
+	assert.Regexp(t, done.RunID+`\s+completed\s+exec\s+\S+\s+-\s+-`, out.String())
+
+	out.Reset()
+	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", srv.URL, "runs", "--status", "completed"}, nil, &out, &errOut))
+	assert.Contains(t, out.String(), done.RunID)
+	assert.NotContains(t, out.String(), waiting)
+}
+
+// TestRunsIsRefusedToTheClientUser: run state holds each run's secret id
+// key, so the deployed client user cannot list it.
+func TestRunsIsRefusedToTheClientUser(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true})
+	var out, errOut bytes.Buffer
+	code := cli.Execute(context.Background(), []string{"--nats", srv.UserURL("client"), "runs"}, nil, &out, &errOut)
+	assert.NotEqual(t, 0, code)
+	out.Reset()
+	errOut.Reset()
+	assert.Equal(t, 0, cli.Execute(context.Background(), []string{"--nats", srv.UserURL("admin"), "runs"}, nil, &out, &errOut), errOut.String())
+}
