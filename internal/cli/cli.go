@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/actionbus/actionbus/client"
@@ -47,6 +48,24 @@ func (g *globals) connect() (*nats.Conn, error) {
 		return nil, fmt.Errorf("connect to %s: %w", service.RedactURL(g.natsURL), err)
 	}
 	return nc, nil
+}
+
+// withJetStream adapts a command body that needs JetStream itself (an
+// operator's command: provisioning, reading run state): it connects, runs
+// the body and closes the connection.
+func (g *globals) withJetStream(run func(cmd *cobra.Command, args []string, js jetstream.JetStream) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		nc, err := g.connect()
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		return run(cmd, args, js)
+	}
 }
 
 // withClient adapts a command body that needs a client: it connects,

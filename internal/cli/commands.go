@@ -33,16 +33,7 @@ func provisionCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "provision",
 		Short: "Create or update every stream, consumer and bucket (idempotent; needs JetStream admin rights)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			nc, err := g.connect()
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				return err
-			}
+		RunE: g.withJetStream(func(cmd *cobra.Command, _ []string, js jetstream.JetStream) error {
 			topo := events.Topology{Prefix: g.prefix, Pools: pools, Replicas: replicas}
 			if cluster != "" || len(tags) > 0 {
 				topo.Placement = &jetstream.Placement{Cluster: cluster, Tags: tags}
@@ -60,7 +51,7 @@ func provisionCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(g.out, "bucket   %s\n", b.Bucket)
 			}
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().StringSliceVar(&pools, "pool", []string{events.DefaultPool}, "executor pools to provision work consumers for")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of every stream and bucket (3 on a cluster)")

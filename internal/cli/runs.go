@@ -26,16 +26,7 @@ func runsCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "runs",
 		Short: "List runs: status, kind, age and what each waits for (reads the run-state bucket; needs an operator's user)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			nc, err := g.connect()
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				return err
-			}
+		RunE: g.withJetStream(func(cmd *cobra.Command, _ []string, js jetstream.JetStream) error {
 			ctx := cmd.Context()
 			kv, err := js.KeyValue(ctx, events.Topology{Prefix: g.prefix}.BucketRuns())
 			if err != nil {
@@ -81,7 +72,7 @@ func runsCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, s.Status, s.Kind, s.Age, dash(s.Waiting), dash(s.UserID))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	cmd.Flags().StringSliceVar(&statuses, "status", nil, "only runs in these statuses (running, awaiting_input, awaiting_approval, completed, failed, canceled)")
 	cmd.Flags().StringSliceVar(&kinds, "kind", nil, "only runs of these kinds (agent, exec, workflow)")
