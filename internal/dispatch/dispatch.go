@@ -390,24 +390,43 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 	return d.flush(ctx, st, val, rev)
 }
 
-// flushStored publishes the outbox of the stored state of runID, if it has
-// one, and clears it.
-func (d *Dispatcher) flushStored(ctx context.Context, runID string) error {
+// loadStored reads the stored state of runID from the bucket.
+func (d *Dispatcher) loadStored(ctx context.Context, runID string) (*run.State, jetstream.KeyValueEntry, error) {
 	gctx, cancel := events.Bounded(ctx)
 	entry, err := d.runs.Get(gctx, runID)
 	cancel()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
+	st, err := decodeState(runID, entry.Value())
+	if err != nil {
+		return nil, nil, err
+	}
+	return &st, entry, nil
+}
+
+// decodeState decodes a stored run state; one that does not decode is a
+// permanent error (retrying cannot mend it).
+func decodeState(runID string, b []byte) (run.State, error) {
 	var st run.State
-	if err := json.Unmarshal(entry.Value(), &st); err != nil {
-		return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
+	}
+	return st, nil
+}
+
+// flushStored publishes the outbox of the stored state of runID, if it has
+// one, and clears it.
+func (d *Dispatcher) flushStored(ctx context.Context, runID string) error {
+	st, entry, err := d.loadStored(ctx, runID)
+	if err != nil {
+		return err
 	}
 	if len(st.Outbox) == 0 {
 		d.cache.put(runID, entry.Value(), entry.Revision(), st.IsTerminal())
 		return nil
 	}
-	return d.flush(ctx, &st, entry.Value(), entry.Revision())
+	return d.flush(ctx, st, entry.Value(), entry.Revision())
 }
 
 // flush publishes the outbox of st (stored at revision rev, encoded as
@@ -537,9 +556,9 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			}
 			before, revision = entry.Value(), entry.Revision()
 		}
-		var st run.State
-		if err := json.Unmarshal(before, &st); err != nil {
-			return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
+		st, err := decodeState(runID, before)
+		if err != nil {
+			return err
 		}
 		// An outbox read from the bucket may never have been published (its
 		// writer crashed): it goes out again with this transition's.
@@ -581,9 +600,8 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			// The new state could never be stored: the run fails from the
 			// state as it is stored, with the limit named.
 			d.log.Warn("run state over the server's max payload; failing the run", "run_id", runID, "bytes", len(after))
-			st = run.State{}
-			if err := json.Unmarshal(before, &st); err != nil {
-				return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
+			if st, err = decodeState(runID, before); err != nil {
+				return err
 			}
 			st.Outbox = run.Dedupe(append(carried, d.machine.FailWith(&st, tooLarge)...))
 			st.UpdatedAt = time.Now().UTC()
@@ -663,25 +681,19 @@ func (d *Dispatcher) publishOrFail(ctx context.Context, st *run.State, effects [
 // that could not be published) and publishes its run.failed.
 func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *actionbus.Error) error {
 	for attempt := 0; attempt < 10; attempt++ {
-		gctx, cancel := events.Bounded(ctx)
-		entry, err := d.runs.Get(gctx, runID)
-		cancel()
+		st, entry, err := d.loadStored(ctx, runID)
 		if err != nil {
 			return err
 		}
-		var st run.State
-		if err := json.Unmarshal(entry.Value(), &st); err != nil {
-			return events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
-		}
 		if t := st.Terminal; t != nil && t.Error != nil && t.Error.Code == actionbus.CodePayloadTooLarge {
-			return d.publish(ctx, &st, st.Outbox)
+			return d.publish(ctx, st, st.Outbox)
 		}
 		wasTerminal := st.IsTerminal()
 		// Only the failure goes out: whatever else the outbox held is what
 		// could not be published.
-		st.Outbox = d.machine.FailWith(&st, abErr)
+		st.Outbox = d.machine.FailWith(st, abErr)
 		st.UpdatedAt = time.Now().UTC()
-		val, err := json.Marshal(&st)
+		val, err := json.Marshal(st)
 		if err != nil {
 			return events.Permanent(err)
 		}
@@ -697,11 +709,11 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 		if !wasTerminal {
 			d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), st.UpdatedAt.Sub(st.CreatedAt))
 		}
-		if err := d.publish(ctx, &st, st.Outbox); err != nil {
+		if err := d.publish(ctx, st, st.Outbox); err != nil {
 			return err
 		}
 		st.Outbox = nil
-		if val, err = json.Marshal(&st); err == nil {
+		if val, err = json.Marshal(st); err == nil {
 			cctx, cancel := events.Bounded(ctx)
 			_, _ = d.runs.Update(cctx, runID, val, rev) // best effort: the outbox was published
 			cancel()
