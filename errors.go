@@ -77,6 +77,7 @@ const (
 	CodePayloadTooLarge      Code = "payload_too_large"
 	CodeRunEnded             Code = "run_ended"
 	CodeArtifactMismatch     Code = "artifact_mismatch"
+	CodeRetryRefused         Code = "retry_refused"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -93,7 +94,7 @@ var Codes = []Code{
 	CodeProviderError, CodeNativeToolCallsEmpty, CodeToolsUnsupported, CodePlannerRepaired,
 	CodeReplayDiverged, CodeWorkspacePath, CodeStaleFile, CodePatchRejected, CodeSQLRefused,
 	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge, CodeRunEnded,
-	CodeArtifactMismatch,
+	CodeArtifactMismatch, CodeRetryRefused,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code

@@ -101,6 +101,9 @@ type RunRequest struct {
 	Metadata map[string]any
 	// Deadline bounds the whole run; 0 means the dispatcher's default.
 	Deadline time.Duration
+	// RetryOf makes the run a retry of a failed or canceled workflow run
+	// (see [Client.Retry]).
+	RetryOf string
 }
 
 // Start publishes a run.requested event and returns the run id.
@@ -112,7 +115,7 @@ func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 		return "", fmt.Errorf("client: start run: %w", err)
 	}
 	data := &events.RunRequested{RunID: req.RunID, Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
-		AllowedModes: req.AllowedModes, Metadata: req.Metadata, DeadlineMs: req.Deadline.Milliseconds()}
+		AllowedModes: req.AllowedModes, Metadata: req.Metadata, DeadlineMs: req.Deadline.Milliseconds(), RetryOf: req.RetryOf}
 	data.Workflow = req.Workflow
 	if req.Action != nil {
 		data.Action = &events.ActionCall{Name: req.Action.Name, Args: req.Action.Args, IdempotencyKey: req.Action.IdempotencyKey}

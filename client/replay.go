@@ -185,6 +185,21 @@ func compact(v any) string {
 	return string(b)
 }
 
+// Retry starts a retry of a failed or canceled workflow run and returns
+// the new run's id: the same request, under a new run id, with RetryOf
+// set. The dispatcher reuses every step the failed run completed (their
+// handlers do not run again) and resumes at the step that failed; it
+// refuses with retry_refused a run that has not failed, is not a
+// workflow, or belongs to another user.
+func (c *Client) Retry(ctx context.Context, runID string) (string, error) {
+	req, err := c.request(ctx, runID)
+	if err != nil {
+		return "", fmt.Errorf("client: retry %s: %w", runID, err)
+	}
+	return c.Start(ctx, RunRequest{Workflow: req.Workflow, UserID: req.UserID, AllowedModes: req.AllowedModes, Metadata: req.Metadata,
+		Deadline: time.Duration(req.DeadlineMs) * time.Millisecond, RetryOf: runID})
+}
+
 // request reads a run's stored run.requested from the requests stream.
 func (c *Client) request(ctx context.Context, runID string) (*events.RunRequested, error) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)

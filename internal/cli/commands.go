@@ -718,3 +718,22 @@ func orNone(s string) string {
 	}
 	return s
 }
+
+func retryCmd(g *globals) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "retry RUN_ID",
+		Short: "Retry a failed workflow run from its failed step (completed steps are reused) and follow the new run",
+		Args:  cobra.ExactArgs(1),
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+			id, err := c.Retry(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.out, "retrying %s as %s\n", args[0], id)
+			return followWith(cmd.Context(), g, c, id, timeout, newProgress(g.out))
+		}),
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long to follow the new run")
+	return cmd
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,6 +15,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/run"
 )
 
 // env is the world as the run state machine sees it from the dispatcher:
@@ -62,6 +64,14 @@ func (e env) GetArtifact(ctx context.Context, ref events.ArtifactRef) ([]byte, e
 		}
 	}
 	return data, nil
+}
+
+func (e env) PriorRun(ctx context.Context, runID string) (*run.State, error) {
+	st, _, err := e.d.loadStored(ctx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
+	}
+	return st, err
 }
 
 func (env) Now() time.Time { return time.Now() }

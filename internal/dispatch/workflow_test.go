@@ -333,3 +333,48 @@ func TestARunWhoseStateOutgrowsTheMaxPayloadFailsAtOnce(t *testing.T) {
 	assert.Equal(t, actionbus.CodePayloadTooLarge, res.Error.Code, "%+v", res.Error)
 	assert.NotZero(t, res.Error.Details["limit"])
 }
+
+// TestRetryResumesAFailedWorkflowAtItsFailedStep: a 4-step workflow whose
+// step 3 fails once; the retry completes it with steps 1 and 2 not run
+// again (handler counters), step 3 run once more and step 4 once.
+func TestRetryResumesAFailedWorkflowAtItsFailedStep(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	var mu sync.Mutex
+	ran := map[string]int{}
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "wf.count"}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			step, _ := in["step"].(string)
+			mu.Lock()
+			ran[step]++
+			n := ran[step]
+			mu.Unlock()
+			if step == "s3" && n == 1 {
+				return executor.Result[map[string]any]{}, actionbus.Errorf("flaky", "s3 fails the first time")
+			}
+			return executor.Result[map[string]any]{Output: map[string]any{"step": step}}, nil
+		})
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wf := client.NewWorkflow("four")
+	for _, s := range []string{"s1", "s2", "s3", "s4"} {
+		wf = wf.Step(s, "wf.count", map[string]any{"step": s})
+	}
+	// s4 waits for s3's output, so it cannot run before the retry.
+	doc := wf.Build()
+	doc["steps"].([]any)[3].(map[string]any)["input"] = map[string]any{"step": "s4", "after": map[string]any{"$fromStep": "s3", "path": "/step"}}
+	first, err := st.Client.Run(ctx, client.RunRequest{Workflow: doc, UserID: "u1"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, first.Status)
+
+	id, err := st.Client.Retry(ctx, first.RunID)
+	require.NoError(t, err)
+	res, err := st.Client.Wait(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, map[string]int{"s1": 1, "s2": 1, "s3": 2, "s4": 1}, ran)
+	byStep, _ := output(res)
+	assert.Equal(t, map[string]any{"step": "s1"}, byStep["s1"], "the reused output is the run's too")
+}

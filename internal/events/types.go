@@ -68,6 +68,10 @@ type RunRequested struct {
 	// Replay makes the run a replay of a recorded run: the planner answers
 	// cycle N with the recorded decision N instead of asking its provider.
 	Replay *Replay `json:"replay,omitempty"`
+	// RetryOf makes the run a retry of a failed or canceled workflow run
+	// (actionbus retry): the steps that run completed are reused, not run
+	// again, and the workflow resumes at the step that failed.
+	RetryOf string `json:"retryOf,omitempty"`
 }
 
 // Replay is a recorded run's decisions, fed back to the planner by
@@ -92,6 +96,8 @@ type RunStarted struct {
 	Kind     string `json:"kind"`
 	Prompt   string `json:"prompt,omitempty"`
 	Scenario string `json:"scenario,omitempty"`
+	// RetryOf is the run this one retries.
+	RetryOf string `json:"retryOf,omitempty"`
 }
 
 // RunStep is one progress step of a run, named with the telemetry step names

@@ -31,6 +31,8 @@ type memEnv struct {
 	now       time.Time
 	// catalogDown makes catalog reads fail (the world cannot be asked).
 	catalogDown bool
+	// runs are other runs' stored states (for retries).
+	runs map[string]*State
 	// tamper overwrites every artifact right after it is stored (another
 	// writer of the store).
 	tamper bool
@@ -40,7 +42,7 @@ var testKey = []byte("0123456789abcdef0123456789abcdef")
 
 func newMemEnv(t testing.TB) *memEnv {
 	e := &memEnv{catalog: map[string]*actions.Entry{}, checkers: map[string]*actions.ArgsChecker{}, policy: &policy.Evaluator{},
-		keys: policy.Keys{"k1": testKey}, artifacts: map[string][]byte{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+		keys: policy.Keys{"k1": testKey}, artifacts: map[string][]byte{}, runs: map[string]*State{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
 	add := func(name string, mode actions.Mode, tier int, schema string) {
 		d := actions.Definition{Name: name, Description: name, Mode: mode, Tier: tier, Pool: "default", Version: "1"}
 		if schema == "" {
@@ -114,6 +116,21 @@ func (e *memEnv) GetArtifact(_ context.Context, ref events.ArtifactRef) ([]byte,
 		return nil, actionbus.Errorf(actionbus.CodeArtifactMismatch, "artifact %s does not match its digest", ref.ID)
 	}
 	return data, nil
+}
+
+func (e *memEnv) PriorRun(_ context.Context, runID string) (*State, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st, ok := e.runs[runID]
+	if !ok {
+		return nil, nil
+	}
+	b, err := json.Marshal(st) // a copy, as read from the bucket
+	if err != nil {
+		return nil, err
+	}
+	var cp State
+	return &cp, json.Unmarshal(b, &cp)
 }
 
 func (e *memEnv) Now() time.Time {

@@ -18,6 +18,7 @@ package run
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -44,6 +45,9 @@ type Env interface {
 	PutArtifact(ctx context.Context, id string, data []byte) (events.ArtifactRef, error)
 	// GetArtifact reads an artifact.
 	GetArtifact(ctx context.Context, ref events.ArtifactRef) ([]byte, error)
+	// PriorRun returns the stored state of another run (the one a retry
+	// names), or nil when there is none.
+	PriorRun(ctx context.Context, runID string) (*State, error)
 	// Now is the clock.
 	Now() time.Time
 }
@@ -188,7 +192,7 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 	st.Deadline = now.Add(deadline)
 	out := []Effect{
 		{Kind: EffectEvent, ID: st.derive("started"), Type: events.TypeRunStarted,
-			Data: &events.RunStarted{RunID: req.RunID, Kind: string(st.Kind), Scenario: req.Scenario, Prompt: req.Prompt}},
+			Data: &events.RunStarted{RunID: req.RunID, Kind: string(st.Kind), Scenario: req.Scenario, Prompt: req.Prompt, RetryOf: req.RetryOf}},
 		m.timer(st, events.TimerFired{Kind: events.TimerRunDeadline, Stage: "run"}, "run", deadline),
 	}
 	var more []Effect
@@ -199,14 +203,53 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 		more, err = m.startCalls(ctx, st, []events.Decision{{Type: events.DecisionAction, Name: req.Action.Name, Args: req.Action.Args,
 			IdempotencyKey: req.Action.IdempotencyKey}}, events.OriginHost, nil)
 	case KindWorkflow:
-		more, err = m.startWorkflow(ctx, st, req.Workflow)
+		var prior *State
+		if req.RetryOf != "" {
+			if prior, err = m.priorRun(ctx, st, req.RetryOf); err != nil {
+				var refused *actionbus.Error
+				if errors.As(err, &refused) {
+					return st, append(out, m.fail(st, refused)...), nil
+				}
+				return nil, nil, err
+			}
+		}
+		more, err = m.startWorkflow(ctx, st, req.Workflow, prior)
 	default:
 		more = m.askPlanner(st)
 	}
 	if err != nil {
 		return nil, nil, err
 	}
+	if req.RetryOf != "" && st.Kind != KindWorkflow {
+		err := actionbus.Errorf(actionbus.CodeRetryRefused, "only workflow runs can be retried from their failed step")
+		return st, append(out, m.fail(st, err)...), nil
+	}
 	return st, append(out, more...), nil
+}
+
+// priorRun returns the run a retry names, or a retry_refused error when
+// it cannot be retried by this run: it must exist, have failed or been
+// canceled, be a workflow, and belong to the same user (a retry reuses its
+// results and runs its remaining steps in that user's name).
+func (m *Machine) priorRun(ctx context.Context, st *State, runID string) (*State, error) {
+	prior, err := m.env.PriorRun(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	refuse := func(format string, args ...any) error {
+		return actionbus.Errorf(actionbus.CodeRetryRefused, format, args...).WithDetail("retryOf", runID)
+	}
+	switch {
+	case prior == nil:
+		return nil, refuse("no run %s to retry", runID)
+	case prior.Status != StatusFailed && prior.Status != StatusCanceled:
+		return nil, refuse("run %s is %s; only a failed or canceled run is retried", runID, prior.Status)
+	case prior.Workflow == nil:
+		return nil, refuse("run %s is not a workflow run", runID)
+	case prior.UserID != st.UserID:
+		return nil, refuse("run %s belongs to another user", runID)
+	}
+	return prior, nil
 }
 
 // Rejected is the state of a run whose request was refused before it could

@@ -49,6 +49,7 @@ const (
 	StepWorkflowAborted                   StepName = "workflow-aborted"
 	StepWorkflowCompleted                 StepName = "workflow-completed"
 	StepWorkflowStepContinued             StepName = "workflow-step-continued"
+	StepWorkflowStepReused                StepName = "workflow-step-reused"
 	StepWorkflowStepRetry                 StepName = "workflow-step-retry"
 	StepWorkflowValidated                 StepName = "workflow-validated"
 )
@@ -98,5 +99,6 @@ var StepNames = []StepName{
 	StepWorkflowCompleted,
 	StepWorkflowStepContinued,
 	StepWorkflowStepRetry,
+	StepWorkflowStepReused,
 	StepWorkflowValidated,
 }

@@ -19,7 +19,7 @@ import (
 // declaration order. Every step is host input.
 
 // startWorkflow validates a workflow and starts its first steps.
-func (mm *Machine) startWorkflow(ctx context.Context, st *State, doc map[string]any) ([]Effect, error) {
+func (mm *Machine) startWorkflow(ctx context.Context, st *State, doc map[string]any, prior *State) ([]Effect, error) {
 	// The catalog the validation needs: the modes of the actions the
 	// steps name (an unknown name is left out, and reported by Validate).
 	catalog := workflow.Catalog{}
@@ -58,8 +58,39 @@ func (mm *Machine) startWorkflow(ctx context.Context, st *State, doc map[string]
 		st.Calls[i] = CallState{PlanIndex: i, Action: s.Action, Origin: events.OriginHost, Attempt: 1, Dispatched: true, Done: true}
 	}
 	out := []Effect{step(st, StepWorkflowValidated, nil, "", fmt.Sprintf("%s: %d steps", def.WorkflowName, len(def.Steps)), "ok")}
+	if prior != nil {
+		reused, err := reuseSteps(st, prior)
+		if err != nil {
+			return append(out, mm.fail(st, err)...), nil
+		}
+		for _, i := range reused {
+			pi := i
+			out = append(out, stepWith(st, StepWorkflowStepReused, &pi, def.Steps[i].Action, "completed by run "+prior.RunID, "ok",
+				map[string]any{"step": def.Steps[i].ID, "retryOf": prior.RunID}))
+		}
+	}
 	more, err := mm.advanceWorkflow(ctx, st)
 	return append(out, more...), err
+}
+
+// reuseSteps marks done the steps the prior run completed, with their
+// outputs, so that they do not run again; the prior run must have had the
+// same definition.
+func reuseSteps(st *State, prior *State) ([]int, *actionbus.Error) {
+	a, _ := json.Marshal(prior.Workflow.Def)
+	b, _ := json.Marshal(st.Workflow.Def)
+	if string(a) != string(b) {
+		return nil, actionbus.Errorf(actionbus.CodeRetryRefused, "run %s had another workflow definition", prior.RunID).
+			WithDetail("retryOf", prior.RunID)
+	}
+	var reused []int
+	for i, ps := range prior.Workflow.Steps {
+		if ps.Status == StepStatusDone && ps.Error == nil {
+			st.Workflow.Steps[i] = StepRun{Status: StepStatusDone, Attempt: ps.Attempt, Output: ps.Output}
+			reused = append(reused, i)
+		}
+	}
+	return reused, nil
 }
 
 // advanceWorkflow readies every pending step whose references are
