@@ -731,7 +731,7 @@ func retryCmd(g *globals) *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(g.out, "retrying %s as %s\n", args[0], id)
-			return followWith(cmd.Context(), g, c, id, timeout, newProgress(g.out))
+			return follow(cmd.Context(), g, c, id, timeout)
 		}),
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long to follow the new run")
