@@ -356,13 +356,14 @@ func TestRetryResumesAFailedWorkflowAtItsFailedStep(t *testing.T) {
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	wf := client.NewWorkflow("four")
-	for _, s := range []string{"s1", "s2", "s3", "s4"} {
-		wf = wf.Step(s, "wf.count", map[string]any{"step": s})
+	// A chain: each step needs the one before, so s1 and s2 have
+	// completed when s3 fails (steps still in flight when a run fails are
+	// not completed, and a retry runs them again).
+	wf := client.NewWorkflow("four").Step("s1", "wf.count", map[string]any{"step": "s1"})
+	for i, s := range []string{"s2", "s3", "s4"} {
+		wf = wf.Step(s, "wf.count", map[string]any{"step": s, "after": client.FromStep(fmt.Sprintf("s%d", i+1), "/step")})
 	}
-	// s4 waits for s3's output, so it cannot run before the retry.
 	doc := wf.Build()
-	doc["steps"].([]any)[3].(map[string]any)["input"] = map[string]any{"step": "s4", "after": map[string]any{"$fromStep": "s3", "path": "/step"}}
 	first, err := st.Client.Run(ctx, client.RunRequest{Workflow: doc, UserID: "u1"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusFailed, first.Status)
