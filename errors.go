@@ -78,6 +78,8 @@ const (
 	CodeRunEnded             Code = "run_ended"
 	CodeArtifactMismatch     Code = "artifact_mismatch"
 	CodeRetryRefused         Code = "retry_refused"
+	CodeInvalidTenant        Code = "invalid_tenant"
+	CodeTenantNotServed      Code = "tenant_not_served"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -94,7 +96,7 @@ var Codes = []Code{
 	CodeProviderError, CodeNativeToolCallsEmpty, CodeToolsUnsupported, CodePlannerRepaired,
 	CodeReplayDiverged, CodeWorkspacePath, CodeStaleFile, CodePatchRejected, CodeSQLRefused,
 	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge, CodeRunEnded,
-	CodeArtifactMismatch, CodeRetryRefused,
+	CodeArtifactMismatch, CodeRetryRefused, CodeInvalidTenant, CodeTenantNotServed,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code
@@ -120,6 +122,7 @@ var (
 	ErrWorkflowValidation  = &Error{Code: CodeWorkflowValidation}
 	ErrSubjectMismatch     = &Error{Code: CodeSubjectMismatch}
 	ErrInvalidRunID        = &Error{Code: CodeInvalidRunID}
+	ErrInvalidTenant       = &Error{Code: CodeInvalidTenant}
 	ErrIdempotencyConflict = &Error{Code: CodeIdempotencyConflict}
 	ErrPayloadTooLarge     = &Error{Code: CodePayloadTooLarge}
 )

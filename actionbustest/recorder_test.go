@@ -45,7 +45,7 @@ func TestUsersStartsTheServerWithTheDeployedUsers(t *testing.T) {
 	}))
 	require.NoError(t, err)
 	defer nc.Close()
-	require.NoError(t, nc.Publish("ab.run.01JB0000000000000000000000.decision", []byte("{}")))
+	require.NoError(t, nc.Publish("ab.run.default.01JB0000000000000000000000.decision", []byte("{}")))
 	require.NoError(t, nc.Flush())
 	select {
 	case err := <-refused:

@@ -45,6 +45,11 @@ type Options struct {
 	// user's, and provisioning runs as admin. Attacks on the trust rules
 	// are tested this way, as the deployed users.
 	Users bool
+	// Tenants adds, with Users, the client and approver users of these
+	// tenants (deploy/nats/tenant-users.conf.tmpl): "client-<tenant>" and
+	// "approver-<tenant>", password "pw-<user>" as for the others. They
+	// connect with [Server.TenantConnect].
+	Tenants []string
 }
 
 func (o *Options) setDefaults() {
@@ -85,7 +90,9 @@ func NewServer(t testing.TB, o Options) *Server {
 	eo := embedded.Options{Port: -1, StoreDir: t.TempDir(), MaxPayload: o.MaxPayload}
 	if o.Users {
 		conf := filepath.Join(t.TempDir(), "accounts.conf")
-		if err := os.WriteFile(conf, []byte(natsconf.WithPasswords(userPassword)), 0o600); err != nil {
+		users := append(append([]string{}, natsconf.Users...), natsconf.TenantUserNames(o.Tenants...)...)
+		text := natsconf.WithPasswords(natsconf.WithTenants(o.Tenants...), users, userPassword)
+		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 			t.Fatalf("actionbustest: write accounts.conf: %v", err)
 		}
 		eo.ConfigFile = conf
@@ -136,6 +143,19 @@ func (s *Server) UserURL(user string) string {
 	}
 	u.User = url.UserPassword(user, userPassword(user))
 	return u.String()
+}
+
+// TenantConnect connects as user (see [Server.UserURL]) with the reply
+// inbox prefix of tenant (nats.CustomInboxPrefix("_INBOX_<tenant>")), as
+// a tenant's client and approver users must; closed in t.Cleanup.
+func (s *Server) TenantConnect(t testing.TB, user, tenant string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.UserURL(user), nats.Name(t.Name()), nats.CustomInboxPrefix("_INBOX_"+events.TenantOr(tenant)))
+	if err != nil {
+		t.Fatalf("actionbustest: connect as %s: %v", user, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }
 
 // Connect opens another connection to the server, closed in t.Cleanup.

@@ -32,11 +32,23 @@ type Options struct {
 	// Source is the CloudEvent source of published events; default
 	// "/actionbus/client".
 	Source string
+	// Tenant is the tenant whose runs the client starts, follows and
+	// answers; default "default". A tenant's NATS user may only touch
+	// its own tenant's subjects, and must connect with the inbox prefix
+	// [InboxPrefix] of its tenant.
+	Tenant string
 }
+
+// InboxPrefix returns the reply-inbox prefix a tenant's users connect
+// with (nats.CustomInboxPrefix): a tenant's user may subscribe only to its
+// own inboxes, so no tenant reads the replies another tenant's reads
+// receive.
+func InboxPrefix(tenant string) string { return "_INBOX_" + events.TenantOr(tenant) }
 
 // Client publishes and follows runs. It is safe for concurrent use.
 type Client struct {
-	nc   *nats.Conn
+	tenant string
+	nc     *nats.Conn
 	js   jetstream.JetStream
 	bus  *events.Bus
 	topo events.Topology
@@ -46,11 +58,17 @@ func (o *Options) setDefaults() {
 	if o.Source == "" {
 		o.Source = "/actionbus/client"
 	}
+	o.Tenant = events.TenantOr(o.Tenant)
 }
 
 // Validate reports configuration errors (a prefix that is not a subject
 // token).
 func (o *Options) Validate() error {
+	if o.Tenant != "" {
+		if err := events.CheckTenant(o.Tenant); err != nil {
+			return err
+		}
+	}
 	return events.Topology{Prefix: o.Prefix}.Validate()
 }
 
@@ -64,7 +82,7 @@ func New(nc *nats.Conn, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, js: bus.JetStream(), bus: bus, topo: events.Topology{Prefix: opts.Prefix}}, nil
+	return &Client{tenant: opts.Tenant, nc: nc, js: bus.JetStream(), bus: bus, topo: events.Topology{Prefix: opts.Prefix}}, nil
 }
 
 // ActionCall names an action and its input.
@@ -133,7 +151,7 @@ func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 func (c *Client) emitRetrying(ctx context.Context, typ, id, runID string, data any) error {
 	wait := 100 * time.Millisecond
 	for {
-		_, err := c.bus.Emit(ctx, typ, id, runID, "", data)
+		_, err := c.bus.Emit(ctx, typ, id, c.tenant, runID, "", data)
 		if err == nil || !transient(err) || ctx.Err() != nil {
 			return err
 		}
@@ -156,7 +174,7 @@ func transient(err error) bool {
 // Cancel asks the dispatcher to cancel a run. A run that already ended is
 // not changed.
 func (c *Client) Cancel(ctx context.Context, runID, reason string) error {
-	_, err := c.bus.Emit(ctx, events.TypeCancelRequested, events.NewID(), runID, "",
+	_, err := c.bus.Emit(ctx, events.TypeCancelRequested, events.NewID(), c.tenant, runID, "",
 		&events.CancelRequested{RunID: runID, Reason: reason, RequestedBy: "client"})
 	return err
 }
@@ -164,7 +182,7 @@ func (c *Client) Cancel(ctx context.Context, runID, reason string) error {
 // Input answers a run's clarify question; the run resumes with the answer
 // as an observation.
 func (c *Client) Input(ctx context.Context, runID, answer string) error {
-	_, err := c.bus.Emit(ctx, events.TypeInputProvided, events.NewID(), runID, "",
+	_, err := c.bus.Emit(ctx, events.TypeInputProvided, events.NewID(), c.tenant, runID, "",
 		&events.InputProvided{RunID: runID, Answer: answer, ProvidedBy: "client"})
 	return err
 }
@@ -191,7 +209,7 @@ func approvalRun(approvalID string) (string, error) {
 // order, until fn returns true or none is left; it reports whether fn did.
 func (c *Client) scanApprovals(ctx context.Context, runID string, fn func(*events.Received) bool) (bool, error) {
 	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamRuns(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.topo.Subjects().Run(runID, "approval")}, DeliverPolicy: jetstream.DeliverAllPolicy,
+		FilterSubjects: []string{c.topo.Subjects().Run(c.tenant, runID, "approval")}, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
 		return false, err
@@ -261,7 +279,7 @@ func (c *Client) Approve(ctx context.Context, approvalID, keyID string, key []by
 	}
 	id := events.NewID()
 	return c.answer(ctx, p.Context.RunID, id, func() error {
-		_, err := c.bus.Emit(ctx, events.TypeApprovalGranted, id, p.Context.RunID, "",
+		_, err := c.bus.Emit(ctx, events.TypeApprovalGranted, id, c.tenant, p.Context.RunID, "",
 			&events.ApprovalGranted{RunID: p.Context.RunID, ApprovalID: approvalID, Token: token, Approver: approver})
 		return err
 	})
@@ -278,7 +296,7 @@ func (c *Client) Deny(ctx context.Context, approvalID, approver, reason string) 
 	}
 	id := events.NewID()
 	return c.answer(ctx, runID, id, func() error {
-		_, err := c.bus.Emit(ctx, events.TypeApprovalDenied, id, runID, "",
+		_, err := c.bus.Emit(ctx, events.TypeApprovalDenied, id, c.tenant, runID, "",
 			&events.ApprovalDenied{RunID: runID, ApprovalID: approvalID, Approver: approver, Reason: reason})
 		return err
 	})
@@ -301,7 +319,7 @@ func (c *Client) answer(ctx context.Context, runID, answerID string, publish fun
 		}
 		return true
 	}
-	sub, err := c.nc.Subscribe(c.topo.Subjects().Run(runID, "approval"), func(m *nats.Msg) {
+	sub, err := c.nc.Subscribe(c.topo.Subjects().Run(c.tenant, runID, "approval"), func(m *nats.Msg) {
 		if r, err := c.bus.Receive(m.Subject, m.Header, m.Data); err == nil {
 			match(r)
 		}
@@ -399,7 +417,7 @@ type Result struct {
 // result. It waits as long as ctx allows.
 func (c *Client) Follow(ctx context.Context, runID string, fn func(Event)) (*Result, error) {
 	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamRuns(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.topo.Subjects().RunEvents(runID)},
+		FilterSubjects: []string{c.topo.Subjects().RunEvents(c.tenant, runID)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
@@ -464,7 +482,7 @@ func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 	// Only terminal events go into the channel; the callback never blocks
 	// (at most one terminal event is ever published per run).
 	terminals := make(chan *nats.Msg, 4)
-	sub, err := c.nc.Subscribe(subjects.Run(runID, "*"), func(m *nats.Msg) {
+	sub, err := c.nc.Subscribe(subjects.Run(c.tenant, runID, "*"), func(m *nats.Msg) {
 		switch m.Subject[strings.LastIndexByte(m.Subject, '.')+1:] {
 		case "completed", "failed", "canceled":
 			select {
@@ -547,7 +565,7 @@ func (c *Client) Ended(ctx context.Context, runID string) (*Result, error) {
 // storedResult reads a run's stored terminal event, if any.
 func (c *Client) storedResult(ctx context.Context, stream jetstream.Stream, runID string) (*Result, error) {
 	for _, verb := range []string{"completed", "failed", "canceled"} {
-		msg, err := stream.GetLastMsgForSubject(ctx, c.topo.Subjects().Run(runID, verb))
+		msg, err := stream.GetLastMsgForSubject(ctx, c.topo.Subjects().Run(c.tenant, runID, verb))
 		if err == nil {
 			if r, err := c.bus.Receive(msg.Subject, msg.Header, msg.Data); err == nil {
 				if res := terminal(r); res != nil {
@@ -629,10 +647,13 @@ func (c *Client) Actions(ctx context.Context) ([]ActionInfo, error) {
 	return out, nil
 }
 
+// Tenant returns the client's tenant.
+func (c *Client) Tenant() string { return c.tenant }
+
 // AuditRecords reads the audit records of a run, in stream order.
 func (c *Client) AuditRecords(ctx context.Context, runID string) ([]AuditRecord, error) {
 	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamAudit(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.topo.Subjects().RunAudit(runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
+		FilterSubjects: []string{c.topo.Subjects().RunAudit(c.tenant, runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("client: audit of %s: %w", runID, err)
@@ -670,7 +691,7 @@ func (c *Client) AuditRecords(ctx context.Context, runID string) ([]AuditRecord,
 // the terminal event always carries the whole answer. Call the returned
 // function to stop.
 func (c *Client) StreamAnswer(runID string, fn func(delta string, end bool)) (stop func() error, err error) {
-	sub, err := c.nc.Subscribe(c.topo.Subjects().Stream(runID), func(m *nats.Msg) {
+	sub, err := c.nc.Subscribe(c.topo.Subjects().Stream(c.tenant, runID), func(m *nats.Msg) {
 		fn(string(m.Data), m.Header.Get(events.StreamEndHeader) != "")
 	})
 	if err != nil {
@@ -693,6 +714,9 @@ type AuditQuery struct {
 	// Live keeps delivering new records until ctx ends; otherwise the
 	// stream ends at the last record stored when it was opened.
 	Live bool
+	// AllTenants reads the records of every tenant (operators); by
+	// default only the client's tenant's.
+	AllTenants bool
 }
 
 // AuditStream delivers audit records with their audit-stream sequence, in
@@ -700,9 +724,12 @@ type AuditQuery struct {
 // Live) or ctx ends.
 func (c *Client) AuditStream(ctx context.Context, q AuditQuery, fn func(seq uint64, rec AuditRecord) error) error {
 	subjects := c.topo.Subjects()
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjects.AllAudit()}, DeliverPolicy: jetstream.DeliverAllPolicy}
-	if q.RunID != "" {
-		cfg.FilterSubjects = []string{subjects.RunAudit(q.RunID)}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjects.TenantAudit(c.tenant)}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	switch {
+	case q.RunID != "":
+		cfg.FilterSubjects = []string{subjects.RunAudit(c.tenant, q.RunID)}
+	case q.AllTenants:
+		cfg.FilterSubjects = []string{subjects.AllAudit()}
 	}
 	switch {
 	case !q.Since.IsZero():

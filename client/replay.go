@@ -118,7 +118,7 @@ func (c *Client) startReplay(ctx context.Context, req *events.RunRequested, deci
 	data := *req
 	data.RunID = id
 	data.Replay = &events.Replay{RunID: req.RunID, Decisions: decisions}
-	if _, err := c.bus.Emit(ctx, events.TypeRunRequested, id, id, "", &data); err != nil {
+	if _, err := c.bus.Emit(ctx, events.TypeRunRequested, id, c.tenant, id, "", &data); err != nil {
 		return "", fmt.Errorf("client: start replay: %w", err)
 	}
 	return id, nil
@@ -208,7 +208,7 @@ func (c *Client) request(ctx context.Context, runID string) (*events.RunRequeste
 	if err != nil {
 		return nil, err
 	}
-	msg, err := stream.GetLastMsgForSubject(rctx, c.topo.Subjects().Run(runID, "requested"))
+	msg, err := stream.GetLastMsgForSubject(rctx, c.topo.Subjects().Run(c.tenant, runID, "requested"))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, errors.New("the run's request is no longer stored")
 	}

@@ -76,6 +76,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer, when set, sees every action executed (for metrics).
 	Observer Observer
+	// Tenants dedicates the executor's pool to these tenants: its actions
+	// are offered to their runs' planners only, the dispatcher refuses
+	// them to other tenants' runs (tenant_not_served), and the executor
+	// refuses such work too. Empty (the default) serves every tenant. All
+	// executors of a pool should agree.
+	Tenants []string
 }
 
 // Observer sees an executor's work: the actions it runs and what happens
@@ -153,6 +159,11 @@ func New(nc *nats.Conn, cfg Config) (*Executor, error) {
 	topo := events.Topology{Prefix: cfg.Prefix, Pools: []string{cfg.Pool}}
 	if err := topo.Validate(); err != nil {
 		return nil, err
+	}
+	for _, t := range cfg.Tenants {
+		if err := events.CheckTenant(t); err != nil {
+			return nil, fmt.Errorf("executor: Config.Tenants: %w", err)
+		}
 	}
 	log := cfg.Logger.With("service", "executor", "executor_id", cfg.ID, "pool", cfg.Pool)
 	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/executor/" + cfg.Pool, Logger: log})
@@ -271,7 +282,7 @@ func Register[In, Out any](ex *Executor, a Action, h HandlerFunc[In, Out]) error
 		TimeoutMs: a.Timeout.Milliseconds(), Pool: ex.cfg.Pool,
 		Planner: a.Planner, DeclaredPermission: a.Permission, Tags: a.Tags, ResourceType: a.ResourceType,
 		RiskLevel: a.RiskLevel, Examples: a.Examples, AuditPolicy: a.AuditPolicy, HostOnlyKeys: a.HostOnlyKeys,
-		HealFlattenedInto: a.HealFlattenedInto,
+		HealFlattenedInto: a.HealFlattenedInto, Tenants: ex.cfg.Tenants,
 	}
 	var err error
 	if len(def.InputSchema) == 0 {

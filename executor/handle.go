@@ -151,6 +151,10 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 			"run %s ended before this call started; the handler was not called", req.RunID), 0, false)
 	}
 	reg, ok := e.reg.Lookup(req.Action)
+	if ok && !reg.Def.ServesTenant(events.TenantOr(req.Tenant)) {
+		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeTenantNotServed,
+			"pool %s is dedicated to other tenants than %s", e.cfg.Pool, events.TenantOr(req.Tenant)), 0, false)
+	}
 	if !ok {
 		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not registered on pool %s", req.Action, e.cfg.Pool), 0, false)
 	}
@@ -377,7 +381,7 @@ func (e *Executor) emitResult(ctx context.Context, req *events.ActionRequested, 
 		failed := &events.ActionFailed{RunID: req.RunID, CallID: req.CallID, Cycle: req.Cycle, PlanIndex: req.PlanIndex,
 			Attempt: req.Attempt, Action: req.Action, Error: *abErr, DurationMs: took.Milliseconds(), Executor: e.cfg.ID, Deliveries: deliveries,
 			UserID: req.UserID, StepID: req.StepID, MaxAttempts: req.MaxAttempts}
-		_, err := e.bus.Emit(ctx, events.TypeActionFailed, id, req.RunID, "", failed, ext...)
+		_, err := e.bus.Emit(ctx, events.TypeActionFailed, id, events.TenantOr(req.Tenant), req.RunID, "", failed, ext...)
 		return err
 	}
 	done := &events.ActionCompleted{RunID: req.RunID, CallID: req.CallID, Cycle: req.Cycle, PlanIndex: req.PlanIndex,
@@ -387,7 +391,7 @@ func (e *Executor) emitResult(ctx context.Context, req *events.ActionRequested, 
 	if err := e.offload(ctx, req, done); err != nil {
 		return err
 	}
-	_, err := e.bus.Emit(ctx, events.TypeActionCompleted, id, req.RunID, "", done, ext...)
+	_, err := e.bus.Emit(ctx, events.TypeActionCompleted, id, events.TenantOr(req.Tenant), req.RunID, "", done, ext...)
 	return err
 }
 

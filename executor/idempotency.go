@@ -49,6 +49,7 @@ type idemEntry struct {
 	ReservedAt time.Time `json:"reservedAt"`
 	TimeoutMs  int64     `json:"timeoutMs"`
 	Action     string    `json:"action"`
+	Tenant     string    `json:"tenant,omitempty"`
 	UserID     string    `json:"userId,omitempty"`
 	InputHash  string    `json:"inputHash"`
 	Output     any       `json:"output,omitempty"`
@@ -117,21 +118,23 @@ func (c *idemClaim) stop() uint64 {
 	return c.revision
 }
 
-// idemKey is the bucket key of an idempotency key on a pool:
-// "<pool>.<sha256>". The pool prefix lets NATS permissions confine an
-// executor user's writes to its own pool's records, so no pool can plant
-// a "done" record (and a forged output) for another pool's calls.
-func idemKey(pool, key string) string {
+// idemKey is the bucket key of an idempotency key of a tenant on a pool:
+// "<pool>.<tenant>.<sha256>". The pool prefix lets NATS permissions
+// confine an executor user's writes to its own pool's records, so no pool
+// can plant a "done" record (and a forged output) for another pool's
+// calls; the tenant keeps tenants' keys apart, so that one tenant's key
+// neither replays nor blocks (nor reveals) another's.
+func idemKey(pool, tenant, key string) string {
 	sum := sha256.Sum256([]byte(key))
-	return pool + "." + hex.EncodeToString(sum[:])
+	return pool + "." + events.TenantOr(tenant) + "." + hex.EncodeToString(sum[:])
 }
 
 // reserve claims key for req. It returns the claim, or the stored result
 // to replay, or how long to wait before retrying.
 func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRequested, inputHash string, timeout time.Duration) (*idemClaim, *idemEntry, time.Duration, error) {
-	k := idemKey(e.cfg.Pool, key)
+	k := idemKey(e.cfg.Pool, req.Tenant, key)
 	entry := idemEntry{State: "reserved", CallID: req.CallID, Executor: e.cfg.ID, ReservedAt: time.Now().UTC(), TimeoutMs: timeout.Milliseconds(),
-		Action: req.Action, UserID: req.UserID, InputHash: inputHash}
+		Action: req.Action, Tenant: events.TenantOr(req.Tenant), UserID: req.UserID, InputHash: inputHash}
 	val, _ := json.Marshal(entry)
 	for attempt := 0; attempt < 5; attempt++ {
 		cctx, cancel := events.Bounded(ctx)
@@ -194,6 +197,9 @@ func sameCall(held, want idemEntry) error {
 	}
 	if held.UserID != want.UserID {
 		differs = append(differs, "user")
+	}
+	if held.Tenant != want.Tenant {
+		differs = append(differs, "tenant")
 	}
 	if held.InputHash != want.InputHash {
 		differs = append(differs, "input")

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -90,6 +91,14 @@ type Definition struct {
 	// collects arguments a model flattened beside it (the seed's
 	// execute_skill_tool auto-heal).
 	HealFlattenedInto string `json:"healFlattenedInto,omitempty"`
+	// Tenants are the tenants whose runs may call the action (its pool's
+	// executors are dedicated to them); empty means every tenant.
+	Tenants []string `json:"tenants,omitempty"`
+}
+
+// ServesTenant reports whether runs of tenant may call the action.
+func (d *Definition) ServesTenant(tenant string) bool {
+	return len(d.Tenants) == 0 || slices.Contains(d.Tenants, tenant)
 }
 
 // PlannerVisible reports whether planners may see and choose the action.

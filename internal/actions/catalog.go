@@ -282,14 +282,14 @@ func (v *View) List() []Entry {
 	return resolvedList(byName)
 }
 
-// ListForPlanner returns the planner-visible entries of the view (hidden
-// actions left out), sorted by name. It is the source of truth for what a
-// planner may choose.
-func (v *View) ListForPlanner() []Entry {
+// ListForPlanner returns the entries of the view a planner may choose for
+// a run of tenant: planner-visible and hosted for the tenant, sorted by
+// name. It is the source of truth for what a planner may choose.
+func (v *View) ListForPlanner(tenant string) []Entry {
 	all := v.List()
 	out := all[:0]
 	for _, e := range all {
-		if e.PlannerVisible() {
+		if e.PlannerVisible() && e.ServesTenant(tenant) {
 			out = append(out, e)
 		}
 	}

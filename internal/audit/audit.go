@@ -126,7 +126,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	js := bus.JetStream()
 	return &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), heads: map[string]chainHead{},
-		build: &Builder{Defaults: cfg.Payload}}, nil
+		build: &Builder{Defaults: cfg.Payload, Prefix: cfg.Prefix}}, nil
 }
 
 // Run audits until ctx ends.
@@ -177,8 +177,9 @@ func (s *Service) Run(ctx context.Context) error {
 
 func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
 	rec := s.build.Record(r)
-	subject := s.bus.Subjects().Audit(rec.RunID, rec.Kind)
-	chain := s.bus.Subjects().RunAudit(rec.RunID)
+	tenant := events.TenantOr(rec.Tenant)
+	subject := s.bus.Subjects().Audit(tenant, rec.RunID, rec.Kind)
+	chain := s.bus.Subjects().RunAudit(tenant, rec.RunID)
 	unlock := s.locks.Lock(rec.RunID)
 	defer unlock()
 	for attempt := 0; attempt < 10; attempt++ {
@@ -194,7 +195,7 @@ func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Ms
 		}
 		rec.PrevHash = prevHash
 		rec.Hash = ChainHash(rec)
-		e, err := s.bus.New(events.TypeAuditRecorded, events.DerivedID(r.Event.ID(), "audit"), rec.RunID, &rec)
+		e, err := s.bus.New(events.TypeAuditRecorded, events.DerivedID(r.Event.ID(), "audit"), tenant, rec.RunID, &rec)
 		if err != nil {
 			return events.Permanent(err)
 		}

@@ -38,6 +38,8 @@ type Builder struct {
 	Defaults PayloadPolicy
 	// Lookup finds an action's own audit policy; nil means none.
 	Lookup ActionLookup
+	// Prefix is the subject prefix; default "ab".
+	Prefix string
 
 	// execRuns remembers the action of recent exec runs, so their
 	// terminal output gets the action's policy.
@@ -92,7 +94,7 @@ func (b *Builder) action(name string) (PayloadPolicy, string) {
 func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 	sum := sha256.Sum256(r.Event.Data())
 	rec := events.AuditRecorded{
-		RunID: r.RunID(), EventID: r.Event.ID(), EventType: r.Event.Type(), EventSubject: r.Subject,
+		RunID: r.RunID(), Tenant: r.Tenant, EventID: r.Event.ID(), EventType: r.Event.Type(), EventSubject: r.Subject,
 		EventSource: r.Event.Source(), EventTime: r.Event.Time().UTC(), PayloadHash: hex.EncodeToString(sum[:]),
 	}
 	def := b.Defaults
@@ -220,6 +222,12 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		rec.Kind, rec.Status, rec.Summary = KindTimer, "fired", d.Kind+" "+d.Stage
 	case *events.EventRejected:
 		rec.Kind, rec.RunID, rec.Status, rec.Summary = KindRejected, d.RunID, "rejected", string(d.Reason.Code)
+		// A rejected event is audited with the run it names, under the
+		// tenant of the subject it was published on (which NATS
+		// permissions bound its publisher to).
+		if t, _ := events.MustSubjects(b.Prefix).RunFromSubject(d.OriginalSubject); events.ValidTenant(t) && d.RunID != "" {
+			rec.Tenant = t
+		}
 	default:
 		rec.Kind = KindRun
 	}

@@ -25,6 +25,7 @@ import (
 type globals struct {
 	natsURL string
 	prefix  string
+	tenant  string
 	verbose bool
 	in      *bufio.Reader
 	out     io.Writer
@@ -43,7 +44,8 @@ func (g *globals) connect() (*nats.Conn, error) {
 	if g.natsURL == "" {
 		g.natsURL = envOr("NATS_URL", nats.DefaultURL)
 	}
-	nc, err := nats.Connect(g.natsURL, nats.Name("actionbus-cli"))
+	// A tenant's users receive replies only on their tenant's inboxes.
+	nc, err := nats.Connect(g.natsURL, nats.Name("actionbus-cli"), nats.CustomInboxPrefix(client.InboxPrefix(g.tenant)))
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", service.RedactURL(g.natsURL), err)
 	}
@@ -88,7 +90,7 @@ func (g *globals) client() (*client.Client, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	c, err := client.New(nc, client.Options{Prefix: g.prefix, Source: "/actionbus/cli"})
+	c, err := client.New(nc, client.Options{Prefix: g.prefix, Source: "/actionbus/cli", Tenant: g.tenant})
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
@@ -118,11 +120,12 @@ func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	}
 	root.PersistentFlags().StringVar(&g.natsURL, "nats", "", "NATS server URL (default $NATS_URL, else "+nats.DefaultURL+"; read at run time, never shown)")
 	root.PersistentFlags().StringVar(&g.prefix, "prefix", envOr("ACTIONBUS_PREFIX", events.DefaultPrefix), "subject prefix (env ACTIONBUS_PREFIX)")
+	root.PersistentFlags().StringVar(&g.tenant, "tenant", envOr("ACTIONBUS_TENANT", events.DefaultTenant), "the tenant whose runs the command starts, follows and answers (env ACTIONBUS_TENANT)")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "log service activity")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), inputCmd(g), approveCmd(g), denyCmd(g), workflowCmd(g), actionsCmd(g), artifactsCmd(g), auditCmd(g), eventsCmd(g), replayCmd(g), runsCmd(g), retryCmd(g))
+	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), inputCmd(g), approveCmd(g), denyCmd(g), workflowCmd(g), actionsCmd(g), artifactsCmd(g), auditCmd(g), eventsCmd(g), replayCmd(g), runsCmd(g), retryCmd(g), tenantCmd(g))
 	if err := root.ExecuteContext(ctx); err != nil {
 		var exit exitError
 		if asExit(err, &exit) {

@@ -181,7 +181,7 @@ func TestWorkflowValidatePrintsEveryIssueAndFails(t *testing.T) {
 
 func TestAuditVerifyNamesTheFirstBrokenLink(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	rec := srv.Record(t, "ab.audit.*.*")
+	rec := srv.Record(t, "ab.audit.*.*.*")
 	dir := t.TempDir()
 	jsonl, db := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "audit.db")
 	st := srv.StartStack(t, actionbustest.StackOptions{AuditJSONL: jsonl, AuditSQLite: db, Scenarios: `
@@ -297,7 +297,7 @@ scenarios:
 	stream, err := srv.JS.Stream(ctx, "AB_AUDIT")
 	require.NoError(t, err)
 	var seqs []uint64
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ab.audit." + res.RunID + ".*"}})
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ab.audit.default." + res.RunID + ".*"}})
 	require.NoError(t, err)
 	batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
 	require.NoError(t, err)

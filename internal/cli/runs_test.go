@@ -35,7 +35,7 @@ func TestRunsListsRunsWithWhatTheyWaitFor(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, client.StatusCompleted, done.Status)
 	_, err = rec.Await(ctx, func(r actionbustest.Recorded) bool {
-		return r.Type() == "io.actionbus.decision.requested" && r.Subject == "ab.run."+waiting+".decide"
+		return r.Type() == "io.actionbus.decision.requested" && r.Subject == "ab.run.default."+waiting+".decide"
 	})
 	require.NoError(t, err)
 

@@ -170,7 +170,7 @@ func TestInvalidTokensAreRefusedAndTheApprovalStaysPending(t *testing.T) {
 	// says so.
 	assert.ErrorIs(t, st.Client.Approve(ctx, id, "k9", []byte("ffffffffffffffffffffffffffffffff"), "mallory"), &actionbus.Error{Code: actionbus.CodeApprovalInvalid})
 	// A token copied from elsewhere.
-	_, err = bus.Emit(ctx, events.TypeApprovalGranted, events.NewID(), runID, "", &events.ApprovalGranted{RunID: runID, ApprovalID: id, Token: "k1.AAAA"})
+	_, err = bus.Emit(ctx, events.TypeApprovalGranted, events.NewID(), events.DefaultTenant, runID, "", &events.ApprovalGranted{RunID: runID, ApprovalID: id, Token: "k1.AAAA"})
 	require.NoError(t, err)
 	rec.WaitForN(t, 0, 2, func(r actionbustest.Recorded) bool {
 		var s events.RunStep

@@ -319,8 +319,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // run's subject must not end it.
 func (d *Dispatcher) onRejected(ctx context.Context, msg jetstream.Msg, reason error) error {
 	subjects := d.bus.Subjects()
-	runID := subjects.RunIDFromSubject(msg.Subject())
-	if !events.ValidRunID(runID) || msg.Subject() != subjects.Run(runID, "requested") {
+	tenant, runID := subjects.RunFromSubject(msg.Subject())
+	if !events.ValidRunID(runID) || !events.ValidTenant(tenant) || msg.Subject() != subjects.Run(tenant, runID, "requested") {
 		return nil
 	}
 	unlock := d.locks.Lock(runID)
@@ -330,12 +330,13 @@ func (d *Dispatcher) onRejected(ctx context.Context, msg jetstream.Msg, reason e
 	if errors.As(reason, &typed) {
 		abErr.Message = "run.requested rejected: " + typed.Message
 	}
-	st, out := d.machine.Rejected(runID, run.NewIDKey(), abErr)
+	st, out := d.machine.Rejected(tenant, runID, run.NewIDKey(), abErr)
 	return d.admit(ctx, st, out)
 }
 
 func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
 	if req, ok := r.Data.(*events.RunRequested); ok {
+		req.Tenant = r.Tenant // the subject's, which permissions bind
 		unlock := d.locks.Lock(req.RunID)
 		defer unlock()
 		st, out, err := d.machine.Start(ctx, req, run.NewIDKey())
@@ -349,7 +350,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		d.log.Warn("ignoring an event the dispatcher does not handle", "type", r.Event.Type(), "subject", r.Subject)
 		return nil
 	}
-	return d.transition(ctx, runID, run.Event{ID: r.Event.ID(), Data: r.Data})
+	return d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data})
 }
 
 // admit creates a new run's state, with its effects in the outbox, and
@@ -366,7 +367,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 	if tooLarge := d.stateTooLarge(val); tooLarge != nil {
 		// A request that cannot be held as state: the run is created
 		// failed, without what made it too large.
-		failed, fout := d.machine.Rejected(st.RunID, st.IDKey, tooLarge)
+		failed, fout := d.machine.Rejected(st.Tenant, st.RunID, st.IDKey, tooLarge)
 		failed.Kind, failed.UserID = st.Kind, st.UserID
 		failed.Outbox = fout
 		st = failed
@@ -478,8 +479,13 @@ func (d *Dispatcher) queued(runID string) bool {
 
 // job is one event waiting to be applied to its run.
 type job struct {
-	ev   run.Event
-	done chan error
+	ev run.Event
+	// tenant is the tenant the event's subject names.
+	tenant string
+	// refused is set when the job's event is refused on its merits (it
+	// names the run under another tenant); the batch goes on without it.
+	refused error
+	done    chan error
 }
 
 // transition applies ev to the stored state of runID. Events of one run
@@ -487,8 +493,8 @@ type job struct {
 // together in the next one (group commit): one read, one revision-checked
 // write and one publish batch for all of them, which is what keeps a
 // plan's results from queueing behind each other's round trips.
-func (d *Dispatcher) transition(ctx context.Context, runID string, ev run.Event) error {
-	j := &job{ev: ev, done: make(chan error, 1)}
+func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev run.Event) error {
+	j := &job{ev: ev, tenant: tenant, done: make(chan error, 1)}
 	d.queueMu.Lock()
 	q, leading := d.queues[runID]
 	if !leading {
@@ -525,6 +531,10 @@ func (d *Dispatcher) lead(ctx context.Context, runID string) {
 		d.queueMu.Unlock()
 		err := d.applyBatch(ctx, runID, batch)
 		for _, j := range batch {
+			if j.refused != nil {
+				j.done <- events.Rejection(j.refused)
+				continue
+			}
 			j.done <- err
 		}
 	}
@@ -570,6 +580,9 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		wasTerminal := st.IsTerminal()
 		var out []run.Effect
 		for _, j := range batch {
+			if j.refused = st.CheckTenant(j.tenant); j.refused != nil {
+				continue
+			}
 			effects, err := d.machine.Apply(ctx, &st, j.ev)
 			if err != nil {
 				return err
@@ -639,7 +652,7 @@ func (d *Dispatcher) publish(ctx context.Context, st *run.State, effects []run.E
 	for _, e := range effects {
 		if e.Kind == run.EffectTimer {
 			fired := e.Timer.Fired
-			batch = append(batch, d.bus.TimerEmission(e.ID, e.Timer.Name, e.Timer.At, &fired))
+			batch = append(batch, d.bus.TimerEmission(e.ID, st.TenantOrDefault(), e.Timer.Name, e.Timer.At, &fired))
 			continue
 		}
 		if em, ok := run.Render(st, e); ok {

@@ -189,14 +189,14 @@ func TestDuplicatesGiveExactlyOneTerminalEvent(t *testing.T) {
 	// The same request republished under a new event id (a client retry).
 	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/test"})
 	require.NoError(t, err)
-	_, err = bus.Emit(ctx, events.TypeRunRequested, events.NewID(), runID, "", &events.RunRequested{RunID: runID, Scenario: "echo"})
+	_, err = bus.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID, Scenario: "echo"})
 	require.NoError(t, err)
 
 	// Inject a duplicate of the first result under a new id.
 	first := rec.WaitForType(t, 0, events.TypeActionCompleted, runID)
 	var done events.ActionCompleted
 	require.NoError(t, events.DataAs(first.Event, &done))
-	_, err = bus.Emit(ctx, events.TypeActionCompleted, events.NewID(), runID, "", &done)
+	_, err = bus.Emit(ctx, events.TypeActionCompleted, events.NewID(), events.DefaultTenant, runID, "", &done)
 	require.NoError(t, err)
 
 	res, err := st.Client.Wait(ctx, runID)
@@ -207,7 +207,7 @@ func TestDuplicatesGiveExactlyOneTerminalEvent(t *testing.T) {
 	// Wait until the auditor has seen the run end (so every event has been
 	// consumed), then count terminal events.
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
-		return r.Type() == events.TypeAuditRecorded && r.Subject == "ab.audit."+runID+".run" && auditedType(r) == events.TypeRunCompleted
+		return r.Type() == events.TypeAuditRecorded && r.Subject == "ab.audit.default."+runID+".run" && auditedType(r) == events.TypeRunCompleted
 	})
 	assert.Equal(t, 1, terminalCount(rec, runID))
 	assert.Equal(t, 1, rec.Count(func(r actionbustest.Recorded) bool {
@@ -267,7 +267,7 @@ func TestInvalidRunRequestedGetsRunFailed(t *testing.T) {
 	ctx := ctxT(t)
 	runID := events.NewID()
 	_, err := srv.JS.PublishMsg(ctx, &nats.Msg{
-		Subject: "ab.run." + runID + ".requested",
+		Subject: "ab.run.default." + runID + ".requested",
 		Header: nats.Header{"ce-specversion": {"1.0"}, "ce-id": {runID}, "ce-source": {"/client"},
 			"ce-type": {events.TypeRunRequested}, "ce-datacontenttype": {"application/json"}},
 		Data: []byte(`{"runId":"` + runID + `","deadlineMs":-5}`),
@@ -309,7 +309,7 @@ func TestAuditCoversEveryEventOfTheRun(t *testing.T) {
 	}
 	require.NotEmpty(t, ids)
 	audits := rec.WaitForN(t, 0, len(ids), func(r actionbustest.Recorded) bool {
-		return r.Type() == events.TypeAuditRecorded && strings.HasPrefix(r.Subject, "ab.audit."+runID+".")
+		return r.Type() == events.TypeAuditRecorded && strings.HasPrefix(r.Subject, "ab.audit.default."+runID+".")
 	})
 	audited := map[string]bool{}
 	var chain []events.AuditRecorded

@@ -38,8 +38,11 @@ func CheckRunID(id string) error {
 // a run only when its runid extension and its data's runId both equal the
 // run token of the subject (a canonical ULID). A service believes the
 // subject — which NATS permissions bind to the sender — never the payload
-// alone. data is the decoded data struct of e. The error is a typed
-// *actionbus.Error (subject_mismatch or invalid_run_id).
+// alone. The tenant extension must equal the subject's tenant token
+// (subjects bind a run to its tenant, and NATS permissions bind a tenant's
+// users to its subjects). data is the decoded data struct of e. The error
+// is a typed *actionbus.Error (subject_mismatch, invalid_run_id or
+// invalid_tenant).
 func (s Subjects) CheckBinding(subject string, e *event.Event, data any) error {
 	entry, ok := Lookup(e.Type())
 	if !ok {
@@ -55,6 +58,30 @@ func (s Subjects) CheckBinding(subject string, e *event.Event, data any) error {
 		if p, ok := e.Extensions()[ExtPool].(string); ok && p != pool {
 			return (&actionbus.Error{Code: actionbus.CodeSubjectMismatch,
 				Message: "the event's pool differs from its subject's pool token"}).WithDetail("pool", pool)
+		}
+		// Work carries its run's tenant only in the extension.
+		if t, _ := e.Extensions()[ExtTenant].(string); t != "" || e.Type() == TypeActionRequested {
+			if err := CheckTenant(t); err != nil {
+				return err
+			}
+		}
+	}
+	if tenant, ok := vars["tenant"]; ok {
+		if err := CheckTenant(tenant); err != nil {
+			return err
+		}
+		if t, _ := e.Extensions()[ExtTenant].(string); t != tenant {
+			return (&actionbus.Error{Code: actionbus.CodeInvalidTenant,
+				Message: "the event's tenant extension differs from its subject's tenant token"}).
+				WithDetail("subjectTenant", tenant).WithDetail("tenant", clip(t, 64))
+		}
+	}
+	// A data struct that names the tenant (work, audit records) names
+	// the event's.
+	if t, has := dataField(data, "Tenant"); has && t != "" {
+		if ext, _ := e.Extensions()[ExtTenant].(string); t != ext {
+			return (&actionbus.Error{Code: actionbus.CodeInvalidTenant,
+				Message: "the event data's tenant differs from its tenant extension"}).WithDetail("tenant", clip(t, 64))
 		}
 	}
 	runToken, perRun := vars["runId"]
@@ -104,21 +131,28 @@ func (s Subjects) match(pattern, subject string) (map[string]string, bool) {
 // dataRunID returns the RunID field of an event's data struct ("" when it
 // has none). Every per-run data type has one (TestEveryPerRunTypeHasRunID).
 func dataRunID(data any) string {
+	id, _ := dataField(data, "RunID")
+	return id
+}
+
+// dataField returns the string field name of an event's data struct, and
+// whether it has one.
+func dataField(data any, name string) (string, bool) {
 	v := reflect.ValueOf(data)
 	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
 		if v.IsNil() {
-			return ""
+			return "", false
 		}
 		v = v.Elem()
 	}
 	if v.Kind() != reflect.Struct {
-		return ""
+		return "", false
 	}
-	f := v.FieldByName("RunID")
+	f := v.FieldByName(name)
 	if !f.IsValid() || f.Kind() != reflect.String {
-		return ""
+		return "", false
 	}
-	return f.String()
+	return f.String(), true
 }
 
 // clip shortens s to at most n bytes for error details: a rejected event

@@ -12,6 +12,8 @@ import (
 
 type eventT = event.Event
 
+// boundEvent builds an event of a run of the default tenant (ext may
+// override the tenant; a nil-valued extension removes it).
 func boundEvent(t *testing.T, typ, runID string, data any, ext ...events.Extension) *event.Event {
 	t.Helper()
 	e := event.New()
@@ -20,6 +22,7 @@ func boundEvent(t *testing.T, typ, runID string, data any, ext ...events.Extensi
 	e.SetSource("/test")
 	if runID != "" {
 		e.SetExtension(events.ExtRunID, runID)
+		e.SetExtension(events.ExtTenant, events.DefaultTenant)
 	}
 	for _, x := range ext {
 		e.SetExtension(x.Name, x.Value)

@@ -28,23 +28,36 @@ func TestCheckBinding(t *testing.T) {
 		ext     []events.Extension
 		code    actionbus.Code // "" means accepted
 	}{
-		{"decision on its own subject", s.Run(run, "decision"), events.TypeDecisionMade, run, decision(run), nil, ""},
-		{"decision forged on a client subject", s.Run(run, "input"), events.TypeDecisionMade, run, decision(run), nil, actionbus.CodeSubjectMismatch},
-		{"decision forged on the result subject", s.Run(run, "result"), events.TypeDecisionMade, run, decision(run), nil, actionbus.CodeSubjectMismatch},
-		{"result forged as a terminal event", s.Run(run, "completed"), events.TypeActionCompleted, run, &events.ActionCompleted{RunID: run, CallID: "c"}, nil, actionbus.CodeSubjectMismatch},
-		{"data run id differs from the subject", s.Run(run, "decision"), events.TypeDecisionMade, run, decision(other), nil, actionbus.CodeSubjectMismatch},
-		{"runid extension differs from the subject", s.Run(run, "decision"), events.TypeDecisionMade, other, decision(run), nil, actionbus.CodeSubjectMismatch},
-		{"lower-case run id", s.Run("01jabcdefghjkmnpqrstvwxyz0", "decision"), events.TypeDecisionMade, "01jabcdefghjkmnpqrstvwxyz0", decision("01jabcdefghjkmnpqrstvwxyz0"), nil, actionbus.CodeInvalidRunID},
-		{"run id with a dash", s.Run("run-1", "decision"), events.TypeDecisionMade, "run-1", decision("run-1"), nil, actionbus.CodeInvalidRunID},
-		{"extra subject token", s.Run(run, "decision") + ".x", events.TypeDecisionMade, run, decision(run), nil, actionbus.CodeSubjectMismatch},
+		{"decision on its own subject", s.Run(events.DefaultTenant, run, "decision"), events.TypeDecisionMade, run, decision(run), nil, ""},
+		{"decision forged on a client subject", s.Run(events.DefaultTenant, run, "input"), events.TypeDecisionMade, run, decision(run), nil, actionbus.CodeSubjectMismatch},
+		{"decision forged on the result subject", s.Run(events.DefaultTenant, run, "result"), events.TypeDecisionMade, run, decision(run), nil, actionbus.CodeSubjectMismatch},
+		{"result forged as a terminal event", s.Run(events.DefaultTenant, run, "completed"), events.TypeActionCompleted, run, &events.ActionCompleted{RunID: run, CallID: "c"}, nil, actionbus.CodeSubjectMismatch},
+		{"data run id differs from the subject", s.Run(events.DefaultTenant, run, "decision"), events.TypeDecisionMade, run, decision(other), nil, actionbus.CodeSubjectMismatch},
+		{"runid extension differs from the subject", s.Run(events.DefaultTenant, run, "decision"), events.TypeDecisionMade, other, decision(run), nil, actionbus.CodeSubjectMismatch},
+		{"lower-case run id", s.Run(events.DefaultTenant, "01jabcdefghjkmnpqrstvwxyz0", "decision"), events.TypeDecisionMade, "01jabcdefghjkmnpqrstvwxyz0", decision("01jabcdefghjkmnpqrstvwxyz0"), nil, actionbus.CodeInvalidRunID},
+		{"run id with a dash", s.Run(events.DefaultTenant, "run-1", "decision"), events.TypeDecisionMade, "run-1", decision("run-1"), nil, actionbus.CodeInvalidRunID},
+		{"extra subject token", s.Run(events.DefaultTenant, run, "decision") + ".x", events.TypeDecisionMade, run, decision(run), nil, actionbus.CodeSubjectMismatch},
 		{"request on its pool", s.PoolRequest("default"), events.TypeActionRequested, run, &events.ActionRequested{RunID: run, CallID: "c", Action: "a"},
 			[]events.Extension{{Name: events.ExtPool, Value: "default"}}, ""},
 		{"request with another pool's extension", s.PoolRequest("default"), events.TypeActionRequested, run, &events.ActionRequested{RunID: run, CallID: "c", Action: "a"},
 			[]events.Extension{{Name: events.ExtPool, Value: "payments"}}, actionbus.CodeSubjectMismatch},
 		{"request without a pool extension", s.PoolRequest("default"), events.TypeActionRequested, run, &events.ActionRequested{RunID: run, CallID: "c", Action: "a"}, nil, ""},
-		{"terminal on its subject", s.Run(run, "failed"), events.TypeRunFailed, run, &events.RunFailed{RunID: run, Error: actionbus.Error{Code: "x"}}, nil, ""},
+		{"request of another tenant", s.PoolRequest("default"), events.TypeActionRequested, run, &events.ActionRequested{RunID: run, Tenant: "acme", CallID: "c", Action: "a"},
+			[]events.Extension{{Name: events.ExtTenant, Value: "acme"}}, ""},
+		{"request whose data names another tenant than its extension", s.PoolRequest("default"), events.TypeActionRequested, run,
+			&events.ActionRequested{RunID: run, Tenant: "acme", CallID: "c", Action: "a"}, nil, actionbus.CodeInvalidTenant},
+		{"request with an unsafe tenant", s.PoolRequest("default"), events.TypeActionRequested, run, &events.ActionRequested{RunID: run, CallID: "c", Action: "a"},
+			[]events.Extension{{Name: events.ExtTenant, Value: "Acme.x"}}, actionbus.CodeInvalidTenant},
+		{"event of another tenant on its own subject", s.Run("acme", run, "decision"), events.TypeDecisionMade, run, decision(run),
+			[]events.Extension{{Name: events.ExtTenant, Value: "acme"}}, ""},
+		{"tenant extension differs from the subject's tenant", s.Run("acme", run, "decision"), events.TypeDecisionMade, run, decision(run), nil, actionbus.CodeInvalidTenant},
+		{"tenant extension forged for another tenant's run", s.Run(events.DefaultTenant, run, "cancel"), events.TypeCancelRequested, run, &events.CancelRequested{RunID: run},
+			[]events.Extension{{Name: events.ExtTenant, Value: "acme"}}, actionbus.CodeInvalidTenant},
+		{"subject tenant that is not a safe token", "ab.run.ACME." + run + ".decision", events.TypeDecisionMade, run, decision(run),
+			[]events.Extension{{Name: events.ExtTenant, Value: "ACME"}}, actionbus.CodeInvalidTenant},
+		{"terminal on its subject", s.Run(events.DefaultTenant, run, "failed"), events.TypeRunFailed, run, &events.RunFailed{RunID: run, Error: actionbus.Error{Code: "x"}}, nil, ""},
 		{"rejection on the rejected subject", s.Rejected("AB_RUNS"), events.TypeEventRejected, "", &events.EventRejected{OriginalSubject: "x"}, nil, ""},
-		{"rejection on a run subject", s.Run(run, "completed"), events.TypeEventRejected, run, &events.EventRejected{RunID: run, OriginalSubject: "x"}, nil, actionbus.CodeSubjectMismatch},
+		{"rejection on a run subject", s.Run(events.DefaultTenant, run, "completed"), events.TypeEventRejected, run, &events.EventRejected{RunID: run, OriginalSubject: "x"}, nil, actionbus.CodeSubjectMismatch},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -87,9 +100,9 @@ func TestEveryPerRunTypeHasRunID(t *testing.T) {
 		data := entry.New()
 		setRunID(data, run)
 		e := boundEvent(t, entry.Type, run, data)
-		subject, err := s.SubjectFor(entry.Type, run, "default")
+		subject, err := s.SubjectFor(entry.Type, events.DefaultTenant, run, "default")
 		if err != nil { // audit records
-			subject = s.Audit(run, "kind")
+			subject = s.Audit(events.DefaultTenant, run, "kind")
 		}
 		if entry.Type == events.TypeActionRequested {
 			e.SetExtension(events.ExtPool, "default")

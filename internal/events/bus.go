@@ -110,9 +110,9 @@ const (
 )
 
 // New builds an event of eventType with the given id and data. A non-empty
-// runID is also set as the runid extension. The event is validated when it
-// is published.
-func (b *Bus) New(eventType, id, runID string, data any, ext ...Extension) (*event.Event, error) {
+// tenant and runID are also set as the tenant and runid extensions. The
+// event is validated when it is published.
+func (b *Bus) New(eventType, id, tenant, runID string, data any, ext ...Extension) (*event.Event, error) {
 	e := event.New()
 	e.SetID(id)
 	e.SetType(eventType)
@@ -123,6 +123,9 @@ func (b *Bus) New(eventType, id, runID string, data any, ext ...Extension) (*eve
 	}
 	if runID != "" {
 		e.SetExtension(ExtRunID, runID)
+	}
+	if tenant != "" {
+		e.SetExtension(ExtTenant, tenant)
 	}
 	for _, x := range ext {
 		e.SetExtension(x.Name, x.Value)
@@ -163,15 +166,15 @@ func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event, opts 
 
 // Emit builds an event with [Bus.New] and publishes it on the subject the
 // catalog gives its type ([Subjects.SubjectFor]).
-func (b *Bus) Emit(ctx context.Context, eventType, id, runID, pool string, data any, ext ...Extension) (*event.Event, error) {
-	subject, err := b.subjects.SubjectFor(eventType, runID, pool)
+func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool string, data any, ext ...Extension) (*event.Event, error) {
+	subject, err := b.subjects.SubjectFor(eventType, tenant, runID, pool)
 	if err != nil {
 		return nil, err
 	}
 	if eventType == TypeActionRequested && pool != "" {
 		ext = append(ext, Extension{Name: ExtPool, Value: pool})
 	}
-	e, err := b.New(eventType, id, runID, data, ext...)
+	e, err := b.New(eventType, id, tenant, runID, data, ext...)
 	if err != nil {
 		return nil, err
 	}
@@ -183,9 +186,9 @@ func (b *Bus) Emit(ctx context.Context, eventType, id, runID, pool string, data 
 
 // Emission is one event for [Bus.EmitAll].
 type Emission struct {
-	Type, ID, RunID, Pool string
-	Data                  any
-	Ext                   []Extension
+	Type, ID, Tenant, RunID, Pool string
+	Data                          any
+	Ext                           []Extension
 	// Subject overrides the catalog subject (timer schedules).
 	Subject string
 	// Header adds NATS headers (timer schedules).
@@ -201,16 +204,16 @@ const (
 // TimerEmission returns the schedule of a durable timer: the timer.fired
 // event published on the run's schedule subject name, to be copied by the
 // server onto the run's timer subject at (rounded up to the second).
-func (b *Bus) TimerEmission(id, name string, at time.Time, t *TimerFired) Emission {
+func (b *Bus) TimerEmission(id, tenant, name string, at time.Time, t *TimerFired) Emission {
 	at = at.UTC().Truncate(time.Second).Add(time.Second)
 	t.DueAt = at
 	return Emission{
-		Type: TypeTimerFired, ID: id, RunID: t.RunID, Data: t,
+		Type: TypeTimerFired, ID: id, Tenant: tenant, RunID: t.RunID, Data: t,
 		Ext:     []Extension{{Name: ExtCycle, Value: t.Cycle}},
-		Subject: b.subjects.Schedule(t.RunID, name),
+		Subject: b.subjects.Schedule(tenant, t.RunID, name),
 		Header: nats.Header{
 			HeaderSchedule:       []string{"@at " + at.Format(time.RFC3339)},
-			HeaderScheduleTarget: []string{b.subjects.Run(t.RunID, "timer")},
+			HeaderScheduleTarget: []string{b.subjects.Run(tenant, t.RunID, "timer")},
 		},
 	}
 }
@@ -222,7 +225,7 @@ func (b *Bus) TimerEmission(id, name string, at time.Time, t *TimerFired) Emissi
 func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 	if len(batch) == 1 && batch[0].Subject == "" && batch[0].Header == nil {
 		x := batch[0]
-		_, err := b.Emit(ctx, x.Type, x.ID, x.RunID, x.Pool, x.Data, x.Ext...)
+		_, err := b.Emit(ctx, x.Type, x.ID, x.Tenant, x.RunID, x.Pool, x.Data, x.Ext...)
 		return err
 	}
 	futures := make([]jetstream.PubAckFuture, 0, len(batch))
@@ -230,11 +233,11 @@ func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 		subject := x.Subject
 		if subject == "" {
 			var err error
-			if subject, err = b.subjects.SubjectFor(x.Type, x.RunID, x.Pool); err != nil {
+			if subject, err = b.subjects.SubjectFor(x.Type, x.Tenant, x.RunID, x.Pool); err != nil {
 				return err
 			}
 		}
-		e, err := b.New(x.Type, x.ID, x.RunID, x.Data, x.Ext...)
+		e, err := b.New(x.Type, x.ID, x.Tenant, x.RunID, x.Data, x.Ext...)
 		if err != nil {
 			return err
 		}
@@ -337,6 +340,10 @@ type Received struct {
 	Data any
 	// Subject is the subject the message was published on.
 	Subject string
+	// Tenant is the run's tenant: the subject's tenant token on per-run
+	// subjects (checked against the tenant extension), the extension on
+	// work subjects, and "" for events of no run.
+	Tenant string
 }
 
 // RunID returns the runid extension of the event ("" when absent).
@@ -368,7 +375,8 @@ func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*Received, er
 	if err := b.subjects.CheckBinding(subject, e, data); err != nil {
 		return nil, err
 	}
-	return &Received{Event: e, Data: data, Subject: subject}, nil
+	tenant, _ := e.Extensions()[ExtTenant].(string)
+	return &Received{Event: e, Data: data, Subject: subject, Tenant: tenant}, nil
 }
 
 // Reject handles a message that failed [Bus.Receive]: it republishes the
@@ -418,7 +426,7 @@ func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, re
 }
 
 func (b *Bus) emitRejected(ctx context.Context, stream, id string, rej EventRejected) (*event.Event, error) {
-	e, err := b.New(TypeEventRejected, id, rej.RunID, rej)
+	e, err := b.New(TypeEventRejected, id, "", rej.RunID, rej)
 	if err != nil {
 		return nil, err
 	}

@@ -35,9 +35,9 @@ func TestRepublishedEventIsStoredOnce(t *testing.T) {
 	bus := newBus(t, srv, events.ModeBinary, "")
 	ctx := ctxT(t)
 	runID := events.NewID()
-	e, err := bus.New(events.TypeRunRequested, runID, runID, &events.RunRequested{RunID: runID, Prompt: "hi"})
+	e, err := bus.New(events.TypeRunRequested, runID, events.DefaultTenant, runID, &events.RunRequested{RunID: runID, Prompt: "hi"})
 	require.NoError(t, err)
-	subject := bus.Subjects().Run(runID, "requested")
+	subject := bus.Subjects().Run(events.DefaultTenant, runID, "requested")
 
 	first, err := bus.Publish(ctx, subject, e)
 	require.NoError(t, err)
@@ -60,13 +60,13 @@ func TestTerminalEventsShareOneID(t *testing.T) {
 	ctx := ctxT(t)
 	runID := events.NewID()
 	terminalID := events.DerivedID(runID, "run-secret", "terminal")
-	_, err := bus.Emit(ctx, events.TypeRunCompleted, terminalID, runID, "", &events.RunCompleted{RunID: runID, Cycles: 1})
+	_, err := bus.Emit(ctx, events.TypeRunCompleted, terminalID, events.DefaultTenant, runID, "", &events.RunCompleted{RunID: runID, Cycles: 1})
 	require.NoError(t, err)
-	_, err = bus.Emit(ctx, events.TypeRunFailed, terminalID, runID, "", &events.RunFailed{RunID: runID, Error: actionbus.Error{Code: "x"}})
+	_, err = bus.Emit(ctx, events.TypeRunFailed, terminalID, events.DefaultTenant, runID, "", &events.RunFailed{RunID: runID, Error: actionbus.Error{Code: "x"}})
 	require.NoError(t, err)
 	stream, err := srv.JS.Stream(ctx, events.Topology{}.StreamRuns())
 	require.NoError(t, err)
-	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(bus.Subjects().RunEvents(runID)))
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(bus.Subjects().RunEvents(events.DefaultTenant, runID)))
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1), info.State.Msgs, "a run stores at most one terminal event")
 }
@@ -80,7 +80,7 @@ func TestPublishedEventsReachConsumersInBothModesAndCodecs(t *testing.T) {
 				ctx := ctxT(t)
 				runID := events.NewID()
 				want := &events.RunRequested{RunID: runID, Prompt: "grüße 100 %", Scenario: "demo", AllowedModes: []string{"read"}}
-				_, err := bus.Emit(ctx, events.TypeRunRequested, runID, runID, "", want)
+				_, err := bus.Emit(ctx, events.TypeRunRequested, runID, events.DefaultTenant, runID, "", want)
 				require.NoError(t, err)
 
 				got := make(chan *events.Received, 1)
@@ -157,12 +157,12 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 		}(), truncated[:len(truncated)-2], actionbus.CodeMalformedEvent},
 	}
 	for _, b := range bad {
-		_, err := srv.JS.PublishMsg(ctx, &nats.Msg{Subject: subjects.Run(b.runID, "decision"), Header: b.header, Data: b.body})
+		_, err := srv.JS.PublishMsg(ctx, &nats.Msg{Subject: subjects.Run(events.DefaultTenant, b.runID, "decision"), Header: b.header, Data: b.body})
 		require.NoError(t, err, b.name)
 	}
 	runID := events.NewID()
 	decision := &events.DecisionMade{RunID: runID, Cycle: 1, Decision: events.Decision{Type: "final", Answer: "ok"}}
-	_, err = bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(runID, "decision", 1), runID, "", decision)
+	_, err = bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(runID, "decision", 1), events.DefaultTenant, runID, "", decision)
 	require.NoError(t, err)
 
 	var mu sync.Mutex
@@ -191,7 +191,7 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 			require.NoError(t, events.DataAs(r.Event, &rej))
 			assert.Equal(t, b.code, rej.Reason.Code, rej.Reason.Message)
 			assert.NotEmpty(t, rej.Reason.Message)
-			assert.Equal(t, subjects.Run(b.runID, "decision"), rej.OriginalSubject)
+			assert.Equal(t, subjects.Run(events.DefaultTenant, b.runID, "decision"), rej.OriginalSubject)
 			assert.Equal(t, b.body, rej.OriginalData)
 			assert.Equal(t, b.header[events.HeaderMsgID], rej.OriginalHeaders[events.HeaderMsgID])
 			assert.NotEqual(t, b.header.Get(events.HeaderMsgID), r.Event.ID(), "rejected events get a new id")
@@ -230,7 +230,7 @@ func TestRejectionSpeaksForNoRun(t *testing.T) {
 	rec := srv.Record(t, "")
 	runID := events.NewID()
 	_, err := srv.JS.PublishMsg(ctx, &nats.Msg{
-		Subject: bus.Subjects().Run(runID, "requested"),
+		Subject: bus.Subjects().Run(events.DefaultTenant, runID, "requested"),
 		Header: nats.Header{"ce-specversion": {"1.0"}, "ce-id": {runID}, "ce-source": {"/client"},
 			"ce-type": {events.TypeRunRequested}, "ce-datacontenttype": {"application/json"},
 			events.HeaderMsgID: {runID}},
@@ -272,7 +272,7 @@ func TestHandlerErrorsAreRetriedAndPermanentOnesTerminated(t *testing.T) {
 	ctx := ctxT(t)
 	transient, permanent := events.NewID(), events.NewID()
 	for _, id := range []string{transient, permanent} {
-		_, err := bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(id, "decision"), id, "", &events.DecisionMade{RunID: id, Cycle: 1, Decision: events.Decision{Type: "final", Answer: "ok"}})
+		_, err := bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(id, "decision"), events.DefaultTenant, id, "", &events.DecisionMade{RunID: id, Cycle: 1, Decision: events.Decision{Type: "final", Answer: "ok"}})
 		require.NoError(t, err)
 	}
 	var mu sync.Mutex

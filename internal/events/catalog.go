@@ -9,8 +9,8 @@ import (
 type Entry struct {
 	// Type is the CloudEvent type.
 	Type string
-	// Subject is the subject pattern, with {prefix}, {runId} and {pool}
-	// placeholders.
+	// Subject is the subject pattern, with {prefix}, {tenant}, {runId} and
+	// {pool} placeholders.
 	Subject string
 	// Producer is the service that publishes the event.
 	Producer string
@@ -25,28 +25,28 @@ type Entry struct {
 // Catalog is the single list of event types. docs/events.md documents the
 // same list; TestCatalogMatchesDocs keeps both in step.
 var Catalog = []Entry{
-	{TypeRunRequested, "{prefix}.run.{runId}.requested", "client", []string{"dispatcher", "auditor"}, "run.requested.json", func() any { return new(RunRequested) }},
-	{TypeRunStarted, "{prefix}.run.{runId}.started", "dispatcher", []string{"auditor", "client"}, "run.started.json", func() any { return new(RunStarted) }},
-	{TypeRunStep, "{prefix}.run.{runId}.step", "dispatcher", []string{"auditor", "client"}, "run.step.json", func() any { return new(RunStep) }},
-	{TypeRunCompleted, "{prefix}.run.{runId}.completed", "dispatcher", []string{"auditor", "client"}, "run.completed.json", func() any { return new(RunCompleted) }},
-	{TypeRunFailed, "{prefix}.run.{runId}.failed", "dispatcher", []string{"auditor", "client"}, "run.failed.json", func() any { return new(RunFailed) }},
-	{TypeRunCanceled, "{prefix}.run.{runId}.canceled", "dispatcher", []string{"auditor", "client"}, "run.canceled.json", func() any { return new(RunCanceled) }},
-	{TypeCancelRequested, "{prefix}.run.{runId}.cancel", "client", []string{"dispatcher", "auditor"}, "cancel.requested.json", func() any { return new(CancelRequested) }},
-	{TypeDecisionRequested, "{prefix}.run.{runId}.decide", "dispatcher", []string{"planner", "auditor"}, "decision.requested.json", func() any { return new(DecisionRequested) }},
-	{TypeDecisionMade, "{prefix}.run.{runId}.decision", "planner", []string{"dispatcher", "auditor"}, "decision.made.json", func() any { return new(DecisionMade) }},
+	{TypeRunRequested, "{prefix}.run.{tenant}.{runId}.requested", "client", []string{"dispatcher", "auditor"}, "run.requested.json", func() any { return new(RunRequested) }},
+	{TypeRunStarted, "{prefix}.run.{tenant}.{runId}.started", "dispatcher", []string{"auditor", "client"}, "run.started.json", func() any { return new(RunStarted) }},
+	{TypeRunStep, "{prefix}.run.{tenant}.{runId}.step", "dispatcher", []string{"auditor", "client"}, "run.step.json", func() any { return new(RunStep) }},
+	{TypeRunCompleted, "{prefix}.run.{tenant}.{runId}.completed", "dispatcher", []string{"auditor", "client"}, "run.completed.json", func() any { return new(RunCompleted) }},
+	{TypeRunFailed, "{prefix}.run.{tenant}.{runId}.failed", "dispatcher", []string{"auditor", "client"}, "run.failed.json", func() any { return new(RunFailed) }},
+	{TypeRunCanceled, "{prefix}.run.{tenant}.{runId}.canceled", "dispatcher", []string{"auditor", "client"}, "run.canceled.json", func() any { return new(RunCanceled) }},
+	{TypeCancelRequested, "{prefix}.run.{tenant}.{runId}.cancel", "client", []string{"dispatcher", "auditor"}, "cancel.requested.json", func() any { return new(CancelRequested) }},
+	{TypeDecisionRequested, "{prefix}.run.{tenant}.{runId}.decide", "dispatcher", []string{"planner", "auditor"}, "decision.requested.json", func() any { return new(DecisionRequested) }},
+	{TypeDecisionMade, "{prefix}.run.{tenant}.{runId}.decision", "planner", []string{"dispatcher", "auditor"}, "decision.made.json", func() any { return new(DecisionMade) }},
 	{TypeActionRequested, "{prefix}.pool.{pool}.request", "dispatcher", []string{"executor", "auditor"}, "action.requested.json", func() any { return new(ActionRequested) }},
-	{TypeActionCompleted, "{prefix}.run.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.completed.json", func() any { return new(ActionCompleted) }},
-	{TypeActionFailed, "{prefix}.run.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.failed.json", func() any { return new(ActionFailed) }},
+	{TypeActionCompleted, "{prefix}.run.{tenant}.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.completed.json", func() any { return new(ActionCompleted) }},
+	{TypeActionFailed, "{prefix}.run.{tenant}.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.failed.json", func() any { return new(ActionFailed) }},
 	{TypeEventRejected, "{prefix}.rejected.{stream}", "any consumer", []string{"auditor", "operators"}, "event.rejected.json", func() any { return new(EventRejected) }},
-	{TypeAuditRecorded, "{prefix}.audit.{runId}.{kind}", "auditor", []string{"operators"}, "audit.recorded.json", func() any { return new(AuditRecorded) }},
-	{TypeInputProvided, "{prefix}.run.{runId}.input", "client", []string{"dispatcher", "auditor"}, "input.provided.json", func() any { return new(InputProvided) }},
-	{TypeTimerFired, "{prefix}.run.{runId}.timer", "dispatcher (scheduled)", []string{"dispatcher", "auditor"}, "timer.fired.json", func() any { return new(TimerFired) }},
-	{TypeApprovalRequested, "{prefix}.run.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.requested.json", func() any { return new(ApprovalRequested) }},
-	{TypeApprovalGranted, "{prefix}.run.{runId}.approve", "approver", []string{"dispatcher", "auditor"}, "approval.granted.json", func() any { return new(ApprovalGranted) }},
-	{TypeApprovalDenied, "{prefix}.run.{runId}.deny", "approver", []string{"dispatcher", "auditor"}, "approval.denied.json", func() any { return new(ApprovalDenied) }},
-	{TypeApprovalResolved, "{prefix}.run.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.resolved.json", func() any { return new(ApprovalResolved) }},
-	{TypeSynthesisRequested, "{prefix}.run.{runId}.synthesize", "dispatcher", []string{"planner", "auditor"}, "synthesis.requested.json", func() any { return new(SynthesisRequested) }},
-	{TypeSynthesisCompleted, "{prefix}.run.{runId}.synthesized", "planner", []string{"dispatcher", "auditor"}, "synthesis.completed.json", func() any { return new(SynthesisCompleted) }},
+	{TypeAuditRecorded, "{prefix}.audit.{tenant}.{runId}.{kind}", "auditor", []string{"operators"}, "audit.recorded.json", func() any { return new(AuditRecorded) }},
+	{TypeInputProvided, "{prefix}.run.{tenant}.{runId}.input", "client", []string{"dispatcher", "auditor"}, "input.provided.json", func() any { return new(InputProvided) }},
+	{TypeTimerFired, "{prefix}.run.{tenant}.{runId}.timer", "dispatcher (scheduled)", []string{"dispatcher", "auditor"}, "timer.fired.json", func() any { return new(TimerFired) }},
+	{TypeApprovalRequested, "{prefix}.run.{tenant}.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.requested.json", func() any { return new(ApprovalRequested) }},
+	{TypeApprovalGranted, "{prefix}.run.{tenant}.{runId}.approve", "approver", []string{"dispatcher", "auditor"}, "approval.granted.json", func() any { return new(ApprovalGranted) }},
+	{TypeApprovalDenied, "{prefix}.run.{tenant}.{runId}.deny", "approver", []string{"dispatcher", "auditor"}, "approval.denied.json", func() any { return new(ApprovalDenied) }},
+	{TypeApprovalResolved, "{prefix}.run.{tenant}.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.resolved.json", func() any { return new(ApprovalResolved) }},
+	{TypeSynthesisRequested, "{prefix}.run.{tenant}.{runId}.synthesize", "dispatcher", []string{"planner", "auditor"}, "synthesis.requested.json", func() any { return new(SynthesisRequested) }},
+	{TypeSynthesisCompleted, "{prefix}.run.{tenant}.{runId}.synthesized", "planner", []string{"dispatcher", "auditor"}, "synthesis.completed.json", func() any { return new(SynthesisCompleted) }},
 }
 
 var catalogByType = func() map[string]*Entry {
@@ -114,23 +114,26 @@ func validToken(tok string) bool {
 // Prefix returns the subject prefix.
 func (s Subjects) Prefix() string { return s.prefix }
 
-// Run returns the subject of a per-run event: {prefix}.run.{runId}.{verb}.
-func (s Subjects) Run(runID, verb string) string {
-	return s.prefix + ".run." + runID + "." + verb
+// Run returns the subject of a per-run event:
+// {prefix}.run.{tenant}.{runId}.{verb}.
+func (s Subjects) Run(tenant, runID, verb string) string {
+	return s.prefix + ".run." + tenant + "." + runID + "." + verb
 }
 
 // Schedule returns the subject of one of a run's timer schedules:
-// {prefix}.run.{runId}.sched.{name}. A new schedule on the same subject
-// replaces the previous one. Schedule subjects have five tokens, so the
-// four-token filters of the per-run consumers never match them.
-func (s Subjects) Schedule(runID, name string) string {
-	return s.prefix + ".run." + runID + ".sched." + name
+// {prefix}.run.{tenant}.{runId}.sched.{name}. A new schedule on the same
+// subject replaces the previous one. Schedule subjects have one token more
+// than run events, so the per-run consumers' filters never match them.
+func (s Subjects) Schedule(tenant, runID, name string) string {
+	return s.prefix + ".run." + tenant + "." + runID + ".sched." + name
 }
 
 // Stream returns the core NATS subject on which a run's final answer is
-// streamed while it is written: {prefix}.stream.{runId}. It is outside
-// every stream, so tokens are neither stored nor audited.
-func (s Subjects) Stream(runID string) string { return s.prefix + ".stream." + runID }
+// streamed while it is written: {prefix}.stream.{tenant}.{runId}. It is
+// outside every stream, so tokens are neither stored nor audited.
+func (s Subjects) Stream(tenant, runID string) string {
+	return s.prefix + ".stream." + tenant + "." + runID
+}
 
 // Stream message headers. Tokens of a final answer are published on core
 // NATS at [Subjects.Stream]: the body is the text, StreamSeqHeader numbers
@@ -162,7 +165,7 @@ func runVerbs(requests bool) []string {
 	var out []string
 	seen := map[string]bool{}
 	for _, e := range Catalog {
-		verb, ok := strings.CutPrefix(e.Subject, "{prefix}.run.{runId}.")
+		verb, ok := strings.CutPrefix(e.Subject, "{prefix}.run.{tenant}.{runId}.")
 		if !ok || seen[verb] || requestProducers[e.Producer] != requests {
 			continue
 		}
@@ -188,14 +191,20 @@ func (s Subjects) ServiceRunSubjects() []string {
 	for _, v := range serviceVerbs() {
 		out = append(out, s.AnyRun(v))
 	}
-	return append(out, s.prefix+".run.*.sched.*")
+	return append(out, s.prefix+".run.*.*.sched.*")
 }
 
 // RunEvents matches every event of one run.
-func (s Subjects) RunEvents(runID string) string { return s.prefix + ".run." + runID + ".>" }
+func (s Subjects) RunEvents(tenant, runID string) string {
+	return s.prefix + ".run." + tenant + "." + runID + ".>"
+}
 
-// AnyRun returns the filter for one verb across all runs.
-func (s Subjects) AnyRun(verb string) string { return s.prefix + ".run.*." + verb }
+// TenantRuns matches every per-run subject of one tenant; NATS
+// permissions confine a tenant's users to it.
+func (s Subjects) TenantRuns(tenant string) string { return s.prefix + ".run." + tenant + ".>" }
+
+// AnyRun returns the filter for one verb across all runs of all tenants.
+func (s Subjects) AnyRun(verb string) string { return s.prefix + ".run.*.*." + verb }
 
 // PoolRequest returns the work subject of an executor pool.
 func (s Subjects) PoolRequest(pool string) string { return s.prefix + ".pool." + pool + ".request" }
@@ -210,71 +219,90 @@ func (s Subjects) Rejected(stream string) string { return s.prefix + ".rejected.
 func (s Subjects) AllRejected() string { return s.prefix + ".rejected.>" }
 
 // Audit returns the audit subject of one run's records of one kind:
-// {prefix}.audit.{runId}.{kind}.
-func (s Subjects) Audit(runID, kind string) string { return s.prefix + ".audit." + runID + "." + kind }
+// {prefix}.audit.{tenant}.{runId}.{kind}.
+func (s Subjects) Audit(tenant, runID, kind string) string {
+	return s.prefix + ".audit." + tenant + "." + runID + "." + kind
+}
 
 // RunAudit matches every audit record of one run.
-func (s Subjects) RunAudit(runID string) string { return s.prefix + ".audit." + runID + ".*" }
+func (s Subjects) RunAudit(tenant, runID string) string {
+	return s.prefix + ".audit." + tenant + "." + runID + ".*"
+}
+
+// TenantAudit matches every audit record of one tenant's runs.
+func (s Subjects) TenantAudit(tenant string) string { return s.prefix + ".audit." + tenant + ".>" }
 
 // AllAudit matches the audit subjects of every run.
-func (s Subjects) AllAudit() string { return s.prefix + ".audit.*.*" }
+func (s Subjects) AllAudit() string { return s.prefix + ".audit.*.*.*" }
 
 // RunIDFromSubject returns the run id of a per-run subject, or "" when the
 // subject is not one.
 func (s Subjects) RunIDFromSubject(subject string) string {
-	rest, ok := strings.CutPrefix(subject, s.prefix+".run.")
-	if !ok {
-		return ""
-	}
-	id, _, ok := strings.Cut(rest, ".")
-	if !ok {
-		return ""
-	}
+	_, id := s.RunFromSubject(subject)
 	return id
 }
 
+// RunFromSubject returns the tenant and run id tokens of a per-run
+// subject, or two empty strings when the subject is not one.
+func (s Subjects) RunFromSubject(subject string) (tenant, runID string) {
+	rest, ok := strings.CutPrefix(subject, s.prefix+".run.")
+	if !ok {
+		return "", ""
+	}
+	parts := strings.SplitN(rest, ".", 3)
+	if len(parts) < 3 {
+		return "", ""
+	}
+	return parts[0], parts[1]
+}
+
 // SubjectFor returns the subject an event of eventType is published on.
-// runID and pool fill the placeholders the type needs.
-func (s Subjects) SubjectFor(eventType, runID, pool string) (string, error) {
+// tenant, runID and pool fill the placeholders the type needs.
+func (s Subjects) SubjectFor(eventType, tenant, runID, pool string) (string, error) {
+	if eventType != TypeActionRequested && eventType != TypeEventRejected && eventType != TypeAuditRecorded {
+		if err := CheckTenant(tenant); err != nil {
+			return "", err
+		}
+	}
 	switch eventType {
 	case TypeRunRequested:
-		return s.Run(runID, "requested"), nil
+		return s.Run(tenant, runID, "requested"), nil
 	case TypeRunStarted:
-		return s.Run(runID, "started"), nil
+		return s.Run(tenant, runID, "started"), nil
 	case TypeRunStep:
-		return s.Run(runID, "step"), nil
+		return s.Run(tenant, runID, "step"), nil
 	case TypeRunCompleted:
-		return s.Run(runID, "completed"), nil
+		return s.Run(tenant, runID, "completed"), nil
 	case TypeRunFailed:
-		return s.Run(runID, "failed"), nil
+		return s.Run(tenant, runID, "failed"), nil
 	case TypeRunCanceled:
-		return s.Run(runID, "canceled"), nil
+		return s.Run(tenant, runID, "canceled"), nil
 	case TypeCancelRequested:
-		return s.Run(runID, "cancel"), nil
+		return s.Run(tenant, runID, "cancel"), nil
 	case TypeDecisionRequested:
-		return s.Run(runID, "decide"), nil
+		return s.Run(tenant, runID, "decide"), nil
 	case TypeDecisionMade:
-		return s.Run(runID, "decision"), nil
+		return s.Run(tenant, runID, "decision"), nil
 	case TypeActionRequested:
 		return s.PoolRequest(pool), nil
 	case TypeActionCompleted, TypeActionFailed:
-		return s.Run(runID, "result"), nil
+		return s.Run(tenant, runID, "result"), nil
 	case TypeAuditRecorded:
-		return "", fmt.Errorf("events: audit records are published by the auditor on Subjects.Audit(runId, kind)")
+		return "", fmt.Errorf("events: audit records are published by the auditor on Subjects.Audit(tenant, runId, kind)")
 	case TypeInputProvided:
-		return s.Run(runID, "input"), nil
+		return s.Run(tenant, runID, "input"), nil
 	case TypeTimerFired:
-		return s.Run(runID, "timer"), nil
+		return s.Run(tenant, runID, "timer"), nil
 	case TypeApprovalRequested, TypeApprovalResolved:
-		return s.Run(runID, "approval"), nil
+		return s.Run(tenant, runID, "approval"), nil
 	case TypeApprovalGranted:
-		return s.Run(runID, "approve"), nil
+		return s.Run(tenant, runID, "approve"), nil
 	case TypeApprovalDenied:
-		return s.Run(runID, "deny"), nil
+		return s.Run(tenant, runID, "deny"), nil
 	case TypeSynthesisRequested:
-		return s.Run(runID, "synthesize"), nil
+		return s.Run(tenant, runID, "synthesize"), nil
 	case TypeSynthesisCompleted:
-		return s.Run(runID, "synthesized"), nil
+		return s.Run(tenant, runID, "synthesized"), nil
 	}
 	return "", fmt.Errorf("events: no subject rule for type %q", eventType)
 }

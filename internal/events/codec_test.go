@@ -268,16 +268,21 @@ func TestSubjectsFollowConventions(t *testing.T) {
 		if entry.Type == events.TypeEventRejected || entry.Type == events.TypeAuditRecorded {
 			continue
 		}
-		subj, err := s.SubjectFor(entry.Type, "R1", "default")
+		subj, err := s.SubjectFor(entry.Type, events.DefaultTenant, "R1", "default")
 		require.NoError(t, err)
 		want := entry.Subject
-		for _, r := range [][2]string{{"{prefix}", "ab"}, {"{runId}", "R1"}, {"{pool}", "default"}} {
+		for _, r := range [][2]string{{"{prefix}", "ab"}, {"{tenant}", "default"}, {"{runId}", "R1"}, {"{pool}", "default"}} {
 			want = strings.ReplaceAll(want, r[0], r[1])
 		}
 		assert.Equal(t, want, subj, entry.Type)
 	}
-	assert.Equal(t, "R1", s.RunIDFromSubject("ab.run.R1.requested"))
+	assert.Equal(t, "R1", s.RunIDFromSubject("ab.run.acme.R1.requested"))
+	tenant, id := s.RunFromSubject("ab.run.acme.R1.sched.run")
+	assert.Equal(t, [2]string{"acme", "R1"}, [2]string{tenant, id})
+	assert.Equal(t, "", s.RunIDFromSubject("ab.run.R1"))
 	assert.Equal(t, "", s.RunIDFromSubject("ab.pool.default.request"))
-	_, err := events.NewSubjects("a.*")
+	_, err := s.SubjectFor(events.TypeRunStarted, "Acme", "R1", "")
+	assert.ErrorIs(t, err, actionbus.ErrInvalidTenant, "a tenant that is not a safe token is refused")
+	_, err = events.NewSubjects("a.*")
 	assert.Error(t, err)
 }

@@ -121,9 +121,9 @@ func FuzzValidate(f *testing.F) {
 // its subject's run token.
 func FuzzCheckBinding(f *testing.F) {
 	run := events.NewID()
-	f.Add("ab.run."+run+".decision", events.TypeDecisionMade, run, run)
-	f.Add("ab.run."+run+".input", events.TypeDecisionMade, run, run)
-	f.Add("ab.run.run-1.requested", events.TypeRunRequested, "run-1", "run-1")
+	f.Add("ab.run.default."+run+".decision", events.TypeDecisionMade, run, run)
+	f.Add("ab.run.default."+run+".input", events.TypeDecisionMade, run, run)
+	f.Add("ab.run.default.run-1.requested", events.TypeRunRequested, "run-1", "run-1")
 	f.Add("ab.pool.default.request", events.TypeActionRequested, run, "")
 	f.Add("ab.run..x", events.TypeRunStep, "", "")
 	f.Fuzz(func(t *testing.T, subject, typ, ext, body string) {

@@ -14,7 +14,8 @@ import (
 // HandlerFunc handles one received, validated event. Returning nil acks the
 // message. Returning an error naks it with a delay so that it is redelivered
 // (for transient failures such as a revision conflict); wrap the error with
-// [Permanent] to terminate the message instead.
+// [Permanent] to terminate the message instead, or with [Rejection] to
+// reject it (as [Bus.Receive] rejects an invalid event).
 type HandlerFunc func(ctx context.Context, r *Received, msg jetstream.Msg) error
 
 // permanentError marks an error that redelivery cannot fix.
@@ -26,6 +27,17 @@ func (p permanentError) Unwrap() error { return p.err }
 // Permanent marks err as not retryable: [Bus.Serve] terminates the message
 // instead of redelivering it.
 func Permanent(err error) error { return permanentError{err} }
+
+// rejectionError marks an event its handler refuses on its merits.
+type rejectionError struct{ err error }
+
+func (r rejectionError) Error() string { return r.err.Error() }
+func (r rejectionError) Unwrap() error { return r.err }
+
+// Rejection marks err as a verdict on the event itself (a typed
+// *actionbus.Error): [Bus.Serve] rejects the message ([Bus.Reject]) and
+// acks it, as it does an event that fails validation.
+func Rejection(err error) error { return rejectionError{err} }
 
 // ServeOptions configures [Bus.Serve].
 type ServeOptions struct {
@@ -152,29 +164,15 @@ func (b *Bus) handle(ctx context.Context, log *slog.Logger, opts ServeOptions, m
 	rec, err := b.Receive(msg.Subject(), msg.Headers(), msg.Data())
 	if err != nil {
 		outcome = "rejected"
-		if opts.Observer != nil {
-			opts.Observer.Rejected(opts.Name)
-		}
-		// Rejections must not be lost to a canceled serve context.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if rerr := b.Reject(rctx, msg, opts.Name, err); rerr != nil {
-			log.Error("reject failed; message will be redelivered", "subject", clip(msg.Subject(), 256), "err", rerr)
-			_ = msg.NakWithDelay(opts.NakDelay)
-			return
-		}
-		if opts.OnReject != nil {
-			if rerr := opts.OnReject(rctx, msg, err); rerr != nil {
-				log.Error("answering a rejected event failed; message will be redelivered", "subject", clip(msg.Subject(), 256), "err", rerr)
-				_ = msg.NakWithDelay(opts.NakDelay)
-				return
-			}
-		}
-		_ = msg.Ack()
+		b.rejectServed(ctx, log, opts, msg, err)
 		return
 	}
 	herr := h(ctx, rec, msg)
+	var rejected rejectionError
 	switch {
+	case errors.As(herr, &rejected):
+		outcome = "rejected"
+		b.rejectServed(ctx, log, opts, msg, rejected.err)
 	case herr == nil:
 		if err := msg.Ack(); err != nil && ctx.Err() == nil {
 			log.Warn("ack failed", "subject", msg.Subject(), "err", err)
@@ -196,4 +194,28 @@ func (b *Bus) handle(ctx context.Context, log *slog.Logger, opts ServeOptions, m
 		}
 		_ = msg.NakWithDelay(delay)
 	}
+}
+
+// rejectServed rejects a served message ([Bus.Reject]), answers it
+// (OnReject) and acks it; when either fails it naks, so nothing is lost.
+func (b *Bus) rejectServed(ctx context.Context, log *slog.Logger, opts ServeOptions, msg jetstream.Msg, err error) {
+	if opts.Observer != nil {
+		opts.Observer.Rejected(opts.Name)
+	}
+	// Rejections must not be lost to a canceled serve context.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if rerr := b.Reject(rctx, msg, opts.Name, err); rerr != nil {
+		log.Error("reject failed; message will be redelivered", "subject", clip(msg.Subject(), 256), "err", rerr)
+		_ = msg.NakWithDelay(opts.NakDelay)
+		return
+	}
+	if opts.OnReject != nil {
+		if rerr := opts.OnReject(rctx, msg, err); rerr != nil {
+			log.Error("answering a rejected event failed; message will be redelivered", "subject", clip(msg.Subject(), 256), "err", rerr)
+			_ = msg.NakWithDelay(opts.NakDelay)
+			return
+		}
+	}
+	_ = msg.Ack()
 }

@@ -191,10 +191,17 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 	runs.Retention = jetstream.LimitsPolicy
 	runs.MaxAge = t.RunRetention
 	runs.AllowMsgSchedules = true
+	// Direct gets name the subject in the API subject
+	// ($JS.API.DIRECT.GET.<stream>.<subject>), so NATS permissions can
+	// confine a tenant's reads of last messages to its own subjects (a
+	// STREAM.MSG.GET request carries the subject, or a sequence, in its
+	// body, where no permission reaches).
+	runs.AllowDirect = true
 
 	requests := base(t.StreamRequests(), "actionbus per-run events of clients and approvers", s.RequestSubjects())
 	requests.Retention = jetstream.LimitsPolicy
 	requests.MaxAge = t.RunRetention
+	requests.AllowDirect = true
 
 	work := base(t.StreamWork(), "actionbus executor work", []string{s.AllPools()})
 	work.Retention = jetstream.InterestPolicy

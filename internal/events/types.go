@@ -53,6 +53,9 @@ const (
 // RunRequested asks the dispatcher to start a run. It is the one event that
 // users publish themselves, from any language.
 type RunRequested struct {
+	// Tenant is the run's tenant; when set it must equal the subject's
+	// tenant token (the dispatcher believes the subject).
+	Tenant       string         `json:"tenant,omitempty"`
 	RunID        string         `json:"runId"`
 	Prompt       string         `json:"prompt,omitempty"`
 	Scenario     string         `json:"scenario,omitempty"`
@@ -311,7 +314,9 @@ type DecisionMade struct {
 
 // ActionRequested asks an executor of a pool to run one action call.
 type ActionRequested struct {
-	RunID     string         `json:"runId"`
+	RunID string `json:"runId"`
+	// Tenant is the run's tenant (work subjects carry no tenant token).
+	Tenant    string         `json:"tenant,omitempty"`
 	CallID    string         `json:"callId"`
 	Cycle     int            `json:"cycle"`
 	PlanIndex int            `json:"planIndex"`
@@ -477,7 +482,9 @@ type EventRejected struct {
 
 // AuditRecorded is one record of the audit stream.
 type AuditRecorded struct {
-	RunID        string    `json:"runId"`
+	RunID string `json:"runId"`
+	// Tenant is the audited run's tenant.
+	Tenant       string    `json:"tenant,omitempty"`
 	EventID      string    `json:"eventId"`
 	EventType    string    `json:"eventType"`
 	EventSubject string    `json:"eventSubject"`

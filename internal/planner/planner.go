@@ -154,9 +154,9 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
 	switch data := r.Data.(type) {
 	case *events.DecisionRequested:
-		return s.decide(ctx, r.Event.ID(), data)
+		return s.decide(ctx, r.Tenant, r.Event.ID(), data)
 	case *events.SynthesisRequested:
-		return s.synthesize(ctx, r.Event.ID(), data)
+		return s.synthesize(ctx, r.Tenant, r.Event.ID(), data)
 	}
 	return events.Permanent(fmt.Errorf("planner: unexpected %s", r.Event.Type()))
 }
@@ -165,9 +165,9 @@ func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Ms
 // request's id, which the dispatcher keys with a per-run secret: whoever
 // cannot read the request cannot predict the answer's id (and so cannot
 // have it dropped as a duplicate).
-func (s *Service) decide(ctx context.Context, requestID string, req *events.DecisionRequested) error {
+func (s *Service) decide(ctx context.Context, tenant, requestID string, req *events.DecisionRequested) error {
 	dm := &events.DecisionMade{RunID: req.RunID, Cycle: req.Cycle, Planner: s.cfg.Provider.Name()}
-	in := Input{Request: req, Actions: s.cat.ListForPlanner(), diagnostics: &dm.Diagnostics}
+	in := Input{Request: req, Actions: s.cat.ListForPlanner(events.TenantOr(tenant)), diagnostics: &dm.Diagnostics}
 	var provider interface {
 		Decide(context.Context, Input) (events.Decision, error)
 	} = s.cfg.Provider
@@ -175,7 +175,7 @@ func (s *Service) decide(ctx context.Context, requestID string, req *events.Deci
 		provider, dm.Planner = replayProvider{req.Replay}, "replay"
 	}
 	if !s.cfg.NoStream && req.Synthesize != "" {
-		in.Stream = s.streamer(req.RunID)
+		in.Stream = s.streamer(tenant, req.RunID)
 	}
 	started := time.Now()
 	dec, err := provider.Decide(ctx, in)
@@ -198,12 +198,12 @@ func (s *Service) decide(ctx context.Context, requestID string, req *events.Deci
 		kind = "error"
 	}
 	s.cfg.Metrics.Decision(kind, dm.Planner, time.Since(started))
-	_, err = s.bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(requestID, "decision"), req.RunID, "", dm,
+	_, err = s.bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(requestID, "decision"), tenant, req.RunID, "", dm,
 		events.Extension{Name: events.ExtCycle, Value: req.Cycle})
 	return err
 }
 
-func (s *Service) synthesize(ctx context.Context, requestID string, req *events.SynthesisRequested) error {
+func (s *Service) synthesize(ctx context.Context, tenant, requestID string, req *events.SynthesisRequested) error {
 	sc := &events.SynthesisCompleted{RunID: req.RunID, Cycle: req.Cycle, Part: req.Part, Index: req.Index}
 	md, err := s.cfg.Provider.Synthesize(ctx, req)
 	if err != nil {
@@ -215,13 +215,13 @@ func (s *Service) synthesize(ctx context.Context, requestID string, req *events.
 	} else {
 		sc.Markdown = md
 	}
-	_, err = s.bus.Emit(ctx, events.TypeSynthesisCompleted, events.DerivedID(requestID, "synthesized"), req.RunID, "", sc,
+	_, err = s.bus.Emit(ctx, events.TypeSynthesisCompleted, events.DerivedID(requestID, "synthesized"), tenant, req.RunID, "", sc,
 		events.Extension{Name: events.ExtCycle, Value: req.Cycle})
 	return err
 }
 
-func (s *Service) streamer(runID string) func(string) {
-	subject := s.topo.Subjects().Stream(runID)
+func (s *Service) streamer(tenant, runID string) func(string) {
+	subject := s.topo.Subjects().Stream(tenant, runID)
 	seq := 0
 	return func(delta string) {
 		seq++

@@ -97,6 +97,10 @@ func (m *Machine) admit(ctx context.Context, st *State, s callSpec) ([]Effect, a
 		}
 		return nil, admission{}, err
 	}
+	if !entry.ServesTenant(st.TenantOrDefault()) {
+		return nil, admission{Verdict: refused, Err: where(actionbus.Errorf(actionbus.CodeTenantNotServed,
+			"action %q is hosted by a pool dedicated to other tenants", s.Action).WithDetail("action", s.Action))}, nil
+	}
 	if s.InBatch && (plannerStateMutators[s.Action] || (entry.Planner != nil && entry.Planner.StateMutator)) {
 		return nil, admission{Verdict: refused, Err: where(actionbus.Errorf(actionbus.CodePlanRejected,
 			"%s changes planner state and must run as a standalone action before planning", s.Action))}, nil

@@ -71,7 +71,7 @@ type Timer struct {
 // so it was published) and for timers, which the caller turns into a
 // schedule.
 func Render(st *State, e Effect) (em events.Emission, ok bool) {
-	em = events.Emission{ID: e.ID, RunID: st.RunID}
+	em = events.Emission{ID: e.ID, Tenant: st.TenantOrDefault(), RunID: st.RunID}
 	switch e.Kind {
 	case EffectEvent:
 		em.Type, em.Data = e.Type, e.Data
@@ -92,7 +92,7 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 		}
 		c := st.Calls[i]
 		em.Type, em.Pool = events.TypeActionRequested, c.Pool
-		em.Data = &events.ActionRequested{RunID: st.RunID, CallID: c.CallID, Cycle: st.Cycle, PlanIndex: c.PlanIndex, Attempt: max(c.Attempt, 1),
+		em.Data = &events.ActionRequested{RunID: st.RunID, Tenant: st.TenantOrDefault(), CallID: c.CallID, Cycle: st.Cycle, PlanIndex: c.PlanIndex, Attempt: max(c.Attempt, 1),
 			Action: c.Action, Args: nonNilArgs(c.Args), Origin: c.Origin, UserID: st.UserID, TimeoutMs: c.TimeoutMs,
 			IdempotencyKey: c.IdempotencyKey, Approval: c.Approval, StepID: c.StepID, MaxAttempts: c.MaxAttempts}
 		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}, {Name: events.ExtPlanIndex, Value: c.PlanIndex},

@@ -175,7 +175,7 @@ func (m *Machine) Apply(ctx context.Context, st *State, ev Event) ([]Effect, err
 // run's secret id key, drawn by the caller ([NewIDKey]).
 func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey string) (*State, []Effect, error) {
 	now := m.env.Now().UTC()
-	st := &State{RunID: req.RunID, IDKey: idKey, Status: StatusRunning, Kind: KindAgent, UserID: req.UserID,
+	st := &State{RunID: req.RunID, IDKey: idKey, Tenant: events.TenantOr(req.Tenant), Status: StatusRunning, Kind: KindAgent, UserID: req.UserID,
 		AllowedModes: req.AllowedModes, Metadata: req.Metadata, CreatedAt: now, UpdatedAt: now}
 	switch {
 	case req.Action != nil:
@@ -255,9 +255,9 @@ func (m *Machine) priorRun(ctx context.Context, st *State, runID string) (*State
 // Rejected is the state of a run whose request was refused before it could
 // be admitted (a malformed or forged run.requested): created failed with
 // cause, so that whoever waits on the run id learns why.
-func (m *Machine) Rejected(runID, idKey string, cause *actionbus.Error) (*State, []Effect) {
+func (m *Machine) Rejected(tenant, runID, idKey string, cause *actionbus.Error) (*State, []Effect) {
 	now := m.env.Now().UTC()
-	st := &State{RunID: runID, IDKey: idKey, Kind: KindRejected, CreatedAt: now, UpdatedAt: now, Deadline: now}
+	st := &State{RunID: runID, IDKey: idKey, Tenant: tenant, Kind: KindRejected, CreatedAt: now, UpdatedAt: now, Deadline: now}
 	return st, m.fail(st, cause)
 }
 

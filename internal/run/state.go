@@ -65,7 +65,11 @@ type State struct {
 	// anyone who cannot read run state: no executor, planner or client can
 	// pre-empt one of the run's events with a forged Nats-Msg-Id and have
 	// the real one dropped as a duplicate.
-	IDKey        string         `json:"idKey"`
+	IDKey string `json:"idKey"`
+	// Tenant is the run's tenant, from the subject of its request: every
+	// event of the run is published under it, and an event that names the
+	// run under another tenant is rejected.
+	Tenant       string         `json:"tenant,omitempty"`
 	Kind         Kind           `json:"kind"`
 	Status       Status         `json:"status"`
 	Phase        Phase          `json:"phase,omitempty"`
@@ -240,6 +244,22 @@ type Terminal struct {
 
 // IsTerminal reports whether the run has ended.
 func (s *State) IsTerminal() bool { return s.Terminal != nil }
+
+// TenantOrDefault is the run's tenant (states stored before tenants
+// existed belong to the default tenant).
+func (s *State) TenantOrDefault() string { return events.TenantOr(s.Tenant) }
+
+// CheckTenant refuses an event that names the run under another tenant
+// than the run's: a tenant's users may write only their tenant's subjects,
+// so an event on another tenant's subject with this run's id is forged or
+// misdirected, and changes nothing.
+func (s *State) CheckTenant(tenant string) error {
+	if tenant == "" || tenant == s.TenantOrDefault() {
+		return nil
+	}
+	return (&actionbus.Error{Code: actionbus.CodeInvalidTenant,
+		Message: "the event names a run of another tenant"}).WithDetail("tenant", tenant)
+}
 
 func (s *State) inFlight() int {
 	n := 0

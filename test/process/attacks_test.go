@@ -85,6 +85,11 @@ func forged(t *testing.T, subject, typ, runID, msgID string, data any) *nats.Msg
 	e.SetType(typ)
 	e.SetSource("/mallory")
 	e.SetExtension(events.ExtRunID, runID)
+	// The tenant is the subject's (the forger writes where its
+	// permissions let it).
+	if tenant, _ := events.MustSubjects("ab").RunFromSubject(subject); tenant != "" {
+		e.SetExtension(events.ExtTenant, tenant)
+	}
 	require.NoError(t, events.SetData(&e, events.ContentTypeJSON, data))
 	msg, err := events.Encode(subject, &e, events.ModeBinary)
 	require.NoError(t, err)
@@ -207,18 +212,18 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		oldTerminalID := events.DerivedID(live, "terminal")
 		// As the client: a decision on a subject clients may publish on,
 		// carrying the terminal id.
-		_, err := clientJS.PublishMsg(ctx, forged(t, "ab.run."+live+".input", events.TypeDecisionMade, live, oldTerminalID, final))
+		_, err := clientJS.PublishMsg(ctx, forged(t, "ab.run.default."+live+".input", events.TypeDecisionMade, live, oldTerminalID, final))
 		require.NoError(t, err, "the client may publish on .input; the event must be refused by the dispatcher")
 		// A malformed run.requested on the live run's subject: it once
 		// made the rejecter publish the run's run.failed.
-		_, err = clientJS.PublishMsg(ctx, forged(t, "ab.run."+live+".requested", events.TypeRunRequested, live, events.NewID(),
+		_, err = clientJS.PublishMsg(ctx, forged(t, "ab.run.default."+live+".requested", events.TypeRunRequested, live, events.NewID(),
 			map[string]any{"runId": live, "allowedModes": "everything"}))
 		require.NoError(t, err)
 		// As the executor: a decision and a forged run completion on the
 		// result subject.
-		_, err = executorJS.PublishMsg(ctx, forged(t, "ab.run."+live+".result", events.TypeDecisionMade, live, oldTerminalID, final))
+		_, err = executorJS.PublishMsg(ctx, forged(t, "ab.run.default."+live+".result", events.TypeDecisionMade, live, oldTerminalID, final))
 		require.NoError(t, err)
-		_, err = executorJS.PublishMsg(ctx, forged(t, "ab.run."+live+".result", events.TypeRunCompleted, live, events.NewID(),
+		_, err = executorJS.PublishMsg(ctx, forged(t, "ab.run.default."+live+".result", events.TypeRunCompleted, live, events.NewID(),
 			map[string]any{"runId": live, "answer": "forged", "cycles": 1}))
 		require.NoError(t, err)
 		require.Eventually(t, func() bool { return len(rejections(t, ctx, adminJS, live)) >= 4 }, 20*time.Second, 50*time.Millisecond)
@@ -243,7 +248,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 
 	t.Run("run ids: subject and body must agree, ids are ULIDs", func(t *testing.T) {
 		a, b := events.NewID(), events.NewID()
-		_, err := clientJS.PublishMsg(ctx, forged(t, "ab.run."+a+".requested", events.TypeRunRequested, b, events.NewID(),
+		_, err := clientJS.PublishMsg(ctx, forged(t, "ab.run.default."+a+".requested", events.TypeRunRequested, b, events.NewID(),
 			map[string]any{"runId": b, "scenario": "echo", "prompt": "hi"}))
 		require.NoError(t, err)
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -258,7 +263,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 
 		_, err = c.Start(ctx, client.RunRequest{RunID: "run-1", Scenario: "echo"})
 		assert.ErrorIs(t, err, actionbus.ErrInvalidRunID)
-		_, err = clientJS.PublishMsg(ctx, forged(t, "ab.run.run-1.requested", events.TypeRunRequested, "run-1", events.NewID(),
+		_, err = clientJS.PublishMsg(ctx, forged(t, "ab.run.default.run-1.requested", events.TypeRunRequested, "run-1", events.NewID(),
 			map[string]any{"runId": "run-1", "scenario": "echo"}))
 		require.NoError(t, err)
 		require.Eventually(t, func() bool {
@@ -275,7 +280,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		}
 		short, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
-		_, err := clientJS.CreateOrUpdateConsumer(short, "AB_RUNS", jetstream.ConsumerConfig{Durable: "dispatcher", FilterSubject: "ab.run.*.started", AckPolicy: jetstream.AckExplicitPolicy})
+		_, err := clientJS.CreateOrUpdateConsumer(short, "AB_RUNS", jetstream.ConsumerConfig{Durable: "dispatcher", FilterSubject: "ab.run.*.*.started", AckPolicy: jetstream.AckExplicitPolicy})
 		assert.Error(t, err, "the client changed the dispatcher's filter")
 		assert.Error(t, clientJS.DeleteConsumer(short, "AB_RUNS", "planner"), "the client deleted the planner's consumer")
 		_, err = clientJS.Consumer(short, "AB_REQUESTS", events.ConsumerDispatcherRequests)
@@ -288,7 +293,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		// The approver reads approval subjects only.
 		other, err := c.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.other", Args: map[string]any{}}, UserID: "u9"}, nil)
 		require.NoError(t, err)
-		cons, err := approverJS.OrderedConsumer(short, "AB_RUNS", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ab.run." + other.RunID + ".result"}})
+		cons, err := approverJS.OrderedConsumer(short, "AB_RUNS", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ab.run.default." + other.RunID + ".result"}})
 		if err == nil {
 			_, err = cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
 		}

@@ -219,7 +219,7 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 	for i := range runs {
 		if errs[i] != nil {
 			// Show where the run stands before failing.
-			cons, err := js.OrderedConsumer(context.Background(), topo.StreamRuns(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ab.run." + ids[i] + ".>"}})
+			cons, err := js.OrderedConsumer(context.Background(), topo.StreamRuns(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ab.run.default." + ids[i] + ".>"}})
 			if err == nil {
 				batch, _ := cons.Fetch(200, jetstream.FetchMaxWait(2*time.Second))
 				if batch != nil {
@@ -249,7 +249,7 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
 		defer rcancel()
 		cons, err := js.OrderedConsumer(rctx, topo.StreamRuns(), jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{"ab.run.*.completed", "ab.run.*.failed", "ab.run.*.canceled"}})
+			FilterSubjects: []string{"ab.run.*.*.completed", "ab.run.*.*.failed", "ab.run.*.*.canceled"}})
 		if err != nil {
 			return false
 		}

@@ -52,11 +52,11 @@ func terminalsStored(t *testing.T, ctx context.Context, js jetstream.JetStream, 
 	t.Helper()
 	stream, err := js.Stream(ctx, "AB_RUNS")
 	require.NoError(t, err)
-	info, err := stream.Info(ctx, jetstream.WithSubjectFilter("ab.run."+runID+".*"))
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter("ab.run.default."+runID+".*"))
 	require.NoError(t, err)
 	var n uint64
 	for _, verb := range []string{"completed", "failed", "canceled"} {
-		n += info.State.Subjects["ab.run."+runID+"."+verb]
+		n += info.State.Subjects["ab.run.default."+runID+"."+verb]
 	}
 	return n
 }
@@ -82,7 +82,7 @@ func TestADispatcherKilledMidPlanIsRestartedAndFinishesTheRun(t *testing.T) {
 	}
 	bin := buildServices(t)
 	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: time.Second})
-	rec := srv.Record(t, "ab.run.*.result")
+	rec := srv.Record(t, "ab.run.*.*.result")
 	release := make(chan struct{})
 	var mu sync.Mutex
 	runs := map[string]int{}

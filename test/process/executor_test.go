@@ -142,7 +142,7 @@ func TestAnIdempotentEffectSurvivesACrashAfterTheEffect(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			dir := t.TempDir()
-			rec := srv.Record(t, "ab.run.*.result")
+			rec := srv.Record(t, "ab.run.*.*.result")
 			a := startTestExecutor(t, bin, srv.URL, dir, "ex-a", "CRASH_AFTER_EFFECT=1", "SLOTS=1")
 			c, err := client.New(srv.Conn, client.Options{})
 			require.NoError(t, err)
@@ -159,7 +159,7 @@ func TestAnIdempotentEffectSurvivesACrashAfterTheEffect(t *testing.T) {
 			require.NoError(t, err)
 			approval := &events.ApprovalGrant{Token: "k1.test", Approver: "test", Context: events.ApprovalContext{
 				ApprovalID: runID + "-1-0", RunID: runID, StepID: callID, Action: "test.count", InputHash: hash, ExpiresAt: time.Now().Add(time.Hour)}}
-			_, err = bus.Emit(ctx, events.TypeActionRequested, callID, runID, "default", &events.ActionRequested{
+			_, err = bus.Emit(ctx, events.TypeActionRequested, callID, events.DefaultTenant, runID, "default", &events.ActionRequested{
 				RunID: runID, CallID: callID, Cycle: 1, Attempt: 1, Action: "test.count", Origin: events.OriginHost,
 				Args: args, IdempotencyKey: "transfer-991", Approval: approval})
 			require.NoError(t, err)

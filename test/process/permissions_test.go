@@ -76,17 +76,17 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 
 	// The client user cannot impersonate a service, decide, report
 	// results or approve.
-	for _, subject := range []string{"ab.run.X.completed", "ab.pool.default.request", "ab.run.X.decision", "ab.run.X.result", "ab.run.X.approve", "ab.run.X.deny"} {
+	for _, subject := range []string{"ab.run.default.X.completed", "ab.pool.default.request", "ab.run.default.X.decision", "ab.run.default.X.result", "ab.run.default.X.approve", "ab.run.default.X.deny"} {
 		require.NoError(t, nc.Publish(subject, []byte("{}")))
 	}
 	require.NoError(t, nc.Flush())
-	for _, subject := range []string{"ab.run.X.completed", "ab.pool.default.request", "ab.run.X.decision", "ab.run.X.result", "ab.run.X.approve", "ab.run.X.deny"} {
+	for _, subject := range []string{"ab.run.default.X.completed", "ab.pool.default.request", "ab.run.default.X.decision", "ab.run.default.X.result", "ab.run.default.X.approve", "ab.run.default.X.deny"} {
 		clientRefused.waitFor(t, `Permissions Violation for Publish to "`+subject+`"`)
 	}
 
 	// The executor user cannot start runs or read the audit stream.
 	ex, exRefused := connectAs(t, url("executor"), "_INBOX_executor")
-	require.NoError(t, ex.Publish("ab.run.X.requested", []byte("{}")))
+	require.NoError(t, ex.Publish("ab.run.default.X.requested", []byte("{}")))
 	exJS, err := jetstream.New(ex)
 	require.NoError(t, err)
 	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
@@ -95,7 +95,7 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	assert.Error(t, err, "the executor cannot look at the audit stream")
 	_, err = exJS.OrderedConsumer(short, "AB_AUDIT", jetstream.OrderedConsumerConfig{})
 	assert.Error(t, err, "nor read it")
-	exRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.X.requested"`)
+	exRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.default.X.requested"`)
 	exRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.STREAM.INFO.AB_AUDIT"`)
 }
 

@@ -132,7 +132,7 @@ func TestReadmeExampleHeadersAreWhatTheCodecWrites(t *testing.T) {
 	msg, err := events.Encode(ex.subject, &e, events.ModeBinary)
 	require.NoError(t, err)
 	assert.Equal(t, msg.Header, ex.headers, "the README's headers are byte-for-byte what actionbus publishes")
-	assert.Equal(t, events.MustSubjects("ab").Run(runID, "requested"), ex.subject)
+	assert.Equal(t, events.MustSubjects("ab").Run(events.DefaultTenant, runID, "requested"), ex.subject)
 	require.NoError(t, events.Validate(&e), "the README's body is a valid run.requested")
 }
 

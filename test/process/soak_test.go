@@ -168,7 +168,7 @@ func TestChaosSoak(t *testing.T) {
 	approvals := 0
 	var approvalsMu sync.Mutex
 	asked := map[string]bool{}
-	_, err = srv.Conn.Subscribe("ab.run.*.approval", func(m *nats.Msg) {
+	_, err = srv.Conn.Subscribe("ab.run.*.*.approval", func(m *nats.Msg) {
 		e, err := events.Decode(m.Subject, m.Header, m.Data)
 		if err != nil || e.Type() != events.TypeApprovalRequested {
 			return
