@@ -171,12 +171,12 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 	}
 	ex := startTestExecutor(t, buildTestExecutor(t), url("executor"), dir, "ex-1")
 
-	clientNC, clientRefused := connectAs(t, url("client"), "")
+	clientNC, clientRefused := connectAs(t, url("client"), "_INBOX_default")
 	c, err := client.New(clientNC, client.Options{})
 	require.NoError(t, err)
 	clientJS, err := jetstream.New(clientNC)
 	require.NoError(t, err)
-	approverNC, _ := connectAs(t, url("approver"), "")
+	approverNC, _ := connectAs(t, url("approver"), "_INBOX_default")
 	approver, err := client.New(approverNC, client.Options{})
 	require.NoError(t, err)
 	approverJS, err := jetstream.New(approverNC)

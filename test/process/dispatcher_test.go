@@ -48,17 +48,38 @@ func dispatcherProcess(t *testing.T, bin, url, id string) (kill func()) {
 	return kill
 }
 
+// terminalsStored returns how many terminal events of a default-tenant
+// run the runs stream holds (see terminalsStoredOf).
 func terminalsStored(t *testing.T, ctx context.Context, js jetstream.JetStream, runID string) uint64 {
+	t.Helper()
+	return terminalsStoredOf(t, ctx, js, events.DefaultTenant, runID)
+}
+
+// terminalsStoredOf returns how many terminal events of a run the runs
+// stream holds. A follower can learn of the terminal event (on core NATS)
+// before the stream has stored it, so it waits, up to 10 s, for one to be
+// stored; a second one would already be stored by then.
+func terminalsStoredOf(t *testing.T, ctx context.Context, js jetstream.JetStream, tenant, runID string) uint64 {
 	t.Helper()
 	stream, err := js.Stream(ctx, "AB_RUNS")
 	require.NoError(t, err)
-	info, err := stream.Info(ctx, jetstream.WithSubjectFilter("ab.run.default."+runID+".*"))
-	require.NoError(t, err)
-	var n uint64
-	for _, verb := range []string{"completed", "failed", "canceled"} {
-		n += info.State.Subjects["ab.run.default."+runID+"."+verb]
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter("ab.run."+tenant+"."+runID+".*"))
+		require.NoError(t, err)
+		var n uint64
+		for _, verb := range []string{"completed", "failed", "canceled"} {
+			n += info.State.Subjects["ab.run."+tenant+"."+runID+"."+verb]
+		}
+		if n > 0 || time.Now().After(deadline) {
+			return n
+		}
+		select {
+		case <-ctx.Done():
+			return n
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	return n
 }
 
 const crashScenarios = `

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,7 +32,7 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 		startService(t, filepath.Join(bin, svc), url(svc))
 	}
 
-	nc, clientRefused := connectAs(t, url("client"), "")
+	nc, clientRefused := connectAs(t, url("client"), "_INBOX_default")
 	c, err := client.New(nc, client.Options{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
@@ -54,9 +53,7 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond)
 
 	// A mutation waits for an approval, which the approver user gives.
-	approver, err := nats.Connect(url("approver"))
-	require.NoError(t, err)
-	defer approver.Close()
+	approver, _ := connectAs(t, url("approver"), "_INBOX_default")
 	ac, err := client.New(approver, client.Options{})
 	require.NoError(t, err)
 	runID, err := c.Start(ctx, client.RunRequest{Scenario: "delivery-retry", Prompt: "retry", AllowedModes: []string{"read", "dryRun", "mutate"}})
@@ -108,9 +105,9 @@ var deployApprovalKey = []byte("0123456789abcdef0123456789abcdef")
 // server's default max payload), provisioned as admin, and sets the
 // approval key in the environment of the service processes. It returns the URL of each user and the admin's JetStream
 // context.
-func deployedServer(t *testing.T, _ context.Context) (url func(user string) string, adminJS jetstream.JetStream) {
+func deployedServer(t *testing.T, _ context.Context, tenants ...string) (url func(user string) string, adminJS jetstream.JetStream) {
 	t.Helper()
 	t.Setenv("ACTIONBUS_APPROVAL_KEYS", "k1:"+base64.StdEncoding.EncodeToString(deployApprovalKey))
-	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true})
+	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: tenants})
 	return srv.UserURL, srv.JS
 }
