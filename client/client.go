@@ -49,9 +49,9 @@ func InboxPrefix(tenant string) string { return "_INBOX_" + events.TenantOr(tena
 type Client struct {
 	tenant string
 	nc     *nats.Conn
-	js   jetstream.JetStream
-	bus  *events.Bus
-	topo events.Topology
+	js     jetstream.JetStream
+	bus    *events.Bus
+	topo   events.Topology
 }
 
 func (o *Options) setDefaults() {

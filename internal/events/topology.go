@@ -126,8 +126,11 @@ func (t Topology) StreamRuns() string { return t.name("RUNS") }
 // so suppress) an event a service writes.
 func (t Topology) StreamRequests() string { return t.name("REQUESTS") }
 
-// StreamWork is the stream of executor work (interest retention, so the
-// auditor can read it alongside the pools).
+// StreamWork is the stream of executor work (limits retention: the
+// auditor reads it alongside the pools, and an interest stream can stop
+// delivering, or drop, what was published while its consumers' leaders
+// moved to another node — nats-io/nats-server#7664 — which lost work in
+// the three-node failover test).
 func (t Topology) StreamWork() string { return t.name("WORK") }
 
 // StreamRejected is the stream of rejected events.
@@ -158,6 +161,13 @@ func (t Topology) BucketIdempotency() string {
 // BucketPolicy is the key-value bucket of the reloadable policy document.
 func (t Topology) BucketPolicy() string {
 	return strings.ToLower(t.withDefaults().Prefix) + "_policy"
+}
+
+// BucketLimits is the key-value bucket of concurrency keys and rate
+// limits: one revision-checked entry per key (its holders, its token
+// bucket, its queue), shared by every dispatcher.
+func (t Topology) BucketLimits() string {
+	return strings.ToLower(t.withDefaults().Prefix) + "_limits"
 }
 
 // BucketArtifacts is the object store of large action outputs.
@@ -204,7 +214,7 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 	requests.AllowDirect = true
 
 	work := base(t.StreamWork(), "actionbus executor work", []string{s.AllPools()})
-	work.Retention = jetstream.InterestPolicy
+	work.Retention = jetstream.LimitsPolicy
 	work.MaxAge = t.RunRetention
 
 	rejected := base(t.StreamRejected(), "actionbus rejected events", []string{s.AllRejected()})
@@ -295,6 +305,9 @@ func (t Topology) Buckets() []jetstream.KeyValueConfig {
 		{Bucket: t.BucketPresence(), Description: "actionbus executor presence", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: PresenceTTL, Placement: t.Placement},
 		{Bucket: t.BucketPolicy(), Description: "actionbus policy document (reloaded without restart)", History: 10, Storage: jetstream.FileStorage, Replicas: t.Replicas, Placement: t.Placement},
 		{Bucket: t.BucketIdempotency(), Description: "actionbus idempotency keys and their results", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.IdempotencyTTL, Placement: t.Placement},
+		// A key's entry lives a day past its last change: a key nobody
+		// uses any more holds nothing worth keeping.
+		{Bucket: t.BucketLimits(), Description: "actionbus concurrency keys and rate limits", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: 24 * time.Hour, Placement: t.Placement},
 	}
 }
 
@@ -327,7 +340,7 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
 			return fmt.Errorf("events: provision bucket %s: %w", kc.Bucket, err)
 		}
-		if kc.Bucket == t.BucketRuns() || kc.Bucket == t.BucketIdempotency() {
+		if kc.Bucket == t.BucketRuns() || kc.Bucket == t.BucketIdempotency() || kc.Bucket == t.BucketLimits() {
 			// Run state and idempotency keys are read to be written with
 			// a revision check: reads must come from the stream leader.
 			// Direct gets may be answered by a follower that lags behind
@@ -366,7 +379,7 @@ func (t Topology) Needs(service, pool string) Requirements {
 		return Requirements{
 			Streams:   []string{t.StreamRuns(), t.StreamRequests(), t.StreamWork(), t.StreamRejected()},
 			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerDispatcher), c(t.StreamRequests(), ConsumerDispatcherRequests)},
-			Buckets:   []string{t.BucketRuns(), t.BucketCatalog(), t.BucketPolicy()},
+			Buckets:   []string{t.BucketRuns(), t.BucketCatalog(), t.BucketPolicy(), t.BucketLimits()},
 			Objects:   []string{t.BucketArtifacts()},
 		}
 	case "planner":

@@ -216,6 +216,42 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 			dcancel()
 		}
 	}
+	failedRuns := map[string]int{}
+	for i := range runs {
+		if errs[i] == nil && results[i] != nil && results[i].Status != client.StatusCompleted {
+			failedRuns[ids[i]] = i
+		}
+	}
+	if len(failedRuns) > 0 {
+		// Where the work of the failed runs went: is it stored, and what
+		// does the pool's consumer say?
+		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if ci, err := js.Consumer(dctx, topo.StreamWork(), events.PoolConsumer("default")); err == nil {
+			in := ci.CachedInfo()
+			t.Logf("pool consumer: delivered %+v, ack floor %+v, pending %d, ack pending %d, redelivered %d, waiting %d, cluster %+v",
+				in.Delivered, in.AckFloor, in.NumPending, in.NumAckPending, in.NumRedelivered, in.NumWaiting, in.Cluster)
+		}
+		if cons, err := js.OrderedConsumer(dctx, topo.StreamWork(), jetstream.OrderedConsumerConfig{}); err == nil {
+			for {
+				batch, err := cons.Fetch(500, jetstream.FetchMaxWait(time.Second))
+				if err != nil {
+					break
+				}
+				n := 0
+				for m := range batch.Messages() {
+					n++
+					if i, ok := failedRuns[m.Headers().Get("ce-runid")]; ok {
+						md, _ := m.Metadata()
+						t.Logf("run %d: work stored at seq %d, %s", i, md.Sequence.Stream, md.Timestamp.Format("15:04:05.000"))
+					}
+				}
+				if n == 0 {
+					break
+				}
+			}
+		}
+		dcancel()
+	}
 	for i := range runs {
 		if errs[i] != nil {
 			// Show where the run stands before failing.
@@ -261,7 +297,7 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 			n := 0
 			for m := range batch.Messages() {
 				n++
-				terminals[strings.Split(m.Subject(), ".")[2]]++
+				terminals[strings.Split(m.Subject(), ".")[3]]++ // ab.run.<tenant>.<runId>.<verb>
 			}
 			if n == 0 {
 				return len(terminals) >= runs
