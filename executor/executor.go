@@ -31,6 +31,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/limits"
 )
 
 // Mode says what an action does to the world: read, draft, dryRun or
@@ -221,7 +222,18 @@ type Action struct {
 	// HealFlattenedInto names an object property of the input that
 	// collects arguments a model put beside it instead of inside it.
 	HealFlattenedInto string
+	// Limits bound the action's calls across every process: at most
+	// MaxInFlight running at once and Rate starting per interval, per
+	// concurrency key (docs/limits.md). Calls over the limit wait, fairly,
+	// within their run's deadline. Nil limits nothing.
+	Limits *Limits
 }
+
+// Limits are an action's concurrency key and rate limit.
+type Limits = limits.Spec
+
+// Rate is a token bucket: Limit calls per PerMs milliseconds, Burst at once.
+type Rate = limits.Rate
 
 // PlannerMeta is an action's planner metadata.
 type PlannerMeta = actions.PlannerMeta
@@ -282,7 +294,7 @@ func Register[In, Out any](ex *Executor, a Action, h HandlerFunc[In, Out]) error
 		TimeoutMs: a.Timeout.Milliseconds(), Pool: ex.cfg.Pool,
 		Planner: a.Planner, DeclaredPermission: a.Permission, Tags: a.Tags, ResourceType: a.ResourceType,
 		RiskLevel: a.RiskLevel, Examples: a.Examples, AuditPolicy: a.AuditPolicy, HostOnlyKeys: a.HostOnlyKeys,
-		HealFlattenedInto: a.HealFlattenedInto, Tenants: ex.cfg.Tenants,
+		HealFlattenedInto: a.HealFlattenedInto, Tenants: ex.cfg.Tenants, Limits: a.Limits,
 	}
 	var err error
 	if len(def.InputSchema) == 0 {

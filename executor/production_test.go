@@ -288,3 +288,32 @@ func TestTheKitPassesExecutorSettings(t *testing.T) {
 	_, isRef := res.Output.(map[string]any)["artifact"]
 	assert.True(t, isRef, "the output went to the artifact store: %v", res.Output)
 }
+
+// TestIdempotencyKeysAreScopedToTheTenant: two tenants using the same
+// idempotency key on the same action with the same input each run the
+// handler once, and each replays only its own first result.
+func TestIdempotencyKeysAreScopedToTheTenant(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	var runs atomic.Int32
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "test.charge"},
+			func(_ context.Context, in map[string]any, call executor.Call) (executor.Result[map[string]any], error) {
+				return executor.Result[map[string]any]{Output: map[string]any{"charge": runs.Add(1)}}, nil
+			})
+	}})
+	ctx := ctxT(t)
+	acme, err := client.New(srv.Connect(t), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	call := &client.ActionCall{Name: "test.charge", Args: map[string]any{}, IdempotencyKey: "order-42"}
+	first, err := st.Client.Run(ctx, client.RunRequest{Action: call, UserID: "u1"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, first.Status, "%+v", first.Error)
+	other, err := acme.Run(ctx, client.RunRequest{Action: call, UserID: "u1"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, other.Status, "%+v", other.Error)
+	assert.Equal(t, map[string]any{"charge": 2.0}, other.Output, "acme's call ran: the default tenant's result is not acme's")
+	again, err := acme.Run(ctx, client.RunRequest{Action: call, UserID: "u1"}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, other.Output, again.Output, "acme replays its own first result")
+	assert.Equal(t, int32(2), runs.Load())
+}

@@ -33,10 +33,14 @@ func main() {
 	flag.StringVar(&bc.SearchEndpoint, "search-endpoint", service.Env("ACTIONBUS_SEARCH_ENDPOINT", ""), "SearxNG-style JSON search endpoint for web_search (env ACTIONBUS_SEARCH_ENDPOINT)")
 	flag.StringVar(&bc.WorkspaceRoot, "workspace", service.Env("ACTIONBUS_WORKSPACE", ""), "directory of the workspace file actions (env ACTIONBUS_WORKSPACE)")
 	flag.StringVar(&bc.SQLitePath, "sqlite", service.Env("ACTIONBUS_SQLITE", ""), "database of sqlite_query, opened read-only (env ACTIONBUS_SQLITE)")
+	tenants := flag.String("tenants", service.Env("ACTIONBUS_TENANTS", ""), "comma-separated tenants the pool is dedicated to (env ACTIONBUS_TENANTS; default: every tenant)")
 	allow := flag.String("net-allow", service.Env("ACTIONBUS_NET_ALLOW", ""), "comma-separated addresses or prefixes read_url and web_search may reach although private or loopback (env ACTIONBUS_NET_ALLOW)")
 	flag.Parse()
 	os.Exit(service.Main("executor", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {
 		cfg.Prefix, cfg.Logger, cfg.ShutdownGrace, cfg.Observer = c.Prefix, log, 10*time.Second, m
+		if *tenants != "" {
+			cfg.Tenants = strings.Split(*tenants, ",")
+		}
 		var err error
 		if bc.Net.Allow, err = builtin.ParseAllow(strings.Split(*allow, ",")); err != nil {
 			return nil, err

@@ -25,6 +25,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/schema"
 )
 
@@ -91,6 +92,9 @@ type Definition struct {
 	// collects arguments a model flattened beside it (the seed's
 	// execute_skill_tool auto-heal).
 	HealFlattenedInto string `json:"healFlattenedInto,omitempty"`
+	// Limits are the action's concurrency key and rate limit (overridable
+	// by policy); nil limits nothing.
+	Limits *limits.Spec `json:"limits,omitempty"`
 	// Tenants are the tenants whose runs may call the action (its pool's
 	// executors are dedicated to them); empty means every tenant.
 	Tenants []string `json:"tenants,omitempty"`
@@ -154,6 +158,11 @@ func (d *Definition) Normalize() error {
 	}
 	if err := d.AuditPolicy.Validate(); err != nil {
 		return err
+	}
+	if d.Limits != nil {
+		if err := d.Limits.Validate(); err != nil {
+			return invalid("%v", err)
+		}
 	}
 	for _, k := range d.HostOnlyKeys {
 		if k == "" {

@@ -537,12 +537,12 @@ func auditCmd(g *globals) *cobra.Command {
 	verify.Flags().StringVar(&sqlitePath, "sqlite", "", "verify a SQLite sink database instead of the stream")
 
 	var tf auditFilter
-	var asJSON, fromStart bool
+	var asJSON, fromStart, allTenants bool
 	tail := &cobra.Command{
 		Use:   "tail",
 		Short: "Print audit records as they are written (filter by run, user, action, status, kind); Ctrl-C stops",
 		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
-			q := client.AuditQuery{RunID: tf.run, Live: true}
+			q := client.AuditQuery{RunID: tf.run, Live: true, AllTenants: allTenants}
 			if fromStart {
 				q.Since = time.Unix(0, 0)
 			}
@@ -568,6 +568,7 @@ func auditCmd(g *globals) *cobra.Command {
 	tf.add(tail)
 	tail.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
 	tail.Flags().BoolVar(&fromStart, "from-start", false, "start with the first stored record instead of the next new one")
+	tail.Flags().BoolVar(&allTenants, "all-tenants", false, "every tenant's records (operators); default: the --tenant's")
 
 	var ef auditFilter
 	var since, until string
@@ -575,7 +576,7 @@ func auditCmd(g *globals) *cobra.Command {
 		Use:   "export",
 		Short: "Write stored audit records as JSON lines (by run or time range) and exit",
 		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
-			q := client.AuditQuery{RunID: ef.run}
+			q := client.AuditQuery{RunID: ef.run, AllTenants: allTenants}
 			var to time.Time
 			var err error
 			if since != "" {
@@ -605,6 +606,7 @@ func auditCmd(g *globals) *cobra.Command {
 	}
 	ef.add(export)
 	export.Flags().StringVar(&since, "since", "", "first record time (RFC 3339)")
+	export.Flags().BoolVar(&allTenants, "all-tenants", false, "every tenant's records (operators); default: the --tenant's")
 	export.Flags().StringVar(&until, "until", "", "last record time (RFC 3339)")
 	cmd.AddCommand(verify, tail, export)
 	return cmd

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 // can read it: the client user is refused.
 func runsCmd(g *globals) *cobra.Command {
 	var statuses, kinds []string
-	var user string
+	var user, tenant string
 	var maxAge time.Duration
 	var limit int
 	cmd := &cobra.Command{
@@ -32,7 +33,7 @@ func runsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("runs: the run-state bucket: %w", err)
 			}
-			f := run.Filter{UserID: user, MaxAge: maxAge}
+			f := run.Filter{UserID: user, Tenant: tenant, MaxAge: maxAge}
 			for _, s := range statuses {
 				f.Statuses = append(f.Statuses, run.Status(s))
 			}
@@ -67,16 +68,27 @@ func runsCmd(g *globals) *cobra.Command {
 				list = list[:limit]
 			}
 			tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "RUN\tSTATUS\tKIND\tAGE\tWAITING FOR\tUSER")
+			fmt.Fprintln(tw, "RUN\tTENANT\tSTATUS\tKIND\tAGE\tWAITING FOR\tUSER")
+			capacity := 0
 			for _, s := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, s.Status, s.Kind, s.Age, dash(s.Waiting), dash(s.UserID))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, s.Tenant, s.Status, s.Kind, s.Age, dash(s.Waiting), dash(s.UserID))
+				if strings.HasPrefix(s.Waiting, "capacity of ") {
+					capacity++
+				}
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if capacity > 0 {
+				fmt.Fprintf(g.out, "%d run(s) waiting for capacity (actionbus_capacity_waiting has the queues per action)\n", capacity)
+			}
+			return nil
 		}),
 	}
 	cmd.Flags().StringSliceVar(&statuses, "status", nil, "only runs in these statuses (running, awaiting_input, awaiting_approval, completed, failed, canceled)")
 	cmd.Flags().StringSliceVar(&kinds, "kind", nil, "only runs of these kinds (agent, exec, workflow)")
 	cmd.Flags().StringVar(&user, "user", "", "only runs of this user")
+	cmd.Flags().StringVar(&tenant, "only-tenant", "", "only runs of this tenant (default: every tenant)")
 	cmd.Flags().DurationVar(&maxAge, "since", 0, "only runs younger than this (e.g. 1h)")
 	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many runs, youngest first (0: all)")
 	return cmd

@@ -41,13 +41,23 @@ func TestRunsListsRunsWithWhatTheyWaitFor(t *testing.T) {
 
 	var out, errOut bytes.Buffer
 	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", srv.URL, "runs"}, nil, &out, &errOut), errOut.String())
-	assert.Regexp(t, waiting+`\s+running\s+agent\s+\S+\s+planner \(cycle 1\)\s+u1`, out.String())
-	assert.Regexp(t, done.RunID+`\s+completed\s+exec\s+\S+\s+-\s+-`, out.String())
+	assert.Regexp(t, waiting+`\s+default\s+running\s+agent\s+\S+\s+planner \(cycle 1\)\s+u1`, out.String())
+	assert.Regexp(t, done.RunID+`\s+default\s+completed\s+exec\s+\S+\s+-\s+-`, out.String())
 
 	out.Reset()
 	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", srv.URL, "runs", "--status", "completed"}, nil, &out, &errOut))
 	assert.Contains(t, out.String(), done.RunID)
 	assert.NotContains(t, out.String(), waiting)
+
+	// Runs of another tenant are listed with it, and filtered by it.
+	acme, err := client.New(srv.Connect(t), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	other, err := acme.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "t.ping"}}, nil)
+	require.NoError(t, err)
+	out.Reset()
+	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", srv.URL, "runs", "--only-tenant", "acme"}, nil, &out, &errOut))
+	assert.Regexp(t, other.RunID+`\s+acme\s+completed`, out.String())
+	assert.NotContains(t, out.String(), done.RunID)
 }
 
 // TestRunsIsRefusedToTheClientUser: run state holds each run's secret id

@@ -34,6 +34,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/keymutex"
+	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/run"
@@ -221,6 +222,8 @@ type Dispatcher struct {
 	checkers  *checkerCache
 	policy    atomic.Pointer[policy.Evaluator]
 	machine   *run.Machine
+	limits    *limits.Store
+	wakes     *wakeups
 
 	queueMu sync.Mutex
 	queues  map[string]*runQueue
@@ -251,6 +254,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	d := &Dispatcher{cfg: cfg, js: bus.JetStream(), bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256),
 		ready: make(chan struct{}), cache: newStateCache(20000), checkers: newCheckerCache(), queues: map[string]*runQueue{}}
 	d.policy.Store(&policy.Evaluator{Config: cfg.Policy})
+	d.wakes = newWakeups(d)
 	d.machine = run.New(env{d}, run.Limits{MaxCycles: cfg.MaxCycles, MaxPlanActions: cfg.MaxPlanActions, MaxPlanParallel: cfg.MaxPlanParallel,
 		MaxSectionParallel: cfg.MaxSectionParallel, MaxFailedRounds: cfg.MaxFailedRounds, RunDeadline: cfg.RunDeadline,
 		DecisionTimeout: cfg.DecisionTimeout, ActionGrace: cfg.ActionGrace, InputTimeout: cfg.InputTimeout, ApprovalTTL: cfg.ApprovalTTL,
@@ -281,6 +285,10 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err := d.watchPolicy(ctx); err != nil {
 		return err
 	}
+	if err := d.openLimits(ctx); err != nil {
+		return err
+	}
+	d.wakes.start(ctx)
 	// Two consumers: what services write (decisions, results, timers)
 	// and what clients and approvers write (requests, cancels, inputs,
 	// approvals' answers) live in separate streams.
@@ -589,6 +597,10 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			}
 			out = append(out, effects...)
 		}
+		// Wake-ups are not stored: a transition that only implies them
+		// changes nothing to write.
+		out, wakes := run.Stored(out)
+		d.wakes.schedule(&st, wakes)
 		if len(out) == 0 {
 			if !fresh {
 				// "Nothing to do" is only trusted on the stored state: a
@@ -650,6 +662,12 @@ func isConflict(err error) bool {
 func (d *Dispatcher) publish(ctx context.Context, st *run.State, effects []run.Effect) error {
 	batch := make([]events.Emission, 0, len(effects))
 	for _, e := range effects {
+		if e.Kind == run.EffectRelease {
+			if err := d.release(ctx, e); err != nil {
+				return err
+			}
+			continue
+		}
 		if e.Kind == run.EffectTimer {
 			fired := e.Timer.Fired
 			batch = append(batch, d.bus.TimerEmission(e.ID, st.TenantOrDefault(), e.Timer.Name, e.Timer.At, &fired))

@@ -192,6 +192,8 @@ const (
 	TimerApproval    = "approval"
 	TimerRetry       = "retry"
 	TimerSynthesis   = "synthesis"
+	// TimerCapacity wakes a run whose calls wait for capacity.
+	TimerCapacity = "capacity"
 )
 
 // TimerFired is a durable timer of a run coming due. The dispatcher

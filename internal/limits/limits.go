@@ -198,13 +198,16 @@ func Acquire(s *State, spec Spec, req Request, now time.Time) Grant {
 		s.removeWaiter(req.CallID)
 		return Grant{OK: true, Waiting: len(s.Waiting)}
 	}
-	w := Waiter{CallID: req.CallID, RunID: req.RunID, Tenant: req.Tenant, Until: now.Add(waiterGrace)}
+	// The place is kept until a while after the call is told to ask
+	// again, however far off that is.
+	at := retryAt(s, spec, pos, now)
+	w := Waiter{CallID: req.CallID, RunID: req.RunID, Tenant: req.Tenant, Until: at.Add(waiterGrace)}
 	if i := s.waiterIndex(req.CallID); i >= 0 {
 		s.Waiting[i].Until = w.Until
 	} else {
 		s.Waiting = append(s.Waiting, w)
 	}
-	return Grant{RetryAt: retryAt(s, spec, pos, now), Position: pos, Waiting: len(s.Waiting)}
+	return Grant{RetryAt: at, Position: pos, Waiting: len(s.Waiting)}
 }
 
 // Release frees the slot of callID (and its place in the queue). It

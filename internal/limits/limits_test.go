@@ -34,7 +34,7 @@ func TestMaxInFlightGrantsFirstComeFirstServed(t *testing.T) {
 	assert.Equal(t, []string{"a", "b"}, s.Holding())
 
 	require.True(t, limits.Release(&s, "a"))
-	assert.Equal(t, []limits.Waiter{{CallID: "c", RunID: "Rc", Tenant: "default", Until: t0.Add(5 * time.Second)}}, limits.Next(&s, 1))
+	assert.Equal(t, []limits.Waiter{{CallID: "c", RunID: "Rc", Tenant: "default", Until: t0.Add(limits.PollInterval + 5*time.Second)}}, limits.Next(&s, 1))
 	assert.False(t, limits.Acquire(&s, spec, req("d"), t0.Add(time.Second)).OK, "d may not jump the queue")
 	assert.True(t, limits.Acquire(&s, spec, req("c"), t0.Add(time.Second)).OK, "c, first in line, gets the freed slot")
 	assert.False(t, limits.Release(&s, "zzz"), "releasing what is not held changes nothing")
@@ -48,7 +48,7 @@ func TestAWaiterThatStopsAskingLosesItsPlace(t *testing.T) {
 	require.False(t, limits.Acquire(&s, spec, req("b"), t0).OK)
 	limits.Release(&s, "a")
 	assert.False(t, limits.Acquire(&s, spec, req("b"), t0.Add(time.Second)).OK, "gone is still owed the slot")
-	assert.True(t, limits.Acquire(&s, spec, req("b"), t0.Add(6*time.Second)).OK, "gone stopped asking; b is first now")
+	assert.True(t, limits.Acquire(&s, spec, req("b"), t0.Add(7*time.Second)).OK, "gone stopped asking; b is first now")
 }
 
 func TestAHolderWhoseLeaseEndedFreesItsSlot(t *testing.T) {

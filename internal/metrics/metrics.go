@@ -40,6 +40,9 @@ type Metrics struct {
 	actionsInFlight prometheus.Gauge
 
 	auditRecords *prometheus.CounterVec
+
+	capacityWaiting *prometheus.GaugeVec
+	capacityWaits   *prometheus.CounterVec
 }
 
 // latency buckets from 0.5 ms to ~2 min.
@@ -76,9 +79,13 @@ func New() *Metrics {
 			Help: "Actions running now in this process's executors."}),
 		auditRecords: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "actionbus_audit_records_total",
 			Help: "Audit records written, by kind."}, []string{"kind"}),
+		capacityWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "actionbus_capacity_waiting",
+			Help: "Calls waiting for a slot of the action's concurrency key or rate limit, as last seen by this dispatcher."}, []string{"action"}),
+		capacityWaits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "actionbus_capacity_waits_total",
+			Help: "Times a call was told to wait for capacity, per action."}, []string{"action"}),
 	}
 	r.MustRegister(m.handled, m.handleSeconds, m.inFlight, m.redeliveries, m.rejected, m.runs, m.runSeconds,
-		m.decisions, m.decisionSeconds, m.actions, m.actionSeconds, m.actionsInFlight, m.auditRecords,
+		m.decisions, m.decisionSeconds, m.actions, m.actionSeconds, m.actionsInFlight, m.auditRecords, m.capacityWaiting, m.capacityWaits,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -108,6 +115,18 @@ func (m *Metrics) HandleDone(consumer, outcome string, took time.Duration) {
 func (m *Metrics) Rejected(consumer string) {
 	if m != nil {
 		m.rejected.WithLabelValues(consumer).Inc()
+	}
+}
+
+// CapacityWait records the queue of an action's limit key as a dispatcher
+// last saw it: waiting calls (0 when a call got its slot), and one wait
+// more when some wait.
+func (m *Metrics) CapacityWait(action string, waiting int) {
+	if m != nil {
+		m.capacityWaiting.WithLabelValues(action).Set(float64(waiting))
+		if waiting > 0 {
+			m.capacityWaits.WithLabelValues(action).Inc()
+		}
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/limits"
 )
 
 // DefaultAllowedModes are the modes a run may use unless it names others:
@@ -224,6 +225,23 @@ type Config struct {
 	// "scopes".
 	RoleKey  string `json:"roleKey,omitempty"`
 	ScopeKey string `json:"scopeKey,omitempty"`
+	// Limits override actions' declared concurrency keys and rate limits,
+	// by action name (docs/limits.md).
+	Limits map[string]limits.Spec `json:"limits,omitempty"`
+}
+
+// LimitFor returns the limit in force for an action: the policy's, else
+// the declared one (nil: none).
+func (c *Config) LimitFor(action string, declared *limits.Spec) limits.Spec {
+	if c != nil {
+		if s, ok := c.Limits[action]; ok {
+			return s
+		}
+	}
+	if declared == nil {
+		return limits.Spec{}
+	}
+	return *declared
 }
 
 // ParseConfig reads a configuration document, refusing unknown fields and
@@ -234,6 +252,11 @@ func ParseConfig(b []byte) (*Config, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
+	}
+	for name, l := range c.Limits {
+		if err := l.Validate(); err != nil {
+			return nil, fmt.Errorf("policy: limits of %s: %w", name, err)
+		}
 	}
 	return &c, nil
 }

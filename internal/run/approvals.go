@@ -1,6 +1,7 @@
 package run
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -72,7 +73,7 @@ func resolved(st *State, approvalID, answerID, outcome, approver string, err *ac
 		Data: &events.ApprovalResolved{RunID: st.RunID, ApprovalID: approvalID, AnswerID: answerID, Outcome: outcome, Approver: approver, Error: err}}
 }
 
-func (m *Machine) onApprovalGranted(st *State, g *events.ApprovalGranted, answerID string) []Effect {
+func (m *Machine) onApprovalGranted(ctx context.Context, st *State, g *events.ApprovalGranted, answerID string) []Effect {
 	refuse := func(err *actionbus.Error) []Effect {
 		err = err.WithDetail("approvalId", g.ApprovalID)
 		return []Effect{stepWith(st, StepApprovalRefused, nil, "", err.Error(), "failed",
@@ -118,7 +119,7 @@ func (m *Machine) onApprovalGranted(st *State, g *events.ApprovalGranted, answer
 	if st.Workflow != nil {
 		st.Workflow.Steps[p.CallIndex].Status = StepStatusReady
 	}
-	return append(out, m.dispatchMore(st)...)
+	return append(out, m.dispatchMore(ctx, st)...)
 }
 
 func (m *Machine) onApprovalDenied(st *State, dn *events.ApprovalDenied, answerID string) []Effect {

@@ -31,6 +31,12 @@ const (
 	EffectApproval EffectKind = "approval"
 	// EffectEnd publishes the run's terminal event.
 	EffectEnd EffectKind = "end"
+	// EffectRelease frees call CallID's slot of limit key Key (and its
+	// place in the key's queue).
+	EffectRelease EffectKind = "release"
+	// EffectWake asks the dispatcher to wake the run (a [CapacityCheck])
+	// at At. It is not stored: the capacity timer is its durable backstop.
+	EffectWake EffectKind = "wake"
 )
 
 // Effect is one thing a transition implies, stored with the new state (the
@@ -53,6 +59,9 @@ type Effect struct {
 	Part       string `json:"part,omitempty"`
 	Index      int    `json:"index,omitempty"`
 	ApprovalID string `json:"approvalId,omitempty"`
+	// Key is a release's limit key; At a wake-up's time.
+	Key string    `json:"key,omitempty"`
+	At  time.Time `json:"at,omitempty"`
 }
 
 // Timer is a durable timer to arm: Fired is published on the run's timer
@@ -146,6 +155,28 @@ func actEffect(c CallState) Effect {
 
 func synthesizeEffect(st *State, p SynthesisPart) Effect {
 	return Effect{Kind: EffectSynthesize, ID: st.derive("synthesize", st.Cycle, p.Part, p.Index), Cycle: st.Cycle, Part: p.Part, Index: p.Index}
+}
+
+func releaseEffect(st *State, c CallState) Effect {
+	return Effect{Kind: EffectRelease, ID: st.derive("release", c.CallID), CallID: c.CallID, Key: c.LimitKey}
+}
+
+func wakeEffect(st *State, at time.Time) Effect {
+	return Effect{Kind: EffectWake, ID: st.derive("wake", at.UnixNano()), At: at}
+}
+
+// Stored returns the effects that go into the outbox with the state, and
+// the wake-ups, which do not (a transition that only implies wake-ups
+// changes nothing worth storing).
+func Stored(effects []Effect) (stored, wakes []Effect) {
+	for _, e := range effects {
+		if e.Kind == EffectWake {
+			wakes = append(wakes, e)
+		} else {
+			stored = append(stored, e)
+		}
+	}
+	return stored, wakes
 }
 
 func endEffect(st *State) Effect {

@@ -15,6 +15,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/policy"
 )
 
@@ -36,6 +37,8 @@ type memEnv struct {
 	// tamper overwrites every artifact right after it is stored (another
 	// writer of the store).
 	tamper bool
+	// limits are the limit states by key.
+	limits map[string]*limits.State
 }
 
 var testKey = []byte("0123456789abcdef0123456789abcdef")
@@ -150,4 +153,41 @@ func sign(t testing.TB, c events.ApprovalContext) string {
 	tok, err := policy.Sign("k1", testKey, policy.ApprovalContext(c))
 	require.NoError(t, err)
 	return tok
+}
+
+// Acquire keeps limits in memory, with the rules of package limits.
+func (e *memEnv) Acquire(_ context.Context, st *State, c CallState) (Capacity, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	entry, ok := e.catalog[c.Action]
+	if !ok {
+		return Capacity{OK: true}, nil
+	}
+	spec := e.policy.Config.LimitFor(c.Action, entry.Limits)
+	if spec.IsZero() {
+		return Capacity{OK: true}, nil
+	}
+	key, err := spec.RenderKey(LimitCall(st, c))
+	if err != nil {
+		return Capacity{}, err
+	}
+	if e.limits == nil {
+		e.limits = map[string]*limits.State{}
+	}
+	ls := e.limits[key]
+	if ls == nil {
+		ls = &limits.State{Key: key}
+		e.limits[key] = ls
+	}
+	g := limits.Acquire(ls, spec, LimitRequest(st, c, time.Minute), e.now)
+	return Capacity{Key: key, OK: g.OK, RetryAt: g.RetryAt, Position: g.Position, Waiting: g.Waiting}, nil
+}
+
+// release frees a slot as the dispatcher does for a release effect.
+func (e *memEnv) release(key, callID string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ls := e.limits[key]; ls != nil {
+		limits.Release(ls, callID)
+	}
 }

@@ -62,7 +62,12 @@ func (h *harness) record(out []Effect) {
 	require.NoError(h.t, json.Unmarshal(b, &st))
 	h.st = &st
 	for _, e := range out {
-		if e.Kind == EffectTimer || e.Kind == EffectEvent || e.Kind == EffectStep {
+		switch e.Kind {
+		case EffectTimer, EffectEvent, EffectStep, EffectWake:
+			continue
+		case EffectRelease:
+			// The dispatcher releases the slot when it publishes.
+			h.env.release(e.Key, e.CallID)
 			continue
 		}
 		_, ok := Render(h.st, e)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -64,7 +65,7 @@ func (m *Machine) terminate(st *State, t *Terminal) []Effect {
 	default:
 		st.Status = StatusFailed
 	}
-	return []Effect{endEffect(st)}
+	return append(releaseEffects(st), endEffect(st))
 }
 
 func (m *Machine) fail(st *State, err error) []Effect {
@@ -186,6 +187,9 @@ func (m *Machine) onTimer(ctx context.Context, st *State, t *events.TimerFired) 
 	if t.Kind == events.TimerRetry {
 		return m.onRetryTimer(ctx, st, t.StepID)
 	}
+	if t.Kind == events.TimerCapacity {
+		return m.onCapacity(ctx, st, true), nil
+	}
 	return m.onStageTimer(st, t), nil
 }
 
@@ -239,9 +243,14 @@ func (m *Machine) onStageTimer(st *State, t *events.TimerFired) []Effect {
 }
 
 // dispatchMore dispatches calls in declaration order while fewer than
-// MaxPlanParallel are in flight, each with a durable action deadline.
-func (m *Machine) dispatchMore(st *State) []Effect {
+// MaxPlanParallel are in flight, each with a durable action deadline. A
+// call whose action's limit has no slot for it waits (a
+// waiting-for-capacity step, once) and is asked for again at the time the
+// limit names; calls behind it with other keys go on.
+func (m *Machine) dispatchMore(ctx context.Context, st *State) []Effect {
 	var out []Effect
+	var retryAt time.Time
+	newlyWaiting := false
 	for i := range st.Calls {
 		if st.inFlight() >= m.lim.MaxPlanParallel {
 			break
@@ -250,11 +259,82 @@ func (m *Machine) dispatchMore(st *State) []Effect {
 		if c.Dispatched || c.NeedsApproval {
 			continue
 		}
-		c.Dispatched = true
 		pi := c.PlanIndex
+		if !c.Holding {
+			capacity, err := m.env.Acquire(ctx, st, *c)
+			if err != nil {
+				// The limit could not be read: wait and ask again.
+				capacity = Capacity{Key: c.LimitKey, RetryAt: m.env.Now().Add(time.Second), Err: err.Error()}
+			}
+			c.LimitKey = capacity.Key
+			if !capacity.OK {
+				if !c.WaitingCapacity {
+					c.WaitingCapacity, newlyWaiting = true, true
+					out = append(out, stepWith(st, StepWaitingForCapacity, &pi, c.Action, capacity.describe(), "",
+						map[string]any{"key": capacity.Key, "position": capacity.Position, "waiting": capacity.Waiting}))
+				}
+				if retryAt.IsZero() || capacity.RetryAt.Before(retryAt) {
+					retryAt = capacity.RetryAt
+				}
+				continue
+			}
+			c.Holding, c.WaitingCapacity = capacity.Key != "", false
+		}
+		c.Dispatched = true
 		out = append(out, step(st, StepActionDispatched, &pi, c.Action, "to pool "+c.Pool, ""), actEffect(*c),
 			m.timer(st, events.TimerFired{Kind: events.TimerAction, CallID: c.CallID, Stage: "action " + c.Action}, fmt.Sprintf("call%d", c.PlanIndex),
 				time.Duration(c.TimeoutMs)*time.Millisecond+m.lim.ActionGrace))
+	}
+	if !retryAt.IsZero() {
+		out = append(out, wakeEffect(st, retryAt))
+		if newlyWaiting {
+			out = append(out, m.capacityTimer(st, retryAt))
+		}
+	}
+	return out
+}
+
+// capacityTimer arms the durable backstop of a run waiting for capacity:
+// the dispatcher wakes the run at retryAt from memory, and this timer
+// wakes it even if that dispatcher is gone.
+func (m *Machine) capacityTimer(st *State, retryAt time.Time) Effect {
+	return m.timer(st, events.TimerFired{Kind: events.TimerCapacity, Stage: "capacity"}, "capacity",
+		retryAt.Sub(m.env.Now())+CapacityBackstop)
+}
+
+// CapacityBackstop is how long after a waiting call's retry time its
+// durable timer fires, should no dispatcher have woken the run by then.
+const CapacityBackstop = 2 * time.Second
+
+// onCapacity asks the limits again for the calls of st waiting for
+// capacity (a wake-up, or the backstop timer when durable is set).
+func (m *Machine) onCapacity(ctx context.Context, st *State, durable bool) []Effect {
+	if st.IsTerminal() || st.Phase != PhaseActing || !slices.ContainsFunc(st.Calls, func(c CallState) bool { return c.WaitingCapacity }) {
+		return nil
+	}
+	out := m.dispatchMore(ctx, st)
+	if durable {
+		for _, e := range out {
+			if e.Kind == EffectWake {
+				out = append(out, m.capacityTimer(st, e.At))
+				break
+			}
+		}
+	}
+	if st.Workflow == nil && st.allDone() {
+		out = append(out, m.evaluate(st)...)
+	}
+	return out
+}
+
+// releaseEffects free the limit slots (and queue places) of st's calls
+// that are not done: the run ended.
+func releaseEffects(st *State) []Effect {
+	var out []Effect
+	for _, c := range st.Calls {
+		if c.LimitKey != "" && (c.Holding || c.WaitingCapacity) && !c.Done {
+			out = append(out, releaseEffect(st, c))
+		}
 	}
 	return out
 }
@@ -286,6 +366,10 @@ func (m *Machine) onResult(ctx context.Context, st *State, r result) ([]Effect, 
 	}
 	c := &st.Calls[i]
 	c.Done, c.OK, c.Output, c.Summary, c.Complete, c.Error, c.Executor = true, ok, r.output, summary, r.complete, abErr, executor
+	var release []Effect
+	if c.Holding {
+		release = []Effect{releaseEffect(st, *c)}
+	}
 	if ok && c.Mode == string(actions.ModeDryRun) {
 		if h, err := policy.InputHash(c.Args); err == nil {
 			st.DryRunHash = h
@@ -306,12 +390,12 @@ func (m *Machine) onResult(ctx context.Context, st *State, r result) ([]Effect, 
 	if !ok {
 		name = StepActionFailed
 	}
-	out := []Effect{step(st, name, &pi, c.Action, msg+" (executor "+executor+")", status)}
+	out := append(release, step(st, name, &pi, c.Action, msg+" (executor "+executor+")", status))
 	if st.Workflow != nil {
 		more, err := m.onStepResult(ctx, st, i)
 		return append(out, more...), err
 	}
-	out = append(out, m.dispatchMore(st)...)
+	out = append(out, m.dispatchMore(ctx, st)...)
 	if !st.allDone() {
 		return out, nil
 	}

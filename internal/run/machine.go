@@ -48,6 +48,10 @@ type Env interface {
 	// PriorRun returns the stored state of another run (the one a retry
 	// names), or nil when there is none.
 	PriorRun(ctx context.Context, runID string) (*State, error)
+	// Acquire asks the limit of call c's action (its concurrency key and
+	// rate) for a slot; an action without a limit is always granted, with
+	// no key. Asking again for a call that holds its slot is harmless.
+	Acquire(ctx context.Context, st *State, c CallState) (Capacity, error)
 	// Now is the clock.
 	Now() time.Time
 }
@@ -158,13 +162,15 @@ func (m *Machine) Apply(ctx context.Context, st *State, ev Event) ([]Effect, err
 	case *events.InputProvided:
 		return m.onInput(st, data), nil
 	case *events.ApprovalGranted:
-		return m.onApprovalGranted(st, data, ev.ID), nil
+		return m.onApprovalGranted(ctx, st, data, ev.ID), nil
 	case *events.ApprovalDenied:
 		return m.onApprovalDenied(st, data, ev.ID), nil
 	case *events.SynthesisCompleted:
 		return m.onSynthesis(st, data), nil
 	case *events.TimerFired:
 		return m.onTimer(ctx, st, data)
+	case *CapacityCheck:
+		return m.onCapacity(ctx, st, false), nil
 	}
 	return nil, fmt.Errorf("run: %T is not an event of a run", ev.Data)
 }

@@ -3,10 +3,12 @@ package run
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"time"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/workflow"
 )
@@ -203,7 +205,41 @@ type CallState struct {
 	Attempt     int    `json:"attempt,omitempty"`
 	StepID      string `json:"stepId,omitempty"`
 	MaxAttempts int    `json:"maxAttempts,omitempty"`
+	// LimitKey is the key of the action's limit the call counts against
+	// ("" when the action has none); Holding says it holds a slot (to be
+	// released when it is done), WaitingCapacity that it waits for one.
+	LimitKey        string `json:"limitKey,omitempty"`
+	Holding         bool   `json:"holding,omitempty"`
+	WaitingCapacity bool   `json:"waitingCapacity,omitempty"`
 }
+
+// Capacity is a limit's answer to a call asking for a slot.
+type Capacity struct {
+	// Key is the limit's key of the call ("" when its action has none).
+	Key string
+	// OK: the call holds a slot and may start.
+	OK bool
+	// RetryAt is when to ask again (not OK).
+	RetryAt time.Time
+	// Position is the call's place in the key's queue; Waiting how many
+	// calls wait on the key.
+	Position, Waiting int
+	// Err says why the limit could not be asked (it is asked again).
+	Err string
+}
+
+func (c Capacity) describe() string {
+	if c.Err != "" {
+		return "limit " + c.Key + " unavailable: " + c.Err
+	}
+	return fmt.Sprintf("limit %s: position %d of %d waiting", c.Key, c.Position+1, c.Waiting)
+}
+
+// CapacityCheck is the in-process event that asks a run's waiting calls'
+// limits again (a dispatcher wakes the run with it at their retry time or
+// when a slot frees). It is never published: the capacity timer is its
+// durable backstop.
+type CapacityCheck struct{}
 
 // WorkflowRun is the state of a workflow run: its definition and where
 // each step stands. Calls[i] is step i's current attempt.
@@ -300,4 +336,17 @@ func NewIDKey() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// LimitCall is what the key expression of call c's limit may read.
+func LimitCall(st *State, c CallState) limits.Call {
+	return limits.Call{Tenant: st.TenantOrDefault(), UserID: st.UserID, Action: c.Action, Metadata: st.Metadata, Input: c.Args}
+}
+
+// LimitRequest is the request of call c for a slot: held, unless
+// released, for the call's timeout and grace (a call whose dispatcher
+// vanished frees its slot then).
+func LimitRequest(st *State, c CallState, grace time.Duration) limits.Request {
+	return limits.Request{CallID: c.CallID, RunID: st.RunID, Tenant: st.TenantOrDefault(),
+		Lease: time.Duration(c.TimeoutMs)*time.Millisecond + grace}
 }

@@ -52,6 +52,7 @@ const (
 	StepWorkflowStepReused                StepName = "workflow-step-reused"
 	StepWorkflowStepRetry                 StepName = "workflow-step-retry"
 	StepWorkflowValidated                 StepName = "workflow-validated"
+	StepWaitingForCapacity                StepName = "waiting-for-capacity"
 )
 
 // StepNames lists every step a run publishes.
@@ -101,4 +102,5 @@ var StepNames = []StepName{
 	StepWorkflowStepRetry,
 	StepWorkflowStepReused,
 	StepWorkflowValidated,
+	StepWaitingForCapacity,
 }

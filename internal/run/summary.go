@@ -10,6 +10,7 @@ import (
 // Summary is one line of a run listing (`actionbus runs`).
 type Summary struct {
 	RunID  string        `json:"runId"`
+	Tenant string        `json:"tenant"`
 	Kind   Kind          `json:"kind"`
 	Status Status        `json:"status"`
 	Age    time.Duration `json:"age"`
@@ -20,7 +21,7 @@ type Summary struct {
 
 // Summarize describes st as of now.
 func Summarize(st *State, now time.Time) Summary {
-	s := Summary{RunID: st.RunID, Kind: st.Kind, Status: st.Status, Age: now.Sub(st.CreatedAt).Round(time.Second), UserID: st.UserID}
+	s := Summary{RunID: st.RunID, Tenant: st.TenantOrDefault(), Kind: st.Kind, Status: st.Status, Age: now.Sub(st.CreatedAt).Round(time.Second), UserID: st.UserID}
 	if !st.IsTerminal() {
 		s.Waiting = waitingFor(st)
 	}
@@ -45,6 +46,11 @@ func waitingFor(st *State) string {
 	case PhaseSynthesizing:
 		return "synthesis"
 	}
+	for _, c := range st.Calls {
+		if c.WaitingCapacity && !c.Dispatched {
+			return "capacity of " + c.Action
+		}
+	}
 	if st.Workflow != nil {
 		for i, sr := range st.Workflow.Steps {
 			if sr.Status == StepStatusWaitingRetry {
@@ -63,6 +69,7 @@ type Filter struct {
 	Statuses []Status
 	Kinds    []Kind
 	UserID   string
+	Tenant   string
 	// MaxAge keeps runs younger than it.
 	MaxAge time.Duration
 }
@@ -72,5 +79,6 @@ func (f Filter) Match(s Summary) bool {
 	return (len(f.Statuses) == 0 || slices.Contains(f.Statuses, s.Status)) &&
 		(len(f.Kinds) == 0 || slices.Contains(f.Kinds, s.Kind)) &&
 		(f.UserID == "" || f.UserID == s.UserID) &&
+		(f.Tenant == "" || f.Tenant == s.Tenant) &&
 		(f.MaxAge <= 0 || s.Age < f.MaxAge)
 }

@@ -126,7 +126,7 @@ func (m *Machine) advanceWorkflow(ctx context.Context, st *State) ([]Effect, err
 			return out, err
 		}
 	}
-	out = append(out, m.dispatchMore(st)...)
+	out = append(out, m.dispatchMore(ctx, st)...)
 	if slices.ContainsFunc(wf.Steps, func(s StepRun) bool { return s.Status != StepStatusDone }) {
 		return out, nil
 	}

@@ -1,0 +1,109 @@
+package run
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/limits"
+	"github.com/actionbus/actionbus/internal/policy"
+)
+
+// limited gives t.read a limit.
+func limited(h *harness, spec limits.Spec) *harness {
+	h.env.catalog["t.read"].Limits = &spec
+	return h
+}
+
+func waitingSteps(out []Effect) int {
+	n := 0
+	for _, e := range out {
+		if e.Kind == EffectStep && e.Step.Name == string(StepWaitingForCapacity) {
+			n++
+		}
+	}
+	return n
+}
+
+func wakes(out []Effect) []Effect {
+	_, w := Stored(out)
+	return w
+}
+
+func TestCallsOverALimitWaitAndStartWhenASlotFrees(t *testing.T) {
+	h := limited(newHarness(t, Limits{}), limits.Spec{MaxInFlight: 1}).agent()
+	out := h.decide(plan(action("t.read", map[string]any{"i": 0}), action("t.read", map[string]any{"i": 1}), action("t.read", map[string]any{"i": 2})))
+	require.Len(t, h.dispatched(), 1, "one slot")
+	assert.Equal(t, 2, waitingSteps(out), "each waiting call says so once")
+	require.Len(t, wakes(out), 1, "the dispatcher is asked to wake the run")
+	require.NotNil(t, h.timer(events.TimerCapacity), "a durable backstop is armed")
+	assert.Equal(t, "capacity of t.read", Summarize(h.st, h.env.Now()).Waiting)
+
+	// Asked again while the slot is held: nothing to store, another wake.
+	out = h.apply(&CapacityCheck{})
+	stored, w := Stored(out)
+	assert.Empty(t, stored)
+	assert.Len(t, w, 1)
+
+	first := h.st.Calls[0].CallID
+	out = h.succeed(first, map[string]any{"ok": true})
+	require.True(t, has(out, EffectRelease), "a done call frees its slot")
+	h.apply(&CapacityCheck{})
+	require.Len(t, h.dispatched(), 1, "the next call in line starts")
+	assert.Equal(t, 1, h.st.Calls[1].PlanIndex)
+	assert.Equal(t, 0, waitingSteps(h.last), "a call says it waits only once")
+
+	h.succeed(h.st.Calls[1].CallID, map[string]any{"ok": true})
+	h.fire(events.TimerCapacity) // the backstop works as a wake-up
+	require.Len(t, h.dispatched(), 1)
+	h.succeed(h.st.Calls[2].CallID, map[string]any{"ok": true})
+	assert.Equal(t, PhaseDeciding, h.st.Phase, "every call ran; the planner is asked")
+}
+
+func TestKeysAreIndependent(t *testing.T) {
+	h := limited(newHarness(t, Limits{}), limits.Spec{Key: "{{.input.k}}", MaxInFlight: 1}).agent()
+	h.decide(plan(action("t.read", map[string]any{"k": "a"}), action("t.read", map[string]any{"k": "a"}), action("t.read", map[string]any{"k": "b"})))
+	var started []int
+	for _, c := range h.dispatched() {
+		started = append(started, c.PlanIndex)
+	}
+	assert.Equal(t, []int{0, 2}, started, "key b is not held up behind key a's queue")
+}
+
+func TestTheRunDeadlineEndsAWaitForCapacity(t *testing.T) {
+	h := limited(newHarness(t, Limits{}), limits.Spec{MaxInFlight: 1}).agent()
+	h.decide(plan(action("t.read", map[string]any{"i": 0}), action("t.read", map[string]any{"i": 1})))
+	out := h.fire(events.TimerRunDeadline)
+	assert.Equal(t, "run_deadline_exceeded", string(h.code()))
+	var released []string
+	for _, e := range out {
+		if e.Kind == EffectRelease {
+			released = append(released, e.CallID)
+		}
+	}
+	assert.ElementsMatch(t, []string{h.st.Calls[0].CallID, h.st.Calls[1].CallID}, released,
+		"the held slot and the queue place are given up")
+	assert.Empty(t, h.env.limits["t.read"].Holders)
+	assert.Empty(t, h.env.limits["t.read"].Waiting)
+}
+
+func TestPolicyOverridesTheDeclaredLimit(t *testing.T) {
+	h := limited(newHarness(t, Limits{}), limits.Spec{MaxInFlight: 1})
+	h.env.policy = &policy.Evaluator{Config: &policy.Config{Limits: map[string]limits.Spec{"t.read": {MaxInFlight: 3}}}}
+	h.agent()
+	h.decide(plan(action("t.read", map[string]any{"i": 0}), action("t.read", map[string]any{"i": 1}), action("t.read", map[string]any{"i": 2})))
+	assert.Len(t, h.dispatched(), 3)
+}
+
+func TestWorkflowStepsWaitForCapacityToo(t *testing.T) {
+	h := limited(newHarness(t, Limits{}), limits.Spec{MaxInFlight: 1}).workflow(`{"workflowName":"w","steps":[
+		{"id":"a","action":"t.read","input":{"i":0}},{"id":"b","action":"t.read","input":{"i":1}}]}`)
+	require.Len(t, h.dispatched(), 1)
+	h.succeed(h.st.Calls[0].CallID, map[string]any{"ok": true})
+	h.apply(&CapacityCheck{})
+	require.Len(t, h.dispatched(), 1)
+	h.succeed(h.st.Calls[1].CallID, map[string]any{"ok": true})
+	assert.Equal(t, StatusCompleted, h.st.Status)
+}
