@@ -11,6 +11,11 @@
 //	test.other  records that it ran and returns {"ok": true}
 //	test.huge   fails with a 2 MB error message (over the server's max
 //	            payload)
+//	test.limited sleeps 300 ms; at most 2 run at once per {"key": ...}
+//	            across every process; appends "<key> <start ns> <end ns>" to
+//	            TEST_DIR/limited
+//	test.rated  at most 5 start per second (burst 1) across every process;
+//	            appends its start time (ns) to TEST_DIR/rated
 //	soak.effect (mutate) applies the business effect {"order": ...} of its
 //	            run once per idempotency key, in a store outside the bus:
 //	            TEST_DIR/effects holds one file per applied key whose
@@ -128,6 +133,27 @@ func main() {
 	must(executor.Register(ex, executor.Action{Name: "test.huge", Timeout: 5 * time.Second},
 		func(ctx context.Context, in map[string]any, call executor.Call) (executor.Result[anyOut], error) {
 			return executor.Result[anyOut]{}, fmt.Errorf("%s", strings.Repeat("x", 2<<20))
+		}))
+	type keyIn struct {
+		Key string `json:"key"`
+	}
+	must(executor.Register(ex, executor.Action{Name: "test.limited", Timeout: 5 * time.Second,
+		Limits: &executor.Limits{Key: "{{.input.key}}", MaxInFlight: 2}},
+		func(ctx context.Context, in keyIn, call executor.Call) (executor.Result[keyIn], error) {
+			start := time.Now()
+			select {
+			case <-time.After(300 * time.Millisecond):
+			case <-ctx.Done():
+				return executor.Result[keyIn]{}, ctx.Err()
+			}
+			appendLine(filepath.Join(dir, "limited"), fmt.Sprintf("%s %d %d", in.Key, start.UnixNano(), time.Now().UnixNano()))
+			return executor.Result[keyIn]{Output: in}, nil
+		}))
+	must(executor.Register(ex, executor.Action{Name: "test.rated", Timeout: 5 * time.Second,
+		Limits: &executor.Limits{Rate: &executor.Rate{Limit: 5, PerMs: 1000, Burst: 1}}},
+		func(ctx context.Context, in map[string]any, call executor.Call) (executor.Result[anyOut], error) {
+			appendLine(filepath.Join(dir, "rated"), strconv.FormatInt(time.Now().UnixNano(), 10))
+			return executor.Result[anyOut]{Output: anyOut{"ok": true}}, nil
 		}))
 	type effectIn struct {
 		Order string `json:"order"`
