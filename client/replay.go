@@ -185,19 +185,27 @@ func compact(v any) string {
 	return string(b)
 }
 
-// Retry starts a retry of a failed or canceled workflow run and returns
-// the new run's id: the same request, under a new run id, with RetryOf
-// set. The dispatcher reuses every step the failed run completed (their
-// handlers do not run again) and resumes at the step that failed; it
-// refuses with retry_refused a run that has not failed, is not a
-// workflow, or belongs to another user.
+// Retry starts a retry of a failed or canceled run and returns the new
+// run's id: the same request, under a new run id, with RetryOf set. A
+// workflow reuses every step the failed run completed (their handlers do
+// not run again) and resumes at the step that failed; an agent run keeps
+// the observations of its cycles up to the last one whose actions all
+// succeeded and asks the planner from there; a one-action run runs its
+// action again (its idempotency key replays a stored result). The failed
+// run's events and audit trail get a "retried" step naming the new run.
+// The dispatcher refuses with retry_refused a run that has not failed,
+// belongs to another tenant or user, or had another definition or prompt.
 func (c *Client) Retry(ctx context.Context, runID string) (string, error) {
 	req, err := c.request(ctx, runID)
 	if err != nil {
 		return "", fmt.Errorf("client: retry %s: %w", runID, err)
 	}
-	return c.Start(ctx, RunRequest{Workflow: req.Workflow, UserID: req.UserID, AllowedModes: req.AllowedModes, Metadata: req.Metadata,
-		Deadline: time.Duration(req.DeadlineMs) * time.Millisecond, RetryOf: runID})
+	retry := RunRequest{Workflow: req.Workflow, Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
+		AllowedModes: req.AllowedModes, Metadata: req.Metadata, Deadline: time.Duration(req.DeadlineMs) * time.Millisecond, RetryOf: runID}
+	if a := req.Action; a != nil {
+		retry.Action = &ActionCall{Name: a.Name, Args: a.Args, IdempotencyKey: a.IdempotencyKey}
+	}
+	return c.Start(ctx, retry)
 }
 
 // request reads a run's stored run.requested from the requests stream.

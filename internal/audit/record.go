@@ -138,7 +138,7 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		}
 		rec.Input, rec.PayloadModes = ApplyInput(pol, in), modes(pol, "input")
 	case *events.RunStarted:
-		rec.Kind, rec.Status, rec.Summary = KindRun, "started", d.Kind
+		rec.Kind, rec.Status, rec.Summary, rec.RetryOf = KindRun, "started", d.Kind, d.RetryOf
 	case *events.RunCompleted:
 		rec.Kind, rec.Status = KindRun, "completed"
 		rec.Output, rec.OutputSummary, rec.PayloadModes = b.runOutput(d)
@@ -154,6 +154,9 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		rec.Kind, rec.Status, rec.Summary, rec.Action = KindStep, d.Status, d.Name, d.Action
 		if d.Name == "policy-evaluated" {
 			rec.Kind, rec.Policy = KindPolicy, d.Details["snapshot"]
+		}
+		if by, ok := d.Details["retriedBy"].(string); ok && d.Name == "retried" && events.ValidRunID(by) {
+			rec.RetriedBy = by
 		}
 	case *events.DecisionRequested:
 		rec.Kind, rec.Status, rec.Summary = KindDecision, "requested", fmt.Sprintf("cycle %d", d.Cycle)

@@ -725,7 +725,7 @@ func retryCmd(g *globals) *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "retry RUN_ID",
-		Short: "Retry a failed workflow run from its failed step (completed steps are reused) and follow the new run",
+		Short: "Retry a failed run (a workflow from its failed step, an agent run after its last good cycle) and follow the new run",
 		Args:  cobra.ExactArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			id, err := c.Retry(cmd.Context(), args[0])

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -378,4 +379,16 @@ func TestRetryResumesAFailedWorkflowAtItsFailedStep(t *testing.T) {
 	assert.Equal(t, map[string]int{"s1": 1, "s2": 1, "s3": 2, "s4": 1}, ran)
 	byStep, _ := output(res)
 	assert.Equal(t, map[string]any{"step": "s1"}, byStep["s1"], "the reused output is the run's too")
+
+	// The link is visible both ways in the audit trail.
+	require.Eventually(t, func() bool {
+		recs, err := st.Client.AuditRecords(ctx, first.RunID)
+		return err == nil && slices.ContainsFunc(recs, func(r client.AuditRecord) bool { return r.RetriedBy == id })
+	}, 10*time.Second, 50*time.Millisecond, "the failed run's trail names its retry")
+	require.Eventually(t, func() bool {
+		recs, err := st.Client.AuditRecords(ctx, id)
+		return err == nil && slices.ContainsFunc(recs, func(r client.AuditRecord) bool {
+			return r.EventType == events.TypeRunStarted && r.RetryOf == first.RunID
+		})
+	}, 10*time.Second, 50*time.Millisecond, "the retry's trail names the failed run")
 }

@@ -492,6 +492,10 @@ type AuditRecorded struct {
 	EventSubject string    `json:"eventSubject"`
 	EventSource  string    `json:"eventSource"`
 	EventTime    time.Time `json:"eventTime"`
+	// RetryOf (on a run.started record) names the run this run retries;
+	// RetriedBy (on a "retried" step record) the run that retries it.
+	RetryOf   string `json:"retryOf,omitempty"`
+	RetriedBy string `json:"retriedBy,omitempty"`
 	// Kind groups records (run, step, policy, decision, synthesis,
 	// action, approval, input, timer, rejected); it is the last token of
 	// the audit subject.

@@ -59,6 +59,9 @@ type Effect struct {
 	Part       string `json:"part,omitempty"`
 	Index      int    `json:"index,omitempty"`
 	ApprovalID string `json:"approvalId,omitempty"`
+	// RunID, when set, is the run (of the same tenant) a step is
+	// published for: the link a retry leaves on the run it retries.
+	RunID string `json:"runId,omitempty"`
 	// Key is a release's limit key; At a wake-up's time.
 	Key string    `json:"key,omitempty"`
 	At  time.Time `json:"at,omitempty"`
@@ -81,6 +84,9 @@ type Timer struct {
 // schedule.
 func Render(st *State, e Effect) (em events.Emission, ok bool) {
 	em = events.Emission{ID: e.ID, Tenant: st.TenantOrDefault(), RunID: st.RunID}
+	if e.RunID != "" {
+		em.RunID = e.RunID // a step linking another run of the tenant
+	}
 	switch e.Kind {
 	case EffectEvent:
 		em.Type, em.Data = e.Type, e.Data

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/actionbus/actionbus"
@@ -201,42 +202,80 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 			Data: &events.RunStarted{RunID: req.RunID, Kind: string(st.Kind), Scenario: req.Scenario, Prompt: req.Prompt, RetryOf: req.RetryOf}},
 		m.timer(st, events.TimerFired{Kind: events.TimerRunDeadline, Stage: "run"}, "run", deadline),
 	}
+	var prior *State
+	if req.RetryOf != "" {
+		var err error
+		if prior, err = m.priorRun(ctx, st, req.RetryOf); err != nil {
+			var refused *actionbus.Error
+			if errors.As(err, &refused) {
+				return st, append(out, m.fail(st, refused)...), nil
+			}
+			return nil, nil, err
+		}
+		out = append(out, retriedLink(st, prior))
+	}
 	var more []Effect
 	var err error
 	switch st.Kind {
 	case KindExec:
+		// A retried one-action run runs its action again (its
+		// idempotency key, if any, replays a result that was stored).
 		st.Cycle = 1
 		more, err = m.startCalls(ctx, st, []events.Decision{{Type: events.DecisionAction, Name: req.Action.Name, Args: req.Action.Args,
 			IdempotencyKey: req.Action.IdempotencyKey}}, events.OriginHost, nil)
 	case KindWorkflow:
-		var prior *State
-		if req.RetryOf != "" {
-			if prior, err = m.priorRun(ctx, st, req.RetryOf); err != nil {
-				var refused *actionbus.Error
-				if errors.As(err, &refused) {
-					return st, append(out, m.fail(st, refused)...), nil
-				}
-				return nil, nil, err
-			}
-		}
 		more, err = m.startWorkflow(ctx, st, req.Workflow, prior)
 	default:
-		more = m.askPlanner(st)
+		if prior != nil {
+			more = m.resumeAgent(st, prior)
+		}
+		more = append(more, m.askPlanner(st)...)
 	}
 	if err != nil {
 		return nil, nil, err
 	}
-	if req.RetryOf != "" && st.Kind != KindWorkflow {
-		err := actionbus.Errorf(actionbus.CodeRetryRefused, "only workflow runs can be retried from their failed step")
-		return st, append(out, m.fail(st, err)...), nil
-	}
 	return st, append(out, more...), nil
+}
+
+// retriedLink is the step that links a retried run to its retry: published
+// on the retried run's subject (it ended, so nothing else changes there),
+// where followers and the audit trail of that run see it.
+func retriedLink(st, prior *State) Effect {
+	return Effect{Kind: EffectStep, ID: st.derive("retried-link"), RunID: prior.RunID,
+		Step: &events.RunStep{RunID: prior.RunID, Name: string(StepRetried), Cycle: prior.Cycle,
+			Message: "retried by run " + st.RunID, Details: map[string]any{"retriedBy": st.RunID}}}
+}
+
+// resumeAgent starts a retried agent run after the last good cycle of the
+// run it retries: the observations of the cycles before the first one
+// with a failed action are kept (those actions are not run again), and
+// the planner is asked for the next decision from there.
+func (m *Machine) resumeAgent(st, prior *State) []Effect {
+	good := 0
+	for c := 1; c <= prior.Cycle; c++ {
+		if slices.ContainsFunc(prior.Agent.Observations, func(o events.Observation) bool { return o.Cycle == c && !o.OK }) {
+			break
+		}
+		if !slices.ContainsFunc(prior.Agent.Observations, func(o events.Observation) bool { return o.Cycle == c }) {
+			break // a cycle that observed nothing (it failed before acting)
+		}
+		good = c
+	}
+	for _, o := range prior.Agent.Observations {
+		if o.Cycle <= good {
+			st.Agent.Observations = append(st.Agent.Observations, o)
+		}
+	}
+	st.Cycle = good
+	return []Effect{stepWith(st, StepRetryResumed, nil, "", fmt.Sprintf("resumes after cycle %d of run %s", good, prior.RunID), "ok",
+		map[string]any{"retryOf": prior.RunID, "cycles": good, "observations": len(st.Agent.Observations)})}
 }
 
 // priorRun returns the run a retry names, or a retry_refused error when
 // it cannot be retried by this run: it must exist, have failed or been
-// canceled, be a workflow, and belong to the same user (a retry reuses its
-// results and runs its remaining steps in that user's name).
+// canceled, be of the same kind (and an agent run of the same prompt and
+// scenario), and belong to the same tenant and user (a retry reuses its
+// results and runs what remains in that user's name).
 func (m *Machine) priorRun(ctx context.Context, st *State, runID string) (*State, error) {
 	prior, err := m.env.PriorRun(ctx, runID)
 	if err != nil {
@@ -250,10 +289,14 @@ func (m *Machine) priorRun(ctx context.Context, st *State, runID string) (*State
 		return nil, refuse("no run %s to retry", runID)
 	case prior.Status != StatusFailed && prior.Status != StatusCanceled:
 		return nil, refuse("run %s is %s; only a failed or canceled run is retried", runID, prior.Status)
-	case prior.Workflow == nil:
-		return nil, refuse("run %s is not a workflow run", runID)
+	case prior.TenantOrDefault() != st.TenantOrDefault():
+		return nil, refuse("no run %s to retry", runID) // another tenant's run is not there
+	case prior.Kind != st.Kind:
+		return nil, refuse("run %s is a %s run, not a %s run", runID, prior.Kind, st.Kind)
 	case prior.UserID != st.UserID:
 		return nil, refuse("run %s belongs to another user", runID)
+	case st.Agent != nil && (prior.Agent == nil || prior.Agent.Prompt != st.Agent.Prompt || prior.Agent.Scenario != st.Agent.Scenario):
+		return nil, refuse("run %s had another prompt or scenario", runID)
 	}
 	return prior, nil
 }

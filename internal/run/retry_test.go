@@ -100,3 +100,76 @@ func TestARetryIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// failedAgentRun runs an agent run whose first cycle succeeds and whose
+// second cycle's action fails until the run gives up, and stores it.
+func failedAgentRun(t *testing.T) *harness {
+	h := newHarness(t, Limits{MaxFailedRounds: 1}).start(events.RunRequested{Prompt: "help", Scenario: "s", UserID: "u1"})
+	h.decide(action("t.read", map[string]any{"i": 1}))
+	h.succeed(h.dispatched()[0].CallID, map[string]any{"v": "first"})
+	h.decide(action("t.other", map[string]any{}))
+	h.failCall(h.dispatched()[0].CallID, "upstream_down")
+	for !h.st.IsTerminal() {
+		if h.st.Phase == PhaseDeciding {
+			h.decide(action("t.other", map[string]any{}))
+		} else {
+			h.failCall(h.dispatched()[0].CallID, "upstream_down")
+		}
+	}
+	require.Equal(t, StatusFailed, h.st.Status)
+	h.env.runs[testRunID] = h.st
+	return h
+}
+
+// TestARetriedAgentRunResumesAfterTheLastGoodCycle: the first cycle's
+// result is kept (its action does not run again), the planner is asked
+// for cycle 2, and the retried run gets a step naming its retry.
+func TestARetriedAgentRunResumesAfterTheLastGoodCycle(t *testing.T) {
+	h := failedAgentRun(t)
+	st, out, err := h.m.Start(context.Background(), &events.RunRequested{RunID: retryRunID, Prompt: "help", Scenario: "s", UserID: "u1", RetryOf: testRunID}, "k2")
+	require.NoError(t, err)
+	require.False(t, st.IsTerminal())
+	assert.Equal(t, 2, st.Cycle, "asks for cycle 2")
+	require.Len(t, st.Agent.Observations, 1)
+	assert.Equal(t, map[string]any{"v": "first"}, st.Agent.Observations[0].Output)
+	assert.False(t, has(out, EffectAct), "cycle 1's action is not run again")
+	assert.True(t, has(out, EffectDecide))
+	assert.Contains(t, stepNames(out), string(StepRetryResumed))
+	var link *Effect
+	for i, e := range out {
+		if e.Kind == EffectStep && e.Step.Name == string(StepRetried) {
+			link = &out[i]
+		}
+	}
+	require.NotNil(t, link, "the retried run is told who retries it")
+	em, ok := Render(st, *link)
+	require.True(t, ok)
+	assert.Equal(t, testRunID, em.RunID, "published on the retried run's subject")
+	assert.Equal(t, retryRunID, em.Data.(*events.RunStep).Details["retriedBy"])
+}
+
+func TestAnAgentRetryIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		req  events.RunRequested
+		edit func(*State)
+	}{
+		{"with another prompt", events.RunRequested{Prompt: "other", Scenario: "s", UserID: "u1"}, nil},
+		{"of another tenant's run", events.RunRequested{Prompt: "help", Scenario: "s", UserID: "u1"}, func(p *State) { p.Tenant = "acme" }},
+		{"as another kind of run", events.RunRequested{Action: &events.ActionCall{Name: "t.read"}, UserID: "u1"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := failedAgentRun(t)
+			if tc.edit != nil {
+				tc.edit(h.env.runs[testRunID])
+			}
+			req := tc.req
+			req.RunID, req.RetryOf = retryRunID, testRunID
+			st, out, err := h.m.Start(context.Background(), &req, "k2")
+			require.NoError(t, err)
+			require.True(t, st.IsTerminal())
+			assert.Equal(t, actionbus.CodeRetryRefused, st.Terminal.Error.Code)
+			assert.False(t, has(out, EffectAct))
+		})
+	}
+}

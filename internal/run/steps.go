@@ -53,6 +53,8 @@ const (
 	StepWorkflowStepRetry                 StepName = "workflow-step-retry"
 	StepWorkflowValidated                 StepName = "workflow-validated"
 	StepWaitingForCapacity                StepName = "waiting-for-capacity"
+	StepRetried                           StepName = "retried"
+	StepRetryResumed                      StepName = "retry-resumed"
 )
 
 // StepNames lists every step a run publishes.
@@ -103,4 +105,6 @@ var StepNames = []StepName{
 	StepWorkflowStepReused,
 	StepWorkflowValidated,
 	StepWaitingForCapacity,
+	StepRetried,
+	StepRetryResumed,
 }
