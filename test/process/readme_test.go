@@ -128,6 +128,7 @@ func TestReadmeExampleHeadersAreWhatTheCodecWrites(t *testing.T) {
 	e.SetType(events.TypeRunRequested)
 	e.SetDataContentType("application/json")
 	e.SetExtension("runid", runID)
+	e.SetExtension("tenant", events.DefaultTenant)
 	e.DataEncoded = []byte(ex.body)
 	msg, err := events.Encode(ex.subject, &e, events.ModeBinary)
 	require.NoError(t, err)
