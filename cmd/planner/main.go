@@ -4,6 +4,7 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus/internal/demo"
+	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/service"
@@ -32,6 +34,7 @@ func main() {
 	flag.StringVar(&oc.SynthesisModelKey, "synthesis-model-key", service.Env("ACTIONBUS_SYNTHESIS_MODEL_KEY", ""), "openai provider: pool key of the synthesis model (env ACTIONBUS_SYNTHESIS_MODEL_KEY)")
 	flag.StringVar(&oc.Mode, "planner-mode", service.Env("ACTIONBUS_PLANNER_MODE", planner.ModeNativeTools), "openai provider: native_tools or envelope (env ACTIONBUS_PLANNER_MODE)")
 	flag.DurationVar(&oc.CallTimeout, "llm-timeout", service.EnvDuration("ACTIONBUS_LLM_TIMEOUT", 0), "openai provider: deadline of each LLM call; default 60s (env ACTIONBUS_LLM_TIMEOUT)")
+	llmLimit := flag.String("llm-limit", service.Env("ACTIONBUS_LLM_LIMIT", ""), `limit of the provider's calls across every planner, as JSON, e.g. {"maxInFlight":4,"rate":{"limit":60,"perMs":60000}} (env ACTIONBUS_LLM_LIMIT; docs/limits.md)`)
 	flag.Parse()
 	// The key only from the environment: flags show up in process lists.
 	oc.APIKey = planner.APIKeyFromEnv()
@@ -60,6 +63,13 @@ func main() {
 		default:
 			return nil, fmt.Errorf("unknown provider %q (want script or openai)", *provider)
 		}
-		return planner.New(nc, planner.Config{Prefix: c.Prefix, Provider: p, Concurrency: *concurrency, Logger: log, Metrics: m})
+		cfg := planner.Config{Prefix: c.Prefix, Provider: p, Concurrency: *concurrency, Logger: log, Metrics: m}
+		if *llmLimit != "" {
+			cfg.LLMLimit = new(limits.Spec)
+			if err := json.Unmarshal([]byte(*llmLimit), cfg.LLMLimit); err != nil {
+				return nil, fmt.Errorf("--llm-limit: %w", err)
+			}
+		}
+		return planner.New(nc, cfg)
 	}))
 }

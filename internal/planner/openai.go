@@ -102,6 +102,10 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 // Name implements Provider.
 func (p *OpenAI) Name() string { return "openai" }
 
+// Model implements Modeler: the model the provider plans with (its LLM
+// limit's key).
+func (p *OpenAI) Model() string { return p.model("") }
+
 func (p *OpenAI) model(key string) string {
 	if m := p.cfg.Models[key]; key != "" && m != "" {
 		return m

@@ -21,6 +21,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/metrics"
 )
 
@@ -74,17 +75,28 @@ type Config struct {
 	NoStream bool
 	// Metrics records decisions and event handling; nil records nothing.
 	Metrics *metrics.Metrics
+	// LLMLimit, when set, limits the provider's calls (decisions and
+	// synthesis parts) across every planner process, like an action's
+	// limit (docs/limits.md): its key sees {{.tenant}} and {{.action}},
+	// which is "llm:<provider>:<model>"; the default key is that name, one
+	// limit per model. A request waits for a slot (bounded by the run's
+	// decision deadline). Nil limits nothing.
+	LLMLimit *limits.Spec
 }
 
 // Service is the planner service.
 type Service struct {
-	nc   *nats.Conn
-	cfg  Config
-	js   jetstream.JetStream
-	bus  *events.Bus
-	topo events.Topology
-	log  *slog.Logger
-	cat  *actions.View
+	// llm is the store of LLMLimit (nil without one); llmAction the name
+	// its calls are limited under.
+	llm       *limits.Store
+	llmAction string
+	nc        *nats.Conn
+	cfg       Config
+	js        jetstream.JetStream
+	bus       *events.Bus
+	topo      events.Topology
+	log       *slog.Logger
+	cat       *actions.View
 }
 
 // New returns a planner service using nc.
@@ -110,6 +122,11 @@ func (c *Config) Validate() error {
 	if c.Provider == nil {
 		return errors.New("planner: Config.Provider is required")
 	}
+	if c.LLMLimit != nil {
+		if err := c.LLMLimit.Validate(); err != nil {
+			return fmt.Errorf("planner: LLMLimit: %w", err)
+		}
+	}
 	return events.Topology{Prefix: c.Prefix}.Validate()
 }
 
@@ -124,7 +141,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	js := bus.JetStream()
-	return &Service{nc: nc, cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log}, nil
+	return &Service{nc: nc, cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, llmAction: llmAction(cfg.Provider)}, nil
 }
 
 // Run serves decision requests until ctx ends.
@@ -139,6 +156,13 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.cat, err = actions.NewCatalog(catKV).Watch(ctx); err != nil {
 		return err
 	}
+	if s.cfg.LLMLimit != nil && !s.cfg.LLMLimit.IsZero() {
+		kv, err := s.js.KeyValue(ctx, s.topo.BucketLimits())
+		if err != nil {
+			return fmt.Errorf("planner: the limits bucket: %w", err)
+		}
+		s.llm = limits.NewStore(kv)
+	}
 	cons, err := s.js.Consumer(ctx, s.topo.StreamRuns(), events.ConsumerPlanner)
 	if err != nil {
 		return err
@@ -151,11 +175,24 @@ func (s *Service) Run(ctx context.Context) error {
 	return s.bus.Serve(ctx, cons, opts, s.handle)
 }
 
-func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
+func (s *Service) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
 	switch data := r.Data.(type) {
 	case *events.DecisionRequested:
+		if data.Replay != nil {
+			return s.decide(ctx, r.Tenant, r.Event.ID(), data) // no model is asked
+		}
+		release, err := s.acquireLLM(ctx, r.Tenant, data.RunID, r.Event.ID(), msg)
+		if err != nil {
+			return err
+		}
+		defer release()
 		return s.decide(ctx, r.Tenant, r.Event.ID(), data)
 	case *events.SynthesisRequested:
+		release, err := s.acquireLLM(ctx, r.Tenant, data.RunID, r.Event.ID(), msg)
+		if err != nil {
+			return err
+		}
+		defer release()
 		return s.synthesize(ctx, r.Tenant, r.Event.ID(), data)
 	}
 	return events.Permanent(fmt.Errorf("planner: unexpected %s", r.Event.Type()))
