@@ -33,6 +33,12 @@ func provisionCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "provision",
 		Short: "Create or update every stream, consumer and bucket (idempotent; needs JetStream admin rights)",
+		Long: `Create or update every stream, consumer and bucket (idempotent; needs
+JetStream admin rights). Every pool named with --pool gets its work consumer.
+
+Tenants share everything provisioned here: adding a tenant needs no
+provisioning, only its NATS users — see "actionbus tenant users TENANT"
+and docs/tenants.md.`,
 		RunE: g.withJetStream(func(cmd *cobra.Command, _ []string, js jetstream.JetStream) error {
 			topo := events.Topology{Prefix: g.prefix, Pools: pools, Replicas: replicas}
 			if cluster != "" || len(tags) > 0 {
