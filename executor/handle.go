@@ -35,8 +35,8 @@ const (
 	// outcomeHandBack: the executor cannot finish it (shutdown); nak now
 	// so another executor takes it.
 	outcomeHandBack
-	// outcomeRetryLater: someone else holds the call's idempotency key;
-	// nak with a delay.
+	// outcomeRetryLater: someone else has held the call's idempotency key
+	// past the call's patience; nak with a delay.
 	outcomeRetryLater
 	// outcomePublishFailed: the result could not be published; nak so the
 	// call is redelivered (its idempotency key, if any, replays it).
@@ -188,7 +188,7 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 	}
 	var claim *idemClaim
 	if key != "" {
-		c, stored, wait, err := e.reserve(ctx, key, req, inputHash, timeout)
+		c, stored, wait, err := e.reserveWaiting(ctx, msg, key, req, inputHash, timeout)
 		var conflict *actionbus.Error
 		switch {
 		case errors.As(err, &conflict):

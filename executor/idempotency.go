@@ -26,8 +26,10 @@ import (
 //   - A key whose result is stored replays that result: the handler does
 //     not run again (result.replayed is true).
 //   - A key reserved by a call still within its timeout (running on
-//     another executor, or this very delivery's duplicate) is retried
-//     later (nak with delay).
+//     another executor, or this very delivery's duplicate) is waited for
+//     in the slot (the message kept in progress, so the wait spends no
+//     delivery), then replayed or taken over; after the call's timeout
+//     and heldKeyPatience the message is handed back with a delay.
 //   - A reservation is a lease: while its handler runs (even past its
 //     deadline, when it ignores its context) the holder renews it every
 //     heartbeat. A reservation not renewed for three heartbeats was left
@@ -36,9 +38,10 @@ import (
 //     the effect itself idempotent. Without that, the effect may happen
 //     twice: the runtime can replay results, not undo effects.
 //   - A failed call releases its key, so a retry runs again.
-//   - A key is scoped to the call that first used it: its entry records
-//     the action, the user and the input hash, and the same key used with
-//     another action, user or input is refused with
+//   - A key is scoped to the pool and tenant, and to the call that first
+//     used it: its entry records the action, the tenant, the user and the
+//     input hash, and the same key used with another action, user or
+//     input is refused with
 //     idempotency_key_conflict. It never returns another call's output.
 
 // idemEntry is what the bucket holds under a key.
@@ -180,6 +183,37 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 	}
 	return nil, nil, 0, errors.New("executor: idempotency key contended")
 }
+
+// reserveWaiting is reserve that, while another call holds the key (a
+// duplicate of this call: the same key), waits for it in the slot —
+// telling JetStream the message is in progress — instead of handing the
+// message back: a redelivery would spend the delivery budget that
+// detects crashing handlers. It gives up, returning the wait, after the
+// call's timeout and heldKeyPatience have passed (by then the dispatcher
+// has failed the call's run with stage_stalled, unless it was configured
+// with a longer action grace).
+func (e *Executor) reserveWaiting(ctx context.Context, msg jetstream.Msg, key string, req *events.ActionRequested, inputHash string, timeout time.Duration) (*idemClaim, *idemEntry, time.Duration, error) {
+	giveUp := time.Now().Add(timeout + heldKeyPatience)
+	for {
+		c, stored, wait, err := e.reserve(ctx, key, req, inputHash, timeout)
+		if err != nil || wait <= 0 || time.Now().Add(wait).After(giveUp) {
+			return c, stored, wait, err
+		}
+		_ = msg.InProgress()
+		t := time.NewTimer(min(wait, e.heartbeatInterval()))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil, wait, nil
+		case <-t.C:
+		}
+	}
+}
+
+// heldKeyPatience is how long past its own timeout a call waits in its
+// slot for another call holding its idempotency key: the dispatcher's
+// default action grace.
+const heldKeyPatience = 30 * time.Second
 
 // claimed returns a claim on key k at revision rev, its lease running.
 func (e *Executor) claimed(k string, rev uint64, entry idemEntry) *idemClaim {
