@@ -134,7 +134,9 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 		default:
 			observed = "succeeded"
 		}
-		if err := e.publishResult(context.WithoutCancel(ctx), req, res, herr, took, deliveries, replayed); err != nil {
+		if err := e.publishPatiently(ctx, msg, func() error {
+			return e.publishResult(context.WithoutCancel(ctx), req, res, herr, took, deliveries, replayed)
+		}); err != nil {
 			log.Error("result not published; the request will be redelivered", "err", err)
 			return outcomePublishFailed, 0
 		}
@@ -238,6 +240,37 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 		release()
 	}
 	return publish(res, herr, took, false)
+}
+
+// resultPatience is how long the executor keeps trying to publish a result
+// (a stream electing a new leader does not answer for seconds) before it
+// hands the request back.
+const resultPatience = 30 * time.Second
+
+// publishPatiently calls publish until it succeeds, with backoff, for up
+// to resultPatience, keeping msg in progress meanwhile: handing the
+// request back at the first failure would spend a delivery of its budget
+// (which detects crashing handlers) on the bus's failover, and after five
+// the call would fail delivery_exhausted although its handler succeeded.
+func (e *Executor) publishPatiently(ctx context.Context, msg jetstream.Msg, publish func() error) error {
+	giveUp := time.Now().Add(resultPatience)
+	wait := 100 * time.Millisecond
+	for {
+		err := publish()
+		if err == nil || time.Now().After(giveUp) {
+			return err
+		}
+		e.log.Debug("result not published yet; retrying", "err", err)
+		_ = msg.InProgress()
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
 
 // execute runs the handler under its timeout and the run's cancellation,
