@@ -224,6 +224,7 @@ type Dispatcher struct {
 	machine   *run.Machine
 	limits    *limits.Store
 	wakes     *wakeups
+	unsent    *unpublished
 
 	queueMu sync.Mutex
 	queues  map[string]*runQueue
@@ -255,6 +256,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 		ready: make(chan struct{}), cache: newStateCache(20000), checkers: newCheckerCache(), queues: map[string]*runQueue{}}
 	d.policy.Store(&policy.Evaluator{Config: cfg.Policy})
 	d.wakes = newWakeups(d)
+	d.unsent = newUnpublished()
 	d.machine = run.New(env{d}, run.Limits{MaxCycles: cfg.MaxCycles, MaxPlanActions: cfg.MaxPlanActions, MaxPlanParallel: cfg.MaxPlanParallel,
 		MaxSectionParallel: cfg.MaxSectionParallel, MaxFailedRounds: cfg.MaxFailedRounds, RunDeadline: cfg.RunDeadline,
 		DecisionTimeout: cfg.DecisionTimeout, ActionGrace: cfg.ActionGrace, InputTimeout: cfg.InputTimeout, ApprovalTTL: cfg.ApprovalTTL,
@@ -289,6 +291,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return err
 	}
 	d.wakes.start(ctx)
+	go d.republish(ctx)
 	// Two consumers: what services write (decisions, results, timers)
 	// and what clients and approvers write (requests, cancels, inputs,
 	// approvals' answers) live in separate streams.
@@ -449,6 +452,9 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, val []byte, rev u
 	}
 	if err := d.publishOrFail(ctx, st, st.Outbox); err != nil {
 		d.cache.drop(st.RunID)
+		if ctx.Err() == nil {
+			d.unsent.add(st.RunID)
+		}
 		return err
 	}
 	if len(st.Outbox) == 0 || d.queued(st.RunID) {

@@ -235,7 +235,21 @@ func (m *Machine) onStageTimer(st *State, t *events.TimerFired) []Effect {
 			return nil
 		}
 		if i := st.callIndex(t.CallID); i >= 0 && !st.Calls[i].Done {
-			c := st.Calls[i]
+			c := &st.Calls[i]
+			if !c.Redispatched {
+				// No answer by the deadline: the request may have been
+				// lost with a node (a consumer's leader moving can lose a
+				// delivery). It is sent once more, under its own event id;
+				// the call id stays, so an executor that did run it
+				// replays its result (mutations are always keyed by their
+				// call id).
+				c.Redispatched = true
+				pi := c.PlanIndex
+				return []Effect{step(st, StepActionRedispatched, &pi, c.Action, "no answer by the deadline; the request is sent once more", ""),
+					{Kind: EffectAct, ID: st.derive("redispatch", c.CallID), CallID: c.CallID},
+					m.timer(st, events.TimerFired{Kind: events.TimerAction, CallID: c.CallID, Stage: "action " + c.Action}, fmt.Sprintf("call%d", c.PlanIndex),
+						time.Duration(c.TimeoutMs)*time.Millisecond+m.lim.ActionGrace)}
+			}
 			return stalled("action "+c.Action, "action", c.Action, "planIndex", c.PlanIndex, "callId", c.CallID)
 		}
 	}

@@ -365,6 +365,13 @@ func TestTimers(t *testing.T) {
 				return
 			}
 			out := h.fire(tc.kind)
+			if tc.kind == events.TimerAction {
+				// The first silence sends the request once more.
+				require.Len(t, h.dispatched(), 1)
+				assert.Contains(t, stepNames(out), string(StepActionRedispatched))
+				assert.False(t, h.st.IsTerminal())
+				out = h.fire(tc.kind)
+			}
 			assert.Equal(t, tc.code, h.code())
 			assert.True(t, has(out, EffectEnd))
 		})

@@ -208,6 +208,9 @@ type CallState struct {
 	// LimitKey is the key of the action's limit the call counts against
 	// ("" when the action has none); Holding says it holds a slot (to be
 	// released when it is done), WaitingCapacity that it waits for one.
+	// Redispatched marks a call whose request was sent a second time
+	// after it went unanswered past its deadline.
+	Redispatched    bool   `json:"redispatched,omitempty"`
 	LimitKey        string `json:"limitKey,omitempty"`
 	Holding         bool   `json:"holding,omitempty"`
 	WaitingCapacity bool   `json:"waitingCapacity,omitempty"`

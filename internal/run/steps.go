@@ -13,6 +13,7 @@ const (
 	StepActionArgsInvalid                 StepName = "action-args-invalid"
 	StepActionCompleted                   StepName = "action-completed"
 	StepActionDispatched                  StepName = "action-dispatched"
+	StepActionRedispatched                StepName = "action-redispatched"
 	StepActionFailed                      StepName = "action-failed"
 	StepActionRepeatedFailure             StepName = "action-repeated-failure"
 	StepActionInputUnexpectedKeysStripped StepName = "action.input.unexpected_keys_stripped"
@@ -65,6 +66,7 @@ var StepNames = []StepName{
 	StepActionArgsInvalid,
 	StepActionCompleted,
 	StepActionDispatched,
+	StepActionRedispatched,
 	StepActionFailed,
 	StepActionRepeatedFailure,
 	StepActionInputUnexpectedKeysStripped,
