@@ -139,7 +139,7 @@ func start(ctx context.Context, executors, slots int) *env {
 	// One subscription for every terminal event: the harness measures the
 	// system, not a follower per run.
 	for _, verb := range []string{"completed", "failed", "canceled"} {
-		_, err := nc.Subscribe("ab.run.*."+verb, func(m *nats.Msg) {
+		_, err := nc.Subscribe(events.MustSubjects("ab").AnyRun(verb), func(m *nats.Msg) {
 			id := events.MustSubjects("ab").RunIDFromSubject(m.Subject)
 			if ch, ok := e.waiters.LoadAndDelete(id); ok {
 				ch.(chan string) <- verb
