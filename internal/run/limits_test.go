@@ -107,3 +107,22 @@ func TestWorkflowStepsWaitForCapacityToo(t *testing.T) {
 	h.succeed(h.st.Calls[1].CallID, map[string]any{"ok": true})
 	assert.Equal(t, StatusCompleted, h.st.Status)
 }
+
+// An action of a pool dedicated to other tenants is refused to a run;
+// the tenants it serves may call it.
+func TestADedicatedPoolServesOnlyItsTenants(t *testing.T) {
+	for _, tc := range []struct {
+		tenant string
+		ok     bool
+	}{{"", false}, {"globex", false}, {"acme", true}} {
+		h := newHarness(t, Limits{})
+		h.env.catalog["t.read"].Tenants = []string{"acme"}
+		h.start(events.RunRequested{Tenant: tc.tenant, Action: &events.ActionCall{Name: "t.read", Args: map[string]any{}}})
+		if tc.ok {
+			assert.Len(t, h.dispatched(), 1, "tenant %q", tc.tenant)
+			continue
+		}
+		assert.Empty(t, h.dispatched(), "tenant %q", tc.tenant)
+		assert.Equal(t, "tenant_not_served", string(h.code()), "tenant %q", tc.tenant)
+	}
+}
