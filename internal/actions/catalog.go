@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/events"
 )
 
 // Entry is one action of the shared catalog.
@@ -74,7 +75,7 @@ func (c *Catalog) Publish(ctx context.Context, def Definition, executorID string
 		}
 		if _, err := c.kv.Update(ctx, key, val, cur.Revision()); err == nil {
 			return nil
-		} else if !isRevisionConflict(err) {
+		} else if !events.IsRevisionConflict(err) {
 			return fmt.Errorf("actions: publish %s: %w", def.Name, err)
 		}
 	}
@@ -171,12 +172,6 @@ func resolvedList(byName map[string][]Entry) []Entry {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
-}
-
-func isRevisionConflict(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.Is(err, jetstream.ErrKeyExists) ||
-		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
 }
 
 // View is a live, in-memory copy of the catalog kept current by a bucket

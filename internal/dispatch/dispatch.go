@@ -474,7 +474,7 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, val []byte, rev u
 		// it publishes again: the ids make that harmless), or the write
 		// was lost; either way everything was published.
 		d.cache.drop(st.RunID)
-		if !isConflict(err) {
+		if !events.IsRevisionConflict(err) {
 			d.log.Warn("clearing a published outbox failed", "run_id", st.RunID, "err", err)
 		}
 		return nil
@@ -645,7 +645,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		cancel()
 		if err != nil {
 			d.cache.drop(runID)
-			if isConflict(err) {
+			if events.IsRevisionConflict(err) {
 				continue
 			}
 			return err
@@ -656,12 +656,6 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		return d.flush(ctx, &st, after, rev)
 	}
 	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
-}
-
-func isConflict(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.Is(err, jetstream.ErrKeyExists) ||
-		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
 }
 
 // publish renders effects from st and publishes them in one batch.
@@ -737,7 +731,7 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 		uctx, cancel := events.Bounded(ctx)
 		rev, err := d.runs.Update(uctx, runID, val, entry.Revision())
 		cancel()
-		if isConflict(err) {
+		if events.IsRevisionConflict(err) {
 			continue
 		}
 		if err != nil {

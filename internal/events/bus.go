@@ -433,3 +433,13 @@ func (b *Bus) emitRejected(ctx context.Context, stream, id string, rej EventReje
 	_, err = b.Publish(ctx, b.subjects.Rejected(stream), e)
 	return e, err
 }
+
+// IsRevisionConflict reports whether a revision-checked write lost to
+// another writer: a key-value create of a key that exists, or an update
+// or publish whose expected last sequence is no longer the last. The
+// caller reads again and retries.
+func IsRevisionConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyExists) ||
+		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
+}

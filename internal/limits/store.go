@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus/internal/events"
 )
 
 // Store keeps the state of every key in a JetStream key-value bucket, one
@@ -95,15 +97,9 @@ func (s *Store) update(ctx context.Context, key string, fn func(*State) bool) er
 		if err == nil {
 			return nil
 		}
-		if !conflict(err) {
+		if !events.IsRevisionConflict(err) {
 			return fmt.Errorf("limits: write %s: %w", key, err)
 		}
 	}
 	return fmt.Errorf("limits: %s: too many concurrent changes", key)
-}
-
-func conflict(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.Is(err, jetstream.ErrKeyExists) ||
-		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
 }
