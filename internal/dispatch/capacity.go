@@ -125,7 +125,7 @@ func (w *wakeups) at(tenant, runID string, t time.Time) {
 	w.timers[runID] = wakeup{at: t, timer: timer}
 }
 
-// limitsStore opens the limits bucket.
+// openLimits opens the limits bucket shared by every dispatcher.
 func (d *Dispatcher) openLimits(ctx context.Context) error {
 	kv, err := d.js.KeyValue(ctx, d.topo.BucketLimits())
 	if err != nil {
