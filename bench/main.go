@@ -1,8 +1,13 @@
-// Command bench is the end-to-end harness of `make bench`: it starts an
-// embedded nats-server with JetStream and the four services as a user
-// would (as `actionbus dev` does), measures latency, throughput and the
-// per-action overhead against a bare JetStream floor measured in the same
-// run, prints one table and writes the figures as JSON to bench/results/.
+// Command bench is the harness of `make bench`: the workloads of
+// BENCHMARKS.md (W1 single, W2 fanout10, W3 chain5, W4 throughput, A1
+// agent) on the deployed topology — nats-server, the dispatcher, planner
+// and auditor each its own process, two executor processes — beside the
+// bare JetStream floor measured on the same server in the same run. It
+// prints medians of the repetitions with min–max, each with its ratio to
+// the floor, the messages stored per run in every stream, the auditor's
+// share of W1, and (with -inprocess) the same workloads with everything in
+// one process as `actionbus dev` runs it. Figures also go to
+// bench/results/ as JSON.
 package main
 
 import (
@@ -14,233 +19,26 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/pprof"
+	"slices"
 	"sort"
-	"sync"
+	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/embedded"
-	"github.com/actionbus/actionbus/internal/events"
-	"github.com/actionbus/actionbus/internal/planner"
-	"github.com/actionbus/actionbus/internal/stack"
 )
 
-const scenarios = `
-scenarios:
-  one:
-    decisions:
-      - {type: action, name: bench.echo, args: {n: 1}}
-      - {type: final, answer: ok}
-  plan10:
-    decisions:
-      - type: plan
-        actions:
-          - {type: action, name: bench.echo, args: {n: 0}}
-          - {type: action, name: bench.echo, args: {n: 1}}
-          - {type: action, name: bench.echo, args: {n: 2}}
-          - {type: action, name: bench.echo, args: {n: 3}}
-          - {type: action, name: bench.echo, args: {n: 4}}
-          - {type: action, name: bench.echo, args: {n: 5}}
-          - {type: action, name: bench.echo, args: {n: 6}}
-          - {type: action, name: bench.echo, args: {n: 7}}
-          - {type: action, name: bench.echo, args: {n: 8}}
-          - {type: action, name: bench.echo, args: {n: 9}}
-      - {type: final, answer: ok}
-  plan10slow:
-    decisions:
-      - type: plan
-        actions:
-          - {type: action, name: bench.sleep, args: {n: 0}}
-          - {type: action, name: bench.sleep, args: {n: 1}}
-          - {type: action, name: bench.sleep, args: {n: 2}}
-          - {type: action, name: bench.sleep, args: {n: 3}}
-          - {type: action, name: bench.sleep, args: {n: 4}}
-          - {type: action, name: bench.sleep, args: {n: 5}}
-          - {type: action, name: bench.sleep, args: {n: 6}}
-          - {type: action, name: bench.sleep, args: {n: 7}}
-          - {type: action, name: bench.sleep, args: {n: 8}}
-          - {type: action, name: bench.sleep, args: {n: 9}}
-      - {type: final, answer: ok}
-  oneslow:
-    decisions:
-      - {type: action, name: bench.sleep, args: {n: 1}}
-      - {type: final, answer: ok}
-`
-
-type echoIn struct {
-	N int `json:"n"`
-}
-
-func register(ex *executor.Executor) error {
-	if err := executor.Register(ex, executor.Action{Name: "bench.echo"},
-		func(_ context.Context, in echoIn, _ executor.Call) (executor.Result[echoIn], error) {
-			return executor.Result[echoIn]{Output: in}, nil
-		}); err != nil {
-		return err
-	}
-	return executor.Register(ex, executor.Action{Name: "bench.sleep"},
-		func(ctx context.Context, in echoIn, _ executor.Call) (executor.Result[echoIn], error) {
-			t := time.NewTimer(10 * time.Millisecond)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				return executor.Result[echoIn]{}, ctx.Err()
-			}
-			return executor.Result[echoIn]{Output: in}, nil
-		})
-}
-
-// Figure is one measured number.
+// Figure is one measured number: the median of the repetitions.
 type Figure struct {
-	Name   string  `json:"name"`
-	Value  float64 `json:"value"`
-	Unit   string  `json:"unit"`
-	Target string  `json:"target,omitempty"`
-	Note   string  `json:"note,omitempty"`
-}
-
-// env is one deployment under test.
-type env struct {
-	nc      *nats.Conn
-	js      jetstream.JetStream
-	c       *client.Client
-	waiters sync.Map // run id -> chan string (terminal type)
-	stop    func()
-}
-
-func start(ctx context.Context, executors, slots int) *env {
-	dir, err := os.MkdirTemp("", "actionbus-bench-")
-	must(err)
-	ns, err := embedded.Start(embedded.Options{Port: -1, StoreDir: dir})
-	must(err)
-	nc, err := nats.Connect(ns.ClientURL())
-	must(err)
-	js, err := jetstream.New(nc)
-	must(err)
-	must(events.Topology{}.Provision(ctx, js))
-	sc, err := planner.ParseScenarios([]byte(scenarios))
-	must(err)
-	script, err := planner.NewScript(sc)
-	must(err)
-	svcConn, err := nats.Connect(ns.ClientURL())
-	must(err)
-	st, err := stack.Start(ctx, svcConn, stack.Config{Provider: script, Executors: executors, Slots: slots, Register: register})
-	must(err)
-	c, err := client.New(nc, client.Options{})
-	must(err)
-	e := &env{nc: nc, js: js, c: c}
-	// One subscription for every terminal event: the harness measures the
-	// system, not a follower per run.
-	for _, verb := range []string{"completed", "failed", "canceled"} {
-		_, err := nc.Subscribe(events.MustSubjects("ab").AnyRun(verb), func(m *nats.Msg) {
-			id := events.MustSubjects("ab").RunIDFromSubject(m.Subject)
-			if ch, ok := e.waiters.LoadAndDelete(id); ok {
-				ch.(chan string) <- verb
-			}
-		})
-		must(err)
-	}
-	must(nc.Flush())
-	e.stop = func() {
-		_ = st.Stop()
-		svcConn.Close()
-		nc.Close()
-		ns.Shutdown()
-		ns.WaitForShutdown()
-		os.RemoveAll(dir)
-	}
-	return e
-}
-
-// run starts one run and waits for its terminal event.
-func (e *env) run(ctx context.Context, scenario string) (time.Duration, error) {
-	return e.start(ctx, client.RunRequest{Scenario: scenario})
-}
-
-func (e *env) runWorkflow(ctx context.Context, wf map[string]any) (time.Duration, error) {
-	return e.start(ctx, client.RunRequest{Workflow: wf})
-}
-
-func latencyOf(ctx context.Context, n int, one func() (time.Duration, error)) ([]time.Duration, error) {
-	for i := 0; i < 30; i++ {
-		if _, err := one(); err != nil {
-			return nil, err
-		}
-	}
-	out := make([]time.Duration, 0, n)
-	for i := 0; i < n; i++ {
-		d, err := one()
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, d)
-	}
-	return out, nil
-}
-
-func (e *env) start(ctx context.Context, req client.RunRequest) (time.Duration, error) {
-	id := events.NewID()
-	req.RunID = id
-	ch := make(chan string, 1)
-	e.waiters.Store(id, ch)
-	t0 := time.Now()
-	if _, err := e.c.Start(ctx, req); err != nil {
-		return 0, err
-	}
-	select {
-	case verb := <-ch:
-		if verb != "completed" {
-			return 0, fmt.Errorf("run %s %s", id, verb)
-		}
-		return time.Since(t0), nil
-	case <-ctx.Done():
-		return 0, fmt.Errorf("run %s: %w", id, ctx.Err())
-	}
-}
-
-func percentile(d []time.Duration, p float64) time.Duration {
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[int(float64(len(s)-1)*p)]
-}
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// throughput runs total runs of scenario with concurrency in flight and
-// returns runs per second; every run must complete or it returns an error.
-func throughput(ctx context.Context, e *env, scenario string, total, concurrency int) (float64, error) {
-	sem := make(chan struct{}, concurrency)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
-	t0 := time.Now()
-	for i := 0; i < total; i++ {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if _, err := e.run(ctx, scenario); err != nil {
-				mu.Lock()
-				if firstErr == nil {
-					firstErr = err
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if firstErr != nil {
-		return 0, firstErr
-	}
-	return float64(total) / time.Since(t0).Seconds(), nil
+	Name   string    `json:"name"`
+	System string    `json:"system"`
+	Value  float64   `json:"value"`
+	Min    float64   `json:"min"`
+	Max    float64   `json:"max"`
+	Unit   string    `json:"unit"`
+	Ratio  float64   `json:"ratioToFloor,omitempty"`
+	Target string    `json:"target,omitempty"`
+	Reps   []float64 `json:"reps,omitempty"`
 }
 
 func must(err error) {
@@ -249,133 +47,308 @@ func must(err error) {
 	}
 }
 
-// stats summarizes repeated measurements: median, min and max.
-type stats struct{ med, lo, hi float64 }
+// series collects per-repetition values by figure name.
+type series map[string][]float64
 
-func summarize(xs []float64) stats {
-	s := append([]float64(nil), xs...)
+func (s series) add(name string, v float64) { s[name] = append(s[name], v) }
+
+func median(xs []float64) (med, lo, hi float64) {
+	s := slices.Clone(xs)
 	sort.Float64s(s)
-	return stats{med: s[len(s)/2], lo: s[0], hi: s[len(s)-1]}
+	return s[len(s)/2], s[0], s[len(s)-1]
 }
 
-func (s stats) note(unit string) string {
-	return fmt.Sprintf("median of reps; min %.3f, max %.3f %s", s.lo, s.hi, unit)
+// measureRep runs one repetition of W1–W4 (and A1 when agent is set)
+// against s, in the order BENCHMARKS.md fixes, into out. writes, when set,
+// counts the messages stored per run around each measured latency
+// workload.
+func measureRep(ctx context.Context, rep int, s system, agent func(context.Context) error, out series, writes func(workload string, runs int, fn func())) {
+	name := fmt.Sprintf("r%d", rep)
+	lat := func(workload string, n int, unit func(int) error) {
+		_, err := latencies(0, warmupRuns, unit)
+		must(err)
+		var d []time.Duration
+		run := func() { d, err = latencies(n, 0, unit) }
+		if writes != nil {
+			writes(workload, n, run)
+		} else {
+			run()
+		}
+		must(err)
+		out.add(workload+" p50", ms(percentile(d, 50)))
+		out.add(workload+" p90", ms(percentile(d, 90)))
+		out.add(workload+" p99", ms(percentile(d, 99)))
+	}
+	lat("W1", w1Runs, w1(ctx, s, name+"w1"))
+	lat("W2", w2Runs, w2(ctx, s, name+"w2"))
+	lat("W3", w3Runs, w3(ctx, s, name+"w3"))
+	_, err := closedLoop(w4Warmup, w4Workers, w1(ctx, s, name+"w4warm"))
+	must(err)
+	rps, err := closedLoop(w4Runs, w4Workers, w1(ctx, s, name+"w4"))
+	must(err)
+	out.add("W4 runs/s", rps)
+	if agent != nil {
+		lat("A1", a1Runs, func(int) error { return agent(ctx) })
+	}
 }
+
+// storedWrites counts messages stored per stream (KV buckets and the
+// audit stream included) by last-sequence deltas, after the system has
+// gone quiet on both sides.
+type storedWrites struct {
+	js      jetstream.JetStream
+	perRun  map[string]map[string]float64 // workload -> stream -> writes per run
+	skipPre string
+}
+
+func (w *storedWrites) seqs(ctx context.Context) map[string]uint64 {
+	out := map[string]uint64{}
+	for info := range w.js.ListStreams(ctx).Info() {
+		if !strings.HasPrefix(info.Config.Name, w.skipPre) {
+			out[info.Config.Name] = info.State.LastSeq
+		}
+	}
+	return out
+}
+
+// quiet waits until no stream grows for half a second (the auditor and
+// the outbox finish after the client has its result), at most 20 s.
+func (w *storedWrites) quiet(ctx context.Context) map[string]uint64 {
+	last := w.seqs(ctx)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		time.Sleep(500 * time.Millisecond) // sampling the streams, not synchronizing
+		now := w.seqs(ctx)
+		if fmt.Sprint(now) == fmt.Sprint(last) {
+			return now
+		}
+		last = now
+	}
+	return last
+}
+
+func (w *storedWrites) around(ctx context.Context) func(string, int, func()) {
+	return func(workload string, runs int, fn func()) {
+		before := w.quiet(ctx)
+		fn()
+		after := w.quiet(ctx)
+		m := map[string]float64{}
+		for name, seq := range after {
+			if d := seq - before[name]; d > 0 {
+				m[name] = float64(d) / float64(runs)
+			}
+		}
+		if _, ok := w.perRun[workload]; !ok {
+			w.perRun[workload] = m
+		}
+	}
+}
+
+// Targets of BENCHMARKS.md.
+var targets = map[string]string{
+	"W1 p50": "≤ 6× floor", "W2 p50": "≤ 3× floor", "W3 p50": "≤ 4× floor", "W4 runs/s": "≥ 0.3× floor",
+}
+
+// peers are BENCHMARKS.md's figures for the same workloads on the same
+// kind of machine, for context only (not measured here).
+const peers = `peers (BENCHMARKS.md, another sitting; compare ratios, not absolutes):
+                 floor   Restate 1.7.12 (fsync)   Temporal 1.32.1 dev (tuned)
+  W1 p50 ms      0.34    13.4                     ≈ 100 (18)
+  W2 p50 ms      2.1     13.3                     ≈ 148 (40)
+  W3 p50 ms      1.3     16.3                     ≈ 300 (55)
+  W4 runs/s      4 690   400                      ≈ 63`
 
 func main() {
-	runs := flag.Int("runs", 300, "measured runs per latency figure and repetition")
-	reps := flag.Int("reps", 5, "repetitions of every figure (the table shows medians)")
-	total := flag.Int("total", 300, "single-action runs per throughput repetition (plans use a third)")
-	concurrency := flag.Int("concurrency", 64, "runs in flight for throughput")
-	memRuns := flag.Int("memory-runs", 10000, "runs in flight for the memory figure (0 skips it)")
+	serveExec := flag.Bool("serve-executor", false, "run as the bench's executor process (used by the harness itself)")
+	execID := flag.String("id", "", "executor id with -serve-executor")
+	reps := flag.Int("reps", 3, "repetitions of every workload (tables show medians with min–max)")
+	inProcess := flag.Bool("inprocess", false, "also measure W1–W4 with every service in the bench process (as actionbus dev runs)")
+	memRuns := flag.Int("memory-runs", 10000, "runs in flight for the dispatcher memory figure (0 skips it)")
+	profileDir := flag.String("profile", "", "write CPU profiles of every service under W4 load to this folder")
 	out := flag.String("out", "bench/results", "folder for the JSON figures")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		must(err)
-		must(pprof.StartCPUProfile(f))
-		defer pprof.StopCPUProfile()
+	if *serveExec {
+		os.Exit(serveExecutor(*execID))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	var figs []Figure
-	add := func(f Figure) {
-		figs = append(figs, f)
-		fmt.Fprintf(os.Stderr, "  %-58s %10.3f %s\n", f.Name, f.Value, f.Unit)
-	}
 
-	fmt.Fprintln(os.Stderr, "floor: bare JetStream request→result")
-	var f1s, f10s []float64
+	bins, err := os.MkdirTemp("", "actionbus-bench-bin-")
+	must(err)
+	defer os.RemoveAll(bins)
+	fmt.Fprintln(os.Stderr, "building nats-server and the services")
+	buildBinaries(bins)
+
+	fmt.Fprintln(os.Stderr, "deploying: nats-server, provision, dispatcher, planner, auditor, 2 executors")
+	d := deploy(ctx, bins)
+	defer d.stop()
+	fl := startFloor(ctx, d.url("admin"))
+	defer fl.stop()
+	ab := actionbusSystem{c: d.c}
+	w := &storedWrites{js: d.adminJS, perRun: map[string]map[string]float64{}, skipPre: "FLOOR_"}
+
+	floorS, abS := series{}, series{}
 	for r := 0; r < *reps; r++ {
-		f1, f10 := floorRoundTrip(ctx, *runs)
-		f1s, f10s = append(f1s, ms(f1)), append(f10s, ms(f10))
-	}
-	floor1, floor10 := summarize(f1s), summarize(f10s)
-	add(Figure{Name: "floor: bare JetStream round trip p50", Value: floor1.med, Unit: "ms", Note: floor1.note("ms")})
-	add(Figure{Name: "floor: 10-way fan-out p50", Value: floor10.med, Unit: "ms", Note: floor10.note("ms")})
-	floorPerAction := (floor10.med - floor1.med) / 9
-
-	fmt.Fprintln(os.Stderr, "latency (1 executor × 16 slots)")
-	e := start(ctx, 1, 16)
-	wf := client.NewWorkflow("chain").Step("s1", "bench.echo", map[string]any{"n": 1})
-	for i := 2; i <= 5; i++ {
-		wf.Step(fmt.Sprintf("s%d", i), "bench.echo", map[string]any{"n": client.FromStep(fmt.Sprintf("s%d", i-1), "/n")})
-	}
-	chain := wf.Build()
-	p50s := map[string]float64{}
-	for _, sc := range []struct {
-		name, target string
-		one          func() (time.Duration, error)
-	}{
-		{"latency: one action", "p50 ≤ 2 ms", func() (time.Duration, error) { return e.run(ctx, "one") }},
-		{"latency: 10-action plan", "p50 ≤ 4 ms", func() (time.Duration, error) { return e.run(ctx, "plan10") }},
-		{"latency: 5-step chained workflow", "p50 ≤ 5 ms", func() (time.Duration, error) { return e.runWorkflow(ctx, chain) }},
-	} {
-		var a, b, c []float64
-		for r := 0; r < *reps; r++ {
-			d, err := latencyOf(ctx, *runs, sc.one)
-			must(err)
-			a, b, c = append(a, ms(percentile(d, 0.5))), append(b, ms(percentile(d, 0.9))), append(c, ms(percentile(d, 0.99)))
+		fmt.Fprintf(os.Stderr, "repetition %d/%d: floor\n", r+1, *reps)
+		measureRep(ctx, r, fl, nil, floorS, nil)
+		fmt.Fprintf(os.Stderr, "repetition %d/%d: actionbus deployed\n", r+1, *reps)
+		var count func(string, int, func())
+		if r == 0 {
+			count = w.around(ctx)
 		}
-		p50 := summarize(a)
-		p50s[sc.name] = p50.med
-		add(Figure{Name: sc.name + " p50", Value: p50.med, Unit: "ms", Target: sc.target, Note: p50.note("ms")})
-		add(Figure{Name: sc.name + " p90", Value: summarize(b).med, Unit: "ms"})
-		add(Figure{Name: sc.name + " p99", Value: summarize(c).med, Unit: "ms"})
+		measureRep(ctx, r, ab, ab.agent, abS, count)
 	}
-	perAction := (p50s["latency: 10-action plan"] - p50s["latency: one action"]) / 9
-	add(Figure{Name: "overhead: extra cost of one more plan action", Value: perAction, Unit: "ms"})
-	add(Figure{Name: "overhead: ratio to the bare JetStream floor", Value: perAction / floorPerAction, Unit: "×", Target: "≤ 2×"})
-	e.stop()
+	if *profileDir != "" {
+		fmt.Fprintf(os.Stderr, "profiling every service under W4 load into %s\n", *profileDir)
+		d.profile(*profileDir, func() {
+			for t0 := time.Now(); time.Since(t0) < 9*time.Second; {
+				_, err := closedLoop(w4Runs, w4Workers, w1(ctx, ab, "prof"))
+				must(err)
+			}
+		})
+	}
+	fmt.Fprintln(os.Stderr, "actionbus deployed, auditor stopped: W1")
+	d.stopAuditor()
+	offS := series{}
+	for r := 0; r < *reps; r++ {
+		_, err := latencies(0, warmupRuns, w1(ctx, ab, "offwarm"))
+		must(err)
+		dd, err := latencies(w1Runs, 0, w1(ctx, ab, fmt.Sprintf("off%d", r)))
+		must(err)
+		offS.add("W1 p50", ms(percentile(dd, 50)))
+	}
 
-	for _, n := range []int{1, 2, 4} {
-		fmt.Fprintf(os.Stderr, "throughput with %d executor(s) × 8 slots, %d runs in flight\n", n, *concurrency)
-		e := start(ctx, n, 8)
-		var plan, single, slow []float64
-		for r := 0; r < *reps; r++ {
-			x, err := throughput(ctx, e, "plan10", *total/3, *concurrency)
-			must(err)
-			plan = append(plan, x*10)
-			x, err = throughput(ctx, e, "one", *total, *concurrency)
-			must(err)
-			single = append(single, x)
-			x, err = throughput(ctx, e, "plan10slow", *total/5, *concurrency)
-			must(err)
-			slow = append(slow, x*10)
+	var figs []Figure
+	names := []string{"W1 p50", "W1 p90", "W1 p99", "W2 p50", "W2 p90", "W2 p99", "W3 p50", "W3 p90", "W3 p99", "W4 runs/s", "A1 p50", "A1 p90", "A1 p99"}
+	for _, n := range names {
+		unit := "ms"
+		if strings.HasSuffix(n, "runs/s") {
+			unit = "runs/s"
 		}
-		sp, ss, sl := summarize(plan), summarize(single), summarize(slow)
-		add(Figure{Name: fmt.Sprintf("throughput: actions/s, 10-action plans, %d executor(s)", n), Value: sp.med, Unit: "actions/s",
-			Target: map[bool]string{true: "≥ 5000"}[n == 4], Note: sp.note("")})
-		add(Figure{Name: fmt.Sprintf("throughput: single-action runs/s, %d executor(s)", n), Value: ss.med, Unit: "runs/s",
-			Target: map[bool]string{true: "≥ 1000"}[n == 4], Note: ss.note("")})
-		add(Figure{Name: fmt.Sprintf("throughput: actions/s, 10 ms actions, %d executor(s)", n), Value: sl.med, Unit: "actions/s",
-			Note: "I/O-bound scaling; " + sl.note("")})
-		e.stop()
+		var fmed float64
+		if xs, ok := floorS[n]; ok {
+			m, lo, hi := median(xs)
+			fmed = m
+			figs = append(figs, Figure{Name: n, System: "floor", Value: m, Min: lo, Max: hi, Unit: unit, Reps: xs})
+		}
+		m, lo, hi := median(abS[n])
+		f := Figure{Name: n, System: "deployed", Value: m, Min: lo, Max: hi, Unit: unit, Target: targets[n], Reps: abS[n]}
+		if fmed > 0 {
+			f.Ratio = m / fmed
+		}
+		figs = append(figs, f)
+	}
+	offMed, offLo, offHi := median(offS["W1 p50"])
+	figs = append(figs, Figure{Name: "W1 p50", System: "deployed, auditor off", Value: offMed, Min: offLo, Max: offHi, Unit: "ms", Reps: offS["W1 p50"]})
+	abW1, _, _ := median(abS["W1 p50"])
+	figs = append(figs, Figure{Name: "auditor's share of W1 p50", System: "deployed", Value: 100 * (abW1/offMed - 1), Unit: "%", Target: "≤ 25 %"})
+	for _, wl := range []string{"W1", "W2", "W3", "A1"} {
+		total := 0.0
+		for _, v := range w.perRun[wl] {
+			total += v
+		}
+		target := map[string]string{"W1": "≤ 8", "A1": "≤ 14"}[wl]
+		figs = append(figs, Figure{Name: wl + " stored writes per run", System: "deployed", Value: total, Unit: "messages", Target: target})
 	}
 
+	var inproc []Figure
+	if *inProcess {
+		fmt.Fprintln(os.Stderr, "actionbus in one process (actionbus dev)")
+		inproc = measureInProcess(ctx, *reps)
+	}
 	heap := ""
 	if *memRuns > 0 {
 		fmt.Fprintf(os.Stderr, "memory: dispatcher process with %d runs in flight\n", *memRuns)
 		rss, top, err := memoryInFlight(ctx, *memRuns)
 		must(err)
-		add(Figure{Name: fmt.Sprintf("memory: dispatcher RSS, %d runs in flight", *memRuns), Value: rss, Unit: "MiB", Target: "< 100 MiB"})
+		figs = append(figs, Figure{Name: fmt.Sprintf("dispatcher RSS, %d runs in flight", *memRuns), System: "dispatcher process", Value: rss, Unit: "MiB", Target: "< 100 MiB"})
 		heap = top
 	}
 
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "\nactionbus bench — %s, %d CPUs, %s, %d repetitions\n\n", runtime.Version(), runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339), *reps)
-	fmt.Fprintln(tw, "FIGURE\tVALUE\tUNIT\tTARGET\tNOTE")
-	for _, f := range figs {
-		fmt.Fprintf(tw, "%s\t%.3f\t%s\t%s\t%s\n", f.Name, f.Value, f.Unit, f.Target, f.Note)
-	}
-	must(tw.Flush())
+	report(os.Stdout, *reps, figs, w.perRun, inproc)
 	if heap != "" {
 		fmt.Printf("\ndispatcher top in-use heap with %d runs in flight:\n%s\n", *memRuns, heap)
 	}
 	must(os.MkdirAll(*out, 0o755))
 	path := filepath.Join(*out, "bench-"+time.Now().UTC().Format("20060102T150405Z")+".json")
-	b, _ := json.MarshalIndent(map[string]any{"go": runtime.Version(), "cpus": runtime.NumCPU(), "reps": *reps, "figures": figs, "heap": heap}, "", "  ")
+	b, _ := json.MarshalIndent(map[string]any{
+		"go": runtime.Version(), "cpus": runtime.NumCPU(), "reps": *reps, "topology": "deployed: nats-server, dispatcher, planner, auditor, 2 executors as processes",
+		"figures": figs, "storedWritesPerRun": w.perRun, "inProcess": inproc, "heap": heap,
+	}, "", "  ")
 	must(os.WriteFile(path, b, 0o644))
 	fmt.Printf("\nfigures written to %s\n", path)
+}
+
+func report(o *os.File, reps int, figs []Figure, perRun map[string]map[string]float64, inproc []Figure) {
+	tw := tabwriter.NewWriter(o, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "\nactionbus bench — %s, %d CPUs, %s, medians of %d repetitions (min–max)\n", runtime.Version(), runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339), reps)
+	fmt.Fprintln(tw, "deployed topology: nats-server (file storage, default sync), dispatcher, planner, auditor, 2 executors, each its own process; client in the bench")
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "WORKLOAD\tFLOOR\tACTIONBUS\tRATIO\tTARGET")
+	floorOf := map[string]Figure{}
+	for _, f := range figs {
+		if f.System == "floor" {
+			floorOf[f.Name] = f
+		}
+	}
+	for _, f := range figs {
+		if f.System != "deployed" || f.Unit == "messages" || f.Unit == "%" {
+			continue
+		}
+		fl := "—"
+		if x, ok := floorOf[f.Name]; ok {
+			fl = fmt.Sprintf("%.2f (%.2f–%.2f)", x.Value, x.Min, x.Max)
+		}
+		ratio := "—"
+		if f.Ratio > 0 {
+			ratio = fmt.Sprintf("%.2f×", f.Ratio)
+		}
+		fmt.Fprintf(tw, "%s %s\t%s\t%.2f (%.2f–%.2f)\t%s\t%s\n", f.Name, "", fl, f.Value, f.Min, f.Max, ratio, f.Target)
+	}
+	fmt.Fprintln(tw)
+	for _, f := range figs {
+		if f.System == "deployed, auditor off" || f.Unit == "%" || f.System == "dispatcher process" {
+			fmt.Fprintf(tw, "%s (%s)\t%.2f %s\t%s\n", f.Name, f.System, f.Value, f.Unit, f.Target)
+		}
+	}
+	must(tw.Flush())
+
+	fmt.Fprintln(o, "\nstored writes per run (messages, from stream last-sequence deltas)")
+	tw = tabwriter.NewWriter(o, 0, 4, 2, ' ', 0)
+	streams := map[string]bool{}
+	for _, m := range perRun {
+		for s := range m {
+			streams[s] = true
+		}
+	}
+	cols := slices.Sorted(func(yield func(string) bool) {
+		for s := range streams {
+			if !yield(s) {
+				return
+			}
+		}
+	})
+	fmt.Fprintf(tw, "WORKLOAD\t%s\tTOTAL\tTARGET\n", strings.Join(cols, "\t"))
+	for _, wl := range []string{"W1", "W2", "W3", "A1"} {
+		total := 0.0
+		var cells []string
+		for _, s := range cols {
+			v := perRun[wl][s]
+			total += v
+			cells = append(cells, fmt.Sprintf("%.1f", v))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\n", wl, strings.Join(cells, "\t"), total, map[string]string{"W1": "≤ 8", "A1": "≤ 14"}[wl])
+	}
+	must(tw.Flush())
+
+	if len(inproc) > 0 {
+		fmt.Fprintln(o, "\nin one process (actionbus dev: embedded server, every service in the bench process)")
+		tw = tabwriter.NewWriter(o, 0, 4, 2, ' ', 0)
+		for _, f := range inproc {
+			fmt.Fprintf(tw, "%s\t%.2f (%.2f–%.2f)\t%s\n", f.Name, f.Value, f.Min, f.Max, f.Unit)
+		}
+		must(tw.Flush())
+	}
+	fmt.Fprintln(o)
+	fmt.Fprintln(o, peers)
 }

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus/client"
+	natsconf "github.com/actionbus/actionbus/deploy/nats"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/metrics"
+	"github.com/actionbus/actionbus/internal/service"
+)
+
+// The deployed topology of BENCHMARKS.md: one nats-server process with
+// JetStream (file storage, the server's default sync) and the repository's
+// accounts, `actionbus provision`, the dispatcher, planner and auditor each
+// as its own process, two executor processes hosting `echo`, and the
+// client in this process. Every process connects as its deployed user.
+
+// proc is one child process.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+}
+
+func (p *proc) stop() {
+	if p == nil || p.cmd.Process == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// deployment is the running topology.
+type deployment struct {
+	dir      string
+	addr     string // host:port of the nats-server
+	server   *proc
+	services []*proc
+	auditor  *proc
+	nc       *nats.Conn // the client user
+	admin    *nats.Conn
+	adminJS  jetstream.JetStream
+	c        *client.Client
+	debug    map[string]string // service -> pprof address
+}
+
+// url is the server's URL with user's credentials.
+func (d *deployment) url(user string) string {
+	return fmt.Sprintf("nats://%s:pw-%s@%s", user, user, d.addr)
+}
+
+func freePort() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// buildBinaries compiles nats-server and the services into dir.
+func buildBinaries(dir string) {
+	for _, args := range [][]string{
+		{"build", "-o", filepath.Join(dir, "nats-server"), "github.com/nats-io/nats-server/v2"},
+		{"build", "-o", dir + string(os.PathSeparator), "./cmd/actionbus", "./cmd/dispatcher", "./cmd/planner", "./cmd/auditor"},
+	} {
+		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+			must(fmt.Errorf("go %s: %v: %s", strings.Join(args, " "), err, out))
+		}
+	}
+}
+
+func (d *deployment) spawn(name, bin, user string, extraEnv []string, args ...string) *proc {
+	cmd := exec.Command(bin, args...)
+	logPath := filepath.Join(d.dir, name+".log")
+	f, err := os.Create(logPath)
+	must(err)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), extraEnv...)
+	if user != "" {
+		cmd.Env = append(cmd.Env, "NATS_URL="+d.url(user))
+	}
+	must(cmd.Start())
+	return &proc{name: name, cmd: cmd, log: logPath}
+}
+
+// deploy starts the topology; profile names services whose pprof
+// endpoint (ACTIONBUS_DEBUG_ADDR) is opened.
+func deploy(ctx context.Context, bins string) *deployment {
+	dir, err := os.MkdirTemp("", "actionbus-bench-")
+	must(err)
+	d := &deployment{dir: dir, addr: freePort(), debug: map[string]string{}}
+	must(os.WriteFile(filepath.Join(dir, "accounts.conf"), []byte(natsconf.Accounts), 0o600))
+	conf := fmt.Sprintf("listen: %s\njetstream { store_dir: %q }\ninclude ./accounts.conf\n", d.addr, filepath.Join(dir, "js"))
+	must(os.WriteFile(filepath.Join(dir, "server.conf"), []byte(conf), 0o600))
+	var pw []string
+	for _, u := range natsconf.Users {
+		pw = append(pw, strings.ToUpper(u)+"_PASSWORD=pw-"+u)
+	}
+	d.server = d.spawn("nats-server", filepath.Join(bins, "nats-server"), "", pw, "-c", filepath.Join(dir, "server.conf"))
+	d.admin = connect(ctx, d.url("admin"), "")
+	d.adminJS, err = jetstream.New(d.admin)
+	must(err)
+	prov := exec.CommandContext(ctx, filepath.Join(bins, "actionbus"), "provision")
+	prov.Env = append(os.Environ(), "NATS_URL="+d.url("admin"))
+	if out, err := prov.CombinedOutput(); err != nil {
+		must(fmt.Errorf("actionbus provision: %v: %s", err, out))
+	}
+	scen := filepath.Join(dir, "scenarios.yaml")
+	must(os.WriteFile(scen, []byte(agentScenario), 0o600))
+	self, err := os.Executable()
+	must(err)
+	svc := func(name, bin, user string, args ...string) *proc {
+		addr := freePort()
+		d.debug[name] = addr
+		p := d.spawn(name, bin, user, []string{"ACTIONBUS_DEBUG_ADDR=" + addr}, args...)
+		d.services = append(d.services, p)
+		return p
+	}
+	svc("dispatcher", filepath.Join(bins, "dispatcher"), "dispatcher")
+	svc("planner", filepath.Join(bins, "planner"), "planner", "--scenarios", scen)
+	d.auditor = svc("auditor", filepath.Join(bins, "auditor"), "auditor")
+	svc("executor-1", self, "executor", "-serve-executor", "-id", "bench-1")
+	svc("executor-2", self, "executor", "-serve-executor", "-id", "bench-2")
+	d.nc = connect(ctx, d.url("client"), client.InboxPrefix(""))
+	d.c, err = client.New(d.nc, client.Options{})
+	must(err)
+	// Ready: echo is in the catalog and a run goes through.
+	for {
+		acts, err := d.c.Actions(ctx)
+		if err == nil && len(acts) > 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			must(fmt.Errorf("echo never appeared in the catalog: %s", d.logs()))
+		}
+		time.Sleep(100 * time.Millisecond) // polling a process's start-up
+	}
+	return d
+}
+
+// stopAuditor stops the auditor process (for the auditor-off figure).
+func (d *deployment) stopAuditor() { d.auditor.stop() }
+
+func (d *deployment) stop() {
+	d.nc.Close()
+	for _, p := range d.services {
+		p.stop()
+	}
+	d.admin.Close()
+	d.server.stop()
+	_ = os.RemoveAll(d.dir)
+}
+
+// logs returns the tails of the processes' logs (for a failure message).
+func (d *deployment) logs() string {
+	var b strings.Builder
+	for _, p := range append([]*proc{d.server}, d.services...) {
+		out, _ := os.ReadFile(p.log)
+		if len(out) > 2000 {
+			out = out[len(out)-2000:]
+		}
+		fmt.Fprintf(&b, "--- %s\n%s\n", p.name, out)
+	}
+	return b.String()
+}
+
+// profile records a CPU profile of every service for the duration of fn
+// and writes them to dir as <service>.pprof.
+func (d *deployment) profile(dir string, fn func()) {
+	must(os.MkdirAll(dir, 0o755))
+	done := make(chan struct{})
+	errs := make(chan error, len(d.debug))
+	for name, addr := range d.debug {
+		go func() {
+			resp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=8")
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			f, err := os.Create(filepath.Join(dir, name+".pprof"))
+			if err == nil {
+				_, err = f.ReadFrom(resp.Body)
+				f.Close()
+			}
+			errs <- err
+		}()
+	}
+	go func() { fn(); close(done) }()
+	<-done
+	for range d.debug {
+		if err := <-errs; err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+		}
+	}
+}
+
+func connect(ctx context.Context, url, inbox string) *nats.Conn {
+	opts := []nats.Option{nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}
+	if inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(inbox))
+	}
+	nc, err := nats.Connect(url, opts...)
+	must(err)
+	for !nc.IsConnected() {
+		if ctx.Err() != nil {
+			must(errors.New("nats-server did not start"))
+		}
+		time.Sleep(20 * time.Millisecond) // polling a process's start-up
+	}
+	return nc
+}
+
+// serveExecutor is the bench binary run as an executor process
+// (-serve-executor): the service lifecycle of cmd/executor hosting echo.
+func serveExecutor(id string) int {
+	var c service.Common
+	return service.Main("executor", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {
+		ex, err := executor.New(nc, executor.Config{ID: id, Slots: 16, Logger: log, Observer: m, ShutdownGrace: 5 * time.Second})
+		if err != nil {
+			return nil, err
+		}
+		return ex, registerEcho(ex)
+	})
+}
