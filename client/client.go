@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -365,10 +366,10 @@ type Event struct {
 	Data json.RawMessage
 }
 
-// Step decodes a run.step event's data.
+// Step decodes the data of a run's step (run.step or run.progress).
 func (e Event) Step() (Step, bool) {
 	var s Step
-	if e.Type != events.TypeRunStep || json.Unmarshal(e.Data, &s) != nil {
+	if !events.IsRunStep(e.Type) || json.Unmarshal(e.Data, &s) != nil {
 		return Step{}, false
 	}
 	return s, true
@@ -416,6 +417,66 @@ type Result struct {
 // run's first event, until its terminal event, and returns the run's
 // result. It waits as long as ctx allows.
 func (c *Client) Follow(ctx context.Context, runID string, fn func(Event)) (*Result, error) {
+	return c.follow(ctx, runID, fn, nil)
+}
+
+// follow is Follow; with start, the run is started once the progress
+// subscription is in place, so no progress step is missed.
+//
+// Progress steps (run.progress) are live only, never stored: they come
+// from a channel subscription, which the connection's reader fills in the
+// order messages arrive — progress the dispatcher published before the
+// terminal event is in the channel when the terminal event is read, and is
+// delivered before it.
+func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start func() error) (*Result, error) {
+	var mu sync.Mutex // fn is called by one goroutine at a time
+	progress := make(chan *nats.Msg, 256)
+	deliverProgress := func(m *nats.Msg) {
+		if r, err := c.bus.Receive(m.Subject, m.Header, m.Data); err == nil {
+			fn(eventOf(r, runID))
+		}
+	}
+	var sub *nats.Subscription
+	stopProgress := func() {}
+	if fn != nil {
+		var err error
+		if sub, err = c.nc.ChanSubscribe(c.topo.Subjects().Run(c.tenant, runID, "progress"), progress); err != nil {
+			return nil, fmt.Errorf("client: follow %s: %w", runID, err)
+		}
+		quit, exited := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(exited)
+			for {
+				select {
+				case m := <-progress:
+					mu.Lock()
+					deliverProgress(m)
+					mu.Unlock()
+				case <-quit:
+					return
+				}
+			}
+		}()
+		var once sync.Once
+		// stopProgress ends the subscription and delivers what it holds.
+		stopProgress = func() {
+			once.Do(func() {
+				_ = sub.Unsubscribe()
+				close(quit)
+				<-exited
+				for len(progress) > 0 {
+					deliverProgress(<-progress)
+				}
+			})
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		defer func() { once.Do(func() { close(quit); <-exited }) }()
+	}
+	if start != nil {
+		if err := start(); err != nil {
+			return nil, err
+		}
+	}
 	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamRuns(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{c.topo.Subjects().RunEvents(c.tenant, runID)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
@@ -449,15 +510,25 @@ func (c *Client) Follow(ctx context.Context, runID string, fn func(Event)) (*Res
 		if err != nil {
 			continue // the dispatcher rejects and reports bad events; followers skip them
 		}
-		data, _ := json.Marshal(r.Data)
-		ev := Event{ID: r.Event.ID(), Type: r.Event.Type(), Subject: r.Subject, Time: r.Event.Time(), RunID: runID, Data: data}
-		if fn != nil {
-			fn(ev)
+		res := terminal(r)
+		if res != nil {
+			stopProgress()
 		}
-		if res := terminal(r); res != nil {
+		if fn != nil {
+			mu.Lock()
+			fn(eventOf(r, runID))
+			mu.Unlock()
+		}
+		if res != nil {
 			return res, nil
 		}
 	}
+}
+
+// eventOf is the public view of a received event of runID.
+func eventOf(r *events.Received, runID string) Event {
+	data, _ := json.Marshal(r.Data)
+	return Event{ID: r.Event.ID(), Type: r.Event.Type(), Subject: r.Subject, Time: r.Event.Time(), RunID: runID, Data: data}
 }
 
 func terminal(r *events.Received) *Result {
@@ -478,6 +549,14 @@ func terminal(r *events.Received) *Result {
 // one subscription and at most three stream reads, no consumer, so many
 // runs can be waited on at once.
 func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
+	return c.wait(ctx, runID, nil)
+}
+
+// wait waits for runID's terminal event. With start, the run is started
+// once the subscription is in place: a run started after it cannot end
+// unseen, so the stream is not read first (it still is now and then, in
+// case the connection moved to another server meanwhile).
+func (c *Client) wait(ctx context.Context, runID string, start func() error) (*Result, error) {
 	subjects := c.topo.Subjects()
 	// Only terminal events go into the channel; the callback never blocks
 	// (at most one terminal event is ever published per run).
@@ -521,12 +600,18 @@ func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 		}
 		return c.storedResult(rctx, stream, runID)
 	}
-	res, err := stored()
-	switch {
-	case res != nil:
-		return res, nil
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, fmt.Errorf("client: wait %s: %w", runID, err)
+	if start != nil {
+		if err := start(); err != nil {
+			return nil, err
+		}
+	} else {
+		res, err := stored()
+		switch {
+		case res != nil:
+			return res, nil
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			return nil, fmt.Errorf("client: wait %s: %w", runID, err)
+		}
 	}
 	// Other errors (a server going away) are retried below.
 	recheck := time.NewTimer(time.Second)
@@ -582,6 +667,16 @@ func (c *Client) storedResult(ctx context.Context, stream jetstream.Stream, runI
 // Run starts a run and follows it to its end. With a nil fn it only waits
 // for the result ([Client.Wait]).
 func (c *Client) Run(ctx context.Context, req RunRequest, fn func(Event)) (*Result, error) {
+	if fn == nil && req.RunID == "" {
+		// A fresh run: subscribe, then start, and learn the result from
+		// the terminal event itself, without reading the stream.
+		req.RunID = events.NewID()
+		return c.wait(ctx, req.RunID, func() error { _, err := c.Start(ctx, req); return err })
+	}
+	if req.RunID == "" {
+		req.RunID = events.NewID()
+		return c.follow(ctx, req.RunID, fn, func() error { _, err := c.Start(ctx, req); return err })
+	}
 	id, err := c.Start(ctx, req)
 	if err != nil {
 		return nil, err

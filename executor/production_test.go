@@ -208,7 +208,7 @@ func TestQueuedWorkOfACanceledRunNeverRuns(t *testing.T) {
 	require.NoError(t, err)
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
-		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == holder && s.Name == "action-dispatched"
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == holder && s.Name == "action-dispatched"
 	})
 	queued, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.effect"}})
 	require.NoError(t, err)

@@ -127,7 +127,7 @@ func TestSecretsNeverReachTheAuditStreamSinksOrLogs(t *testing.T) {
 	require.NoError(t, err)
 	var step events.RunStep
 	runs.WaitFor(t, 30*time.Second, func(r actionbustest.Recorded) bool {
-		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &step) == nil && step.RunID == runID && step.Name == "awaiting-approval"
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &step) == nil && step.RunID == runID && step.Name == "awaiting-approval"
 	})
 	approvalID := step.Details["approvalId"].(string)
 	require.NoError(t, st.Client.Approve(ctx, approvalID, approvalKid, approvalSecret, "ops"))
@@ -135,7 +135,7 @@ func TestSecretsNeverReachTheAuditStreamSinksOrLogs(t *testing.T) {
 	if err != nil {
 		for _, r := range runs.All() {
 			var s events.RunStep
-			if r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil {
+			if events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil {
 				t.Logf("step %s %s %s %v", s.Name, s.Status, s.Message, s.Details)
 			} else {
 				t.Logf("%s %s", r.Subject, r.Type())

@@ -43,7 +43,7 @@ func (p *progress) token(delta string, end bool) {
 }
 
 func (p *progress) event(e client.Event) {
-	if e.Type != events.TypeRunStarted && e.Type != events.TypeRunStep {
+	if e.Type != events.TypeRunStarted && !events.IsRunStep(e.Type) {
 		return // only these are printed: the others must not break a streamed line
 	}
 	p.mu.Lock()
@@ -59,7 +59,7 @@ func (p *progress) event(e client.Event) {
 		var d events.RunStarted
 		_ = json.Unmarshal(e.Data, &d)
 		fmt.Fprintf(p.w, "%s▶ run %s started (%s)\n", prefix, e.RunID, d.Kind)
-	case events.TypeRunStep:
+	case events.TypeRunStep, events.TypeRunProgress:
 		s, _ := e.Step()
 		where := ""
 		if s.PlanIndex != nil {

@@ -37,7 +37,7 @@ func TestExecuteRetryIsBoundToTheDryRun(t *testing.T) {
 		require.NoError(t, err)
 		var s events.RunStep
 		rec.WaitFor(t, 20*time.Second, func(r actionbustest.Recorded) bool {
-			return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == id && s.Name == "awaiting-approval"
+			return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == id && s.Name == "awaiting-approval"
 		})
 		require.NoError(t, st.Client.Approve(ctx, s.Details["approvalId"].(string), "k1", key, "ops"))
 		res, err := st.Client.Wait(ctx, id)
@@ -62,7 +62,7 @@ func TestExecuteRetryIsBoundToTheDryRun(t *testing.T) {
 	require.NoError(t, err)
 	var s events.RunStep
 	rec.WaitFor(t, 20*time.Second, func(r actionbustest.Recorded) bool {
-		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == id && s.Name == "awaiting-approval"
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == id && s.Name == "awaiting-approval"
 	})
 	require.NoError(t, st.Client.Approve(ctx, s.Details["approvalId"].(string), "k1", key, "ops"))
 	res, err = st.Client.Wait(ctx, id)

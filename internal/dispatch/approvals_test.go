@@ -71,7 +71,7 @@ func awaitingApproval(t *testing.T, rec *actionbustest.Recorder, runID string) s
 	t.Helper()
 	r := rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
-		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "awaiting-approval"
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "awaiting-approval"
 	})
 	var s events.RunStep
 	require.NoError(t, events.DataAs(r.Event, &s))
@@ -127,7 +127,7 @@ func TestMutateNeedsAllowanceThenApproval(t *testing.T) {
 	assert.ErrorIs(t, st.Client.Approve(ctx, id, "k1", approvalKey, "alice"), &actionbus.Error{Code: actionbus.CodeApprovalReplayed})
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
-		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "approval-refused" &&
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "approval-refused" &&
 			s.Details["code"] == "approval_replayed"
 	})
 	assert.Len(t, ops.ran(), 1, "a replay runs nothing")
@@ -174,7 +174,7 @@ func TestInvalidTokensAreRefusedAndTheApprovalStaysPending(t *testing.T) {
 	require.NoError(t, err)
 	rec.WaitForN(t, 0, 2, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
-		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "approval-refused" &&
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "approval-refused" &&
 			s.Details["code"] == "approval_invalid"
 	})
 	require.NoError(t, st.Client.Approve(ctx, id, "k1", approvalKey, "alice"))

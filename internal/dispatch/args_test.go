@@ -72,7 +72,7 @@ func TestModelInputIsStrippedAndTheDiagnosticRecorded(t *testing.T) {
 
 	diag := rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
-		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.Name == "action.input.unexpected_keys_stripped"
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.Name == "action.input.unexpected_keys_stripped"
 	})
 	var s events.RunStep
 	require.NoError(t, events.DataAs(diag.Event, &s))
@@ -80,7 +80,7 @@ func TestModelInputIsStrippedAndTheDiagnosticRecorded(t *testing.T) {
 	assert.Equal(t, []any{"/tenant"}, s.Details["hostOnlyKeys"])
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
-		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.Name == "action-args-alias-rewrite"
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.Name == "action-args-alias-rewrite"
 	})
 
 	// The diagnostic is part of the run's stored state too.
@@ -155,7 +155,7 @@ func TestInvalidPlanActionHoldsBackTheWholePlan(t *testing.T) {
 	assert.Equal(t, 1.0, issue["planIndex"])
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
-		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.Name == "plan-validation-failed"
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.Name == "plan-validation-failed"
 	})
 }
 

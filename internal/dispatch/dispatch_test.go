@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -279,7 +280,7 @@ func TestInvalidRunRequestedGetsRunFailed(t *testing.T) {
 	assert.ErrorIs(t, res.Error, actionbus.ErrSchemaValidation)
 }
 
-func TestAuditCoversEveryEventOfTheRun(t *testing.T) {
+func TestAuditCoversEveryStoredEventOfTheRun(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: reverseScenario + `
@@ -296,18 +297,28 @@ func TestAuditCoversEveryEventOfTheRun(t *testing.T) {
 
 	// Timer schedules (…sched.<name>) are instructions to the server, not
 	// events of the run: when one fires, its copy on the timer subject is an
-	// event and is audited.
+	// event and is audited. Progress steps are live only: never stored,
+	// never audited.
 	runEvent := func(r actionbustest.Recorded) bool {
 		return r.Event != nil && r.Type() != events.TypeAuditRecorded && r.Event.Extensions()[events.ExtRunID] == runID &&
-			!strings.Contains(r.Subject, ".sched.")
+			!strings.Contains(r.Subject, ".sched.") && r.Type() != events.TypeRunProgress
 	}
+	// The recorder has every event of the run once it has the last one.
+	rec.WaitForN(t, 0, 1, func(r actionbustest.Recorded) bool {
+		return r.Type() == events.TypeRunCompleted && r.Event.Extensions()[events.ExtRunID] == runID
+	})
 	ids := map[string]bool{}
+	progress := 0
 	for _, r := range rec.All() {
 		if runEvent(r) {
 			ids[r.Event.ID()] = true
 		}
+		if r.Type() == events.TypeRunProgress && r.Event.Extensions()[events.ExtRunID] == runID {
+			progress++
+		}
 	}
 	require.NotEmpty(t, ids)
+	require.NotZero(t, progress, "the run published progress steps")
 	audits := rec.WaitForN(t, 0, len(ids), func(r actionbustest.Recorded) bool {
 		return r.Type() == events.TypeAuditRecorded && strings.HasPrefix(r.Subject, "ab.audit.default."+runID+".")
 	})
@@ -320,6 +331,19 @@ func TestAuditCoversEveryEventOfTheRun(t *testing.T) {
 		chain = append(chain, data)
 	}
 	assert.Equal(t, sorted(ids), sorted(audited))
+	// No progress step was audited, then or later: the audit stream holds
+	// exactly one record per stored event.
+	js, err := jetstream.New(srv.Connect(t))
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "AB_AUDIT")
+	require.NoError(t, err)
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter("ab.audit.default."+runID+".>"))
+	require.NoError(t, err)
+	var stored uint64
+	for _, n := range info.State.Subjects {
+		stored += n
+	}
+	assert.Equal(t, uint64(len(ids)), stored, "%v", info.State.Subjects)
 	// The records link up: every prevHash but the first names another
 	// record's hash.
 	hashes := map[string]bool{}

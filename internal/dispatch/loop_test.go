@@ -183,7 +183,7 @@ func waitStep(t *testing.T, rec *actionbustest.Recorder, runID, name string) {
 	t.Helper()
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
-		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == name
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == name
 	})
 }
 
@@ -194,7 +194,7 @@ func TestClarifyWaitsForInputThenResumes(t *testing.T) {
 	require.NoError(t, err)
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
-		return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "awaiting-input" && s.Message == "Which region?"
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "awaiting-input" && s.Message == "Which region?"
 	})
 	require.NoError(t, st.Client.Input(ctx, runID, "eu-west"))
 	res, err := st.Client.Wait(ctx, runID)

@@ -207,7 +207,7 @@ func TestARetriedMutateStepIsApprovedAgain(t *testing.T) {
 	awaiting := func(n int) string {
 		rs := rec.WaitForN(t, 0, n, func(r actionbustest.Recorded) bool {
 			var s events.RunStep
-			return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "awaiting-approval"
+			return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "awaiting-approval"
 		})
 		var s events.RunStep
 		require.NoError(t, events.DataAs(rs[n-1].Event, &s))
@@ -237,7 +237,7 @@ func TestTwoPendingApprovalsAnsweredInEitherOrder(t *testing.T) {
 			var ids []string
 			for _, r := range rec.WaitForN(t, 0, 2, func(r actionbustest.Recorded) bool {
 				var s events.RunStep
-				return r.Type() == events.TypeRunStep && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "awaiting-approval"
+				return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "awaiting-approval"
 			}) {
 				var s events.RunStep
 				require.NoError(t, events.DataAs(r.Event, &s))

@@ -155,6 +155,12 @@ func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event, opts 
 	// An acknowledgement lost with a server must not hold the caller
 	// until its own deadline: the publish is bounded and can be retried
 	// (the event id makes the retry a duplicate).
+	if live(e.Type()) {
+		if err := b.js.Conn().PublishMsg(msg); err != nil {
+			return nil, fmt.Errorf("events: publish %s on %s: %w", e.Type(), subject, err)
+		}
+		return &jetstream.PubAck{}, nil
+	}
 	pctx, cancel := context.WithTimeout(ctx, PublishTimeout)
 	defer cancel()
 	ack, err := b.js.PublishMsg(pctx, msg, opts...)
@@ -182,6 +188,13 @@ func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool strin
 		return nil, err
 	}
 	return e, nil
+}
+
+// live reports whether events of eventType go on core NATS only
+// ([Entry.Live]).
+func live(eventType string) bool {
+	e, ok := Lookup(eventType)
+	return ok && e.Live
 }
 
 // Emission is one event for [Bus.EmitAll].
@@ -253,6 +266,14 @@ func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 		}
 		if err := b.checkSize(x.Type, msg); err != nil {
 			return err
+		}
+		if live(x.Type) {
+			// Live events go out on core NATS with the batch: nothing
+			// stores them, so there is no acknowledgement to wait for.
+			if err := b.js.Conn().PublishMsg(msg); err != nil {
+				return fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
+			}
+			continue
 		}
 		f, err := b.js.PublishMsgAsync(msg)
 		if err != nil {

@@ -20,33 +20,38 @@ type Entry struct {
 	Schema string
 	// New returns a pointer to a zero value of the event's data struct.
 	New func() any
+	// Live marks an event published on core NATS only: followers see it
+	// as it happens, no stream stores it and the auditor never sees it
+	// (progress that recovery and the audit trail do not need).
+	Live bool
 }
 
 // Catalog is the single list of event types. docs/events.md documents the
 // same list; TestCatalogMatchesDocs keeps both in step.
 var Catalog = []Entry{
-	{TypeRunRequested, "{prefix}.run.{tenant}.{runId}.requested", "client", []string{"dispatcher", "auditor"}, "run.requested.json", func() any { return new(RunRequested) }},
-	{TypeRunStarted, "{prefix}.run.{tenant}.{runId}.started", "dispatcher", []string{"auditor", "client"}, "run.started.json", func() any { return new(RunStarted) }},
-	{TypeRunStep, "{prefix}.run.{tenant}.{runId}.step", "dispatcher", []string{"auditor", "client"}, "run.step.json", func() any { return new(RunStep) }},
-	{TypeRunCompleted, "{prefix}.run.{tenant}.{runId}.completed", "dispatcher", []string{"auditor", "client"}, "run.completed.json", func() any { return new(RunCompleted) }},
-	{TypeRunFailed, "{prefix}.run.{tenant}.{runId}.failed", "dispatcher", []string{"auditor", "client"}, "run.failed.json", func() any { return new(RunFailed) }},
-	{TypeRunCanceled, "{prefix}.run.{tenant}.{runId}.canceled", "dispatcher", []string{"auditor", "client"}, "run.canceled.json", func() any { return new(RunCanceled) }},
-	{TypeCancelRequested, "{prefix}.run.{tenant}.{runId}.cancel", "client", []string{"dispatcher", "auditor"}, "cancel.requested.json", func() any { return new(CancelRequested) }},
-	{TypeDecisionRequested, "{prefix}.run.{tenant}.{runId}.decide", "dispatcher", []string{"planner", "auditor"}, "decision.requested.json", func() any { return new(DecisionRequested) }},
-	{TypeDecisionMade, "{prefix}.run.{tenant}.{runId}.decision", "planner", []string{"dispatcher", "auditor"}, "decision.made.json", func() any { return new(DecisionMade) }},
-	{TypeActionRequested, "{prefix}.pool.{pool}.request", "dispatcher", []string{"executor", "auditor"}, "action.requested.json", func() any { return new(ActionRequested) }},
-	{TypeActionCompleted, "{prefix}.run.{tenant}.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.completed.json", func() any { return new(ActionCompleted) }},
-	{TypeActionFailed, "{prefix}.run.{tenant}.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.failed.json", func() any { return new(ActionFailed) }},
-	{TypeEventRejected, "{prefix}.rejected.{stream}", "any consumer", []string{"auditor", "operators"}, "event.rejected.json", func() any { return new(EventRejected) }},
-	{TypeAuditRecorded, "{prefix}.audit.{tenant}.{runId}.{kind}", "auditor", []string{"operators"}, "audit.recorded.json", func() any { return new(AuditRecorded) }},
-	{TypeInputProvided, "{prefix}.run.{tenant}.{runId}.input", "client", []string{"dispatcher", "auditor"}, "input.provided.json", func() any { return new(InputProvided) }},
-	{TypeTimerFired, "{prefix}.run.{tenant}.{runId}.timer", "dispatcher (scheduled)", []string{"dispatcher", "auditor"}, "timer.fired.json", func() any { return new(TimerFired) }},
-	{TypeApprovalRequested, "{prefix}.run.{tenant}.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.requested.json", func() any { return new(ApprovalRequested) }},
-	{TypeApprovalGranted, "{prefix}.run.{tenant}.{runId}.approve", "approver", []string{"dispatcher", "auditor"}, "approval.granted.json", func() any { return new(ApprovalGranted) }},
-	{TypeApprovalDenied, "{prefix}.run.{tenant}.{runId}.deny", "approver", []string{"dispatcher", "auditor"}, "approval.denied.json", func() any { return new(ApprovalDenied) }},
-	{TypeApprovalResolved, "{prefix}.run.{tenant}.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.resolved.json", func() any { return new(ApprovalResolved) }},
-	{TypeSynthesisRequested, "{prefix}.run.{tenant}.{runId}.synthesize", "dispatcher", []string{"planner", "auditor"}, "synthesis.requested.json", func() any { return new(SynthesisRequested) }},
-	{TypeSynthesisCompleted, "{prefix}.run.{tenant}.{runId}.synthesized", "planner", []string{"dispatcher", "auditor"}, "synthesis.completed.json", func() any { return new(SynthesisCompleted) }},
+	{TypeRunRequested, "{prefix}.run.{tenant}.{runId}.requested", "client", []string{"dispatcher", "auditor"}, "run.requested.json", func() any { return new(RunRequested) }, false},
+	{TypeRunStarted, "{prefix}.run.{tenant}.{runId}.started", "dispatcher", []string{"auditor", "client"}, "run.started.json", func() any { return new(RunStarted) }, false},
+	{TypeRunStep, "{prefix}.run.{tenant}.{runId}.step", "dispatcher", []string{"auditor", "client"}, "run.step.json", func() any { return new(RunStep) }, false},
+	{TypeRunProgress, "{prefix}.run.{tenant}.{runId}.progress", "dispatcher", []string{"client"}, "run.step.json", func() any { return new(RunStep) }, true},
+	{TypeRunCompleted, "{prefix}.run.{tenant}.{runId}.completed", "dispatcher", []string{"auditor", "client"}, "run.completed.json", func() any { return new(RunCompleted) }, false},
+	{TypeRunFailed, "{prefix}.run.{tenant}.{runId}.failed", "dispatcher", []string{"auditor", "client"}, "run.failed.json", func() any { return new(RunFailed) }, false},
+	{TypeRunCanceled, "{prefix}.run.{tenant}.{runId}.canceled", "dispatcher", []string{"auditor", "client"}, "run.canceled.json", func() any { return new(RunCanceled) }, false},
+	{TypeCancelRequested, "{prefix}.run.{tenant}.{runId}.cancel", "client", []string{"dispatcher", "auditor"}, "cancel.requested.json", func() any { return new(CancelRequested) }, false},
+	{TypeDecisionRequested, "{prefix}.run.{tenant}.{runId}.decide", "dispatcher", []string{"planner", "auditor"}, "decision.requested.json", func() any { return new(DecisionRequested) }, false},
+	{TypeDecisionMade, "{prefix}.run.{tenant}.{runId}.decision", "planner", []string{"dispatcher", "auditor"}, "decision.made.json", func() any { return new(DecisionMade) }, false},
+	{TypeActionRequested, "{prefix}.pool.{pool}.request", "dispatcher", []string{"executor", "auditor"}, "action.requested.json", func() any { return new(ActionRequested) }, false},
+	{TypeActionCompleted, "{prefix}.run.{tenant}.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.completed.json", func() any { return new(ActionCompleted) }, false},
+	{TypeActionFailed, "{prefix}.run.{tenant}.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.failed.json", func() any { return new(ActionFailed) }, false},
+	{TypeEventRejected, "{prefix}.rejected.{stream}", "any consumer", []string{"auditor", "operators"}, "event.rejected.json", func() any { return new(EventRejected) }, false},
+	{TypeAuditRecorded, "{prefix}.audit.{tenant}.{runId}.{kind}", "auditor", []string{"operators"}, "audit.recorded.json", func() any { return new(AuditRecorded) }, false},
+	{TypeInputProvided, "{prefix}.run.{tenant}.{runId}.input", "client", []string{"dispatcher", "auditor"}, "input.provided.json", func() any { return new(InputProvided) }, false},
+	{TypeTimerFired, "{prefix}.run.{tenant}.{runId}.timer", "dispatcher (scheduled)", []string{"dispatcher", "auditor"}, "timer.fired.json", func() any { return new(TimerFired) }, false},
+	{TypeApprovalRequested, "{prefix}.run.{tenant}.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.requested.json", func() any { return new(ApprovalRequested) }, false},
+	{TypeApprovalGranted, "{prefix}.run.{tenant}.{runId}.approve", "approver", []string{"dispatcher", "auditor"}, "approval.granted.json", func() any { return new(ApprovalGranted) }, false},
+	{TypeApprovalDenied, "{prefix}.run.{tenant}.{runId}.deny", "approver", []string{"dispatcher", "auditor"}, "approval.denied.json", func() any { return new(ApprovalDenied) }, false},
+	{TypeApprovalResolved, "{prefix}.run.{tenant}.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.resolved.json", func() any { return new(ApprovalResolved) }, false},
+	{TypeSynthesisRequested, "{prefix}.run.{tenant}.{runId}.synthesize", "dispatcher", []string{"planner", "auditor"}, "synthesis.requested.json", func() any { return new(SynthesisRequested) }, false},
+	{TypeSynthesisCompleted, "{prefix}.run.{tenant}.{runId}.synthesized", "planner", []string{"dispatcher", "auditor"}, "synthesis.completed.json", func() any { return new(SynthesisCompleted) }, false},
 }
 
 var catalogByType = func() map[string]*Entry {
@@ -166,7 +171,7 @@ func runVerbs(requests bool) []string {
 	seen := map[string]bool{}
 	for _, e := range Catalog {
 		verb, ok := strings.CutPrefix(e.Subject, "{prefix}.run.{tenant}.{runId}.")
-		if !ok || seen[verb] || requestProducers[e.Producer] != requests {
+		if !ok || e.Live || seen[verb] || requestProducers[e.Producer] != requests {
 			continue
 		}
 		seen[verb] = true
@@ -271,6 +276,8 @@ func (s Subjects) SubjectFor(eventType, tenant, runID, pool string) (string, err
 		return s.Run(tenant, runID, "started"), nil
 	case TypeRunStep:
 		return s.Run(tenant, runID, "step"), nil
+	case TypeRunProgress:
+		return s.Run(tenant, runID, "progress"), nil
 	case TypeRunCompleted:
 		return s.Run(tenant, runID, "completed"), nil
 	case TypeRunFailed:

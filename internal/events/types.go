@@ -11,6 +11,7 @@ const (
 	TypeRunRequested       = "io.actionbus.run.requested"
 	TypeRunStarted         = "io.actionbus.run.started"
 	TypeRunStep            = "io.actionbus.run.step"
+	TypeRunProgress        = "io.actionbus.run.progress"
 	TypeRunCompleted       = "io.actionbus.run.completed"
 	TypeRunFailed          = "io.actionbus.run.failed"
 	TypeRunCanceled        = "io.actionbus.run.canceled"
@@ -31,6 +32,13 @@ const (
 	TypeSynthesisRequested = "io.actionbus.synthesis.requested"
 	TypeSynthesisCompleted = "io.actionbus.synthesis.completed"
 )
+
+// IsRunStep reports whether eventType is a step of a run: a recorded
+// step (run.step, stored and audited) or a progress step (run.progress,
+// live only).
+func IsRunStep(eventType string) bool {
+	return eventType == TypeRunStep || eventType == TypeRunProgress
+}
 
 // Origins of action input (see the Conventions in docs/architecture.md).
 const (

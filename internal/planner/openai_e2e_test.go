@@ -209,12 +209,12 @@ func TestOpenAIPerActionSynthesisStitchesTheExactLayout(t *testing.T) {
 	// The recorder has its own connection: wait for the last step.
 	rec.WaitFor(t, 10*time.Second, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
-		return r.Type() == events.TypeRunStep && r.Event.DataAs(&s) == nil && s.RunID == res.RunID && s.Name == "synthesize-stitch-done"
+		return events.IsRunStep(r.Type()) && r.Event.DataAs(&s) == nil && s.RunID == res.RunID && s.Name == "synthesize-stitch-done"
 	})
 	var steps []string
 	for _, e := range rec.All() {
 		var s events.RunStep
-		if e.Type() == events.TypeRunStep && e.Event.DataAs(&s) == nil && s.RunID == res.RunID && strings.HasPrefix(s.Name, "synthesize-") {
+		if events.IsRunStep(e.Type()) && e.Event.DataAs(&s) == nil && s.RunID == res.RunID && strings.HasPrefix(s.Name, "synthesize-") {
 			steps = append(steps, s.Name)
 		}
 	}

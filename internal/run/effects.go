@@ -92,6 +92,9 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 		em.Type, em.Data = e.Type, e.Data
 	case EffectStep:
 		em.Type, em.Data = events.TypeRunStep, e.Step
+		if !StepName(e.Step.Name).Recorded() {
+			em.Type = events.TypeRunProgress
+		}
 	case EffectDecide:
 		if st.Agent == nil || st.IsTerminal() || st.Phase != PhaseDeciding || st.Cycle != e.Cycle {
 			return em, false

@@ -58,6 +58,25 @@ const (
 	StepRetryResumed                      StepName = "retry-resumed"
 )
 
+// progressSteps are the steps published as run.progress: live on core
+// NATS for followers, never stored or audited. Recovery does not need
+// them (the run state holds where the run is) and they say nothing the
+// stored events do not: a dispatch is the work item, a completion the
+// result, the end the terminal event.
+var progressSteps = map[StepName]bool{
+	StepAct: true, StepActionDispatched: true, StepActionCompleted: true, StepDecide: true, StepEvaluate: true,
+	StepFinal: true, StepObserve: true, StepOrient: true, StepPlanExecuted: true, StepPlanExecuting: true,
+	StepPlanValidating: true, StepPlanSynthesizeRequested: true, StepSynthesizeIntroDone: true,
+	StepSynthesizeOutroDone: true, StepSynthesizePerActionStart: true, StepSynthesizeSectionDone: true,
+	StepSynthesizeStitchDone: true, StepWorkflowValidated: true, StepWorkflowCompleted: true, StepDirectFinalEmitted: true,
+}
+
+// Recorded reports whether the step is stored and audited (a run.step
+// event): what an operator must find later — policy decisions, approvals,
+// waits, refusals, failures, retries, rewritten model input. Every other
+// step is progress (a run.progress event, live only).
+func (n StepName) Recorded() bool { return !progressSteps[n] }
+
 // StepNames lists every step a run publishes.
 var StepNames = []StepName{
 	StepAct,
