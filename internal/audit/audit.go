@@ -120,7 +120,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("service", "auditor")
-	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/auditor", Logger: log})
+	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/auditor", Logger: log, ReceiverValidates: true})
 	if err != nil {
 		return nil, err
 	}

@@ -248,7 +248,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("service", "dispatcher")
-	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/dispatcher/" + cfg.InstanceID, Logger: log})
+	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/dispatcher/" + cfg.InstanceID, Logger: log, ReceiverValidates: true})
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,12 @@ type BusConfig struct {
 	DataContentType string
 	// Logger receives one line per rejected event; nil discards.
 	Logger *slog.Logger
+	// ReceiverValidates skips the data-schema check of published events
+	// (the CloudEvent envelope is still checked): every receiver validates
+	// each event's data against its schema at the trust boundary, so a
+	// service does not pay twice for events it produces itself. Default
+	// false: a client learns of a bad request at once.
+	ReceiverValidates bool
 }
 
 func (c *BusConfig) setDefaults() {
@@ -142,7 +148,7 @@ func (b *Bus) New(eventType, id, tenant, runID string, data any, ext ...Extensio
 // Extra options (e.g. jetstream.WithExpectLastSequencePerSubject) are passed
 // to JetStream.
 func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
-	if err := Validate(e); err != nil {
+	if err := b.validateOutgoing(e); err != nil {
 		return nil, fmt.Errorf("events: publish %s: %w", e.Type(), err)
 	}
 	msg, err := Encode(subject, e, b.cfg.Mode)
@@ -188,6 +194,18 @@ func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool strin
 		return nil, err
 	}
 	return e, nil
+}
+
+// validateOutgoing checks an event about to be published: all of it, or
+// only its envelope when receivers validate ([BusConfig.ReceiverValidates]).
+func (b *Bus) validateOutgoing(e *event.Event) error {
+	if !b.cfg.ReceiverValidates {
+		return Validate(e)
+	}
+	if err := e.Validate(); err != nil {
+		return actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: %w", err)
+	}
+	return nil
 }
 
 // live reports whether events of eventType go on core NATS only
@@ -254,7 +272,7 @@ func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 		if err != nil {
 			return err
 		}
-		if err := Validate(e); err != nil {
+		if err := b.validateOutgoing(e); err != nil {
 			return fmt.Errorf("events: publish %s: %w", x.Type, err)
 		}
 		msg, err := Encode(subject, e, b.cfg.Mode)

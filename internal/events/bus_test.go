@@ -308,3 +308,30 @@ func TestHandlerErrorsAreRetriedAndPermanentOnesTerminated(t *testing.T) {
 	assert.Equal(t, 2, deliveries[transient])
 	mu.Unlock()
 }
+
+// A service's bus leaves the data-schema check to the receiver (the trust
+// boundary): its own events are checked once, where they are received.
+func TestDataIsValidatedOnceAtTheReceiver(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	ctx := ctxT(t)
+	runID := events.NewID()
+	bad := &events.RunStarted{RunID: runID} // kind is required by its schema
+	subject := srv.Prefix + ".run." + events.DefaultTenant + "." + runID + ".started"
+
+	client := newBus(t, srv, events.ModeBinary, "")
+	e, err := client.New(events.TypeRunStarted, events.NewID(), events.DefaultTenant, runID, bad)
+	require.NoError(t, err)
+	_, err = client.Publish(ctx, subject, e)
+	require.ErrorIs(t, err, actionbus.ErrSchemaValidation, "a client's bus checks what it publishes")
+
+	service, err := events.NewBus(srv.JS, events.BusConfig{Source: "/actionbus/test-service", ReceiverValidates: true})
+	require.NoError(t, err)
+	ack, err := service.Publish(ctx, subject, e)
+	require.NoError(t, err)
+	msg, err := srv.JS.Stream(ctx, events.Topology{}.StreamRuns())
+	require.NoError(t, err)
+	stored, err := msg.GetMsg(ctx, ack.Sequence)
+	require.NoError(t, err)
+	_, err = service.Receive(stored.Subject, stored.Header, stored.Data)
+	require.ErrorIs(t, err, actionbus.ErrSchemaValidation, "the receiver refuses it")
+}

@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -57,4 +58,32 @@ func TestTopologyRejectsBadNames(t *testing.T) {
 	assert.Error(t, events.Topology{Pools: []string{"gpu.*"}}.Validate())
 	assert.Error(t, events.Topology{Replicas: 7}.Validate())
 	assert.NoError(t, events.Topology{Prefix: "acme", Pools: []string{"io-bound"}}.Validate())
+}
+
+func TestLiveEventsAreInNoStream(t *testing.T) {
+	s := events.MustSubjects("ab")
+	progress := s.Run("default", "01J0000000000000000000000R", "progress")
+	step := s.Run("default", "01J0000000000000000000000R", "step")
+	stored := false
+	for _, sc := range (events.Topology{}).Streams() {
+		for _, f := range sc.Subjects {
+			assert.False(t, subjectMatches(f, progress), "stream %s stores progress steps (%s)", sc.Name, f)
+			stored = stored || subjectMatches(f, step)
+		}
+	}
+	assert.True(t, stored, "recorded steps are stored")
+}
+
+// subjectMatches reports whether a NATS subject filter matches subject.
+func subjectMatches(filter, subject string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, tok := range f {
+		if tok == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (tok != "*" && tok != s[i]) {
+			return false
+		}
+	}
+	return len(f) == len(s)
 }

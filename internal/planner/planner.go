@@ -136,7 +136,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("service", "planner", "provider", cfg.Provider.Name())
-	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/planner", Logger: log})
+	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/planner", Logger: log, ReceiverValidates: true})
 	if err != nil {
 		return nil, err
 	}
