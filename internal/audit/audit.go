@@ -161,7 +161,9 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		name := c.Config.Durable
 		g.Go(func() error {
-			opts := events.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency}
+			// A run's events are audited in the order they were stored,
+			// so its chain ends with its terminal record.
+			opts := events.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency, OrderBy: s.bus.Subjects().RunIDFromSubject}
 			if s.cfg.Metrics != nil {
 				opts.Observer = s.cfg.Metrics
 			}

@@ -2,6 +2,9 @@ package events_test
 
 import (
 	"context"
+	"runtime"
+	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -334,4 +337,61 @@ func TestDataIsValidatedOnceAtTheReceiver(t *testing.T) {
 	require.NoError(t, err)
 	_, err = service.Receive(stored.Subject, stored.Header, stored.Data)
 	require.ErrorIs(t, err, actionbus.ErrSchemaValidation, "the receiver refuses it")
+}
+
+// With OrderBy, a run's events are handled one after another in stream
+// order, while other runs' events run beside them.
+func TestServeOrderByKeepsEachRunInOrder(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	bus := newBus(t, srv, events.ModeBinary, "")
+	ctx := ctxT(t)
+	runs := []string{events.NewID(), events.NewID()}
+	const per = 40
+	for i := 0; i < per; i++ {
+		for _, runID := range runs {
+			_, err := bus.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
+				&events.RunRequested{RunID: runID, Prompt: strconv.Itoa(i)})
+			require.NoError(t, err)
+		}
+	}
+	cons, err := srv.JS.Consumer(ctx, events.Topology{}.StreamRequests(), events.ConsumerDispatcherRequests)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	seen := map[string][]int{}
+	inFlight := map[string]int{}
+	overlapped := false
+	all := make(chan struct{})
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- bus.Serve(sctx, cons, events.ServeOptions{Name: "ordered", Concurrency: 8, OrderBy: bus.Subjects().RunIDFromSubject},
+			func(_ context.Context, r *events.Received, _ jetstream.Msg) error {
+				req := r.Data.(*events.RunRequested)
+				mu.Lock()
+				inFlight[req.RunID]++
+				overlapped = overlapped || inFlight[req.RunID] > 1
+				mu.Unlock()
+				runtime.Gosched() // give a concurrent handler of the same run its chance
+				i, _ := strconv.Atoi(req.Prompt)
+				mu.Lock()
+				inFlight[req.RunID]--
+				seen[req.RunID] = append(seen[req.RunID], i)
+				if len(seen[runs[0]])+len(seen[runs[1]]) == 2*per {
+					close(all)
+				}
+				mu.Unlock()
+				return nil
+			})
+	}()
+	select {
+	case <-all:
+	case <-ctx.Done():
+		t.Fatal("not every event was handled")
+	}
+	cancel()
+	require.NoError(t, <-done)
+	assert.False(t, overlapped, "two events of one run were handled at once")
+	for _, runID := range runs {
+		assert.True(t, slices.IsSorted(seen[runID]), "run %s handled out of order: %v", runID, seen[runID])
+	}
 }

@@ -55,6 +55,11 @@ type ServeOptions struct {
 	// naks the message so that it is rejected again later. The
 	// dispatcher uses it to end a rejected run request.
 	OnReject func(ctx context.Context, msg jetstream.Msg, reason error) error
+	// OrderBy, when set, keys each message by its subject: messages with
+	// the same non-empty key are handled one after another, in the order
+	// they were pulled (a run's events, for the auditor's chain); others
+	// run concurrently.
+	OrderBy func(subject string) string
 }
 
 // ServeObserver sees what [Bus.Serve] does with each message.
@@ -107,6 +112,8 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 	}
 
 	slots := make(chan struct{}, opts.Concurrency)
+	var lanesMu sync.Mutex
+	lanes := map[string]*lane{}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -144,14 +151,46 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 			}
 			continue
 		}
+		key := ""
+		if opts.OrderBy != nil {
+			key = opts.OrderBy(msg.Subject())
+		}
+		if key != "" {
+			lanesMu.Lock()
+			if l, busy := lanes[key]; busy {
+				// The key's handler takes it when done with the one before.
+				l.pending = append(l.pending, msg)
+				lanesMu.Unlock()
+				continue
+			}
+			lanes[key] = &lane{}
+			lanesMu.Unlock()
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-slots }()
-			b.handle(ctx, log, opts, msg, h)
+			for {
+				b.handle(ctx, log, opts, msg, h)
+				<-slots
+				if key == "" {
+					return
+				}
+				lanesMu.Lock()
+				l := lanes[key]
+				if len(l.pending) == 0 {
+					delete(lanes, key)
+					lanesMu.Unlock()
+					return
+				}
+				msg, l.pending = l.pending[0], l.pending[1:]
+				lanesMu.Unlock()
+			}
 		}()
 	}
 }
+
+// lane holds the messages of one OrderBy key waiting behind its handler.
+type lane struct{ pending []jetstream.Msg }
 
 func (b *Bus) handle(ctx context.Context, log *slog.Logger, opts ServeOptions, msg jetstream.Msg, h HandlerFunc) {
 	outcome := "ok"
