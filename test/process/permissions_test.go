@@ -72,18 +72,23 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	assert.Contains(t, res.Answer, "Retried after approval: job_1041, job_1043")
 
 	// The client user cannot impersonate a service, decide, report
-	// results or approve.
-	for _, subject := range []string{"ab.run.default.X.completed", "ab.pool.default.request", "ab.run.default.X.decision", "ab.run.default.X.result", "ab.run.default.X.approve", "ab.run.default.X.deny"} {
+	// results, approve, or forge a step or live progress that followers
+	// would show.
+	forged := []string{"ab.run.default.X.completed", "ab.pool.default.request", "ab.run.default.X.decision", "ab.run.default.X.result",
+		"ab.run.default.X.approve", "ab.run.default.X.deny", "ab.run.default.X.step", "ab.run.default.X.progress"}
+	for _, subject := range forged {
 		require.NoError(t, nc.Publish(subject, []byte("{}")))
 	}
 	require.NoError(t, nc.Flush())
-	for _, subject := range []string{"ab.run.default.X.completed", "ab.pool.default.request", "ab.run.default.X.decision", "ab.run.default.X.result", "ab.run.default.X.approve", "ab.run.default.X.deny"} {
+	for _, subject := range forged {
 		clientRefused.waitFor(t, `Permissions Violation for Publish to "`+subject+`"`)
 	}
 
-	// The executor user cannot start runs or read the audit stream.
+	// The executor user cannot start runs, forge progress or read the
+	// audit stream.
 	ex, exRefused := connectAs(t, url("executor"), "_INBOX_executor")
 	require.NoError(t, ex.Publish("ab.run.default.X.requested", []byte("{}")))
+	require.NoError(t, ex.Publish("ab.run.default.X.progress", []byte("{}")))
 	exJS, err := jetstream.New(ex)
 	require.NoError(t, err)
 	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
@@ -93,6 +98,7 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	_, err = exJS.OrderedConsumer(short, "AB_AUDIT", jetstream.OrderedConsumerConfig{})
 	assert.Error(t, err, "nor read it")
 	exRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.default.X.requested"`)
+	exRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.default.X.progress"`)
 	exRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.STREAM.INFO.AB_AUDIT"`)
 }
 
