@@ -11,10 +11,15 @@ import (
 // optimization: every write still carries the revision it read, so a stale
 // entry fails the write and is reloaded. Ended runs are evicted; when the
 // cache is full an arbitrary entry is.
+//
+// It also remembers, for active and ended runs alike, the revision whose
+// outbox this dispatcher published: a state read back at that revision
+// has nothing left to send.
 type stateCache struct {
 	mu      sync.Mutex
 	max     int
 	entries map[string]cachedState
+	sent    map[string]uint64
 }
 
 type cachedState struct {
@@ -23,7 +28,7 @@ type cachedState struct {
 }
 
 func newStateCache(max int) *stateCache {
-	return &stateCache{max: max, entries: make(map[string]cachedState)}
+	return &stateCache{max: max, entries: make(map[string]cachedState), sent: make(map[string]uint64)}
 }
 
 func (c *stateCache) get(runID string) ([]byte, uint64, bool) {
@@ -33,9 +38,17 @@ func (c *stateCache) get(runID string) ([]byte, uint64, bool) {
 	return e.value, e.revision, ok
 }
 
+// put caches a stored state whose outbox was published.
 func (c *stateCache) put(runID string, value []byte, revision uint64, terminal bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if _, ok := c.sent[runID]; !ok && len(c.sent) >= c.max {
+		for k := range c.sent {
+			delete(c.sent, k)
+			break
+		}
+	}
+	c.sent[runID] = revision
 	if terminal {
 		delete(c.entries, runID)
 		return
@@ -53,6 +66,16 @@ func (c *stateCache) drop(runID string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.entries, runID)
+	delete(c.sent, runID)
+}
+
+// sentAt reports whether this dispatcher published the outbox of runID's
+// state at revision.
+func (c *stateCache) sentAt(runID string, revision uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.sent[runID]
+	return ok && r == revision
 }
 
 // checkerCache keeps one compiled argument checker per catalog definition

@@ -225,6 +225,9 @@ type Dispatcher struct {
 	limits    *limits.Store
 	wakes     *wakeups
 	unsent    *unpublished
+	// outboxFresh is how long a stored outbox may still be unsent (half
+	// the streams' duplicate window); see carriedOutbox.
+	outboxFresh time.Duration
 
 	queueMu sync.Mutex
 	queues  map[string]*runQueue
@@ -288,6 +291,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return err
 	}
 	if err := d.openLimits(ctx); err != nil {
+		return err
+	}
+	if d.outboxFresh, err = d.freshOutboxes(ctx); err != nil {
 		return err
 	}
 	d.wakes.start(ctx)
@@ -390,7 +396,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 	rev, err := d.runs.Create(cctx, st.RunID, val)
 	cancel()
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		return d.flushStored(ctx, st.RunID)
+		return d.flushStored(ctx, st.RunID, false)
 	}
 	if err != nil {
 		return err
@@ -427,12 +433,50 @@ func decodeState(runID string, b []byte) (run.State, error) {
 	return st, nil
 }
 
-// flushStored publishes the outbox of the stored state of runID, if it has
-// one, and clears it.
-func (d *Dispatcher) flushStored(ctx context.Context, runID string) error {
+// freshOutboxes returns how long a stored outbox may be unsent: half the
+// shortest duplicate window of the streams the outbox publishes to.
+func (d *Dispatcher) freshOutboxes(ctx context.Context) (time.Duration, error) {
+	window := time.Duration(0)
+	for _, name := range []string{d.topo.StreamRuns(), d.topo.StreamWork()} {
+		st, err := d.js.Stream(ctx, name)
+		if err != nil {
+			return 0, err
+		}
+		if w := st.CachedInfo().Config.Duplicates; window == 0 || w < window {
+			window = w
+		}
+	}
+	return window / 2, nil
+}
+
+// carriedOutbox is the outbox of a state read from the bucket at
+// revision, if it may still be unsent. A published outbox is not cleared —
+// that would cost a write per transition — so a stored outbox is usually
+// sent already: surely when this dispatcher sent it (the cache remembers),
+// and when it was written more than outboxFresh ago (a writer that crashed
+// before sending leaves the event that produced it unacknowledged,
+// redelivered within the consumer's ack wait, well inside that time).
+// Sending it again past the streams' duplicate window would store its
+// events twice — a work item would run again — so it is not. A younger
+// outbox another dispatcher wrote is sent again: its events' ids make that
+// harmless to the streams (core subscribers may see an event twice).
+func (d *Dispatcher) carriedOutbox(st *run.State, revision uint64) []run.Effect {
+	if d.cache.sentAt(st.RunID, revision) || time.Since(st.UpdatedAt) > d.outboxFresh {
+		return nil
+	}
+	return st.Outbox
+}
+
+// flushStored publishes the outbox of the stored state of runID when it
+// may still be unsent (carriedOutbox), or, with unsent, whatever it is:
+// the caller knows its publish failed.
+func (d *Dispatcher) flushStored(ctx context.Context, runID string, unsent bool) error {
 	st, entry, err := d.loadStored(ctx, runID)
 	if err != nil {
 		return err
+	}
+	if !unsent {
+		st.Outbox = d.carriedOutbox(st, entry.Revision())
 	}
 	if len(st.Outbox) == 0 {
 		d.cache.put(runID, entry.Value(), entry.Revision(), st.IsTerminal())
@@ -442,9 +486,11 @@ func (d *Dispatcher) flushStored(ctx context.Context, runID string) error {
 }
 
 // flush publishes the outbox of st (stored at revision rev, encoded as
-// val), then clears it — unless another event of the run is queued: that
-// transition's write drops it. Until the outbox is published the state is
-// not cached, so a failed publish is retried from the stored outbox.
+// val). It stays in the stored state — the run's next write drops it, and
+// a reader only sends it again while it may be unsent (carriedOutbox) —
+// and the state is cached: a cached state's outbox is known sent. Until
+// the outbox is published the state is not cached, so a failed publish is
+// retried from the stored outbox.
 func (d *Dispatcher) flush(ctx context.Context, st *run.State, val []byte, rev uint64) error {
 	if d.crashAfterWrite != nil && d.crashAfterWrite(st.RunID) {
 		d.cache.drop(st.RunID)
@@ -457,38 +503,8 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, val []byte, rev u
 		}
 		return err
 	}
-	if len(st.Outbox) == 0 || d.queued(st.RunID) {
-		d.cache.put(st.RunID, val, rev, st.IsTerminal())
-		return nil
-	}
-	st.Outbox = nil
-	cleared, err := json.Marshal(st)
-	if err != nil {
-		return events.Permanent(err)
-	}
-	uctx, cancel := events.Bounded(ctx)
-	rev, err = d.runs.Update(uctx, st.RunID, cleared, rev)
-	cancel()
-	if err != nil {
-		// Another writer came first (its state carries the outbox, which
-		// it publishes again: the ids make that harmless), or the write
-		// was lost; either way everything was published.
-		d.cache.drop(st.RunID)
-		if !events.IsRevisionConflict(err) {
-			d.log.Warn("clearing a published outbox failed", "run_id", st.RunID, "err", err)
-		}
-		return nil
-	}
-	d.cache.put(st.RunID, cleared, rev, st.IsTerminal())
+	d.cache.put(st.RunID, val, rev, st.IsTerminal())
 	return nil
-}
-
-// queued reports whether events of runID wait to be applied.
-func (d *Dispatcher) queued(runID string) bool {
-	d.queueMu.Lock()
-	defer d.queueMu.Unlock()
-	q, ok := d.queues[runID]
-	return ok && len(q.jobs) > 0
 }
 
 // job is one event waiting to be applied to its run.
@@ -588,7 +604,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		// writer crashed): it goes out again with this transition's.
 		var carried []run.Effect
 		if fresh {
-			carried = st.Outbox
+			carried = d.carriedOutbox(&st, revision)
 		}
 		st.Outbox = nil
 		wasTerminal := st.IsTerminal()

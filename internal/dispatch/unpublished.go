@@ -63,7 +63,7 @@ func (d *Dispatcher) republish(ctx context.Context) {
 		case now := <-t.C:
 			for _, runID := range d.unsent.due(now) {
 				unlock := d.locks.Lock(runID)
-				err := d.flushStored(ctx, runID)
+				err := d.flushStored(ctx, runID, true)
 				unlock()
 				if err == nil {
 					d.unsent.done(runID)
