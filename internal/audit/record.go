@@ -190,6 +190,7 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		if d.Approval != nil {
 			rec.ApprovalTokenHash = sha(d.Approval.Token)
 		}
+		rec.Policy = d.Policy // the evaluation that admitted the call
 	case *events.ActionCompleted:
 		pol, mode := b.action(d.Action)
 		rec.Kind, rec.Status, rec.Action, rec.Mode = KindAction, "succeeded", d.Action, mode

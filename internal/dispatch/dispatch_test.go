@@ -331,6 +331,15 @@ func TestAuditCoversEveryStoredEventOfTheRun(t *testing.T) {
 		chain = append(chain, data)
 	}
 	assert.Equal(t, sorted(ids), sorted(audited))
+	// An allowed call's policy evaluation is on its work item's record,
+	// not a record of its own.
+	for _, c := range chain {
+		assert.NotEqual(t, "policy", c.Kind, "an allowed call has no separate policy record")
+		if c.EventType == events.TypeActionRequested {
+			pol, _ := c.Policy.(map[string]any)
+			assert.Equal(t, "allow", pol["action"], "the action record carries the evaluation: %v", c.Policy)
+		}
+	}
 	// No progress step was audited, then or later: the audit stream holds
 	// exactly one record per stored event.
 	js, err := jetstream.New(srv.Connect(t))

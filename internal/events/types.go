@@ -346,6 +346,9 @@ type ActionRequested struct {
 	// policy's attempts (the first included).
 	StepID      string `json:"stepId,omitempty"`
 	MaxAttempts int    `json:"maxAttempts,omitempty"`
+	// Policy is the policy evaluation that admitted the call (its
+	// snapshot), recorded by the auditor on the call's record.
+	Policy any `json:"policy,omitempty"`
 }
 
 // ApprovalContext is what an approval is bound to (see internal/policy).
@@ -530,7 +533,8 @@ type AuditRecorded struct {
 	// raw values, which never appear in audit.
 	ApprovalTokenHash  string `json:"approvalTokenHash,omitempty"`
 	IdempotencyKeyHash string `json:"idempotencyKeyHash,omitempty"`
-	// Policy is the policy evaluation snapshot of a policy record.
+	// Policy is the policy evaluation snapshot of a policy record, or of
+	// the evaluation that admitted an action record's call.
 	Policy      any    `json:"policy,omitempty"`
 	PayloadHash string `json:"payloadHash"`
 	PrevHash    string `json:"prevHash"`

@@ -139,7 +139,13 @@ func (m *Machine) admit(ctx context.Context, st *State, s callSpec) ([]Effect, a
 	snap := m.env.Evaluate(ctx, policy.Request{Action: entry.Name, Mode: entry.Mode, Tier: entry.Tier,
 		Permission: entry.Permission, Origin: s.Origin, UserID: st.UserID, Metadata: st.Metadata})
 	st.PolicySnapshots = append(st.PolicySnapshots, snap)
-	out = append(out, stepWith(st, StepPolicyEvaluated, pi, s.Action, snap.Action+": "+snap.Reason, "", map[string]any{"snapshot": snap}))
+	call.Policy = len(st.PolicySnapshots)
+	evaluated := stepWith(st, StepPolicyEvaluated, pi, s.Action, snap.Action+": "+snap.Reason, "", map[string]any{"snapshot": snap})
+	// An allowed call's evaluation travels on its work item, which the
+	// auditor records: its step is progress. A denial or a question for an
+	// approver is recorded on its own.
+	evaluated.Progress = snap.Action == policy.Allow
+	out = append(out, evaluated)
 	switch snap.Action {
 	case policy.Deny:
 		return out, admission{Verdict: denied, Snapshot: snap, Err: where(actionbus.Errorf(actionbus.CodePolicyRejected,

@@ -48,8 +48,11 @@ type Effect struct {
 	// Type and Data are a literal event's.
 	Type string `json:"type,omitempty"`
 	Data any    `json:"data,omitempty"`
-	// Step is a progress step's.
-	Step *events.RunStep `json:"step,omitempty"`
+	// Step is a step's; Progress makes a step that is otherwise recorded
+	// live only (an allowed call's policy evaluation, which its work item
+	// carries to the audit trail).
+	Step     *events.RunStep `json:"step,omitempty"`
+	Progress bool            `json:"progress,omitempty"`
 	// Timer is a timer's.
 	Timer *Timer `json:"timer,omitempty"`
 	// Cycle, CallID, Part, Index and ApprovalID name what a reference
@@ -92,7 +95,7 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 		em.Type, em.Data = e.Type, e.Data
 	case EffectStep:
 		em.Type, em.Data = events.TypeRunStep, e.Step
-		if !StepName(e.Step.Name).Recorded() {
+		if e.Progress || !StepName(e.Step.Name).Recorded() {
 			em.Type = events.TypeRunProgress
 		}
 	case EffectDecide:
@@ -113,6 +116,9 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 		em.Data = &events.ActionRequested{RunID: st.RunID, Tenant: st.TenantOrDefault(), CallID: c.CallID, Cycle: st.Cycle, PlanIndex: c.PlanIndex, Attempt: max(c.Attempt, 1),
 			Action: c.Action, Args: nonNilArgs(c.Args), Origin: c.Origin, UserID: st.UserID, TimeoutMs: c.TimeoutMs,
 			IdempotencyKey: c.IdempotencyKey, Approval: c.Approval, StepID: c.StepID, MaxAttempts: c.MaxAttempts}
+		if c.Policy > 0 && c.Policy <= len(st.PolicySnapshots) {
+			em.Data.(*events.ActionRequested).Policy = st.PolicySnapshots[c.Policy-1]
+		}
 		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}, {Name: events.ExtPlanIndex, Value: c.PlanIndex},
 			{Name: events.ExtAttempt, Value: max(c.Attempt, 1)}, {Name: events.ExtPool, Value: c.Pool}}
 	case EffectSynthesize:

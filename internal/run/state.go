@@ -214,6 +214,9 @@ type CallState struct {
 	LimitKey        string `json:"limitKey,omitempty"`
 	Holding         bool   `json:"holding,omitempty"`
 	WaitingCapacity bool   `json:"waitingCapacity,omitempty"`
+	// Policy is 1 + the index in State.PolicySnapshots of the evaluation
+	// that admitted the call (0: none); its work item carries it.
+	Policy int `json:"policy,omitempty"`
 }
 
 // Capacity is a limit's answer to a call asking for a slot.
