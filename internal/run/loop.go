@@ -231,29 +231,85 @@ func (m *Machine) onStageTimer(st *State, t *events.TimerFired) []Effect {
 			return append([]Effect{step(st, StepApprovalExpired, nil, p.Context.Action, err.Message, "failed")}, m.fail(st, err)...)
 		}
 	case events.TimerAction:
+		if t.CallID == "" {
+			// The run's calls timer covers the calls in flight, whatever
+			// the cycle that armed it.
+			return m.onCallsDue(st, stalled)
+		}
 		if st.Phase != PhaseActing || st.Cycle != t.Cycle {
 			return nil
 		}
+		// A schedule of one call (armed before calls shared one timer).
 		if i := st.callIndex(t.CallID); i >= 0 && !st.Calls[i].Done {
-			c := &st.Calls[i]
-			if !c.Redispatched {
-				// No answer by the deadline: the request may have been
-				// lost with a node (a consumer's leader moving can lose a
-				// delivery). It is sent once more, under its own event id;
-				// the call id stays, so an executor that did run it
-				// replays its result (mutations are always keyed by their
-				// call id).
-				c.Redispatched = true
-				pi := c.PlanIndex
-				return []Effect{step(st, StepActionRedispatched, &pi, c.Action, "no answer by the deadline; the request is sent once more", ""),
-					{Kind: EffectAct, ID: st.derive("redispatch", c.CallID), CallID: c.CallID},
-					m.timer(st, events.TimerFired{Kind: events.TimerAction, CallID: c.CallID, Stage: "action " + c.Action}, fmt.Sprintf("call%d", c.PlanIndex),
-						time.Duration(c.TimeoutMs)*time.Millisecond+m.lim.ActionGrace)}
+			out := m.callSilent(st, &st.Calls[i], stalled)
+			if st.IsTerminal() {
+				return out
 			}
-			return stalled("action "+c.Action, "action", c.Action, "planIndex", c.PlanIndex, "callId", c.CallID)
+			return append(out, m.armCalls(st)...)
 		}
 	}
 	return nil
+}
+
+// onCallsDue handles the run's calls timer: every call in flight past its
+// deadline is sent once more, or, when it already was, stalls the run;
+// then the timer is armed again for the next deadline.
+func (m *Machine) onCallsDue(st *State, stalled func(string, ...any) []Effect) []Effect {
+	now := m.env.Now()
+	var out []Effect
+	for i := range st.Calls {
+		c := &st.Calls[i]
+		if !c.Dispatched || c.Done || c.DueAt.After(now) {
+			continue
+		}
+		out = append(out, m.callSilent(st, c, stalled)...)
+		if st.IsTerminal() {
+			return out
+		}
+	}
+	return append(out, m.armCalls(st)...)
+}
+
+// callSilent answers a call's silence past its deadline (the caller arms
+// the calls timer again): the first time its request is sent once more — it may have been lost with a node (a
+// consumer's leader moving can lose a delivery); under its own event id,
+// but the call id stays, so an executor that did run it replays its
+// result (mutations are always keyed by their call id) — the second time
+// the run stalls.
+func (m *Machine) callSilent(st *State, c *CallState, stalled func(string, ...any) []Effect) []Effect {
+	if c.Redispatched {
+		return stalled("action "+c.Action, "action", c.Action, "planIndex", c.PlanIndex, "callId", c.CallID)
+	}
+	c.Redispatched = true
+	c.DueAt = m.env.Now().Add(time.Duration(c.TimeoutMs)*time.Millisecond + m.lim.ActionGrace)
+	pi := c.PlanIndex
+	return []Effect{step(st, StepActionRedispatched, &pi, c.Action, "no answer by the deadline; the request is sent once more", ""),
+		{Kind: EffectAct, ID: st.derive("redispatch", c.CallID), CallID: c.CallID}}
+}
+
+// armCalls keeps one durable timer for every call in flight: armed at the
+// earliest deadline among them unless the armed one comes no later (a
+// call dispatched later with the same timeout needs no new schedule; the
+// armed one, when it fires, arms the next).
+func (m *Machine) armCalls(st *State) []Effect {
+	var next time.Time
+	for _, c := range st.Calls {
+		if c.Dispatched && !c.Done && (next.IsZero() || c.DueAt.Before(next)) {
+			next = c.DueAt
+		}
+	}
+	// An armed time already reached has fired, or fires within the
+	// second: a new schedule replaces it.
+	armed := st.CallsDueAt.After(m.env.Now())
+	if next.IsZero() || (armed && !st.CallsDueAt.After(next)) {
+		return nil
+	}
+	st.CallsDueAt = next
+	f := events.TimerFired{Kind: events.TimerAction, Stage: "actions", RunID: st.RunID, Cycle: st.Cycle}
+	// The id names the time: a later schedule of the same name replaces
+	// the earlier one instead of being dropped as its duplicate.
+	id := st.derive("timer", "calls", st.Cycle, next.UnixMilli())
+	return []Effect{{Kind: EffectTimer, ID: id, Timer: &Timer{Name: "calls", At: next, Fired: f}}}
 }
 
 // dispatchMore dispatches calls in declaration order while fewer than
@@ -295,10 +351,10 @@ func (m *Machine) dispatchMore(ctx context.Context, st *State) []Effect {
 			c.Holding, c.WaitingCapacity = capacity.Key != "", false
 		}
 		c.Dispatched = true
-		out = append(out, step(st, StepActionDispatched, &pi, c.Action, "to pool "+c.Pool, ""), actEffect(*c),
-			m.timer(st, events.TimerFired{Kind: events.TimerAction, CallID: c.CallID, Stage: "action " + c.Action}, fmt.Sprintf("call%d", c.PlanIndex),
-				time.Duration(c.TimeoutMs)*time.Millisecond+m.lim.ActionGrace))
+		c.DueAt = m.env.Now().Add(time.Duration(c.TimeoutMs)*time.Millisecond + m.lim.ActionGrace)
+		out = append(out, step(st, StepActionDispatched, &pi, c.Action, "to pool "+c.Pool, ""), actEffect(*c))
 	}
+	out = append(out, m.armCalls(st)...)
 	if !retryAt.IsZero() {
 		out = append(out, wakeEffect(st, retryAt))
 		if newlyWaiting {

@@ -681,3 +681,33 @@ func TestAStepWhoseInputWasTamperedWithFails(t *testing.T) {
 	cause, _ := h.st.Terminal.Error.Details["cause"].(map[string]any)
 	assert.Equal(t, string(actionbus.CodeArtifactMismatch), cause["code"], "%+v", h.st.Terminal.Error)
 }
+
+// One durable timer covers every call in flight (not one per call): a
+// plan of three arms one; when it fires, every silent call is sent once
+// more and the timer is armed again; a second silence stalls the run.
+func TestOneTimerCoversEveryCallInFlight(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	out := h.decide(plan(action("t.read", nil), action("t.other", nil), action("t.read", map[string]any{"q": "x"})))
+	timers := func(out []Effect) int {
+		n := 0
+		for _, e := range out {
+			if e.Kind == EffectTimer && e.Timer.Fired.Kind == events.TimerAction {
+				n++
+			}
+		}
+		return n
+	}
+	require.Len(t, h.dispatched(), 3)
+	assert.Equal(t, 1, timers(out), "one schedule for three calls")
+	calls := h.dispatched()
+	assert.Empty(t, timers(h.succeed(calls[0].CallID, nil)), "a result arms nothing")
+
+	out = h.fire(events.TimerAction)
+	assert.Len(t, h.dispatched(), 2, "both silent calls are sent once more")
+	assert.Equal(t, 1, timers(out), "and covered by one new schedule")
+	assert.False(t, h.st.IsTerminal())
+
+	out = h.fire(events.TimerAction)
+	assert.Equal(t, actionbus.CodeStageStalled, h.code())
+	assert.True(t, has(out, EffectEnd))
+}

@@ -109,6 +109,9 @@ type State struct {
 	ApprovalsExpired []string `json:"approvalsExpired,omitempty"`
 	// PolicySnapshots record every policy evaluation of the run.
 	PolicySnapshots []policy.Snapshot `json:"policySnapshots,omitempty"`
+	// CallsDueAt is when the run's calls timer is armed (zero: none), the
+	// earliest DueAt of its calls in flight or earlier.
+	CallsDueAt time.Time `json:"callsDueAt,omitzero"`
 	// Diagnostics are facts recorded about the run's inputs (alias
 	// rewrites, stripped keys).
 	Diagnostics []Diagnostic `json:"diagnostics,omitempty"`
@@ -217,6 +220,9 @@ type CallState struct {
 	// Policy is 1 + the index in State.PolicySnapshots of the evaluation
 	// that admitted the call (0: none); its work item carries it.
 	Policy int `json:"policy,omitempty"`
+	// DueAt is when a dispatched call's silence is acted on (its timeout
+	// plus the grace); the run's calls timer covers it.
+	DueAt time.Time `json:"dueAt,omitzero"`
 }
 
 // Capacity is a limit's answer to a call asking for a slot.
