@@ -189,7 +189,11 @@ func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Ms
 		head, cached := s.heads[rec.RunID]
 		s.headsMu.Unlock()
 		prevHash, lastSeq := head.hash, head.seq
-		if !cached || attempt > 0 {
+		// A run's request is its first record as a rule: its chain is
+		// taken to be empty without reading it (the expected sequence 0
+		// fails the append when it is not, and the chain is read then).
+		first := !cached && attempt == 0 && rec.EventType == events.TypeRunRequested
+		if (!cached || attempt > 0) && !first {
 			var err error
 			if prevHash, lastSeq, err = s.last(ctx, chain); err != nil {
 				return err
