@@ -503,6 +503,14 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, val []byte, rev u
 		}
 		return err
 	}
+	if len(st.Outbox) > 0 && !st.IsTerminal() {
+		// The cache keeps runs in flight without their sent outbox: it is
+		// what they hold most of while they wait.
+		st.Outbox = nil
+		if b, err := json.Marshal(st); err == nil {
+			val = b
+		}
+	}
 	d.cache.put(st.RunID, val, rev, st.IsTerminal())
 	return nil
 }
