@@ -423,8 +423,8 @@ func (c *Client) Follow(ctx context.Context, runID string, fn func(Event)) (*Res
 // follow is Follow; with start, the run is started once the progress
 // subscription is in place, so no progress step is missed.
 //
-// Progress steps (run.progress) are live only, never stored: they come
-// from a channel subscription, which the connection's reader fills in the
+// Live events (run.started, run.progress) are never stored: they come
+// from channel subscriptions, which the connection's reader fills in the
 // order messages arrive — progress the dispatcher published before the
 // terminal event is in the channel when the terminal event is read, and is
 // delivered before it.
@@ -443,6 +443,12 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 		if sub, err = c.nc.ChanSubscribe(c.topo.Subjects().Run(c.tenant, runID, "progress"), progress); err != nil {
 			return nil, fmt.Errorf("client: follow %s: %w", runID, err)
 		}
+		started, err := c.nc.ChanSubscribe(c.topo.Subjects().Run(c.tenant, runID, "started"), progress)
+		if err != nil {
+			_ = sub.Unsubscribe()
+			return nil, fmt.Errorf("client: follow %s: %w", runID, err)
+		}
+		defer func() { _ = started.Unsubscribe() }()
 		quit, exited := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(exited)
@@ -462,6 +468,7 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 		stopProgress = func() {
 			once.Do(func() {
 				_ = sub.Unsubscribe()
+				_ = started.Unsubscribe()
 				close(quit)
 				<-exited
 				for len(progress) > 0 {

@@ -189,5 +189,5 @@ func ExampleClient_AuditStream() {
 		panic(err)
 	}
 	fmt.Println(kinds)
-	// Output: [run/requested run/started run/completed]
+	// Output: [run/requested run/completed]
 }

@@ -115,6 +115,9 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 	switch d := r.Data.(type) {
 	case *events.RunRequested:
 		rec.Kind, rec.Status, rec.UserID = KindRun, "requested", d.UserID
+		if events.ValidRunID(d.RetryOf) {
+			rec.RetryOf = d.RetryOf // the run it asks to retry (refused across tenants, kinds and users)
+		}
 		in := map[string]any{}
 		if d.Prompt != "" {
 			in["prompt"] = d.Prompt

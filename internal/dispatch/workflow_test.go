@@ -388,7 +388,7 @@ func TestRetryResumesAFailedWorkflowAtItsFailedStep(t *testing.T) {
 	require.Eventually(t, func() bool {
 		recs, err := st.Client.AuditRecords(ctx, id)
 		return err == nil && slices.ContainsFunc(recs, func(r client.AuditRecord) bool {
-			return r.EventType == events.TypeRunStarted && r.RetryOf == first.RunID
+			return r.EventType == events.TypeRunRequested && r.RetryOf == first.RunID
 		})
 	}, 10*time.Second, 50*time.Millisecond, "the retry's trail names the failed run")
 }

@@ -318,11 +318,11 @@ func TestDataIsValidatedOnceAtTheReceiver(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	ctx := ctxT(t)
 	runID := events.NewID()
-	bad := &events.RunStarted{RunID: runID} // kind is required by its schema
-	subject := srv.Prefix + ".run." + events.DefaultTenant + "." + runID + ".started"
+	bad := &events.RunStep{RunID: runID} // a step's name is required by its schema
+	subject := srv.Prefix + ".run." + events.DefaultTenant + "." + runID + ".step"
 
 	client := newBus(t, srv, events.ModeBinary, "")
-	e, err := client.New(events.TypeRunStarted, events.NewID(), events.DefaultTenant, runID, bad)
+	e, err := client.New(events.TypeRunStep, events.NewID(), events.DefaultTenant, runID, bad)
 	require.NoError(t, err)
 	_, err = client.Publish(ctx, subject, e)
 	require.ErrorIs(t, err, actionbus.ErrSchemaValidation, "a client's bus checks what it publishes")

@@ -30,7 +30,7 @@ type Entry struct {
 // same list; TestCatalogMatchesDocs keeps both in step.
 var Catalog = []Entry{
 	{TypeRunRequested, "{prefix}.run.{tenant}.{runId}.requested", "client", []string{"dispatcher", "auditor"}, "run.requested.json", func() any { return new(RunRequested) }, false},
-	{TypeRunStarted, "{prefix}.run.{tenant}.{runId}.started", "dispatcher", []string{"auditor", "client"}, "run.started.json", func() any { return new(RunStarted) }, false},
+	{TypeRunStarted, "{prefix}.run.{tenant}.{runId}.started", "dispatcher", []string{"client"}, "run.started.json", func() any { return new(RunStarted) }, true},
 	{TypeRunStep, "{prefix}.run.{tenant}.{runId}.step", "dispatcher", []string{"auditor", "client"}, "run.step.json", func() any { return new(RunStep) }, false},
 	{TypeRunProgress, "{prefix}.run.{tenant}.{runId}.progress", "dispatcher", []string{"client"}, "run.step.json", func() any { return new(RunStep) }, true},
 	{TypeRunCompleted, "{prefix}.run.{tenant}.{runId}.completed", "dispatcher", []string{"auditor", "client"}, "run.completed.json", func() any { return new(RunCompleted) }, false},

@@ -280,7 +280,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		}
 		short, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
-		_, err := clientJS.CreateOrUpdateConsumer(short, "AB_RUNS", jetstream.ConsumerConfig{Durable: "dispatcher", FilterSubject: "ab.run.*.*.started", AckPolicy: jetstream.AckExplicitPolicy})
+		_, err := clientJS.CreateOrUpdateConsumer(short, "AB_RUNS", jetstream.ConsumerConfig{Durable: "dispatcher", FilterSubject: "ab.run.*.*.completed", AckPolicy: jetstream.AckExplicitPolicy})
 		assert.Error(t, err, "the client changed the dispatcher's filter")
 		assert.Error(t, clientJS.DeleteConsumer(short, "AB_RUNS", "planner"), "the client deleted the planner's consumer")
 		_, err = clientJS.Consumer(short, "AB_REQUESTS", events.ConsumerDispatcherRequests)
