@@ -259,7 +259,9 @@ func (m *Machine) onCallsDue(st *State, stalled func(string, ...any) []Effect) [
 	var out []Effect
 	for i := range st.Calls {
 		c := &st.Calls[i]
-		if !c.Dispatched || c.Done || c.DueAt.After(now) {
+		// A call without DueAt was dispatched with its own schedule
+		// (before calls shared one), which still covers it.
+		if !c.Dispatched || c.Done || c.DueAt.IsZero() || c.DueAt.After(now) {
 			continue
 		}
 		out = append(out, m.callSilent(st, c, stalled)...)
@@ -270,12 +272,12 @@ func (m *Machine) onCallsDue(st *State, stalled func(string, ...any) []Effect) [
 	return append(out, m.armCalls(st)...)
 }
 
-// callSilent answers a call's silence past its deadline (the caller arms
-// the calls timer again): the first time its request is sent once more — it may have been lost with a node (a
-// consumer's leader moving can lose a delivery); under its own event id,
-// but the call id stays, so an executor that did run it replays its
-// result (mutations are always keyed by their call id) — the second time
-// the run stalls.
+// callSilent answers a call's silence past its deadline; the caller arms
+// the calls timer again. The first time, its request is sent once more:
+// it may have been lost with a node (a consumer's leader moving can lose a
+// delivery). It goes under its own event id, but the call id stays, so an
+// executor that did run it replays its result (mutations are always keyed
+// by their call id). The second time, the run stalls.
 func (m *Machine) callSilent(st *State, c *CallState, stalled func(string, ...any) []Effect) []Effect {
 	if c.Redispatched {
 		return stalled("action "+c.Action, "action", c.Action, "planIndex", c.PlanIndex, "callId", c.CallID)
@@ -294,7 +296,7 @@ func (m *Machine) callSilent(st *State, c *CallState, stalled func(string, ...an
 func (m *Machine) armCalls(st *State) []Effect {
 	var next time.Time
 	for _, c := range st.Calls {
-		if c.Dispatched && !c.Done && (next.IsZero() || c.DueAt.Before(next)) {
+		if c.Dispatched && !c.Done && !c.DueAt.IsZero() && (next.IsZero() || c.DueAt.Before(next)) {
 			next = c.DueAt
 		}
 	}

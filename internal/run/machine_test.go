@@ -711,3 +711,20 @@ func TestOneTimerCoversEveryCallInFlight(t *testing.T) {
 	assert.Equal(t, actionbus.CodeStageStalled, h.code())
 	assert.True(t, has(out, EffectEnd))
 }
+
+// A run stored before calls shared one timer keeps its calls' own
+// schedules: the calls timer neither fires them early nor loses them.
+func TestCallsFromBeforeTheSharedTimerKeepTheirOwnSchedules(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	h.decide(plan(action("t.read", nil), action("t.other", nil)))
+	calls := h.dispatched()
+	call := func(i int) *CallState { return &h.st.Calls[h.st.callIndex(calls[i].CallID)] }
+	call(0).DueAt = time.Time{} // as stored by the earlier version
+	h.fire(events.TimerAction)
+	assert.False(t, call(0).Redispatched, "the shared timer leaves a call with its own schedule alone")
+	assert.True(t, call(1).Redispatched)
+	// Its own schedule still answers its silence.
+	out := h.apply(&events.TimerFired{RunID: testRunID, Kind: events.TimerAction, Cycle: h.st.Cycle, CallID: calls[0].CallID})
+	assert.Contains(t, stepNames(out), string(StepActionRedispatched))
+	assert.False(t, call(0).DueAt.IsZero(), "and from then on the shared timer covers it")
+}
