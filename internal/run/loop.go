@@ -437,16 +437,6 @@ func (m *Machine) onResult(ctx context.Context, st *State, r result) ([]Effect, 
 		abErr = actionbus.Errorf(actionbus.CodeHandlerFailed, "action failed without an error")
 	}
 	c := &st.Calls[i]
-	if !ok && abErr.Code == actionbus.CodeDeliveryExhausted && !c.Redispatched {
-		// Deliveries run out without a result when a node loss moves the
-		// pool consumer's leader (each move may deliver pending work
-		// again): like a silence, the request is sent once more.
-		c.Redispatched = true
-		c.DueAt = m.env.Now().Add(time.Duration(c.TimeoutMs)*time.Millisecond + m.lim.ActionGrace)
-		pi := c.PlanIndex
-		return append([]Effect{step(st, StepActionRedispatched, &pi, c.Action, abErr.Message+"; the request is sent once more", ""),
-			{Kind: EffectAct, ID: st.derive("redispatch", c.CallID), CallID: c.CallID}}, m.armCalls(st)...), nil
-	}
 	c.Done, c.OK, c.Output, c.Summary, c.Complete, c.Error, c.Executor = true, ok, r.output, summary, r.complete, abErr, executor
 	var release []Effect
 	if c.Holding {

@@ -728,25 +728,3 @@ func TestCallsFromBeforeTheSharedTimerKeepTheirOwnSchedules(t *testing.T) {
 	assert.Contains(t, stepNames(out), string(StepActionRedispatched))
 	assert.False(t, call(0).DueAt.IsZero(), "and from then on the shared timer covers it")
 }
-
-// A call whose deliveries ran out (a node loss moved the pool consumer's
-// leader, each move delivering pending work again) is sent once more; a
-// second exhaustion fails it.
-func TestExhaustedDeliveriesAreSentOnceMore(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
-	h.decide(action("t.read", nil))
-	call := h.dispatched()[0]
-	out := h.failCall(call.CallID, actionbus.CodeDeliveryExhausted)
-	assert.Contains(t, stepNames(out), string(StepActionRedispatched))
-	require.Len(t, h.dispatched(), 1, "the request goes out again")
-	assert.Equal(t, call.CallID, h.dispatched()[0].CallID, "under the same call id")
-	assert.False(t, h.st.Calls[h.st.callIndex(call.CallID)].Done)
-
-	h.failCall(call.CallID, actionbus.CodeDeliveryExhausted)
-	obs := h.st.Agent.Observations
-	require.NotEmpty(t, obs, "the second exhaustion is the call's result")
-	last := obs[len(obs)-1]
-	assert.False(t, last.OK)
-	require.NotNil(t, last.Error)
-	assert.Equal(t, actionbus.CodeDeliveryExhausted, last.Error.Code)
-}
