@@ -272,6 +272,15 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 			}
 		}
 		require.NoError(t, errs[i], "run %d", i)
+		if results[i].Status != client.StatusCompleted {
+			if str, err := js.Stream(context.Background(), "AB_RUNS"); err == nil {
+				cons, _ := str.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ab.run.default." + ids[i] + ".>"}})
+				batch, _ := cons.FetchNoWait(100)
+				for m := range batch.Messages() {
+					t.Logf("run %d stored: %s %s %s", i, m.Subject(), m.Headers().Get("ce-type"), string(m.Data()))
+				}
+			}
+		}
 		assert.Equal(t, client.StatusCompleted, results[i].Status, "run %d: %+v", i, results[i].Error)
 		assert.Equal(t, fmt.Sprintf("run-%d", i), results[i].Answer)
 	}
