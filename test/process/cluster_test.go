@@ -127,9 +127,13 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 	admin := connect()
 	js, err := jetstream.New(admin)
 	require.NoError(t, err)
-	// A short ack wait: a result whose ack was lost with the node is
-	// redelivered in seconds (backoff 2, 4, 8, 20 s), not minutes.
-	topo := events.Topology{Replicas: 3, AckWait: 2 * time.Second}
+	// A short ack wait: a message whose ack was lost with the node is
+	// redelivered in seconds, not minutes. But MaxDeliver (5) ack waits
+	// must outlast the failover: work delivered to pulls parked on the
+	// lost node is redelivered each ack wait, and a call whose deliveries
+	// all go that way fails delivery_exhausted (at 2 s, a failover of 8 s
+	// on a busy 2-core machine did that now and then).
+	topo := events.Topology{Replicas: 3, AckWait: 5 * time.Second}
 	// The cluster is ready for provisioning once JetStream answers with a
 	// meta leader and all three servers.
 	require.Eventually(t, func() bool {
