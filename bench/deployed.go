@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -104,8 +105,9 @@ func (d *deployment) spawn(name, bin, user string, extraEnv []string, args ...st
 	return &proc{name: name, cmd: cmd, log: logPath}
 }
 
-// deploy starts the topology; profile names services whose pprof
-// endpoint (ACTIONBUS_DEBUG_ADDR) is opened.
+// deploy starts the topology from the binaries in bins; every service
+// serves pprof on its own loopback address (ACTIONBUS_DEBUG_ADDR) for
+// -profile.
 func deploy(ctx context.Context, bins string) *deployment {
 	dir, err := os.MkdirTemp("", "actionbus-bench-")
 	must(err)
@@ -148,7 +150,7 @@ func deploy(ctx context.Context, bins string) *deployment {
 	// Ready: echo is in the catalog and a run goes through.
 	for {
 		acts, err := d.c.Actions(ctx)
-		if err == nil && len(acts) > 0 {
+		if err == nil && slices.ContainsFunc(acts, func(a client.ActionInfo) bool { return a.Name == "echo" }) {
 			break
 		}
 		if ctx.Err() != nil {

@@ -303,7 +303,7 @@ func report(o *os.File, reps int, figs []Figure, perRun map[string]map[string]fl
 		if f.Ratio > 0 {
 			ratio = fmt.Sprintf("%.2f×", f.Ratio)
 		}
-		fmt.Fprintf(tw, "%s %s\t%s\t%.2f (%.2f–%.2f)\t%s\t%s\n", f.Name, "", fl, f.Value, f.Min, f.Max, ratio, f.Target)
+		fmt.Fprintf(tw, "%s\t%s\t%.2f (%.2f–%.2f)\t%s\t%s\n", f.Name, fl, f.Value, f.Min, f.Max, ratio, f.Target)
 	}
 	fmt.Fprintln(tw)
 	for _, f := range figs {

@@ -135,8 +135,8 @@ const (
 	fanoutWidth, chainLength       = 10, 5
 )
 
-// units returns W1, W2, W3 and W4's unit of work against s, under a run
-// name prefix that keeps repetitions apart.
+// w1, w2 and w3 return a workload's unit of work against s (W4 runs W1's
+// units), under a run name prefix that keeps repetitions apart.
 func w1(ctx context.Context, s system, name string) func(int) error {
 	return func(i int) error { return s.single(ctx, input(fmt.Sprintf("%s-%d", name, i), i)) }
 }
