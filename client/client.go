@@ -413,9 +413,11 @@ type Result struct {
 	EventID string
 }
 
-// Follow delivers every event of a run to fn (when not nil), from the
-// run's first event, until its terminal event, and returns the run's
-// result. It waits as long as ctx allows.
+// Follow delivers every stored event of a run to fn (when not nil), from
+// the run's first event, until its terminal event, and returns the run's
+// result. Live events (run.started, run.progress) are never stored: Follow
+// delivers those published after it subscribed. To see a run's every event,
+// start it with Run and a non-nil fn. It waits as long as ctx allows.
 func (c *Client) Follow(ctx context.Context, runID string, fn func(Event)) (*Result, error) {
 	return c.follow(ctx, runID, fn, nil)
 }

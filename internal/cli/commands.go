@@ -98,16 +98,24 @@ func startWith(ctx context.Context, g *globals, c *client.Client, req client.Run
 		return err
 	}
 	defer func() { _ = stop() }()
-	if _, err := c.Start(ctx, req); err != nil {
-		return err
-	}
-	return followWith(ctx, g, c, req.RunID, timeout, p)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	// Run subscribes to the live events (run.started, progress) before it
+	// publishes the request, so none is missed.
+	res, err := c.Run(ctx, req, printer(ctx, g, c, req.RunID, p))
+	return p.outcome(req.RunID, res, err)
 }
 
 func followWith(ctx context.Context, g *globals, c *client.Client, runID string, timeout time.Duration, p *progress) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	res, err := c.Follow(ctx, runID, func(e client.Event) {
+	res, err := c.Follow(ctx, runID, printer(ctx, g, c, runID, p))
+	return p.outcome(runID, res, err)
+}
+
+// printer renders a run's events and answers its clarify questions.
+func printer(ctx context.Context, g *globals, c *client.Client, runID string, p *progress) func(client.Event) {
+	return func(e client.Event) {
 		p.event(e)
 		s, ok := e.Step()
 		if ok && s.Name == string(run.StepAwaitingInput) {
@@ -116,7 +124,12 @@ func followWith(ctx context.Context, g *globals, c *client.Client, runID string,
 		if ok && p.onStep != nil {
 			p.onStep(s)
 		}
-	})
+	}
+}
+
+// outcome is the command's error for a followed run: an exitError unless
+// it completed.
+func (p *progress) outcome(runID string, res *client.Result, err error) error {
 	if err != nil {
 		return fmt.Errorf("follow run %s: %w", runID, err)
 	}
@@ -364,11 +377,7 @@ func execCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
-			id, err := c.Start(cmd.Context(), client.RunRequest{Action: &client.ActionCall{Name: args[0], Args: in, IdempotencyKey: idemKey}, UserID: f.user, AllowedModes: f.modes})
-			if err != nil {
-				return err
-			}
-			return follow(cmd.Context(), g, c, id, f.timeout)
+			return start(cmd.Context(), g, c, client.RunRequest{Action: &client.ActionCall{Name: args[0], Args: in, IdempotencyKey: idemKey}, UserID: f.user, AllowedModes: f.modes}, f.timeout)
 		},
 	}
 	cmd.Flags().StringVar(&input, "input", "{}", "action input as a JSON object: inline, @FILE to read a file, - to read stdin")
