@@ -35,7 +35,7 @@ func Example() {
 		}
 		// Await returns an error the test words itself.
 		if _, err := rec.Await(ctx, func(r actionbustest.Recorded) bool {
-			return r.Type() == "io.actionbus.audit.recorded"
+			return len(r.AuditRecords()) > 0
 		}); err != nil {
 			t.Fatalf("the run was not audited: %v", err)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 
+	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/events"
 )
 
@@ -156,6 +157,55 @@ func (r *Recorder) WaitForType(t testing.TB, timeout time.Duration, eventType, r
 	})
 }
 
+// AuditRecords returns the audit records a message of the audit stream
+// holds — an audit append holds one or more, in chain order — or nil for
+// any other message.
+func (r Recorded) AuditRecords() []client.AuditRecord {
+	if r.Event == nil {
+		return nil
+	}
+	var data any
+	switch r.Event.Type() {
+	case events.TypeAuditAppended:
+		data = new(events.AuditAppended)
+	case events.TypeAuditRecorded:
+		data = new(events.AuditRecorded)
+	default:
+		return nil
+	}
+	if events.DataAs(r.Event, data) != nil {
+		return nil
+	}
+	recs, _ := events.AuditRecordsOf(&events.Received{Event: r.Event, Data: data})
+	return recs
+}
+
+// WaitForAudit blocks until n audit records satisfying match are recorded
+// (records, not messages: one audit append holds several) and returns
+// them in the order recorded. It fails the test when the deadline
+// (DefaultWait when 0) passes first.
+func (r *Recorder) WaitForAudit(t testing.TB, timeout time.Duration, n int, match func(client.AuditRecord) bool) []client.AuditRecord {
+	t.Helper()
+	matching := func(rec Recorded) []client.AuditRecord {
+		var out []client.AuditRecord
+		for _, a := range rec.AuditRecords() {
+			if match(a) {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	msgs, ok := r.waitCount(context.Background(), timeout, n, func(rec Recorded) int { return len(matching(rec)) })
+	var out []client.AuditRecord
+	for _, m := range msgs {
+		out = append(out, matching(m)...)
+	}
+	if !ok {
+		t.Fatalf("actionbustest: %d matching audit records not seen within %s (got %d); saw:\n%s", n, orDefault(timeout), len(out), r.describe())
+	}
+	return out[:n]
+}
+
 func (r *Recorder) waitN(timeout time.Duration, n int, match func(Recorded) bool) ([]Recorded, bool) {
 	return r.waitUntil(context.Background(), timeout, n, match)
 }
@@ -163,6 +213,17 @@ func (r *Recorder) waitN(timeout time.Duration, n int, match func(Recorded) bool
 // waitUntil waits for n matches until the timeout passes or ctx ends
 // (whoever ends ctx must Broadcast r.cond).
 func (r *Recorder) waitUntil(ctx context.Context, timeout time.Duration, n int, match func(Recorded) bool) ([]Recorded, bool) {
+	return r.waitCount(ctx, timeout, n, func(rec Recorded) int {
+		if match(rec) {
+			return 1
+		}
+		return 0
+	})
+}
+
+// waitCount waits until the messages with a count add up to n, and
+// returns them.
+func (r *Recorder) waitCount(ctx context.Context, timeout time.Duration, n int, count func(Recorded) int) ([]Recorded, bool) {
 	deadline := time.Now().Add(orDefault(timeout))
 	// sync.Cond has no deadline; a timer broadcast wakes the waiter once.
 	timer := time.AfterFunc(orDefault(timeout), r.wake)
@@ -171,10 +232,11 @@ func (r *Recorder) waitUntil(ctx context.Context, timeout time.Duration, n int, 
 	defer r.mu.Unlock()
 	for {
 		var found []Recorded
+		total := 0
 		for _, rec := range r.records {
-			if match(rec) {
+			if c := count(rec); c > 0 {
 				found = append(found, rec)
-				if len(found) == n {
+				if total += c; total >= n {
 					return found, true
 				}
 			}

@@ -70,6 +70,10 @@ type StackOptions struct {
 	// AuditDefaults is the auditor's default payload policy; nil means
 	// input hashed, output and error summarized.
 	AuditDefaults *executor.AuditPolicy
+	// AuditMaxBatch bounds the records of one audit append (one message
+	// on the audit stream); 0 means the auditor's default (64). 1 writes
+	// each record on its own.
+	AuditMaxBatch int
 	// AuditJSONL and AuditSQLite, when set, are files the auditor copies
 	// the audit stream to (JSON lines, SQLite).
 	AuditJSONL, AuditSQLite string
@@ -137,6 +141,7 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 		t.Fatalf("actionbustest: %v", err)
 	}
 	var ac audit.Config
+	ac.MaxBatch = opts.AuditMaxBatch
 	if opts.AuditDefaults != nil {
 		ac.Payload = *opts.AuditDefaults
 	}

@@ -778,9 +778,11 @@ func (c *Client) AuditRecords(ctx context.Context, runID string) ([]AuditRecord,
 			if err != nil {
 				return nil, fmt.Errorf("client: audit record %s: %w", msg.Subject(), err)
 			}
-			if rec, ok := r.Data.(*events.AuditRecorded); ok {
-				out = append(out, *rec)
+			recs, err := events.AuditRecordsOf(r)
+			if err != nil {
+				return nil, fmt.Errorf("client: audit of %s: %w", runID, err)
 			}
+			out = append(out, recs...)
 		}
 		if n == 0 {
 			return out, nil
@@ -824,7 +826,7 @@ type AuditQuery struct {
 }
 
 // AuditStream delivers audit records with their audit-stream sequence, in
-// stream order, to fn until fn returns an error, the records run out (not
+// stream order (the records of one append share its sequence), to fn until fn returns an error, the records run out (not
 // Live) or ctx ends.
 func (c *Client) AuditStream(ctx context.Context, q AuditQuery, fn func(seq uint64, rec AuditRecord) error) error {
 	subjects := c.topo.Subjects()
@@ -882,8 +884,12 @@ func (c *Client) AuditStream(ctx context.Context, q AuditQuery, fn func(seq uint
 		if err != nil {
 			return fmt.Errorf("client: audit record %d: %w", md.Sequence.Stream, err)
 		}
-		if rec, ok := r.Data.(*events.AuditRecorded); ok {
-			if err := fn(md.Sequence.Stream, *rec); err != nil {
+		recs, err := events.AuditRecordsOf(r)
+		if err != nil {
+			return fmt.Errorf("client: audit record %d: %w", md.Sequence.Stream, err)
+		}
+		for _, rec := range recs {
+			if err := fn(md.Sequence.Stream, rec); err != nil {
 				return err
 			}
 		}

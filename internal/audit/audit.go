@@ -17,10 +17,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"time"
 
 	"github.com/gowebpki/jcs"
 	"github.com/nats-io/nats.go"
@@ -29,7 +28,6 @@ import (
 
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
-	"github.com/actionbus/actionbus/internal/keymutex"
 	"github.com/actionbus/actionbus/internal/metrics"
 )
 
@@ -39,6 +37,15 @@ type Config struct {
 	Prefix string
 	// Concurrency bounds events audited at once per consumer; default 16.
 	Concurrency int
+	// FlushAfter is how long a run's records wait for more records of the
+	// run before they are appended together, in one message; default
+	// 100ms. A run's terminal record, or MaxBatch records, are appended
+	// at once. The events stay unacknowledged until their records are
+	// stored.
+	FlushAfter time.Duration
+	// MaxBatch bounds the records of one append; default 64 (at most
+	// 256, what the audit.appended schema allows).
+	MaxBatch int
 	// Logger receives the auditor's logs; nil discards them.
 	Logger *slog.Logger
 	// Payload is the default payload policy; actions override it with
@@ -60,28 +67,22 @@ type Service struct {
 	bus    *events.Bus
 	topo   events.Topology
 	log    *slog.Logger
-	locks  *keymutex.Striped
 	stream jetstream.Stream
 	build  *Builder
-
-	// heads caches the last record (hash and stream sequence) of each
-	// active run's chain, so appending usually skips a read. A stale head
-	// fails the append (expected last sequence) and is re-read.
-	headsMu sync.Mutex
-	heads   map[string]chainHead
+	chains *chains
 }
-
-type chainHead struct {
-	hash string
-	seq  uint64
-}
-
-const maxHeads = 20000
 
 // New returns an auditor using nc.
 // DefaultConcurrency is how many events an auditor audits at once per
 // stream unless configured.
 const DefaultConcurrency = 16
+
+// Batching defaults (Config.FlushAfter, Config.MaxBatch).
+const (
+	DefaultFlushAfter = 100 * time.Millisecond
+	DefaultMaxBatch   = 64
+	maxBatchLimit     = 256
+)
 
 func (c *Config) setDefaults() {
 	if c.Prefix == "" {
@@ -89,6 +90,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = DefaultConcurrency
+	}
+	if c.FlushAfter <= 0 {
+		c.FlushAfter = DefaultFlushAfter
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = DefaultMaxBatch
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -108,6 +115,9 @@ func (c *Config) setDefaults() {
 // Validate reports configuration errors: an unknown payload mode, a bad
 // redaction path, a prefix that is not a subject token.
 func (c *Config) Validate() error {
+	if c.MaxBatch > maxBatchLimit {
+		return fmt.Errorf("audit: MaxBatch %d is over %d", c.MaxBatch, maxBatchLimit)
+	}
 	if err := c.Payload.Validate(); err != nil {
 		return err
 	}
@@ -125,8 +135,10 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	js := bus.JetStream()
-	return &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256), heads: map[string]chainHead{},
-		build: &Builder{Defaults: cfg.Payload, Prefix: cfg.Prefix}}, nil
+	s := &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log,
+		build: &Builder{Defaults: cfg.Payload, Prefix: cfg.Prefix}}
+	s.chains = newChains(cfg.FlushAfter, cfg.MaxBatch, s.append)
+	return s, nil
 }
 
 // Run audits until ctx ends.
@@ -153,7 +165,12 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		return e.AuditPolicy, string(e.Mode)
 	}
+	// Appends outlive a canceled ctx, so that records waiting in a batch
+	// when the auditor stops are stored and their events acknowledged.
+	s.chains.ctx = context.WithoutCancel(ctx)
 	g, gctx := errgroup.WithContext(ctx)
+	stop := context.AfterFunc(gctx, s.chains.stop)
+	defer stop()
 	for _, c := range s.topo.Needs("auditor", "").Consumers {
 		cons, err := s.js.Consumer(ctx, c.Stream, c.Config.Durable)
 		if err != nil {
@@ -175,95 +192,6 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.log.Info("auditor serving")
 	return g.Wait()
-}
-
-func (s *Service) handle(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
-	rec := s.build.Record(r)
-	tenant := events.TenantOr(rec.Tenant)
-	subject := s.bus.Subjects().Audit(tenant, rec.RunID, rec.Kind)
-	chain := s.bus.Subjects().RunAudit(tenant, rec.RunID)
-	unlock := s.locks.Lock(rec.RunID)
-	defer unlock()
-	for attempt := 0; attempt < 10; attempt++ {
-		s.headsMu.Lock()
-		head, cached := s.heads[rec.RunID]
-		s.headsMu.Unlock()
-		prevHash, lastSeq := head.hash, head.seq
-		// A run's request is its first record as a rule: its chain is
-		// taken to be empty without reading it (the expected sequence 0
-		// fails the append when it is not, and the chain is read then).
-		first := !cached && attempt == 0 && rec.EventType == events.TypeRunRequested
-		if (!cached || attempt > 0) && !first {
-			var err error
-			if prevHash, lastSeq, err = s.last(ctx, chain); err != nil {
-				return err
-			}
-		}
-		rec.PrevHash = prevHash
-		rec.Hash = ChainHash(rec)
-		e, err := s.bus.New(events.TypeAuditRecorded, events.DerivedID(r.Event.ID(), "audit"), tenant, rec.RunID, &rec)
-		if err != nil {
-			return events.Permanent(err)
-		}
-		// One writer per chain: the append fails if any record of the run
-		// was stored after the one this record names.
-		ack, err := s.bus.Publish(ctx, subject, e, jetstream.WithExpectLastSequenceForSubject(lastSeq, chain))
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
-			continue // another auditor extended the chain; re-read it
-		}
-		if err != nil {
-			return err
-		}
-		s.setHead(rec, ack)
-		if !ack.Duplicate {
-			s.cfg.Metrics.AuditRecord(rec.Kind)
-		}
-		return nil
-	}
-	return fmt.Errorf("audit: run %s: too many concurrent appends", rec.RunID)
-}
-
-func (s *Service) setHead(rec events.AuditRecorded, ack *jetstream.PubAck) {
-	s.headsMu.Lock()
-	defer s.headsMu.Unlock()
-	switch {
-	case ack.Duplicate:
-		// The record was stored before (a redelivery); the cached head
-		// may not be the chain's end any more.
-		delete(s.heads, rec.RunID)
-	case rec.EventType == events.TypeRunCompleted || rec.EventType == events.TypeRunFailed || rec.EventType == events.TypeRunCanceled:
-		delete(s.heads, rec.RunID)
-	default:
-		if len(s.heads) >= maxHeads {
-			for k := range s.heads {
-				delete(s.heads, k)
-				break
-			}
-		}
-		s.heads[rec.RunID] = chainHead{hash: rec.Hash, seq: ack.Sequence}
-	}
-}
-
-// last returns the hash and stream sequence of the last record matching
-// subject, a run's chain filter ("" and 0 when there is none).
-func (s *Service) last(ctx context.Context, subject string) (string, uint64, error) {
-	msg, err := s.stream.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return "", 0, nil
-	}
-	if err != nil {
-		return "", 0, err
-	}
-	ev, err := events.Decode(msg.Subject, msg.Header, msg.Data)
-	if err != nil {
-		return "", 0, fmt.Errorf("audit: last record of %s: %w", subject, err)
-	}
-	var prev events.AuditRecorded
-	if err := events.DataAs(ev, &prev); err != nil {
-		return "", 0, fmt.Errorf("audit: last record of %s: %w", subject, err)
-	}
-	return prev.Hash, msg.Sequence, nil
 }
 
 // ChainHash is the hash of a record: SHA-256 over the RFC 8785 canonical

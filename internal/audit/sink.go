@@ -22,22 +22,28 @@ import (
 // Sink stores audit records durably, outside NATS. Each sink is fed by
 // [RunSink] from its own durable consumer on the audit stream, in stream
 // order; a sink that was down catches up from where it stopped. Writes
-// must be idempotent per stream sequence, so a redelivered record is
-// stored once.
+// must be idempotent per stream sequence, so a redelivered message's
+// records are stored once.
 type Sink interface {
 	// Name names the sink's durable consumer ("sink-<name>").
 	Name() string
 	// Last returns the highest stream sequence stored, 0 when none.
 	Last(ctx context.Context) (uint64, error)
-	// Write stores the record at stream sequence seq.
-	Write(ctx context.Context, seq uint64, rec events.AuditRecorded) error
+	// Write stores the records of the audit message at stream sequence
+	// seq (one append: one or more records, in chain order), all or none.
+	Write(ctx context.Context, seq uint64, recs []events.AuditRecorded) error
 	Close() error
 }
 
-// SinkRecord is a record as sinks store it: the audit record and its
-// audit-stream sequence.
+// SinkRecord is a record as sinks store it: the audit record, the
+// audit-stream sequence of the message that holds it and its index in that
+// message's records.
 type SinkRecord struct {
 	StreamSeq uint64 `json:"streamSeq"`
+	// Index is the record's place in its message's records, Of their
+	// number (0 when the message held one record).
+	Index int `json:"index,omitempty"`
+	Of    int `json:"of,omitempty"`
 	events.AuditRecorded
 }
 
@@ -103,10 +109,10 @@ func store(ctx context.Context, bus *events.Bus, sink Sink, msg jetstream.Msg, l
 	}
 	r, err := bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
 	if err == nil {
-		if rec, ok := r.Data.(*events.AuditRecorded); ok {
-			return seq, sink.Write(ctx, seq, *rec)
+		var recs []events.AuditRecorded
+		if recs, err = events.AuditRecordsOf(r); err == nil {
+			return seq, sink.Write(ctx, seq, recs)
 		}
-		err = fmt.Errorf("not an audit record: %s", r.Event.Type())
 	}
 	// Not a valid record (the auditor never writes one): it goes to the
 	// rejected stream with the reason, as every consumer's bad input does.
@@ -121,15 +127,21 @@ type JSONLSink struct {
 	last uint64
 }
 
-// OpenJSONL opens (or creates) a JSON-lines sink. A partial last line (a
-// crash mid-write) is cut off; the records before it stay.
+// OpenJSONL opens (or creates) a JSON-lines sink. What a crash mid-write
+// left (a partial last line, or only some records of the last message) is
+// cut off, so that message is written again when it is redelivered; the
+// records before it stay.
 func OpenJSONL(path string) (*JSONLSink, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	s := &JSONLSink{f: f}
-	var good int64
+	// good ends the last complete message; the lines after it belong to
+	// the message at seq, of which seen records of of were read.
+	var good, read int64
+	var seq uint64
+	seen, of := 0, 0
 	r := bufio.NewReader(f)
 	for {
 		line, err := r.ReadBytes('\n')
@@ -140,11 +152,17 @@ func OpenJSONL(path string) (*JSONLSink, error) {
 			f.Close()
 			return nil, err
 		}
+		read += int64(len(line))
 		var rec SinkRecord
-		if json.Unmarshal(line, &rec) == nil && rec.StreamSeq > s.last {
-			s.last = rec.StreamSeq
+		if json.Unmarshal(line, &rec) != nil {
+			continue
 		}
-		good += int64(len(line))
+		if rec.StreamSeq != seq {
+			seq, seen, of = rec.StreamSeq, 0, max(rec.Of, 1)
+		}
+		if seen++; seen == of {
+			good, s.last = read, max(s.last, seq)
+		}
 	}
 	if err := f.Truncate(good); err != nil {
 		f.Close()
@@ -168,17 +186,27 @@ func (s *JSONLSink) Last(context.Context) (uint64, error) {
 }
 
 // Write implements Sink.
-func (s *JSONLSink) Write(_ context.Context, seq uint64, rec events.AuditRecorded) error {
+func (s *JSONLSink) Write(_ context.Context, seq uint64, recs []events.AuditRecorded) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if seq <= s.last {
 		return nil
 	}
-	b, err := json.Marshal(SinkRecord{StreamSeq: seq, AuditRecorded: rec})
-	if err != nil {
-		return err
+	var lines []byte
+	for i, rec := range recs {
+		sr := SinkRecord{StreamSeq: seq, Index: i, AuditRecorded: rec}
+		if len(recs) > 1 {
+			sr.Of = len(recs)
+		}
+		b, err := json.Marshal(sr)
+		if err != nil {
+			return err
+		}
+		lines = append(append(lines, b...), '\n')
 	}
-	if _, err := s.f.Write(append(b, '\n')); err != nil {
+	// One write: a crash leaves at most a torn last line, which the next
+	// open cuts off.
+	if _, err := s.f.Write(lines); err != nil {
 		return err
 	}
 	if err := s.f.Sync(); err != nil {
@@ -215,15 +243,16 @@ func ReadJSONL(path, runID string) ([]SinkRecord, error) {
 }
 
 // SQLiteSink stores records in a SQLite database (pure-Go driver), one row
-// per stream sequence; the record's JSON is kept whole so the chain can be
-// recomputed.
+// per record (keyed by stream sequence and index in its message); the
+// record's JSON is kept whole so the chain can be recomputed.
 type SQLiteSink struct {
 	db *sql.DB
 }
 
 const sqliteSchema = `
 CREATE TABLE IF NOT EXISTS audit_records (
-  stream_seq INTEGER PRIMARY KEY,
+  stream_seq INTEGER NOT NULL,
+  idx        INTEGER NOT NULL,
   run_id     TEXT NOT NULL,
   event_id   TEXT NOT NULL,
   event_type TEXT NOT NULL,
@@ -233,9 +262,16 @@ CREATE TABLE IF NOT EXISTS audit_records (
   user_id    TEXT,
   event_time TEXT NOT NULL,
   hash       TEXT NOT NULL,
-  record     TEXT NOT NULL
+  record     TEXT NOT NULL,
+  PRIMARY KEY (stream_seq, idx)
 );
-CREATE INDEX IF NOT EXISTS audit_records_run ON audit_records (run_id, stream_seq);`
+CREATE INDEX IF NOT EXISTS audit_records_run ON audit_records (run_id, stream_seq, idx);`
+
+// sqliteUpgrade moves a table of one record per stream sequence (before
+// audit appends held several) aside; the sink then copies the audit
+// stream again from its start, which holds both forms.
+const sqliteUpgrade = `ALTER TABLE audit_records RENAME TO audit_records_v1;
+DROP INDEX IF EXISTS audit_records_run;`
 
 // OpenSQLite opens (or creates) a SQLite sink.
 func OpenSQLite(path string) (*SQLiteSink, error) {
@@ -244,6 +280,17 @@ func OpenSQLite(path string) (*SQLiteSink, error) {
 		return nil, err
 	}
 	db.SetMaxOpenConns(1)
+	var old int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM pragma_table_info('audit_records') WHERE name = 'stream_seq' AND pk = 1`).Scan(&old); err == nil && old == 1 {
+		var hasIdx int
+		_ = db.QueryRow(`SELECT COUNT(*) FROM pragma_table_info('audit_records') WHERE name = 'idx'`).Scan(&hasIdx)
+		if hasIdx == 0 {
+			if _, err := db.Exec(sqliteUpgrade); err != nil {
+				db.Close()
+				return nil, fmt.Errorf("audit: sqlite %s: upgrading: %w", path, err)
+			}
+		}
+	}
 	if _, err := db.Exec(sqliteSchema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("audit: sqlite %s: %w", path, err)
@@ -261,17 +308,27 @@ func (s *SQLiteSink) Last(ctx context.Context) (uint64, error) {
 	return last, err
 }
 
-// Write implements Sink; a sequence already stored is ignored.
-func (s *SQLiteSink) Write(ctx context.Context, seq uint64, rec events.AuditRecorded) error {
-	b, err := json.Marshal(rec)
+// Write implements Sink, in one transaction; a record already stored is
+// ignored.
+func (s *SQLiteSink) Write(ctx context.Context, seq uint64, recs []events.AuditRecorded) error {
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT OR IGNORE INTO audit_records
-		(stream_seq, run_id, event_id, event_type, kind, status, action, user_id, event_time, hash, record)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		seq, rec.RunID, rec.EventID, rec.EventType, rec.Kind, rec.Status, rec.Action, rec.UserID, rec.EventTime.Format("2006-01-02T15:04:05.000000000Z07:00"), rec.Hash, string(b))
-	return err
+	defer func() { _ = tx.Rollback() }()
+	for i, rec := range recs {
+		b, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO audit_records
+		(stream_seq, idx, run_id, event_id, event_type, kind, status, action, user_id, event_time, hash, record)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			seq, i, rec.RunID, rec.EventID, rec.EventType, rec.Kind, rec.Status, rec.Action, rec.UserID, rec.EventTime.Format("2006-01-02T15:04:05.000000000Z07:00"), rec.Hash, string(b)); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
 }
 
 // Close implements Sink.
@@ -288,7 +345,7 @@ func ReadSQLite(ctx context.Context, path, runID string) ([]SinkRecord, error) {
 		return nil, err
 	}
 	defer s.Close()
-	q := `SELECT stream_seq, record FROM audit_records WHERE (? = '' OR run_id = ?) ORDER BY stream_seq`
+	q := `SELECT stream_seq, idx, record FROM audit_records WHERE (? = '' OR run_id = ?) ORDER BY stream_seq, idx`
 	rows, err := s.db.QueryContext(ctx, q, runID, runID)
 	if err != nil {
 		return nil, err
@@ -298,7 +355,7 @@ func ReadSQLite(ctx context.Context, path, runID string) ([]SinkRecord, error) {
 	for rows.Next() {
 		var rec SinkRecord
 		var raw string
-		if err := rows.Scan(&rec.StreamSeq, &raw); err != nil {
+		if err := rows.Scan(&rec.StreamSeq, &rec.Index, &raw); err != nil {
 			return nil, err
 		}
 		if err := json.Unmarshal([]byte(raw), &rec.AuditRecorded); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -184,7 +186,8 @@ func TestAuditVerifyNamesTheFirstBrokenLink(t *testing.T) {
 	rec := srv.Record(t, "ab.audit.*.*.*")
 	dir := t.TempDir()
 	jsonl, db := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "audit.db")
-	st := srv.StartStack(t, actionbustest.StackOptions{AuditJSONL: jsonl, AuditSQLite: db, Scenarios: `
+	// Three records per append: the run's chain spans several messages.
+	st := srv.StartStack(t, actionbustest.StackOptions{AuditJSONL: jsonl, AuditSQLite: db, AuditMaxBatch: 3, Scenarios: `
 scenarios:
   echo:
     decisions:
@@ -203,17 +206,17 @@ scenarios:
 	// chain is complete. (The auditor reads the requests stream and the
 	// runs stream apart, so the request's record may come after others.)
 	for _, typ := range []string{events.TypeRunRequested, events.TypeRunCompleted} {
-		rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
-			var a events.AuditRecorded
-			return r.Event != nil && events.DataAs(r.Event, &a) == nil && a.RunID == res.RunID && a.EventType == typ
-		})
+		rec.WaitForAudit(t, 0, 1, func(a client.AuditRecord) bool { return a.RunID == res.RunID && a.EventType == typ })
 	}
 
 	var out, errOut bytes.Buffer
 	code := cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", res.RunID}, nil, &out, &errOut)
 	require.Equal(t, 0, code, out.String()+errOut.String())
 	assert.Contains(t, out.String(), "intact:")
-	n := len(rec.All())
+	n := 0
+	for _, r := range rec.All() {
+		n += len(r.AuditRecords())
+	}
 
 	// export: every record of the run as JSON lines; filters apply.
 	out.Reset()
@@ -281,22 +284,28 @@ scenarios:
 	out.Reset()
 	code = cli.Execute(ctx, []string{"audit", "verify", res.RunID, "--jsonl", jsonl}, nil, &out, &errOut)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, out.String(), fmt.Sprintf("broken at record 5 of %d in %s (stream sequence 5,", n, jsonl))
+	var fifth audit.SinkRecord
+	require.NoError(t, json.Unmarshal([]byte(lines[4]), &fifth))
+	assert.Contains(t, out.String(), fmt.Sprintf("broken at record 5 of %d in %s (stream sequence %d,", n, jsonl, fifth.StreamSeq))
+	var sixth audit.SinkRecord
+	require.NoError(t, json.Unmarshal([]byte(lines[5]), &sixth))
 
 	sqlDB, err := sql.Open("sqlite", db)
 	require.NoError(t, err)
-	_, err = sqlDB.Exec(`UPDATE audit_records SET record = replace(record, '"eventTime":"20', '"eventTime":"19') WHERE stream_seq = 6`)
+	_, err = sqlDB.Exec(`UPDATE audit_records SET record = replace(record, '"eventTime":"20', '"eventTime":"19') WHERE stream_seq = ? AND idx = ?`, sixth.StreamSeq, sixth.Index)
 	require.NoError(t, err)
 	require.NoError(t, sqlDB.Close())
 	out.Reset()
 	code = cli.Execute(ctx, []string{"audit", "verify", res.RunID, "--sqlite", db}, nil, &out, &errOut)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, out.String(), fmt.Sprintf("broken at record 6 of %d in %s (stream sequence 6,", n, db))
+	assert.Contains(t, out.String(), fmt.Sprintf("broken at record 6 of %d in %s (stream sequence %d,", n, db, sixth.StreamSeq))
 
-	// Remove the third record from the stream: the fourth no longer links.
+	// Remove the run's second append from the stream: the record after
+	// it no longer links.
 	stream, err := srv.JS.Stream(ctx, "AB_AUDIT")
 	require.NoError(t, err)
 	var seqs []uint64
+	first := 0 // records in the first append
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ab.audit.default." + res.RunID + ".*"}})
 	require.NoError(t, err)
 	batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
@@ -304,11 +313,20 @@ scenarios:
 	for m := range batch.Messages() {
 		md, _ := m.Metadata()
 		seqs = append(seqs, md.Sequence.Stream)
+		if first == 0 {
+			first = len(actionbustest.Recorded{Subject: m.Subject(), Event: decodeEvent(t, m)}.AuditRecords())
+		}
 	}
-	require.Greater(t, len(seqs), 4)
-	require.NoError(t, stream.DeleteMsg(ctx, seqs[2]))
+	require.Greater(t, len(seqs), 2, "the run's records span at least three appends")
+	require.NoError(t, stream.DeleteMsg(ctx, seqs[1]))
 	out.Reset()
 	code = cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", res.RunID}, nil, &out, &errOut)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, out.String(), "broken at record 3 of")
+	assert.Contains(t, out.String(), fmt.Sprintf("broken at record %d of", first+1))
+}
+
+func decodeEvent(t *testing.T, m jetstream.Msg) *event.Event {
+	e, err := events.Decode(m.Subject(), m.Headers(), m.Data())
+	require.NoError(t, err)
+	return e
 }

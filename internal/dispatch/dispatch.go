@@ -376,7 +376,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 // it and changes nothing, except that an outbox still in the stored state
 // (the creator crashed before publishing) is published.
 func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect) error {
-	st.Outbox = run.Dedupe(out)
+	st.Outbox = run.Dedupe(run.Arm(st, out, time.Now()))
 	val, err := json.Marshal(st)
 	if err != nil {
 		return events.Permanent(err)
@@ -645,7 +645,9 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			d.cache.put(runID, before, revision, st.IsTerminal())
 			return nil
 		}
-		st.Outbox = run.Dedupe(append(carried, out...))
+		// The transition's timers become pending timers of the state,
+		// under one armed schedule (the alarm).
+		st.Outbox = run.Dedupe(append(carried, run.Arm(&st, out, time.Now())...))
 		st.UpdatedAt = time.Now().UTC()
 		after, err := json.Marshal(&st)
 		if err != nil {
@@ -658,7 +660,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			if st, err = decodeState(runID, before); err != nil {
 				return err
 			}
-			st.Outbox = run.Dedupe(append(carried, d.machine.FailWith(&st, tooLarge)...))
+			st.Outbox = run.Dedupe(append(carried, run.Arm(&st, d.machine.FailWith(&st, tooLarge), time.Now())...))
 			st.UpdatedAt = time.Now().UTC()
 			if after, err = json.Marshal(&st); err != nil {
 				return events.Permanent(err)
@@ -746,7 +748,7 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 		wasTerminal := st.IsTerminal()
 		// Only the failure goes out: whatever else the outbox held is what
 		// could not be published.
-		st.Outbox = d.machine.FailWith(st, abErr)
+		st.Outbox = run.Arm(st, d.machine.FailWith(st, abErr), time.Now()) // a run that ended keeps no timers
 		st.UpdatedAt = time.Now().UTC()
 		val, err := json.Marshal(st)
 		if err != nil {

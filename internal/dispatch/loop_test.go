@@ -402,8 +402,8 @@ func TestCancelReachesARunningHandler(t *testing.T) {
 	})
 	// The dispatcher handles the second cancel before the auditor records
 	// it; wait for its audit record so the count below is final.
-	rec.WaitForN(t, 0, 2, func(r actionbustest.Recorded) bool {
-		return r.Type() == events.TypeAuditRecorded && auditedType(r) == events.TypeCancelRequested && strings.Contains(r.Subject, runID)
+	rec.WaitForAudit(t, 0, 2, func(a client.AuditRecord) bool {
+		return a.EventType == events.TypeCancelRequested && a.RunID == runID
 	})
 	assert.Equal(t, 1, terminalCount(rec, runID))
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/events"
@@ -103,10 +104,40 @@ func TestEveryPerRunTypeHasRunID(t *testing.T) {
 		subject, err := s.SubjectFor(entry.Type, events.DefaultTenant, run, "default")
 		if err != nil { // audit records
 			subject = s.Audit(events.DefaultTenant, run, "kind")
+			if entry.Type == events.TypeAuditAppended {
+				subject = s.AuditAppend(events.DefaultTenant, run)
+			}
 		}
 		if entry.Type == events.TypeActionRequested {
 			e.SetExtension(events.ExtPool, "default")
 		}
 		assert.NoError(t, s.CheckBinding(subject, e, data), entry.Type)
+	}
+}
+
+// An audit append holds records of its own run only: a record naming
+// another run or tenant makes the whole message unreadable as audit.
+func TestAnAuditAppendHoldsOnlyItsRunsRecords(t *testing.T) {
+	run := events.NewID()
+	for name, tc := range map[string]struct {
+		rec events.AuditRecorded
+		ok  bool
+	}{
+		"its run":      {events.AuditRecorded{RunID: run, Tenant: "acme"}, true},
+		"another run":  {events.AuditRecorded{RunID: events.NewID(), Tenant: "acme"}, false},
+		"other tenant": {events.AuditRecorded{RunID: run, Tenant: "globex"}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			data := &events.AuditAppended{RunID: run, Tenant: "acme", Records: []events.AuditRecorded{{RunID: run, Tenant: "acme"}, tc.rec}}
+			e := boundEvent(t, events.TypeAuditAppended, run, data)
+			recs, err := events.AuditRecordsOf(&events.Received{Event: e, Data: data})
+			if tc.ok {
+				require.NoError(t, err)
+				assert.Len(t, recs, 2)
+				return
+			}
+			assert.Error(t, err)
+			assert.Nil(t, recs)
+		})
 	}
 }

@@ -2,6 +2,7 @@ package events_test
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"slices"
 	"strconv"
@@ -393,5 +394,75 @@ func TestServeOrderByKeepsEachRunInOrder(t *testing.T) {
 	assert.False(t, overlapped, "two events of one run were handled at once")
 	for _, runID := range runs {
 		assert.True(t, slices.IsSorted(seen[runID]), "run %s handled out of order: %v", runID, seen[runID])
+	}
+}
+
+// A handler that answers Later frees its slot at once: the next messages
+// of the same ordered key are handled while the earlier ones wait, and
+// each is settled by what its channel receives — nil acks, an error
+// redelivers.
+func TestServeSettlesLaterAnswersByWhatTheyReceive(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	bus := newBus(t, srv, events.ModeBinary, "")
+	ctx := ctxT(t)
+	runID := events.NewID()
+	const n = 3
+	for i := 0; i < n; i++ {
+		_, err := bus.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
+			&events.RunRequested{RunID: runID, Prompt: strconv.Itoa(i)})
+		require.NoError(t, err)
+	}
+	cons, err := srv.JS.Consumer(ctx, events.Topology{}.StreamRequests(), events.ConsumerDispatcherRequests)
+	require.NoError(t, err)
+	type taken struct {
+		prompt    string
+		delivered uint64
+		done      chan error
+	}
+	took := make(chan taken, 2*n)
+	sctx, cancel := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() {
+		served <- bus.Serve(sctx, cons, events.ServeOptions{Name: "later", Concurrency: 1, NakDelay: time.Millisecond, OrderBy: bus.Subjects().RunIDFromSubject},
+			func(_ context.Context, r *events.Received, msg jetstream.Msg) error {
+				md, err := msg.Metadata()
+				require.NoError(t, err)
+				done := make(chan error, 1)
+				took <- taken{r.Data.(*events.RunRequested).Prompt, md.NumDelivered, done}
+				return events.Later(done)
+			})
+	}()
+	next := func() taken {
+		select {
+		case x := <-took:
+			return x
+		case <-ctx.Done():
+			t.Fatalf("no message handled; consumer: %+v", func() any { i, _ := cons.Info(context.Background()); return i }())
+			return taken{}
+		}
+	}
+	// All three are taken by one slot before any is settled.
+	var first []taken
+	for i := 0; i < n; i++ {
+		first = append(first, next())
+		assert.Equal(t, strconv.Itoa(i), first[i].prompt, "in order")
+	}
+	first[0].done <- nil
+	first[1].done <- errors.New("not stored yet")
+	first[2].done <- nil
+	again := next()
+	assert.Equal(t, "1", again.prompt, "the failed one is redelivered")
+	assert.Equal(t, uint64(2), again.delivered)
+	again.done <- nil
+	require.Eventually(t, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	}, 10*time.Second, 5*time.Millisecond, "every message acked")
+	cancel()
+	require.NoError(t, <-served)
+	select {
+	case x := <-took:
+		t.Fatalf("message %s handled again after it was acked", x.prompt)
+	default:
 	}
 }

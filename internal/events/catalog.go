@@ -43,7 +43,8 @@ var Catalog = []Entry{
 	{TypeActionCompleted, "{prefix}.run.{tenant}.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.completed.json", func() any { return new(ActionCompleted) }, false},
 	{TypeActionFailed, "{prefix}.run.{tenant}.{runId}.result", "executor", []string{"dispatcher", "auditor"}, "action.failed.json", func() any { return new(ActionFailed) }, false},
 	{TypeEventRejected, "{prefix}.rejected.{stream}", "any consumer", []string{"auditor", "operators"}, "event.rejected.json", func() any { return new(EventRejected) }, false},
-	{TypeAuditRecorded, "{prefix}.audit.{tenant}.{runId}.{kind}", "auditor", []string{"operators"}, "audit.recorded.json", func() any { return new(AuditRecorded) }, false},
+	{TypeAuditRecorded, "{prefix}.audit.{tenant}.{runId}.{kind}", "auditor (before batching; still read)", []string{"operators"}, "audit.recorded.json", func() any { return new(AuditRecorded) }, false},
+	{TypeAuditAppended, "{prefix}.audit.{tenant}.{runId}.records", "auditor", []string{"operators"}, "audit.appended.json", func() any { return new(AuditAppended) }, false},
 	{TypeInputProvided, "{prefix}.run.{tenant}.{runId}.input", "client", []string{"dispatcher", "auditor"}, "input.provided.json", func() any { return new(InputProvided) }, false},
 	{TypeTimerFired, "{prefix}.run.{tenant}.{runId}.timer", "dispatcher (scheduled)", []string{"dispatcher", "auditor"}, "timer.fired.json", func() any { return new(TimerFired) }, false},
 	{TypeApprovalRequested, "{prefix}.run.{tenant}.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.requested.json", func() any { return new(ApprovalRequested) }, false},
@@ -229,6 +230,12 @@ func (s Subjects) Audit(tenant, runID, kind string) string {
 	return s.prefix + ".audit." + tenant + "." + runID + "." + kind
 }
 
+// AuditAppend returns the subject of one run's audit appends
+// (audit.appended): {prefix}.audit.{tenant}.{runId}.records.
+func (s Subjects) AuditAppend(tenant, runID string) string {
+	return s.prefix + ".audit." + tenant + "." + runID + ".records"
+}
+
 // RunAudit matches every audit record of one run.
 func (s Subjects) RunAudit(tenant, runID string) string {
 	return s.prefix + ".audit." + tenant + "." + runID + ".*"
@@ -264,7 +271,7 @@ func (s Subjects) RunFromSubject(subject string) (tenant, runID string) {
 // SubjectFor returns the subject an event of eventType is published on.
 // tenant, runID and pool fill the placeholders the type needs.
 func (s Subjects) SubjectFor(eventType, tenant, runID, pool string) (string, error) {
-	if eventType != TypeActionRequested && eventType != TypeEventRejected && eventType != TypeAuditRecorded {
+	if eventType != TypeActionRequested && eventType != TypeEventRejected && eventType != TypeAuditRecorded && eventType != TypeAuditAppended {
 		if err := CheckTenant(tenant); err != nil {
 			return "", err
 		}
@@ -294,8 +301,8 @@ func (s Subjects) SubjectFor(eventType, tenant, runID, pool string) (string, err
 		return s.PoolRequest(pool), nil
 	case TypeActionCompleted, TypeActionFailed:
 		return s.Run(tenant, runID, "result"), nil
-	case TypeAuditRecorded:
-		return "", fmt.Errorf("events: audit records are published by the auditor on Subjects.Audit(tenant, runId, kind)")
+	case TypeAuditRecorded, TypeAuditAppended:
+		return "", fmt.Errorf("events: audit records are published by the auditor on Subjects.AuditAppend(tenant, runId)")
 	case TypeInputProvided:
 		return s.Run(tenant, runID, "input"), nil
 	case TypeTimerFired:

@@ -39,6 +39,20 @@ func (r rejectionError) Unwrap() error { return r.err }
 // acks it, as it does an event that fails validation.
 func Rejection(err error) error { return rejectionError{err} }
 
+// laterError hands a message's settlement to whoever sends on done.
+type laterError struct{ done <-chan error }
+
+func (laterError) Error() string { return "events: settled later" }
+
+// Later is a handler's answer when its work ends after it returns (the
+// auditor appends a run's records in batches): [Bus.Serve] takes the next
+// message at once, and settles this one with the error received on done,
+// by the rules a returned error follows (nil acks, [Permanent] terminates,
+// [Rejection] rejects, anything else retries). The message holds a place
+// in the consumer's MaxAckPending until then, not a handler slot; done
+// must receive exactly once.
+func Later(done <-chan error) error { return laterError{done} }
+
 // ServeOptions configures [Bus.Serve].
 type ServeOptions struct {
 	// Name identifies the consumer in logs and rejected events.
@@ -170,7 +184,7 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 		go func() {
 			defer wg.Done()
 			for {
-				b.handle(ctx, log, opts, msg, h)
+				b.handle(ctx, log, opts, msg, h, &wg)
 				<-slots
 				if key == "" {
 					return
@@ -192,21 +206,38 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 // lane holds the messages of one OrderBy key waiting behind its handler.
 type lane struct{ pending []jetstream.Msg }
 
-func (b *Bus) handle(ctx context.Context, log *slog.Logger, opts ServeOptions, msg jetstream.Msg, h HandlerFunc) {
-	outcome := "ok"
+// handle receives msg and runs h on it; a handler that answers [Later] is
+// settled by a goroutine counted in wg.
+func (b *Bus) handle(ctx context.Context, log *slog.Logger, opts ServeOptions, msg jetstream.Msg, h HandlerFunc, wg *sync.WaitGroup) {
+	start := time.Now()
 	if o := opts.Observer; o != nil {
-		start := time.Now()
 		md, _ := msg.Metadata()
 		o.HandleStarted(opts.Name, md != nil && md.NumDelivered > 1)
-		defer func() { o.HandleDone(opts.Name, outcome, time.Since(start)) }()
 	}
 	rec, err := b.Receive(msg.Subject(), msg.Headers(), msg.Data())
 	if err != nil {
-		outcome = "rejected"
-		b.rejectServed(ctx, log, opts, msg, err)
+		b.settle(ctx, log, opts, msg, nil, Rejection(err), start)
 		return
 	}
 	herr := h(ctx, rec, msg)
+	var later laterError
+	if errors.As(herr, &later) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b.settle(ctx, log, opts, msg, rec, <-later.done, start)
+		}()
+		return
+	}
+	b.settle(ctx, log, opts, msg, rec, herr, start)
+}
+
+// settle acks, retries, terminates or rejects msg by its handler's error.
+func (b *Bus) settle(ctx context.Context, log *slog.Logger, opts ServeOptions, msg jetstream.Msg, rec *Received, herr error, start time.Time) {
+	outcome := "ok"
+	if o := opts.Observer; o != nil {
+		defer func() { o.HandleDone(opts.Name, outcome, time.Since(start)) }()
+	}
 	var rejected rejectionError
 	switch {
 	case errors.As(herr, &rejected):

@@ -238,6 +238,11 @@ const (
 	DefaultMaxDeliver = 5
 	// DefaultMaxAckPending caps in-flight messages of one consumer.
 	DefaultMaxAckPending = 1000
+	// AuditorMaxAckPending caps the auditor's in-flight messages per
+	// consumer: events wait unacknowledged while their records are
+	// batched (audit.Config.FlushAfter), so at 1 000 a busy system would
+	// stall the auditor's pulls.
+	AuditorMaxAckPending = 20000
 )
 
 func (t Topology) durable(name, desc string, filters ...string) jetstream.ConsumerConfig {
@@ -275,6 +280,12 @@ func (t Topology) leaderReads(ctx context.Context, js jetstream.JetStream, strea
 	return nil
 }
 
+// auditor sets what the auditor's consumers need beyond the defaults.
+func auditor(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+	c.MaxAckPending = AuditorMaxAckPending
+	return c
+}
+
 // Consumers returns the durable consumers.
 func (t Topology) Consumers() []ConsumerSpec {
 	t = t.withDefaults()
@@ -285,9 +296,9 @@ func (t Topology) Consumers() []ConsumerSpec {
 		{t.StreamRequests(), t.durable(ConsumerDispatcherRequests, "dispatcher: run requests, cancels, inputs, approvals' answers",
 			s.AnyRun("*"))},
 		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision and synthesis requests", s.AnyRun("decide"), s.AnyRun("synthesize"))},
-		{t.StreamRuns(), t.durable(ConsumerAuditorRuns, "auditor: every per-run event of services (not timer schedules)", s.AnyRun("*"))},
-		{t.StreamRequests(), t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.AnyRun("*"))},
-		{t.StreamWork(), t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools())},
+		{t.StreamRuns(), auditor(t.durable(ConsumerAuditorRuns, "auditor: every per-run event of services (not timer schedules)", s.AnyRun("*")))},
+		{t.StreamRequests(), auditor(t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.AnyRun("*")))},
+		{t.StreamWork(), auditor(t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools()))},
 		{t.StreamRejected(), t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected())},
 	}
 	for _, p := range t.Pools {

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/actionbus/actionbus"
@@ -23,6 +24,7 @@ const (
 	TypeActionFailed       = "io.actionbus.action.failed"
 	TypeEventRejected      = "io.actionbus.event.rejected"
 	TypeAuditRecorded      = "io.actionbus.audit.recorded"
+	TypeAuditAppended      = "io.actionbus.audit.appended"
 	TypeInputProvided      = "io.actionbus.input.provided"
 	TypeTimerFired         = "io.actionbus.timer.fired"
 	TypeApprovalRequested  = "io.actionbus.approval.requested"
@@ -202,6 +204,9 @@ const (
 	TimerSynthesis   = "synthesis"
 	// TimerCapacity wakes a run whose calls wait for capacity.
 	TimerCapacity = "capacity"
+	// TimerAlarm is a run's one armed schedule: it comes due at the
+	// earliest of the run's pending timers, which it fires.
+	TimerAlarm = "alarm"
 )
 
 // TimerFired is a durable timer of a run coming due. The dispatcher
@@ -491,6 +496,36 @@ type EventRejected struct {
 	Stream          string              `json:"stream,omitempty"`
 	StreamSequence  uint64              `json:"streamSequence,omitempty"`
 	Consumer        string              `json:"consumer,omitempty"`
+}
+
+// AuditAppended is one append to a run's audit chain: the records of one
+// or more stored events of the run, in chain order (each record's
+// PrevHash is the hash of the record before it). The auditor appends a
+// run's records in batches, so a one-action run is usually one message.
+type AuditAppended struct {
+	RunID string `json:"runId"`
+	// Tenant is the audited run's tenant.
+	Tenant  string          `json:"tenant,omitempty"`
+	Records []AuditRecorded `json:"records"`
+}
+
+// AuditRecordsOf returns the audit records an audit-stream event holds: the
+// records of an audit.appended, or the one record of an audit.recorded
+// (the one-record-per-message form written before batching). A record that
+// names another run or tenant than its message is an error.
+func AuditRecordsOf(r *Received) ([]AuditRecorded, error) {
+	switch d := r.Data.(type) {
+	case *AuditRecorded:
+		return []AuditRecorded{*d}, nil
+	case *AuditAppended:
+		for _, rec := range d.Records {
+			if rec.RunID != d.RunID || rec.Tenant != d.Tenant {
+				return nil, fmt.Errorf("events: audit append %s holds a record of run %q (tenant %q)", r.Event.ID(), clip(rec.RunID, 64), clip(rec.Tenant, 64))
+			}
+		}
+		return d.Records, nil
+	}
+	return nil, fmt.Errorf("events: %s holds no audit records", r.Event.Type())
 }
 
 // AuditRecorded is one record of the audit stream.

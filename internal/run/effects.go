@@ -37,6 +37,9 @@ const (
 	// EffectWake asks the dispatcher to wake the run (a [CapacityCheck])
 	// at At. It is not stored: the capacity timer is its durable backstop.
 	EffectWake EffectKind = "wake"
+	// EffectSave publishes nothing: the state changed (the alarm fired
+	// only stale timers) and is to be written.
+	EffectSave EffectKind = "save"
 )
 
 // Effect is one thing a transition implies, stored with the new state (the

@@ -26,6 +26,11 @@ type harness struct {
 	// all are every effect so far; last those of the last transition.
 	all, last []Effect
 	seq       int
+	// alarm makes the harness arm timers as the dispatcher does ([Arm]):
+	// all and last keep the timers the machine asked for, alarms the
+	// alarm schedules Arm armed.
+	alarm  bool
+	alarms []*Timer
 }
 
 func newHarness(t testing.TB, lim Limits) *harness {
@@ -39,6 +44,7 @@ func (h *harness) start(req events.RunRequested) *harness {
 	st, out, err := h.m.Start(context.Background(), &req, "idkey")
 	require.NoError(h.t, err)
 	h.st = st
+	h.arm(out)
 	h.record(out)
 	return h
 }
@@ -63,7 +69,7 @@ func (h *harness) record(out []Effect) {
 	h.st = &st
 	for _, e := range out {
 		switch e.Kind {
-		case EffectTimer, EffectEvent, EffectStep, EffectWake:
+		case EffectTimer, EffectEvent, EffectStep, EffectWake, EffectSave:
 			continue
 		case EffectRelease:
 			// The dispatcher releases the slot when it publishes.
@@ -81,8 +87,34 @@ func (h *harness) apply(data any) []Effect {
 	h.seq++
 	out, err := h.m.Apply(context.Background(), h.st, Event{ID: fmt.Sprintf("ev-%d", h.seq), Data: data})
 	require.NoError(h.t, err)
+	if len(out) > 0 { // the dispatcher writes (and arms) only then
+		h.arm(out)
+	}
 	h.record(out)
 	return out
+}
+
+// arm applies [Arm] to a transition's effects in alarm mode.
+func (h *harness) arm(out []Effect) {
+	if !h.alarm {
+		return
+	}
+	for _, e := range Arm(h.st, out, h.env.Now()) {
+		if e.Kind == EffectTimer {
+			require.Equal(h.t, alarmName, e.Timer.Name, "only the alarm is scheduled")
+			h.alarms = append(h.alarms, e.Timer)
+		}
+	}
+}
+
+// fireAlarm advances the clock to the armed alarm and fires it.
+func (h *harness) fireAlarm() []Effect {
+	h.t.Helper()
+	require.False(h.t, h.st.AlarmAt.IsZero(), "an alarm is armed")
+	if at := h.st.AlarmAt; h.env.Now().Before(at) {
+		h.env.advance(at.Sub(h.env.Now()) + time.Second)
+	}
+	return h.apply(&events.TimerFired{RunID: testRunID, Kind: events.TimerAlarm, Stage: "alarm", DueAt: h.st.AlarmAt})
 }
 
 func (h *harness) decide(d events.Decision) []Effect {

@@ -190,6 +190,9 @@ func (m *Machine) onTimer(ctx context.Context, st *State, t *events.TimerFired) 
 	if t.Kind == events.TimerCapacity {
 		return m.onCapacity(ctx, st, true), nil
 	}
+	if t.Kind == events.TimerAlarm {
+		return m.onAlarm(ctx, st)
+	}
 	return m.onStageTimer(st, t), nil
 }
 

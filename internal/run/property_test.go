@@ -129,6 +129,23 @@ func nextEvent(t *testing.T, h *harness, s *script, history []any) any {
 		}
 		return &events.ActionCompleted{RunID: testRunID, CallID: c.CallID, Output: map[string]any{"v": "x"}}
 	case 5: // a timer, armed or made up
+		if h.alarm {
+			// The alarm, at its time or (a redelivery, a clock ahead)
+			// at another pending timer's.
+			at := h.st.AlarmAt
+			for _, tm := range h.st.Timers {
+				if s.pick(3) == 0 {
+					at = tm.At
+				}
+			}
+			if at.IsZero() {
+				return nil
+			}
+			if h.env.Now().Before(at) {
+				h.env.advance(at.Sub(h.env.Now()))
+			}
+			return &events.TimerFired{RunID: testRunID, Kind: events.TimerAlarm, Stage: "alarm", DueAt: at}
+		}
 		var armed []*Timer
 		for _, e := range h.all {
 			if e.Kind == EffectTimer {
@@ -195,6 +212,18 @@ func check(t *testing.T, h *harness) {
 		return
 	}
 	require.NotNil(t, h.timer(events.TimerRunDeadline), "the run has a deadline")
+	if h.alarm {
+		// One armed alarm covers every pending timer, and the run's
+		// deadline is among them until it ends.
+		_, hasDeadline := st.Timers["run"]
+		require.True(t, hasDeadline, "the run's deadline is pending")
+		require.False(t, st.AlarmAt.IsZero(), "the alarm is armed")
+		for name, tm := range st.Timers {
+			require.False(t, tm.At.Before(st.AlarmAt.Add(-alarmSlack)), "timer %s (%s) comes before the alarm (%s)", name, tm.At, st.AlarmAt)
+		}
+		require.NotEmpty(t, h.alarms)
+		require.Equal(t, st.AlarmAt, h.alarms[len(h.alarms)-1].At, "the last alarm scheduled is the armed one")
+	}
 	armed := func(kind string, match func(events.TimerFired) bool) bool {
 		for _, e := range h.all {
 			if e.Kind == EffectTimer && e.Timer.Fired.Kind == kind && match(e.Timer.Fired) {
@@ -252,6 +281,24 @@ func TestRandomEventSequencesKeepTheInvariants(t *testing.T) {
 			b[i] = byte(rng.UintN(256))
 		}
 		t.Run(fmt.Sprint(seed), func(t *testing.T) { playScript(t, &script{b: b}) })
+	}
+}
+
+// TestRandomEventSequencesKeepTheInvariantsUnderOneAlarm plays the same
+// scripts with timers armed as the dispatcher arms them: one alarm per
+// run, fired at its time or early.
+func TestRandomEventSequencesKeepTheInvariantsUnderOneAlarm(t *testing.T) {
+	for seed := range uint64(500) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		b := make([]byte, 120)
+		for i := range b {
+			b[i] = byte(rng.UintN(256))
+		}
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			h := newHarness(t, Limits{MaxPlanParallel: 2, MaxSectionParallel: 2, MaxCycles: 6})
+			h.alarm = true
+			playScriptH(t, &script{b: b}, h)
+		})
 	}
 }
 

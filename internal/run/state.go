@@ -112,6 +112,11 @@ type State struct {
 	// CallsDueAt is when the run's calls timer is armed (zero: none), the
 	// earliest DueAt of its calls in flight or earlier.
 	CallsDueAt time.Time `json:"callsDueAt,omitzero"`
+	// Timers are the run's pending timers by name; one schedule, the
+	// alarm, stands for them all, armed at AlarmAt (see [Arm]).
+	Timers map[string]Timer `json:"timers,omitempty"`
+	// AlarmAt is when the run's alarm is armed (zero: none).
+	AlarmAt time.Time `json:"alarmAt,omitzero"`
 	// Diagnostics are facts recorded about the run's inputs (alias
 	// rewrites, stripped keys).
 	Diagnostics []Diagnostic `json:"diagnostics,omitempty"`

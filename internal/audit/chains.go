@@ -1,0 +1,295 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/keymutex"
+)
+
+// A run's records are appended to its chain in batches: records wait in
+// memory (their events unacknowledged) until FlushAfter has passed since
+// the first of them, or MaxBatch records wait, and are then appended as
+// one audit.appended message. A one-action run is usually one append,
+// written after the run ended, off its critical path. The run's terminal
+// event does not end the batch: the auditor reads each stream with its own
+// consumer, and a run's request or work item may reach it after the run's
+// end; the window lets them join the same append.
+//
+// Appends of one chain are serialized (one batch at a time, in the order
+// the records arrived); the expected-last-sequence check of each append
+// keeps a second auditor from interleaving, and the chain head (hash,
+// stream sequence, the events already recorded) is kept in memory per run
+// while the run is active.
+
+// appendTimeout bounds one append, including its retries.
+const appendTimeout = 30 * time.Second
+
+// maxHeads bounds the chain heads kept in memory; maxHeadIDs the event ids
+// kept per head (for the duplicate check of redelivered events).
+const (
+	maxHeads   = 20000
+	maxHeadIDs = 1024
+)
+
+// batch is the records of one chain waiting to be appended.
+type batch struct {
+	chain, tenant, runID string
+	records              []events.AuditRecorded
+	done                 []chan<- error
+	timer                *time.Timer
+}
+
+// head is the end of a chain: the last record's hash and the stream
+// sequence of the message holding it, and the ids of the events already
+// recorded (all of them while the run is cached, those of the last
+// message after a read).
+type head struct {
+	hash string
+	seq  uint64
+	ids  map[string]struct{}
+}
+
+// unseen returns the records whose events the chain does not hold yet: a
+// redelivered event (its ack was lost, or its append's ack was) is not
+// recorded twice.
+func (h head) unseen(recs []events.AuditRecorded) []events.AuditRecorded {
+	out := make([]events.AuditRecorded, 0, len(recs))
+	for _, r := range recs {
+		if _, dup := h.ids[r.EventID]; !dup {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// chains batches records per chain and keeps the heads of active chains.
+type chains struct {
+	flushAfter time.Duration
+	maxBatch   int
+	append     func(ctx context.Context, b *batch) error
+	// ctx is the context appends run under; it is not canceled when the
+	// auditor stops, so that waiting records are still stored.
+	ctx   context.Context
+	locks *keymutex.Striped
+
+	mu       sync.Mutex
+	pending  map[string]*batch
+	heads    map[string]head
+	stopping bool // records are appended at once: the auditor stops
+}
+
+func newChains(flushAfter time.Duration, maxBatch int, appendFn func(context.Context, *batch) error) *chains {
+	return &chains{flushAfter: flushAfter, maxBatch: maxBatch, append: appendFn, ctx: context.Background(),
+		locks: keymutex.New(256), pending: map[string]*batch{}, heads: map[string]head{}}
+}
+
+// add queues rec on its chain and returns where the outcome of its append
+// is sent. A full batch is appended before add returns.
+func (c *chains) add(chain, tenant string, rec events.AuditRecorded) <-chan error {
+	done := make(chan error, 1)
+	c.mu.Lock()
+	b := c.pending[chain]
+	if b == nil {
+		b = &batch{chain: chain, tenant: tenant, runID: rec.RunID}
+		c.pending[chain] = b
+		b.timer = time.AfterFunc(c.flushAfter, func() { c.flush(chain) })
+	}
+	b.records = append(b.records, rec)
+	b.done = append(b.done, done)
+	now := len(b.records) >= c.maxBatch || c.stopping
+	c.mu.Unlock()
+	if now {
+		c.flush(chain)
+	}
+	return done
+}
+
+// stop appends every waiting batch now, and every record added from now
+// on at once: the auditor is stopping, and its consumers wait for the
+// records they handed over before they return.
+func (c *chains) stop() {
+	c.mu.Lock()
+	c.stopping = true
+	waiting := make([]string, 0, len(c.pending))
+	for chain := range c.pending {
+		waiting = append(waiting, chain)
+	}
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, chain := range waiting {
+		wg.Go(func() { c.flush(chain) })
+	}
+	wg.Wait()
+}
+
+// flush appends what waits on chain, MaxBatch records per message, and
+// tells each record's event the outcome.
+func (c *chains) flush(chain string) {
+	unlock := c.locks.Lock(chain)
+	defer unlock()
+	c.mu.Lock()
+	b := c.pending[chain]
+	delete(c.pending, chain)
+	c.mu.Unlock()
+	if b == nil {
+		return // appended by an earlier flush
+	}
+	b.timer.Stop()
+	ctx, cancel := context.WithTimeout(c.ctx, appendTimeout)
+	defer cancel()
+	var err error
+	for part := *b; len(b.records) > 0 && err == nil; b.records = b.records[len(part.records):] {
+		part.records = b.records[:min(len(b.records), c.maxBatch)]
+		err = c.append(ctx, &part)
+	}
+	for _, d := range b.done {
+		d <- err
+	}
+}
+
+// head returns chain's cached head.
+func (c *chains) head(chain string) (head, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, ok := c.heads[chain]
+	return h, ok
+}
+
+// advance records an append: the chain now ends with recs, stored at seq.
+// Heads stay cached after a run ended (until maxHeads evicts them), since
+// its stale timers and late records still come.
+func (c *chains) advance(chain string, h head, recs []events.AuditRecorded, seq uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	last := recs[len(recs)-1]
+	ids := h.ids
+	if ids == nil || len(ids)+len(recs) > maxHeadIDs {
+		ids = map[string]struct{}{} // past the bound, only the newest are checked
+	}
+	for _, r := range recs {
+		ids[r.EventID] = struct{}{}
+	}
+	if _, cached := c.heads[chain]; !cached && len(c.heads) >= maxHeads {
+		for k := range c.heads {
+			delete(c.heads, k)
+			break
+		}
+	}
+	c.heads[chain] = head{hash: last.Hash, seq: seq, ids: ids}
+}
+
+// forget drops chain's cached head: after a failed append, the chain may
+// or may not hold the batch, and is read again.
+func (c *chains) forget(chain string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.heads, chain)
+}
+
+// handle builds an event's record and queues it on its run's chain; the
+// event is acknowledged once the record is stored.
+func (s *Service) handle(_ context.Context, r *events.Received, _ jetstream.Msg) error {
+	rec := s.build.Record(r)
+	tenant := events.TenantOr(rec.Tenant)
+	return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec))
+}
+
+// append stores one batch at the end of its chain.
+func (s *Service) append(ctx context.Context, b *batch) error {
+	subject := s.bus.Subjects().AuditAppend(b.tenant, b.runID)
+	for attempt := 0; attempt < 10; attempt++ {
+		h, cached := s.chains.head(b.chain)
+		// A run's request is its first record as a rule: its chain is
+		// taken to be empty without reading it (the expected sequence 0
+		// fails the append when it is not, and the chain is read then).
+		first := !cached && attempt == 0 && b.records[0].EventType == events.TypeRunRequested
+		if (!cached || attempt > 0) && !first {
+			var err error
+			if h, err = s.last(ctx, b.chain); err != nil {
+				return err
+			}
+		}
+		recs := h.unseen(b.records)
+		if len(recs) == 0 {
+			return nil // every record was stored before (redeliveries)
+		}
+		prev := h.hash
+		for i := range recs {
+			recs[i].PrevHash = prev
+			recs[i].Hash = ChainHash(recs[i])
+			prev = recs[i].Hash
+		}
+		data := &events.AuditAppended{RunID: b.runID, Tenant: recs[0].Tenant, Records: recs}
+		e, err := s.bus.New(events.TypeAuditAppended, appendID(recs), b.tenant, b.runID, data)
+		if err != nil {
+			return events.Permanent(err)
+		}
+		// One writer per chain: the append fails if any message of the
+		// run was stored after the head it extends.
+		ack, err := s.bus.Publish(ctx, subject, e, jetstream.WithExpectLastSequenceForSubject(h.seq, b.chain))
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			continue // another auditor extended the chain; read it again
+		}
+		if err != nil {
+			s.chains.forget(b.chain)
+			return err
+		}
+		if ack.Duplicate {
+			// Stored before, under the same id: the head is re-read.
+			s.chains.forget(b.chain)
+			return nil
+		}
+		s.chains.advance(b.chain, h, recs, ack.Sequence)
+		for _, r := range recs {
+			s.cfg.Metrics.AuditRecord(r.Kind)
+		}
+		return nil
+	}
+	return fmt.Errorf("audit: run %s: too many concurrent appends", b.runID)
+}
+
+// appendID names an append by the events it records, so that publishing
+// the same batch again is deduplicated by JetStream.
+func appendID(recs []events.AuditRecorded) string {
+	parts := make([]any, 0, len(recs))
+	for _, r := range recs[1:] {
+		parts = append(parts, r.EventID)
+	}
+	return events.DerivedID(recs[0].EventID, append(parts, "audit")...)
+}
+
+// last reads the end of a chain ("" and 0 when it is empty): the last
+// message's last record, and the events its records hold.
+func (s *Service) last(ctx context.Context, chain string) (head, error) {
+	msg, err := s.stream.GetLastMsgForSubject(ctx, chain)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return head{}, nil
+	}
+	if err != nil {
+		return head{}, err
+	}
+	r, err := s.bus.Receive(msg.Subject, msg.Header, msg.Data)
+	if err != nil {
+		return head{}, fmt.Errorf("audit: last record of %s: %w", chain, err)
+	}
+	recs, err := events.AuditRecordsOf(r)
+	if err != nil {
+		return head{}, fmt.Errorf("audit: last record of %s: %w", chain, err)
+	}
+	if len(recs) == 0 {
+		return head{}, fmt.Errorf("audit: last message of %s holds no record", chain)
+	}
+	h := head{hash: recs[len(recs)-1].Hash, seq: msg.Sequence, ids: map[string]struct{}{}}
+	for _, rec := range recs {
+		h.ids[rec.EventID] = struct{}{}
+	}
+	return h, nil
+}

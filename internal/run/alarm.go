@@ -1,0 +1,136 @@
+package run
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// A run has one armed schedule, its alarm. The machine's transitions ask
+// for named timers (the run's deadline, the planner's, the calls', an
+// approval's expiry, a retry's delay); [Arm] keeps them in the state as
+// pending timers and arms the alarm at the earliest of them — a new
+// schedule only when none is armed or the earliest comes sooner than the
+// armed one. When the alarm fires, the machine fires every pending timer
+// that is due, in time order, and the alarm is armed again for the rest.
+//
+// A one-action run stores one schedule (the calls' deadline comes before
+// the run's), instead of one per timer; a run that ends before its alarm
+// leaves that one schedule, whose firing changes nothing.
+
+// alarmName is the alarm's schedule name (one schedule subject per run).
+const alarmName = "alarm"
+
+// alarmSlack is how much sooner than the armed alarm a timer must come to
+// arm the alarm again: schedules have a resolution of a second, so a timer
+// a little sooner than the alarm fires with it.
+const alarmSlack = time.Second
+
+// Arm turns the timers among a transition's effects into pending timers of
+// st, and returns the effects with, in their place, at most one timer: the
+// run's alarm, when it has to be armed (again). A run that ended needs no
+// timers: its pending ones are dropped. Effects of timers already
+// scheduled under their own names (states from before the alarm) are
+// unaffected: only the effects passed in are turned.
+func Arm(st *State, out []Effect, now time.Time) []Effect {
+	kept := make([]Effect, 0, len(out))
+	for _, e := range out {
+		if e.Kind != EffectTimer || e.Timer.Name == alarmName {
+			kept = append(kept, e)
+			continue
+		}
+		if st.Timers == nil {
+			st.Timers = map[string]Timer{}
+		}
+		st.Timers[e.Timer.Name] = *e.Timer
+	}
+	if st.IsTerminal() {
+		st.Timers = nil
+		return kept
+	}
+	next, ok := st.nextTimer()
+	if !ok {
+		return kept
+	}
+	if st.AlarmAt.After(now) && !next.Before(st.AlarmAt.Add(-alarmSlack)) {
+		return kept // the armed alarm comes no later than it must
+	}
+	st.AlarmAt = next
+	f := events.TimerFired{Kind: events.TimerAlarm, Stage: "alarm", RunID: st.RunID, Cycle: st.Cycle}
+	// The id names the time: a later schedule replaces the earlier one
+	// instead of being dropped as its duplicate.
+	id := st.derive("timer", alarmName, next.UnixMilli())
+	return append(kept, Effect{Kind: EffectTimer, ID: id, Timer: &Timer{Name: alarmName, At: next, Fired: f}})
+}
+
+// nextTimer returns the earliest pending timer's time.
+func (st *State) nextTimer() (time.Time, bool) {
+	var next time.Time
+	for _, t := range st.Timers {
+		if next.IsZero() || t.At.Before(next) {
+			next = t.At
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// onAlarm fires the pending timers that are due, earliest first (by name
+// between equals). [Arm], applied to what it returns, arms the alarm again
+// for the timers still to come.
+func (m *Machine) onAlarm(ctx context.Context, st *State) ([]Effect, error) {
+	if st.IsTerminal() {
+		return nil, nil
+	}
+	now := m.env.Now()
+	st.AlarmAt = time.Time{} // it fired
+	var due []string
+	for name, t := range st.Timers {
+		if !t.At.After(now) {
+			due = append(due, name)
+		}
+	}
+	if len(due) == 0 && len(st.Timers) == 0 {
+		return nil, nil // fired before (a redelivery): nothing is pending
+	}
+	slices.SortFunc(due, func(a, b string) int {
+		if c := st.Timers[a].At.Compare(st.Timers[b].At); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	var out []Effect
+	for _, name := range due {
+		t := st.Timers[name]
+		delete(st.Timers, name)
+		fired := t.Fired
+		fired.DueAt = t.At
+		effects, err := m.onTimer(ctx, st, &fired)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, effects...)
+		if st.IsTerminal() {
+			st.Timers = nil
+			break
+		}
+	}
+	// A request one timer asked for that a later one made moot (its
+	// call stalled the run) is not sent.
+	out = slices.DeleteFunc(out, func(e Effect) bool {
+		switch e.Kind {
+		case EffectDecide, EffectAct, EffectSynthesize, EffectApproval, EffectEnd:
+			_, ok := Render(st, e)
+			return !ok
+		}
+		return false
+	})
+	if len(out) == 0 {
+		// Only stale timers were due, or none yet: nothing to publish,
+		// but the state changed and the alarm is to be armed again.
+		out = append(out, Effect{Kind: EffectSave, ID: st.derive("alarm-fired", now.UnixMilli())})
+	}
+	return out, nil
+}
