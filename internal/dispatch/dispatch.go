@@ -376,7 +376,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 // it and changes nothing, except that an outbox still in the stored state
 // (the creator crashed before publishing) is published.
 func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect) error {
-	st.Outbox = run.Dedupe(run.Arm(st, out, time.Now()))
+	st.Outbox = run.Dedupe(run.ArmAdmitted(st, out, time.Now(), d.cfg.ActionGrace))
 	val, err := json.Marshal(st)
 	if err != nil {
 		return events.Permanent(err)

@@ -36,6 +36,22 @@ const alarmSlack = time.Second
 // scheduled under their own names (states from before the alarm) are
 // unaffected: only the effects passed in are turned.
 func Arm(st *State, out []Effect, now time.Time) []Effect {
+	return arm(st, out, now, time.Time{})
+}
+
+// ArmAdmitted is [Arm] for a run's admission: the first alarm comes within
+// `within` (the dispatcher passes its ActionGrace) even when the earliest
+// timer is later. Every deadline a run sets while it goes on — a call's
+// (its timeout plus that grace), the planner's — then comes after the
+// alarm, so a run that ends before it (most do) stores one schedule, not
+// one more for each sooner deadline; a run that lasts longer finds nothing
+// due when it fires and arms it for its earliest timer.
+func ArmAdmitted(st *State, out []Effect, now time.Time, within time.Duration) []Effect {
+	return arm(st, out, now, now.Add(within))
+}
+
+// arm is Arm with the alarm at limit at the latest (zero: no limit).
+func arm(st *State, out []Effect, now, limit time.Time) []Effect {
 	kept := make([]Effect, 0, len(out))
 	for _, e := range out {
 		if e.Kind != EffectTimer || e.Timer.Name == alarmName {
@@ -54,6 +70,9 @@ func Arm(st *State, out []Effect, now time.Time) []Effect {
 	next, ok := st.nextTimer()
 	if !ok {
 		return kept
+	}
+	if !limit.IsZero() && limit.Before(next) {
+		next = limit
 	}
 	if st.AlarmAt.After(now) && !next.Before(st.AlarmAt.Add(-alarmSlack)) {
 		return kept // the armed alarm comes no later than it must

@@ -157,3 +157,26 @@ func earliest(st *State) time.Time {
 	next, _ := st.nextTimer()
 	return next
 }
+
+// At admission the alarm comes within the given grace: the deadlines the
+// run sets while it goes on come after it and need no schedule of their
+// own, and when it fires with nothing due it is armed for the earliest.
+func TestTheFirstAlarmComesWithinTheGrace(t *testing.T) {
+	const grace = 30 * time.Second
+	h := newHarness(t, Limits{ActionGrace: grace})
+	h.alarm, h.admitWithin = true, grace
+	admitted := h.env.Now()
+	h.agent()
+	require.Len(t, h.alarms, 1)
+	assert.Equal(t, admitted.Add(grace), h.st.AlarmAt, "within the grace, before the planner's deadline")
+	h.decide(action("t.read", nil))
+	require.Len(t, h.dispatched(), 1)
+	assert.Len(t, h.alarms, 1, "the call's deadline comes after the alarm: no new schedule")
+	h.succeed(h.dispatched()[0].CallID, nil)
+
+	out := h.fireAlarm() // the run is still deciding
+	require.Len(t, out, 1)
+	assert.Equal(t, EffectSave, out[0].Kind, "nothing was due")
+	assert.Equal(t, earliest(h.st), h.st.AlarmAt, "armed for the earliest pending timer")
+	assert.Len(t, h.alarms, 2)
+}

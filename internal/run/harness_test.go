@@ -31,6 +31,9 @@ type harness struct {
 	// alarm schedules Arm armed.
 	alarm  bool
 	alarms []*Timer
+	// admitWithin arms the admission's alarm as the dispatcher does
+	// ([ArmAdmitted]); zero uses [Arm].
+	admitWithin time.Duration
 }
 
 func newHarness(t testing.TB, lim Limits) *harness {
@@ -44,7 +47,12 @@ func (h *harness) start(req events.RunRequested) *harness {
 	st, out, err := h.m.Start(context.Background(), &req, "idkey")
 	require.NoError(h.t, err)
 	h.st = st
-	h.arm(out)
+	h.armWith(out, func(st *State, out []Effect, now time.Time) []Effect {
+		if h.admitWithin > 0 {
+			return ArmAdmitted(st, out, now, h.admitWithin)
+		}
+		return Arm(st, out, now)
+	})
 	h.record(out)
 	return h
 }
@@ -95,11 +103,13 @@ func (h *harness) apply(data any) []Effect {
 }
 
 // arm applies [Arm] to a transition's effects in alarm mode.
-func (h *harness) arm(out []Effect) {
+func (h *harness) arm(out []Effect) { h.armWith(out, Arm) }
+
+func (h *harness) armWith(out []Effect, arm func(*State, []Effect, time.Time) []Effect) {
 	if !h.alarm {
 		return
 	}
-	for _, e := range Arm(h.st, out, h.env.Now()) {
+	for _, e := range arm(h.st, out, h.env.Now()) {
 		if e.Kind == EffectTimer {
 			require.Equal(h.t, alarmName, e.Timer.Name, "only the alarm is scheduled")
 			h.alarms = append(h.alarms, e.Timer)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -297,6 +298,9 @@ func TestRandomEventSequencesKeepTheInvariantsUnderOneAlarm(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			h := newHarness(t, Limits{MaxPlanParallel: 2, MaxSectionParallel: 2, MaxCycles: 6})
 			h.alarm = true
+			if seed%2 == 1 {
+				h.admitWithin = 30 * time.Second // as the dispatcher admits
+			}
 			playScriptH(t, &script{b: b}, h)
 		})
 	}
