@@ -162,7 +162,6 @@ func TestEventsDeliveredAgainAreNotRecordedTwice(t *testing.T) {
 		_, err := srv.JS.CreateConsumer(ctx, c.Stream, c.Config)
 		require.NoError(t, err)
 	}
-	seen := len(rec.All())
 	startAuditor(t, srv, audit.Config{FlushAfter: 10 * time.Millisecond})
 	// The restarted auditor has handled every event again once its
 	// consumers hold nothing pending or unacknowledged.
@@ -179,10 +178,7 @@ func TestEventsDeliveredAgainAreNotRecordedTwice(t *testing.T) {
 		}
 		return true
 	}, 20*time.Second, 10*time.Millisecond)
+	// (The stream is what counts: a core subscriber also sees an append
+	// the stream refused for its expected last sequence.)
 	assert.Equal(t, before, appendsOf(t, srv, res.RunID), "nothing appended to the run's chain")
-	for _, r := range rec.All()[seen:] {
-		for _, a := range r.AuditRecords() {
-			assert.NotEqual(t, res.RunID, a.RunID, "a record of the run was written again")
-		}
-	}
 }
