@@ -80,6 +80,12 @@ const (
 	CodeRetryRefused         Code = "retry_refused"
 	CodeInvalidTenant        Code = "invalid_tenant"
 	CodeTenantNotServed      Code = "tenant_not_served"
+	CodeSkillNotFound        Code = "skill_not_found"
+	CodeSkillNotActive       Code = "skill_not_active"
+	CodeSkillToolRefused     Code = "skill_tool_refused"
+	CodeHandoffRefused       Code = "handoff_refused"
+	CodeHandoffCycle         Code = "agent_handoff_cycle_detected"
+	CodeInvalidSkill         Code = "invalid_skill"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -97,6 +103,7 @@ var Codes = []Code{
 	CodeReplayDiverged, CodeWorkspacePath, CodeStaleFile, CodePatchRejected, CodeSQLRefused,
 	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge, CodeRunEnded,
 	CodeArtifactMismatch, CodeRetryRefused, CodeInvalidTenant, CodeTenantNotServed,
+	CodeSkillNotFound, CodeSkillNotActive, CodeSkillToolRefused, CodeHandoffRefused, CodeHandoffCycle, CodeInvalidSkill,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code
@@ -125,6 +132,8 @@ var (
 	ErrInvalidTenant       = &Error{Code: CodeInvalidTenant}
 	ErrIdempotencyConflict = &Error{Code: CodeIdempotencyConflict}
 	ErrPayloadTooLarge     = &Error{Code: CodePayloadTooLarge}
+	ErrSkillNotFound       = &Error{Code: CodeSkillNotFound}
+	ErrInvalidSkill        = &Error{Code: CodeInvalidSkill}
 )
 
 // Error is an actionbus failure with a stable code. It is the Go form of the

@@ -32,6 +32,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
+	"github.com/actionbus/actionbus/internal/skills"
 )
 
 // Mode says what an action does to the world: read, draft, dryRun or
@@ -152,6 +153,10 @@ type Executor struct {
 	heartbeat time.Duration
 	idem      jetstream.KeyValue
 	artifacts jetstream.ObjectStore
+
+	// skills are the skills registered on ex, published when it runs.
+	skillsMu sync.Mutex
+	skills   []Skill
 }
 
 // New returns an executor using nc. It does not touch the server until Run.
@@ -343,6 +348,14 @@ func (e *Executor) Run(ctx context.Context) error {
 	cat := actions.NewCatalog(catKV)
 	for _, def := range e.reg.Definitions() {
 		if err := cat.Publish(ctx, def, e.cfg.ID); err != nil {
+			return fmt.Errorf("executor: %w", err)
+		}
+	}
+	e.skillsMu.Lock()
+	published := append([]Skill(nil), e.skills...)
+	e.skillsMu.Unlock()
+	for _, s := range published {
+		if err := skills.Publish(ctx, catKV, s); err != nil {
 			return fmt.Errorf("executor: %w", err)
 		}
 	}

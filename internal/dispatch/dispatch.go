@@ -217,6 +217,7 @@ type Dispatcher struct {
 	runs      jetstream.KeyValue
 	artifacts jetstream.ObjectStore
 	cat       *actions.View
+	catKV     jetstream.KeyValue // skills are read from it
 	ready     chan struct{}
 	cache     *stateCache
 	checkers  *checkerCache
@@ -280,11 +281,10 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if d.artifacts, err = d.js.ObjectStore(ctx, d.topo.BucketArtifacts()); err != nil {
 		return err
 	}
-	catKV, err := d.js.KeyValue(ctx, d.topo.BucketCatalog())
-	if err != nil {
+	if d.catKV, err = d.js.KeyValue(ctx, d.topo.BucketCatalog()); err != nil {
 		return err
 	}
-	if d.cat, err = actions.NewCatalog(catKV).Watch(ctx); err != nil {
+	if d.cat, err = actions.NewCatalog(d.catKV).Watch(ctx); err != nil {
 		return err
 	}
 	if err := d.watchPolicy(ctx); err != nil {

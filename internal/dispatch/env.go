@@ -16,6 +16,7 @@ import (
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/run"
+	"github.com/actionbus/actionbus/internal/skills"
 )
 
 // env is the world as the run state machine sees it from the dispatcher:
@@ -25,6 +26,14 @@ type env struct{ d *Dispatcher }
 
 func (e env) Action(ctx context.Context, name string) (*actions.Entry, error) {
 	return e.d.cat.Get(ctx, name)
+}
+
+func (e env) Skill(ctx context.Context, name string) (*skills.Skill, error) {
+	return skills.Get(ctx, e.d.catKV, name)
+}
+
+func (e env) Skills(ctx context.Context) ([]skills.Skill, error) {
+	return skills.List(ctx, e.d.catKV)
 }
 
 func (e env) Checker(entry *actions.Entry) (*actions.ArgsChecker, error) {

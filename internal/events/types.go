@@ -184,6 +184,31 @@ type DecisionRequested struct {
 	Synthesize string `json:"synthesize,omitempty"`
 	// Replay is set for replay runs: the planner answers from it.
 	Replay *Replay `json:"replay,omitempty"`
+	// Skill is the run's active skill (the seed's activeAgentSkill and
+	// agentSkillContext): its instructions and tools shape the decision.
+	Skill *SkillContext `json:"skill,omitempty"`
+}
+
+// SkillContext is the active skill as the planner sees it.
+type SkillContext struct {
+	Name         string      `json:"name"`
+	Description  string      `json:"description,omitempty"`
+	Version      string      `json:"version,omitempty"`
+	Instructions string      `json:"instructions,omitempty"`
+	Tools        []SkillTool `json:"tools,omitempty"`
+	// Handoffs are the skills handoff_to_skill may move to.
+	Handoffs []string `json:"handoffs,omitempty"`
+	// HandoffChain and HandoffContext are the run's handoffs so far.
+	HandoffChain   []string `json:"handoffChain,omitempty"`
+	HandoffContext string   `json:"handoffContext,omitempty"`
+}
+
+// SkillTool is one tool of the active skill: execute_skill_tool runs it.
+type SkillTool struct {
+	Name        string         `json:"name"`
+	Description string         `json:"description,omitempty"`
+	Parameters  map[string]any `json:"parameters,omitempty"`
+	ResultKind  string         `json:"resultKind,omitempty"`
 }
 
 // InputProvided answers a run's clarify question and resumes it.

@@ -10,6 +10,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/skills"
 )
 
 // callSpec is an action call asked for: a decision's action, one action
@@ -101,7 +102,7 @@ func (m *Machine) admit(ctx context.Context, st *State, s callSpec) ([]Effect, a
 		return nil, admission{Verdict: refused, Err: where(actionbus.Errorf(actionbus.CodeTenantNotServed,
 			"action %q is hosted by a pool dedicated to other tenants", s.Action).WithDetail("action", s.Action))}, nil
 	}
-	if s.InBatch && (plannerStateMutators[s.Action] || (entry.Planner != nil && entry.Planner.StateMutator)) {
+	if s.InBatch && (skills.Mutator(s.Action) || (entry.Planner != nil && entry.Planner.StateMutator)) {
 		return nil, admission{Verdict: refused, Err: where(actionbus.Errorf(actionbus.CodePlanRejected,
 			"%s changes planner state and must run as a standalone action before planning", s.Action))}, nil
 	}
@@ -195,10 +196,35 @@ func (m *Machine) startCalls(ctx context.Context, st *State, decs []events.Decis
 	calls := make([]CallState, 0, len(decs))
 	invalid := 0
 	for i, dec := range decs {
+		var tool *skills.Tool
+		if dec.Name == skills.ExecuteTool {
+			// A skill tool call: resolved against the active skill before
+			// anything of the decision runs.
+			var healed []string
+			var refused *actionbus.Error
+			var err error
+			if dec, tool, healed, refused, err = m.resolveSkillTool(ctx, st, dec); err != nil {
+				return nil, err
+			}
+			if refused != nil {
+				if isPlan {
+					refused = refused.WithDetail("planIndex", i)
+				}
+				return append(out, m.skillToolRefused(st, i, isPlan, refused)...), nil
+			}
+			var pi *int
+			if isPlan {
+				pi = &i
+			}
+			out = append(out, m.recordArgsReport(st, pi, skills.ExecuteTool, actions.ArgsReport{Healed: healed})...)
+		}
 		steps, a, err := m.admit(ctx, st, callSpec{Action: dec.Name, Args: dec.Args, Origin: origin, PlanIndex: i,
 			InPlan: isPlan, InBatch: isPlan, IdempotencyKey: dec.IdempotencyKey})
 		if err != nil {
 			return nil, err
+		}
+		if tool != nil {
+			a.Call.Skill, a.Call.Tool = st.Agent.Skills.Active.Name, tool.Name
 		}
 		out = append(out, steps...)
 		switch a.Verdict {
@@ -246,6 +272,28 @@ func (m *Machine) startCalls(ctx context.Context, st *State, decs []events.Decis
 		out = append(out, m.evaluate(st)...)
 	}
 	return out, nil
+}
+
+// skillToolRefused answers an execute_skill_tool the active skill cannot
+// run: nothing of the decision runs; a plan is rejected whole, a single
+// call becomes a failed observation; either way the planner is asked
+// again with the reason (an exec or workflow run, without a planner,
+// fails).
+func (m *Machine) skillToolRefused(st *State, planIndex int, isPlan bool, err *actionbus.Error) []Effect {
+	if st.Agent == nil {
+		return m.fail(st, err)
+	}
+	if isPlan {
+		return m.reject(st, StepPlanValidationFailed, err)
+	}
+	st.Agent.Observations = append(st.Agent.Observations, events.Observation{Cycle: st.Cycle, Action: skills.ExecuteTool, Error: err})
+	facts, stopped := m.guard(st, []CallState{{Action: skills.ExecuteTool, Error: err}}, nil)
+	out := append([]Effect{step(st, StepActionFailed, nil, skills.ExecuteTool, string(err.Code)+": "+err.Message, "failed")}, facts...)
+	if stopped {
+		return out
+	}
+	st.Agent.Feedback = err
+	return append(out, m.askPlanner(st)...)
 }
 
 // argsRejected answers a decision held back by invalid arguments: the

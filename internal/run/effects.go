@@ -107,7 +107,8 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 		}
 		em.Type = events.TypeDecisionRequested
 		em.Data = &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Agent.Prompt, Scenario: st.Agent.Scenario,
-			Observations: st.Agent.Observations, Feedback: st.Agent.Feedback, Synthesize: st.Agent.Synthesize, Replay: st.Agent.Replay}
+			Observations: st.Agent.Observations, Feedback: st.Agent.Feedback, Synthesize: st.Agent.Synthesize, Replay: st.Agent.Replay,
+			Skill: skillContext(st.Agent.Skills)}
 		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}
 	case EffectAct:
 		i := st.callIndex(e.CallID)

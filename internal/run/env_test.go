@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/skills"
 )
 
 // memEnv is the world of the transition tests, in memory: a small
@@ -39,6 +41,62 @@ type memEnv struct {
 	tamper bool
 	// limits are the limit states by key.
 	limits map[string]*limits.State
+	// skills are the catalog's skills by name.
+	skills map[string]*skills.Skill
+}
+
+// addSkill puts a skill in the catalog, with its tools as hidden actions
+// (as an executor's RegisterSkill does).
+func (e *memEnv) addSkill(t testing.TB, s skills.Skill) {
+	t.Helper()
+	if s.Version == "" {
+		s.Version = "1"
+	}
+	s.Pool = "default"
+	require.NoError(t, s.Validate())
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.skills == nil {
+		e.skills = map[string]*skills.Skill{}
+	}
+	e.skills[s.Name] = &s
+	for _, tool := range s.Tools {
+		params := tool.Parameters
+		if params == nil {
+			params = map[string]any{"type": "object"}
+		}
+		schema, err := json.Marshal(params)
+		require.NoError(t, err)
+		mode := actions.Mode(tool.Mode)
+		if mode == "" {
+			mode = actions.ModeRead
+		}
+		d := actions.Definition{Name: skills.ActionName(s.Name, tool.Name), Description: tool.Description, Mode: mode, Tier: tool.Tier,
+			Pool: "default", Version: "1", InputSchema: schema, Planner: &actions.PlannerMeta{Hidden: true}}
+		require.NoError(t, d.Normalize())
+		e.catalog[d.Name] = &actions.Entry{Definition: d, Hash: d.Hash()}
+	}
+}
+
+func (e *memEnv) Skill(_ context.Context, name string) (*skills.Skill, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s, ok := e.skills[name]; ok {
+		c := *s
+		return &c, nil
+	}
+	return nil, actionbus.Errorf(actionbus.CodeSkillNotFound, "skill %q is not in the catalog", name)
+}
+
+func (e *memEnv) Skills(_ context.Context) ([]skills.Skill, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []skills.Skill
+	for _, s := range e.skills {
+		out = append(out, *s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
 }
 
 var testKey = []byte("0123456789abcdef0123456789abcdef")

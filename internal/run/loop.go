@@ -16,6 +16,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/skills"
 )
 
 // The loop of a run: observe (results come back), orient (they are
@@ -24,12 +25,9 @@ import (
 // results decide whether the run ends). Every phase is recorded as a
 // run.step with the seed's telemetry names.
 
-// plannerStateMutators are the seed's actions that change planner state;
-// they must run alone, never inside a plan. Actions can declare the same
-// with PlannerMeta.StateMutator.
-var plannerStateMutators = map[string]bool{
-	"list_agent_skills": true, "read_agent_skill": true, "use_agent_skill": true, "handoff_to_skill": true,
-}
+// The seed's skill actions that change planner state (skills.Mutator)
+// must run alone, never inside a plan. Actions can declare the same with
+// PlannerMeta.StateMutator.
 
 // clarifyAction is the action name a clarify decision maps to in the
 // run's observations.
@@ -116,6 +114,9 @@ func (m *Machine) applyDecision(ctx context.Context, st *State, dm *events.Decis
 		if dec.Name == "" {
 			return m.reject(st, StepDecisionInvalid, actionbus.Errorf(actionbus.CodeInvalidDecision, "an action decision needs a name")), nil
 		}
+		if skills.Mutator(dec.Name) {
+			return m.onSkillAction(ctx, st, dec)
+		}
 		return m.startCalls(ctx, st, []events.Decision{dec}, events.OriginModel, nil)
 	case events.DecisionPlan:
 		if err := m.checkPlanShape(dec); err != nil {
@@ -160,7 +161,7 @@ func (m *Machine) checkPlanShape(dec events.Decision) *actionbus.Error {
 			return actionbus.Errorf(actionbus.CodePlanRejected, "plan entry %d has type %q; a plan may contain only action envelopes (no nested plans, clarify or final)", i, a.Type).
 				WithDetail("planIndex", i)
 		}
-		if plannerStateMutators[a.Name] {
+		if skills.Mutator(a.Name) {
 			return actionbus.Errorf(actionbus.CodePlanRejected, "%s changes planner state and must run as a standalone action before planning", a.Name).
 				WithDetail("planIndex", i).WithDetail("action", a.Name)
 		}
@@ -440,6 +441,15 @@ func (m *Machine) onResult(ctx context.Context, st *State, r result) ([]Effect, 
 		abErr = actionbus.Errorf(actionbus.CodeHandlerFailed, "action failed without an error")
 	}
 	c := &st.Calls[i]
+	if c.Tool != "" && ok {
+		tool := activeTool(st, *c)
+		env := toolEnvelope(*c, tool, r.output)
+		// A preparatory result kind is never the run's final evidence.
+		if kind, _ := env["resultKind"].(string); skills.NonTerminalKinds[kind] {
+			r.complete = false
+		}
+		r.output = env
+	}
 	c.Done, c.OK, c.Output, c.Summary, c.Complete, c.Error, c.Executor = true, ok, r.output, summary, r.complete, abErr, executor
 	var release []Effect
 	if c.Holding {
@@ -486,6 +496,9 @@ func (m *Machine) observe(st *State, c CallState, isPlan bool) events.Observatio
 
 func observe(st *State, c CallState, isPlan bool, maxBytes int) events.Observation {
 	obs := events.Observation{Cycle: st.Cycle, Action: c.Action, OK: c.OK, Output: digest(c.Output, maxBytes), Summary: c.Summary, Error: c.Error}
+	if c.Tool != "" {
+		obs.Action = skills.ExecuteTool // the planner called the tool so
+	}
 	if isPlan {
 		pi := c.PlanIndex
 		obs.PlanIndex = &pi

@@ -27,6 +27,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/skills"
 )
 
 // Env is what a transition asks of the world.
@@ -53,6 +54,10 @@ type Env interface {
 	// rate) for a slot; an action without a limit is always granted, with
 	// no key. Asking again for a call that holds its slot is harmless.
 	Acquire(ctx context.Context, st *State, c CallState) (Capacity, error)
+	// Skill returns the named skill of the catalog, or an error with
+	// code skill_not_found; Skills lists every skill.
+	Skill(ctx context.Context, name string) (*skills.Skill, error)
+	Skills(ctx context.Context) ([]skills.Skill, error)
 	// Now is the clock.
 	Now() time.Time
 }

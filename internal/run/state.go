@@ -153,6 +153,9 @@ type AgentRun struct {
 	// FailEvidence keeps the errors of the current streaks.
 	FailStreaks  map[string]int               `json:"failStreaks,omitempty"`
 	FailEvidence map[string][]actionbus.Error `json:"failEvidence,omitempty"`
+	// Skills is the run's skill state (the seed's agentSkills,
+	// agentSkillContext and activeAgentSkill); nil until a skill action.
+	Skills *SkillState `json:"skills,omitempty"`
 }
 
 // PendingApproval is an approval the run waits for.
@@ -185,6 +188,10 @@ type Diagnostic struct {
 
 // CallState is one action call of the current cycle.
 type CallState struct {
+	// Skill and Tool name the skill tool an execute_skill_tool call runs
+	// (Action is its hidden action, skill.<skill>.<tool>).
+	Skill      string           `json:"skill,omitempty"`
+	Tool       string           `json:"tool,omitempty"`
 	PlanIndex  int              `json:"planIndex"`
 	CallID     string           `json:"callId"`
 	Action     string           `json:"action"`

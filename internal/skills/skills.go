@@ -1,0 +1,319 @@
+// Package skills defines bundled agent skills (seed 000): a skill is a
+// directory with a SKILL.md — YAML front matter (name, description,
+// version, the tools it declares, the skills it may hand off to) and a
+// markdown body of instructions for the planner. Its tools are hosted by
+// executors as hidden catalog actions (ActionName), so every tool call goes
+// through the same admission, policy, approvals, idempotency and audit as
+// any action. Skills are published to the catalog bucket beside the
+// actions, under keys no action can have (Key).
+package skills
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/actionbus/actionbus"
+)
+
+// The five runtime actions of skills (seed 000). The first four change
+// planner state and run in the dispatcher; ExecuteTool runs one tool of
+// the active skill on an executor.
+const (
+	ListSkills  = "list_agent_skills"
+	ReadSkill   = "read_agent_skill"
+	UseSkill    = "use_agent_skill"
+	Handoff     = "handoff_to_skill"
+	ExecuteTool = "execute_skill_tool"
+)
+
+// Mutator reports whether name is one of the four skill actions that
+// change planner state (refused inside plans).
+func Mutator(name string) bool {
+	return name == ListSkills || name == ReadSkill || name == UseSkill || name == Handoff
+}
+
+// Runtime reports whether name is a runtime action of skills, handled by
+// the dispatcher (a tool may never be named so).
+func Runtime(name string) bool { return Mutator(name) || name == ExecuteTool }
+
+// Bounds of a skill: its instructions live in run state once read.
+const (
+	MaxInstructionsBytes = 32 << 10
+	MaxTools             = 64
+	MaxHandoffs          = 16
+)
+
+// Non-terminal result kinds (seed 000): a tool result of one of these is
+// a preparatory step, never the run's final evidence.
+var NonTerminalKinds = map[string]bool{
+	"resolution": true, "lookup": true, "preparatory": true, "intermediate": true, "partial": true, "other": true,
+}
+
+// Skill is one bundled skill.
+type Skill struct {
+	Name        string `json:"name" yaml:"name"`
+	Description string `json:"description" yaml:"description"`
+	// Version of the skill; default "1".
+	Version string `json:"version,omitempty" yaml:"version"`
+	// Tools are the tools the skill declares.
+	Tools []Tool `json:"tools,omitempty" yaml:"tools"`
+	// Handoffs are the skills handoff_to_skill may move to from this one.
+	Handoffs []string `json:"handoffs,omitempty" yaml:"handoffs"`
+	// Instructions are SKILL.md's body: what the planner is told while
+	// the skill is active.
+	Instructions string `json:"instructions" yaml:"-"`
+	// Pool is the pool whose executors host the tools (set when
+	// published).
+	Pool string `json:"pool,omitempty" yaml:"-"`
+}
+
+// Tool is one tool a skill declares.
+type Tool struct {
+	Name        string `json:"name" yaml:"name"`
+	Description string `json:"description,omitempty" yaml:"description"`
+	// Parameters is the JSON Schema of the tool's arguments (an object
+	// schema); nil means any object.
+	Parameters map[string]any `json:"parameters,omitempty" yaml:"parameters"`
+	// ResultKind is the tool's default result kind (a result's own
+	// resultKind wins).
+	ResultKind string `json:"resultKind,omitempty" yaml:"resultKind"`
+	// Mode is the tool's mode (read, draft, dryRun, mutate); default read.
+	Mode string `json:"mode,omitempty" yaml:"mode"`
+	// Tier is the tool's default policy tier; default 0 (allow), as the
+	// seed's execute_skill_tool.
+	Tier int `json:"tier,omitempty" yaml:"tier"`
+}
+
+// ActionName is the catalog action that runs tool of skill.
+func ActionName(skill, tool string) string { return "skill." + skill + "." + tool }
+
+var nameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+
+// Tool returns the tool the skill declares by name.
+func (s *Skill) Tool(name string) (*Tool, bool) {
+	for i := range s.Tools {
+		if s.Tools[i].Name == name {
+			return &s.Tools[i], true
+		}
+	}
+	return nil, false
+}
+
+// AllowsHandoff reports whether the skill may hand off to target.
+func (s *Skill) AllowsHandoff(target string) bool {
+	for _, h := range s.Handoffs {
+		if h == target {
+			return true
+		}
+	}
+	return false
+}
+
+// Validate checks a skill: names are tokens (lower-case letters, digits,
+// '_' and '-'), tools are unique and not named like runtime actions, result
+// kinds and modes are known, and the instructions fit MaxInstructionsBytes.
+func (s *Skill) Validate() error {
+	bad := func(format string, a ...any) error {
+		return actionbus.Errorf(actionbus.CodeInvalidSkill, "skill %q: "+format, append([]any{s.Name}, a...)...)
+	}
+	if !nameRe.MatchString(s.Name) {
+		return bad("the name must be 1–64 lower-case letters, digits, '_' or '-'")
+	}
+	if strings.TrimSpace(s.Description) == "" {
+		return bad("a description is required")
+	}
+	if len(s.Instructions) > MaxInstructionsBytes {
+		return bad("instructions are %d bytes; at most %d", len(s.Instructions), MaxInstructionsBytes)
+	}
+	if len(s.Tools) > MaxTools || len(s.Handoffs) > MaxHandoffs {
+		return bad("at most %d tools and %d handoff targets", MaxTools, MaxHandoffs)
+	}
+	seen := map[string]bool{}
+	for _, t := range s.Tools {
+		switch {
+		case !nameRe.MatchString(t.Name):
+			return bad("tool %q: the name must be 1–64 lower-case letters, digits, '_' or '-'", t.Name)
+		case Runtime(t.Name):
+			return bad("tool %q: a runtime action's name", t.Name)
+		case seen[t.Name]:
+			return bad("tool %q declared twice", t.Name)
+		case t.ResultKind != "" && t.ResultKind != "final" && t.ResultKind != "evidence" && !NonTerminalKinds[t.ResultKind]:
+			return bad("tool %q: unknown resultKind %q", t.Name, t.ResultKind)
+		case t.Mode != "" && t.Mode != "read" && t.Mode != "draft" && t.Mode != "dryRun" && t.Mode != "mutate":
+			return bad("tool %q: unknown mode %q", t.Name, t.Mode)
+		case t.Tier < 0 || t.Tier > 3:
+			return bad("tool %q: tier %d is not 0–3", t.Name, t.Tier)
+		}
+		if t.Parameters != nil {
+			if typ, ok := t.Parameters["type"]; ok && typ != "object" {
+				return bad("tool %q: parameters must be an object schema", t.Name)
+			}
+		}
+		seen[t.Name] = true
+	}
+	for _, h := range s.Handoffs {
+		if !nameRe.MatchString(h) || h == s.Name {
+			return bad("handoff target %q is not another skill's name", h)
+		}
+	}
+	return nil
+}
+
+// Parse reads a SKILL.md: front matter between "---" lines, then the
+// instructions. The version defaults to "1".
+func Parse(doc []byte) (Skill, error) {
+	doc = bytes.TrimPrefix(doc, []byte("\ufeff"))
+	rest, ok := bytes.CutPrefix(bytes.TrimLeft(doc, "\r\n"), []byte("---"))
+	if !ok {
+		return Skill{}, actionbus.Errorf(actionbus.CodeInvalidSkill, "SKILL.md must start with YAML front matter between --- lines")
+	}
+	front, body, ok := bytes.Cut(rest, []byte("\n---"))
+	if !ok {
+		return Skill{}, actionbus.Errorf(actionbus.CodeInvalidSkill, "SKILL.md front matter is not closed by a --- line")
+	}
+	var s Skill
+	dec := yaml.NewDecoder(bytes.NewReader(front))
+	dec.KnownFields(true)
+	if err := dec.Decode(&s); err != nil {
+		return Skill{}, actionbus.Errorf(actionbus.CodeInvalidSkill, "SKILL.md front matter: %v", err)
+	}
+	if _, after, ok := bytes.Cut(body, []byte("\n")); ok {
+		body = after // the rest of the closing --- line
+	} else {
+		body = nil
+	}
+	s.Instructions = strings.TrimSpace(string(body))
+	if s.Version == "" {
+		s.Version = "1"
+	}
+	return s, s.Validate()
+}
+
+// Load reads dir/SKILL.md from fsys.
+func Load(fsys fs.FS, dir string) (Skill, error) {
+	b, err := fs.ReadFile(fsys, path.Join(dir, "SKILL.md"))
+	if err != nil {
+		return Skill{}, fmt.Errorf("skills: %w", err)
+	}
+	s, err := Parse(b)
+	if err != nil {
+		return Skill{}, fmt.Errorf("skills: %s: %w", dir, err)
+	}
+	return s, nil
+}
+
+// Summary is a skill as list_agent_skills shows it.
+type Summary struct {
+	Name        string   `json:"name"`
+	Description string   `json:"description"`
+	Version     string   `json:"version,omitempty"`
+	Tools       []string `json:"tools,omitempty"`
+	Handoffs    []string `json:"handoffs,omitempty"`
+}
+
+// Summarize returns the listing of a skill.
+func (s *Skill) Summarize() Summary {
+	out := Summary{Name: s.Name, Description: s.Description, Version: s.Version, Handoffs: s.Handoffs}
+	for _, t := range s.Tools {
+		out.Tools = append(out.Tools, t.Name)
+	}
+	return out
+}
+
+// keyMarker separates skills from actions in the catalog bucket: '=' is
+// allowed in bucket keys and never in action names.
+const keyMarker = "=skill"
+
+// Key is the catalog bucket key of a skill hosted by pool.
+func Key(pool, name string) string { return pool + "." + keyMarker + "." + name }
+
+// ErrNotFound matches a skill that is not in the catalog.
+var ErrNotFound = actionbus.ErrSkillNotFound
+
+// Publish stores a skill (with its pool) in the catalog bucket.
+func Publish(ctx context.Context, kv jetstream.KeyValue, s Skill) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	if _, err := kv.Put(ctx, Key(s.Pool, s.Name), b); err != nil {
+		return fmt.Errorf("skills: publish %s: %w", s.Name, err)
+	}
+	return nil
+}
+
+// Get returns the named skill from the catalog bucket (the first pool's by
+// name, when several pools host it).
+func Get(ctx context.Context, kv jetstream.KeyValue, name string) (*Skill, error) {
+	if !nameRe.MatchString(name) {
+		return nil, actionbus.Errorf(actionbus.CodeSkillNotFound, "skill %q is not in the catalog", clip(name))
+	}
+	found, err := list(ctx, kv, "*."+keyMarker+"."+name)
+	if err != nil {
+		return nil, err
+	}
+	if len(found) == 0 {
+		return nil, actionbus.Errorf(actionbus.CodeSkillNotFound, "skill %q is not in the catalog", name).WithDetail("skillName", name)
+	}
+	return &found[0], nil
+}
+
+// List returns every skill of the catalog bucket, sorted by name.
+func List(ctx context.Context, kv jetstream.KeyValue) ([]Skill, error) {
+	return list(ctx, kv, "*."+keyMarker+".*")
+}
+
+func list(ctx context.Context, kv jetstream.KeyValue, filter string) ([]Skill, error) {
+	lister, err := kv.ListKeysFiltered(ctx, filter)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("skills: list: %w", err)
+	}
+	var out []Skill
+	for key := range lister.Keys() {
+		kve, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("skills: %s: %w", key, err)
+		}
+		var s Skill
+		// A value that does not decode, or names another pool or skill
+		// than its key, is not a skill this key may hold.
+		if json.Unmarshal(kve.Value(), &s) != nil || Key(s.Pool, s.Name) != key {
+			continue
+		}
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		return out[i].Pool < out[j].Pool
+	})
+	return out, nil
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
