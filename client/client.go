@@ -24,6 +24,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/skills"
 )
 
 // Options configures a [Client].
@@ -729,6 +730,26 @@ type ActionInfo struct {
 	Tags         []string
 	ResourceType string
 	RiskLevel    string
+}
+
+// Skills lists the catalog's skills (SKILL.md front matter, instructions
+// and the pool hosting their tools), sorted by name.
+func (c *Client) Skills(ctx context.Context) ([]Skill, error) {
+	kv, err := c.js.KeyValue(ctx, c.topo.BucketCatalog())
+	if err != nil {
+		return nil, fmt.Errorf("client: catalog: %w", err)
+	}
+	return skills.List(ctx, kv)
+}
+
+// Skill returns one skill of the catalog, or an error matching
+// actionbus.ErrSkillNotFound.
+func (c *Client) Skill(ctx context.Context, name string) (*Skill, error) {
+	kv, err := c.js.KeyValue(ctx, c.topo.BucketCatalog())
+	if err != nil {
+		return nil, fmt.Errorf("client: catalog: %w", err)
+	}
+	return skills.Get(ctx, kv, name)
 }
 
 // Actions lists the catalog, sorted by name.

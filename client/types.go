@@ -3,6 +3,7 @@ package client
 import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/skills"
 )
 
 // The wire types a client reads, named here so that code outside the
@@ -12,6 +13,10 @@ type (
 	// AuditRecord is one record of the audit stream
 	// (io.actionbus.audit.recorded): minimized, hash-chained per run.
 	AuditRecord = events.AuditRecorded
+	// Skill is a bundled agent skill of the catalog: its SKILL.md front
+	// matter (name, description, version, tools, handoff targets), its
+	// instructions, and the pool whose executors host its tools.
+	Skill = skills.Skill
 	// ApprovalContext is what an approval token signs: the approval id,
 	// run, step, user, action, input hash, dry-run hash and expiry.
 	ApprovalContext = events.ApprovalContext
