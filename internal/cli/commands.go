@@ -443,6 +443,66 @@ func actionsCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+func skillsCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "skills",
+		Short: "List the catalog's agent skills (skills show NAME prints one)",
+		Args:  cobra.NoArgs,
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			list, err := c.Skills(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tVERSION\tPOOL\tTOOLS\tHANDOFFS\tDESCRIPTION")
+			for _, s := range list {
+				sum := s.Summarize()
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Version, s.Pool, strings.Join(sum.Tools, ","), strings.Join(s.Handoffs, ","), s.Description)
+			}
+			return tw.Flush()
+		}),
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "show NAME",
+		Short: "Print one skill: its front matter, tools and instructions",
+		Args:  cobra.ExactArgs(1),
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+			s, err := c.Skill(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.out, "%s %s (pool %s)\n%s\n", s.Name, s.Version, s.Pool, s.Description)
+			if len(s.Handoffs) > 0 {
+				fmt.Fprintf(g.out, "hands off to: %s\n", strings.Join(s.Handoffs, ", "))
+			}
+			if len(s.Tools) > 0 {
+				fmt.Fprintln(g.out, "\ntools:")
+				for _, t := range s.Tools {
+					mode := t.Mode
+					if mode == "" {
+						mode = "read"
+					}
+					line := fmt.Sprintf("  %s (%s, tier %d)", t.Name, mode, t.Tier)
+					if t.ResultKind != "" {
+						line += " → " + t.ResultKind
+					}
+					if t.Description != "" {
+						line += ": " + t.Description
+					}
+					fmt.Fprintln(g.out, line)
+					if t.Parameters != nil {
+						b, _ := json.Marshal(t.Parameters)
+						fmt.Fprintf(g.out, "    parameters: %s\n", b)
+					}
+				}
+			}
+			fmt.Fprintf(g.out, "\n%s\n", s.Instructions)
+			return nil
+		}),
+	})
+	return cmd
+}
+
 func artifactsCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "artifacts", Short: "Read large action outputs"}
 	cmd.AddCommand(&cobra.Command{

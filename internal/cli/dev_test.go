@@ -50,6 +50,41 @@ func TestDevDemo(t *testing.T) {
 	assert.Contains(t, s, "3 delivery jobs failed. Retried after approval: job_1041, job_1043; blocked: job_1042.")
 }
 
+// The bundled skills ship with dev: the delivery-report scenario lists,
+// reads and uses a skill, runs its tools, hands off to the reviewing skill,
+// whose final tool result is the answer; `skills` lists both.
+func TestDevShipsTheBundledSkills(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code := cli.Execute(ctx, []string{"dev", "--port", "-1", "--store", t.TempDir(), "--exit-after-demo", "--demo", "delivery-report"}, nil, &out, &errOut)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+	s := out.String()
+	assert.Regexp(t, `(?s)list_agent_skills.*read_agent_skill.*use_agent_skill.*skill\.delivery-report\.count_jobs.*skill\.delivery-report\.draft_report.*handed off from delivery-report to report-review.*skill\.report-review\.publish_report.*direct-final-emitted`, s)
+	assert.Contains(t, s, "| FAILED | 3 |")
+	assert.Contains(t, s, "Reviewed by report-review.")
+
+	devCtx, stopDev := context.WithCancel(ctx)
+	defer stopDev()
+	var devOut syncWriter
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Execute(devCtx, []string{"dev", "--port", "-1", "--store", t.TempDir(), "--no-demo"}, nil, &devOut, &devOut)
+	}()
+	url := waitForURL(t, &devOut)
+	out.Reset()
+	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", url, "skills"}, nil, &out, &errOut), errOut.String())
+	assert.Regexp(t, `delivery-report +1 +default +count_jobs,draft_report +report-review`, out.String())
+	out.Reset()
+	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", url, "skills", "show", "report-review"}, nil, &out, &errOut), errOut.String())
+	assert.Contains(t, out.String(), "publish_report (read, tier 0) → final")
+	assert.Contains(t, out.String(), "# Report review")
+	out.Reset()
+	assert.NotEqual(t, 0, cli.Execute(ctx, []string{"--nats", url, "skills", "show", "nope"}, nil, &out, &errOut))
+	stopDev()
+	assert.Equal(t, 0, <-done)
+}
+
 func TestDevRefusesNonLoopbackHosts(t *testing.T) {
 	var out, errOut bytes.Buffer
 	code := cli.Execute(context.Background(), []string{"dev", "--host", "0.0.0.0", "--port", "-1"}, nil, &out, &errOut)

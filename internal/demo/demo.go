@@ -23,6 +23,9 @@ import (
 //go:embed scenarios/*.yaml
 var scenarioFS embed.FS
 
+//go:embed skills
+var skillFS embed.FS
+
 // Scenarios returns the built-in demo scenarios.
 func Scenarios() (map[string]planner.Scenario, error) {
 	b, err := scenarioFS.ReadFile("scenarios/delivery.yaml")
@@ -236,10 +239,76 @@ func Register(ex *executor.Executor, opts Options) error {
 		}); err != nil {
 		return err
 	}
+	if err := registerSkills(ex, store); err != nil {
+		return err
+	}
 	return executor.Register(ex, executor.Action{Name: "demo.echo", Description: "Echo a message back.", Mode: executor.ModeRead},
 		func(_ context.Context, in EchoIn, _ executor.Call) (executor.Result[EchoIn], error) {
 			return executor.Result[EchoIn]{Output: in, Summary: "echoed"}, nil
 		})
+}
+
+// registerSkills hosts the demo's two bundled skills: delivery-report
+// (count the jobs, draft a report, hand off) and report-review (publish
+// the report as the run's answer).
+func registerSkills(ex *executor.Executor, store *Store) error {
+	report, err := executor.LoadSkill(skillFS, "skills/delivery-report")
+	if err != nil {
+		return err
+	}
+	review, err := executor.LoadSkill(skillFS, "skills/report-review")
+	if err != nil {
+		return err
+	}
+	err = executor.RegisterSkill(ex, report, map[string]executor.ToolFunc{
+		"count_jobs": func(_ context.Context, args map[string]any, _ executor.Call) (map[string]any, error) {
+			want := map[string]bool{}
+			if list, ok := args["status"].([]any); ok {
+				for _, s := range list {
+					if str, ok := s.(string); ok {
+						want[str] = true
+					}
+				}
+			}
+			counts, failed := map[string]any{}, []string{}
+			store.mu.Lock()
+			for id, j := range store.jobs {
+				if len(want) > 0 && !want[j.Status] {
+					continue
+				}
+				n, _ := counts[j.Status].(int)
+				counts[j.Status] = n + 1
+				if j.Status == "FAILED" {
+					failed = append(failed, id)
+				}
+			}
+			store.mu.Unlock()
+			sort.Strings(failed)
+			return map[string]any{"counts": counts, "failed": failed}, nil
+		},
+		"draft_report": func(_ context.Context, args map[string]any, _ executor.Call) (map[string]any, error) {
+			counts, _ := args["counts"].(map[string]any)
+			statuses := make([]string, 0, len(counts))
+			for s := range counts {
+				statuses = append(statuses, s)
+			}
+			sort.Strings(statuses)
+			md := "# Delivery jobs\n\n| status | jobs |\n|---|---|\n"
+			for _, s := range statuses {
+				md += fmt.Sprintf("| %s | %v |\n", s, counts[s])
+			}
+			return map[string]any{"markdown": md}, nil
+		},
+	})
+	if err != nil {
+		return err
+	}
+	return executor.RegisterSkill(ex, review, map[string]executor.ToolFunc{
+		"publish_report": func(_ context.Context, args map[string]any, _ executor.Call) (map[string]any, error) {
+			md, _ := args["markdown"].(string)
+			return map[string]any{"markdown": md + "\nReviewed by report-review.", "resultKind": "final"}, nil
+		},
+	})
 }
 
 // checkApproval re-checks, at the mutation point, that the call carries an
