@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -181,6 +182,19 @@ type View struct {
 	mu      sync.RWMutex
 	entries map[string]Entry            // by bucket key
 	byName  map[string]map[string]Entry // action name → bucket key → entry
+	skills  map[string]bool             // skill keys (SkillKeyMarker) present
+}
+
+// SkillKeyMarker is the token that marks a skill's key in the catalog
+// bucket (<pool>.=skill.<name>): '=' is allowed in bucket keys and never
+// in action names, so a skill's key never collides with an action's.
+const SkillKeyMarker = "=skill"
+
+// HasSkills reports whether the catalog holds any skill.
+func (v *View) HasSkills() bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return len(v.skills) > 0
 }
 
 // Watch starts a View that follows the catalog until ctx ends. It returns
@@ -232,6 +246,17 @@ func (v *View) apply(kve jetstream.KeyValueEntry) {
 		if len(v.byName[old.Name]) == 0 {
 			delete(v.byName, old.Name)
 		}
+	}
+	if strings.Contains(key, "."+SkillKeyMarker+".") {
+		if v.skills == nil {
+			v.skills = map[string]bool{}
+		}
+		if kve.Operation() == jetstream.KeyValuePut {
+			v.skills[key] = true
+		} else {
+			delete(v.skills, key)
+		}
+		return
 	}
 	if kve.Operation() != jetstream.KeyValuePut {
 		return

@@ -128,7 +128,7 @@ func (p *OpenAI) Decide(ctx context.Context, in Input) (events.Decision, error) 
 	msgs := p.messages(in, native)
 	var problem *actionbus.Error
 	for round := 0; round < 2; {
-		reply, err := p.complete(ctx, p.model(p.cfg.PlanningModelKey), msgs, p.tools(in.Actions, native), nil)
+		reply, err := p.complete(ctx, p.model(p.cfg.PlanningModelKey), msgs, p.tools(in.Actions, req.Skill, native), nil)
 		if native && toolsRejected(err) {
 			// The endpoint has no tool support: envelope mode from now on.
 			p.envelopeOnly.Store(true)
@@ -217,6 +217,10 @@ func (p *OpenAI) fromToolReply(reply openai.ChatCompletionMessage, ix *catalogIn
 			}
 			calls = append(calls, dec)
 		default:
+			if dec, ok := fromSkillTool(in.Request.Skill, tc.Function.Name, args); ok {
+				calls = append(calls, dec)
+				continue
+			}
 			name := tc.Function.Name
 			if n, ok := ix.byTool[name]; ok {
 				name = n
@@ -371,7 +375,7 @@ func toolsRejected(err error) bool {
 		(strings.Contains(msg, "tool") || strings.Contains(msg, "function"))
 }
 
-func (p *OpenAI) tools(entries []actions.Entry, native bool) []openai.ChatCompletionToolUnionParam {
+func (p *OpenAI) tools(entries []actions.Entry, skill *events.SkillContext, native bool) []openai.ChatCompletionToolUnionParam {
 	if !native {
 		return nil
 	}
@@ -384,7 +388,7 @@ func (p *OpenAI) tools(entries []actions.Entry, native bool) []openai.ChatComple
 		out = append(out, openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{
 			Name: toolName(e.Name), Description: openai.String(desc), Parameters: ToolParameters(e)}))
 	}
-	for _, t := range internalTools {
+	for _, t := range append(slices.Clone(internalTools), skillTools(skill)...) {
 		out = append(out, openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{
 			Name: t.name, Description: openai.String(t.description), Parameters: t.params}))
 	}
@@ -402,7 +406,11 @@ func (p *OpenAI) messages(in Input, native bool) []openai.ChatCompletionMessageP
 	} else {
 		system = envelopePrompt(in.Actions)
 	}
-	msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system), openai.UserMessage(req.Prompt)}
+	msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system)}
+	if sp := skillPrompt(req.Skill, native); sp != "" {
+		msgs = append(msgs, openai.SystemMessage(sp))
+	}
+	msgs = append(msgs, openai.UserMessage(req.Prompt))
 	if len(req.Observations) > 0 {
 		obs, _ := json.Marshal(req.Observations)
 		msgs = append(msgs, openai.UserMessage("Results of the actions run so far (JSON, in order):\n"+string(obs)))

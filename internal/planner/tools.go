@@ -118,11 +118,14 @@ func jsonType(v any) string {
 	return "string"
 }
 
-// internalTools are the planner's own tools, with explicit schemas.
-var internalTools = []struct {
+// nativeTool is a function tool with an explicit schema.
+type nativeTool struct {
 	name, description string
 	params            map[string]any
-}{
+}
+
+// internalTools are the planner's own tools, with explicit schemas.
+var internalTools = []nativeTool{
 	{toolClarify, "Ask the user a clarifying question when the request cannot be done without their answer. The run pauses until they answer.",
 		map[string]any{"type": "object", "required": []any{"question"}, "properties": map[string]any{
 			"question": map[string]any{"type": "string", "description": "The question for the user."}}}},

@@ -24,6 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/actions"
 )
 
 // The five runtime actions of skills (seed 000). The first four change
@@ -231,9 +232,8 @@ func (s *Skill) Summarize() Summary {
 	return out
 }
 
-// keyMarker separates skills from actions in the catalog bucket: '=' is
-// allowed in bucket keys and never in action names.
-const keyMarker = "=skill"
+// keyMarker separates skills from actions in the catalog bucket.
+const keyMarker = actions.SkillKeyMarker
 
 // Key is the catalog bucket key of a skill hosted by pool.
 func Key(pool, name string) string { return pool + "." + keyMarker + "." + name }
