@@ -72,6 +72,10 @@ type Request struct {
 	UserID     string
 	// Metadata is the run request's metadata (roles, scopes, tenant, ...).
 	Metadata map[string]any
+	// Via is the generic action the call came through (execute_skill_tool
+	// for a skill tool): an explicit policy for Via applies when the
+	// action has none of its own.
+	Via string
 }
 
 // Policy is a composable rule. Built-ins and custom policies have this
@@ -342,7 +346,11 @@ func (ev *Evaluator) Evaluate(ctx context.Context, r Request) Snapshot {
 	}
 	v := TierDefault(r.Tier)
 	if ev != nil && ev.Config != nil {
-		if ex, ok := ev.Config.Actions[r.Action]; ok {
+		ex, ok := ev.Config.Actions[r.Action]
+		if !ok && r.Via != "" {
+			ex, ok = ev.Config.Actions[r.Via]
+		}
+		if ok {
 			v = ex
 			snap.Source = "explicit"
 			if v.Reason == "" {

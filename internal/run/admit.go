@@ -25,6 +25,9 @@ type callSpec struct {
 	InPlan    bool
 	// InBatch marks a plan entry: planner state mutators are refused.
 	InBatch bool
+	// Via is the generic action a call came through (execute_skill_tool),
+	// whose explicit policy applies when the action has none.
+	Via string
 	// StepID, StepModes and TimeoutMs are a workflow step's (its id, its
 	// own allowed modes, its timeout override).
 	StepID    string
@@ -138,7 +141,7 @@ func (m *Machine) admit(ctx context.Context, st *State, s callSpec) ([]Effect, a
 		return out, admission{Verdict: argsInvalid, Call: call, Err: abErr}, nil
 	}
 	snap := m.env.Evaluate(ctx, policy.Request{Action: entry.Name, Mode: entry.Mode, Tier: entry.Tier,
-		Permission: entry.Permission, Origin: s.Origin, UserID: st.UserID, Metadata: st.Metadata})
+		Permission: entry.Permission, Origin: s.Origin, UserID: st.UserID, Metadata: st.Metadata, Via: s.Via})
 	st.PolicySnapshots = append(st.PolicySnapshots, snap)
 	call.Policy = len(st.PolicySnapshots)
 	evaluated := stepWith(st, StepPolicyEvaluated, pi, s.Action, snap.Action+": "+snap.Reason, "", map[string]any{"snapshot": snap})
@@ -197,7 +200,9 @@ func (m *Machine) startCalls(ctx context.Context, st *State, decs []events.Decis
 	invalid := 0
 	for i, dec := range decs {
 		var tool *skills.Tool
+		via := ""
 		if dec.Name == skills.ExecuteTool {
+			via = dec.Name
 			// A skill tool call: resolved against the active skill before
 			// anything of the decision runs.
 			var healed []string
@@ -219,7 +224,7 @@ func (m *Machine) startCalls(ctx context.Context, st *State, decs []events.Decis
 			out = append(out, m.recordArgsReport(st, pi, skills.ExecuteTool, actions.ArgsReport{Healed: healed})...)
 		}
 		steps, a, err := m.admit(ctx, st, callSpec{Action: dec.Name, Args: dec.Args, Origin: origin, PlanIndex: i,
-			InPlan: isPlan, InBatch: isPlan, IdempotencyKey: dec.IdempotencyKey})
+			InPlan: isPlan, InBatch: isPlan, IdempotencyKey: dec.IdempotencyKey, Via: via})
 		if err != nil {
 			return nil, err
 		}

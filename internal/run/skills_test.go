@@ -8,6 +8,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/skills"
 )
 
@@ -263,4 +264,26 @@ func TestASkillToolGoesThroughPolicy(t *testing.T) {
 	assert.True(t, has(out, EffectApproval), "the approval is requested")
 	assert.False(t, has(out, EffectAct))
 	assert.Equal(t, "skill.report.publish", h.st.Calls[0].Action)
+}
+
+// The host may override execute_skill_tool's policy (tier 0, allow, by
+// default) for every skill tool; a tool's own explicit policy wins.
+func TestTheHostOverridesExecuteSkillToolPolicy(t *testing.T) {
+	h := skillHarness(t)
+	h.env.policy = &policy.Evaluator{Config: &policy.Config{Actions: policy.Explicit{
+		skills.ExecuteTool:        {Effect: policy.Deny, Reason: "no skill tools here"},
+		"skill.report.count_rows": {Effect: policy.Allow, Reason: "counting is fine"},
+	}}}
+	h.activate("report")
+	h.decide(action(skills.ExecuteTool, map[string]any{"toolName": "lookup"}))
+	assert.Equal(t, actionbus.CodePolicyRejected, h.code(), "the generic override applies to the tool")
+
+	h = skillHarness(t)
+	h.env.policy = &policy.Evaluator{Config: &policy.Config{Actions: policy.Explicit{
+		skills.ExecuteTool:        {Effect: policy.Deny, Reason: "no skill tools here"},
+		"skill.report.count_rows": {Effect: policy.Allow, Reason: "counting is fine"},
+	}}}
+	h.activate("report")
+	h.decide(action(skills.ExecuteTool, map[string]any{"toolName": "count_rows", "args": map[string]any{"table": "t"}}))
+	assert.Len(t, h.dispatched(), 1, "the tool's own policy wins")
 }
