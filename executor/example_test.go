@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"testing/fstest"
 
 	"github.com/nats-io/nats.go"
 
@@ -51,4 +52,49 @@ func Example() {
 	if err := ex.Run(ctx); err != nil { // serves until ctx ends, then drains
 		log.Fatal(err)
 	}
+}
+
+// Host a bundled skill: its SKILL.md (front matter: name, description,
+// tools, handoff targets; body: the planner's instructions) and a handler
+// per tool. Planners reach the tools with execute_skill_tool once the skill
+// is active; each runs as the hidden action skill.<skill>.<tool>, through
+// policy, approvals and audit like any action.
+func ExampleRegisterSkill() {
+	skillDir := fstest.MapFS{"stock-report/SKILL.md": {Data: []byte(`---
+name: stock-report
+description: Report stock levels.
+tools:
+  - name: stock_of
+    description: Units available for a SKU.
+    parameters: {type: object, properties: {sku: {type: string}}, required: [sku]}
+---
+Look up each SKU the user names with stock_of, then answer with a table.
+`)}}
+	skill, err := executor.LoadSkill(skillDir, "stock-report") // or os.DirFS("skills")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(skill.Name, len(skill.Tools), "tool(s)")
+
+	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+	if err != nil {
+		return // no NATS server to serve; the example only shows the code
+	}
+	defer nc.Drain()
+	ex, err := executor.New(nc, executor.Config{Pool: "default"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = executor.RegisterSkill(ex, skill, map[string]executor.ToolFunc{
+		"stock_of": func(ctx context.Context, args map[string]any, call executor.Call) (map[string]any, error) {
+			return map[string]any{"sku": args["sku"], "available": 12, "resultKind": "evidence"}, nil
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// ex.Run(ctx) publishes the skill with the executor's actions.
+
+	// Output:
+	// stock-report 1 tool(s)
 }
