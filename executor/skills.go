@@ -69,7 +69,7 @@ func RegisterSkill(ex *Executor, s Skill, tools map[string]ToolFunc) error {
 		}
 		a := Action{Name: skills.ActionName(s.Name, t.Name), Description: t.Description, Mode: mode, Tier: t.Tier,
 			InputSchema: in, OutputSchema: json.RawMessage(`{"type":"object"}`), Version: s.Version,
-			Planner: &PlannerMeta{Hidden: true}}
+			Planner: &PlannerMeta{Hidden: true}, Permission: t.Permission}
 		err = Register(ex, a, func(ctx context.Context, args map[string]any, call Call) (Result[map[string]any], error) {
 			out, err := h(ctx, args, call)
 			if err != nil {

@@ -52,6 +52,9 @@ type TemplateData struct {
 	Last []events.Observation
 	// Results maps an action name to its latest output.
 	Results map[string]any
+	// Skill is the run's active skill (nil when none): its name,
+	// instructions, tools and handoff targets.
+	Skill *events.SkillContext
 }
 
 // NewScript returns a script provider over the given scenarios.
@@ -150,7 +153,7 @@ func (s *Script) Decide(_ context.Context, in Input) (events.Decision, error) {
 	if req.Cycle < 1 || req.Cycle > len(sc.Decisions) {
 		return events.Decision{}, actionbus.Errorf(actionbus.CodeInvalidDecision, "scenario %q has %d decisions; none for cycle %d", req.Scenario, len(sc.Decisions), req.Cycle)
 	}
-	data := TemplateData{Prompt: req.Prompt, Cycle: req.Cycle, Observations: req.Observations, Results: map[string]any{}}
+	data := TemplateData{Prompt: req.Prompt, Cycle: req.Cycle, Observations: req.Observations, Results: map[string]any{}, Skill: req.Skill}
 	for _, o := range req.Observations {
 		if o.Cycle == req.Cycle-1 {
 			data.Last = append(data.Last, o)

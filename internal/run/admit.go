@@ -215,7 +215,7 @@ func (m *Machine) startCalls(ctx context.Context, st *State, decs []events.Decis
 				if isPlan {
 					refused = refused.WithDetail("planIndex", i)
 				}
-				return append(out, m.skillToolRefused(st, i, isPlan, refused)...), nil
+				return append(out, m.skillToolRefused(st, isPlan, refused)...), nil
 			}
 			var pi *int
 			if isPlan {
@@ -284,7 +284,7 @@ func (m *Machine) startCalls(ctx context.Context, st *State, decs []events.Decis
 // call becomes a failed observation; either way the planner is asked
 // again with the reason (an exec or workflow run, without a planner,
 // fails).
-func (m *Machine) skillToolRefused(st *State, planIndex int, isPlan bool, err *actionbus.Error) []Effect {
+func (m *Machine) skillToolRefused(st *State, isPlan bool, err *actionbus.Error) []Effect {
 	if st.Agent == nil {
 		return m.fail(st, err)
 	}

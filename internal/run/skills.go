@@ -37,6 +37,10 @@ type SkillState struct {
 	HandoffContext string `json:"handoffContext,omitempty"`
 }
 
+// maxListedSkills bounds the skills list_agent_skills shows and run state
+// remembers.
+const maxListedSkills = 256
+
 // skillsOf returns the run's skill state, created when missing.
 func skillsOf(st *State) *SkillState {
 	if st.Agent.Skills == nil {
@@ -71,7 +75,7 @@ func (m *Machine) onSkillAction(ctx context.Context, st *State, dec events.Decis
 		list := make([]skills.Summary, 0, len(all))
 		sk.Listed = sk.Listed[:0]
 		for _, s := range all {
-			if !slices.Contains(sk.Listed, s.Name) {
+			if len(sk.Listed) < maxListedSkills && !slices.Contains(sk.Listed, s.Name) {
 				sk.Listed = append(sk.Listed, s.Name)
 				list = append(list, s.Summarize())
 			}

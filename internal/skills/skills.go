@@ -63,37 +63,41 @@ var NonTerminalKinds = map[string]bool{
 
 // Skill is one bundled skill.
 type Skill struct {
-	Name        string `json:"name" yaml:"name"`
-	Description string `json:"description" yaml:"description"`
+	Name        string `json:"name"`
+	Description string `json:"description"`
 	// Version of the skill; default "1".
-	Version string `json:"version,omitempty" yaml:"version"`
+	Version string `json:"version,omitempty"`
 	// Tools are the tools the skill declares.
-	Tools []Tool `json:"tools,omitempty" yaml:"tools"`
+	Tools []Tool `json:"tools,omitempty"`
 	// Handoffs are the skills handoff_to_skill may move to from this one.
-	Handoffs []string `json:"handoffs,omitempty" yaml:"handoffs"`
+	Handoffs []string `json:"handoffs,omitempty"`
 	// Instructions are SKILL.md's body: what the planner is told while
 	// the skill is active.
-	Instructions string `json:"instructions" yaml:"-"`
+	Instructions string `json:"instructions,omitempty"`
 	// Pool is the pool whose executors host the tools (set when
 	// published).
-	Pool string `json:"pool,omitempty" yaml:"-"`
+	Pool string `json:"pool,omitempty"`
 }
 
 // Tool is one tool a skill declares.
 type Tool struct {
-	Name        string `json:"name" yaml:"name"`
-	Description string `json:"description,omitempty" yaml:"description"`
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
 	// Parameters is the JSON Schema of the tool's arguments (an object
 	// schema); nil means any object.
-	Parameters map[string]any `json:"parameters,omitempty" yaml:"parameters"`
+	Parameters map[string]any `json:"parameters,omitempty"`
 	// ResultKind is the tool's default result kind (a result's own
 	// resultKind wins).
-	ResultKind string `json:"resultKind,omitempty" yaml:"resultKind"`
+	ResultKind string `json:"resultKind,omitempty"`
 	// Mode is the tool's mode (read, draft, dryRun, mutate); default read.
-	Mode string `json:"mode,omitempty" yaml:"mode"`
+	Mode string `json:"mode,omitempty"`
 	// Tier is the tool's default policy tier; default 0 (allow), as the
 	// seed's execute_skill_tool.
-	Tier int `json:"tier,omitempty" yaml:"tier"`
+	Tier int `json:"tier,omitempty"`
+	// Permission is what the tool may do to the world (effect,
+	// isDestructive, needsApproval, ...); missing fields fall back
+	// conservatively from the mode, as for any action.
+	Permission *actions.Permission `json:"permission,omitempty"`
 }
 
 // ActionName is the catalog action that runs tool of skill.
@@ -183,11 +187,25 @@ func Parse(doc []byte) (Skill, error) {
 	if !ok {
 		return Skill{}, actionbus.Errorf(actionbus.CodeInvalidSkill, "SKILL.md front matter is not closed by a --- line")
 	}
+	// YAML to JSON, then the JSON field names: one set of names for the
+	// front matter, the catalog and the wire (permission metadata
+	// included), and unknown fields refused.
+	var fields map[string]any
+	if err := yaml.Unmarshal(front, &fields); err != nil {
+		return Skill{}, actionbus.Errorf(actionbus.CodeInvalidSkill, "SKILL.md front matter: %v", err)
+	}
+	j, err := json.Marshal(fields)
+	if err != nil {
+		return Skill{}, actionbus.Errorf(actionbus.CodeInvalidSkill, "SKILL.md front matter: %v", err)
+	}
 	var s Skill
-	dec := yaml.NewDecoder(bytes.NewReader(front))
-	dec.KnownFields(true)
+	dec := json.NewDecoder(bytes.NewReader(j))
+	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil {
 		return Skill{}, actionbus.Errorf(actionbus.CodeInvalidSkill, "SKILL.md front matter: %v", err)
+	}
+	if s.Instructions != "" || s.Pool != "" {
+		return Skill{}, actionbus.Errorf(actionbus.CodeInvalidSkill, "SKILL.md front matter: instructions are the body and pool is the host's; neither is a field")
 	}
 	if _, after, ok := bytes.Cut(body, []byte("\n")); ok {
 		body = after // the rest of the closing --- line

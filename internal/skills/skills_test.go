@@ -32,6 +32,7 @@ tools:
   - name: publish
     mode: mutate
     tier: 2
+    permission: {effect: write_external, isDestructive: true}
 ---
 # Report
 
@@ -48,6 +49,9 @@ func TestParseReadsFrontMatterAndInstructions(t *testing.T) {
 	assert.Equal(t, []any{"table"}, s.Tools[0].Parameters["required"])
 	assert.Equal(t, "final", s.Tools[1].ResultKind)
 	assert.Equal(t, "mutate", s.Tools[2].Mode)
+	require.NotNil(t, s.Tools[2].Permission)
+	assert.Equal(t, "write_external", s.Tools[2].Permission.Effect)
+	assert.True(t, *s.Tools[2].Permission.Destructive)
 	assert.Equal(t, "# Report\n\nCount rows first, then render.", s.Instructions)
 
 	fsys := fstest.MapFS{"skills/report/SKILL.md": {Data: []byte(reportMD)}}
@@ -61,19 +65,20 @@ func TestParseReadsFrontMatterAndInstructions(t *testing.T) {
 
 func TestInvalidSkillsAreRefusedWithTheirReason(t *testing.T) {
 	for name, tc := range map[string]struct{ doc, reason string }{
-		"no front matter":       {"# Report\n", "front matter"},
-		"front matter unclosed": {"---\nname: a\n", "not closed"},
-		"an unknown field":      {"---\nname: a\ndescription: A.\ncolour: red\n---\n", "colour"},
-		"a bad name":            {"---\nname: Report!\ndescription: A.\n---\n", "lower-case"},
-		"no description":        {"---\nname: a\n---\n", "description"},
-		"a runtime action tool": {"---\nname: a\ndescription: A.\ntools: [{name: read_agent_skill}]\n---\n", "runtime action"},
-		"a tool twice":          {"---\nname: a\ndescription: A.\ntools: [{name: x}, {name: x}]\n---\n", "twice"},
-		"an unknown resultKind": {"---\nname: a\ndescription: A.\ntools: [{name: x, resultKind: maybe}]\n---\n", "resultKind"},
-		"an unknown mode":       {"---\nname: a\ndescription: A.\ntools: [{name: x, mode: delete}]\n---\n", "mode"},
-		"a tier out of range":   {"---\nname: a\ndescription: A.\ntools: [{name: x, tier: 7}]\n---\n", "tier"},
-		"non-object parameters": {"---\nname: a\ndescription: A.\ntools: [{name: x, parameters: {type: string}}]\n---\n", "object schema"},
-		"a handoff to itself":   {"---\nname: a\ndescription: A.\nhandoffs: [a]\n---\n", "handoff"},
-		"instructions too long": {"---\nname: a\ndescription: A.\n---\n" + strings.Repeat("x", skills.MaxInstructionsBytes+1), "bytes"},
+		"no front matter":         {"# Report\n", "front matter"},
+		"front matter unclosed":   {"---\nname: a\n", "not closed"},
+		"an unknown field":        {"---\nname: a\ndescription: A.\ncolour: red\n---\n", "colour"},
+		"a bad name":              {"---\nname: Report!\ndescription: A.\n---\n", "lower-case"},
+		"no description":          {"---\nname: a\n---\n", "description"},
+		"a runtime action tool":   {"---\nname: a\ndescription: A.\ntools: [{name: read_agent_skill}]\n---\n", "runtime action"},
+		"a tool twice":            {"---\nname: a\ndescription: A.\ntools: [{name: x}, {name: x}]\n---\n", "twice"},
+		"an unknown resultKind":   {"---\nname: a\ndescription: A.\ntools: [{name: x, resultKind: maybe}]\n---\n", "resultKind"},
+		"an unknown mode":         {"---\nname: a\ndescription: A.\ntools: [{name: x, mode: delete}]\n---\n", "mode"},
+		"a tier out of range":     {"---\nname: a\ndescription: A.\ntools: [{name: x, tier: 7}]\n---\n", "tier"},
+		"non-object parameters":   {"---\nname: a\ndescription: A.\ntools: [{name: x, parameters: {type: string}}]\n---\n", "object schema"},
+		"a handoff to itself":     {"---\nname: a\ndescription: A.\nhandoffs: [a]\n---\n", "handoff"},
+		"instructions as a field": {"---\nname: a\ndescription: A.\ninstructions: x\n---\n", "body"},
+		"instructions too long":   {"---\nname: a\ndescription: A.\n---\n" + strings.Repeat("x", skills.MaxInstructionsBytes+1), "bytes"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := skills.Parse([]byte(tc.doc))
