@@ -674,8 +674,9 @@ func (c *Client) storedResult(ctx context.Context, stream jetstream.Stream, runI
 	return nil, nil
 }
 
-// Run starts a run and follows it to its end. With a nil fn it only waits
-// for the result ([Client.Wait]).
+// Run starts a run and follows it to its end, delivering every event to
+// fn — live ones included, since it subscribes before it starts the run.
+// With a nil fn it only waits for the result ([Client.Wait]).
 func (c *Client) Run(ctx context.Context, req RunRequest, fn func(Event)) (*Result, error) {
 	if fn == nil && req.RunID == "" {
 		// A fresh run: subscribe, then start, and learn the result from
@@ -683,18 +684,21 @@ func (c *Client) Run(ctx context.Context, req RunRequest, fn func(Event)) (*Resu
 		req.RunID = events.NewID()
 		return c.wait(ctx, req.RunID, func() error { _, err := c.Start(ctx, req); return err })
 	}
-	if req.RunID == "" {
-		req.RunID = events.NewID()
-		return c.follow(ctx, req.RunID, fn, func() error { _, err := c.Start(ctx, req); return err })
-	}
-	id, err := c.Start(ctx, req)
-	if err != nil {
-		return nil, err
-	}
 	if fn == nil {
+		// A run id of the caller's: the run may exist already, and Wait
+		// reads its stored end first.
+		id, err := c.Start(ctx, req)
+		if err != nil {
+			return nil, err
+		}
 		return c.Wait(ctx, id)
 	}
-	return c.Follow(ctx, id, fn)
+	if req.RunID == "" {
+		req.RunID = events.NewID()
+	}
+	// Subscribe to the live events (run.started, progress), then start:
+	// none is missed; stored events are read from the run's first.
+	return c.follow(ctx, req.RunID, fn, func() error { _, err := c.Start(ctx, req); return err })
 }
 
 // Artifact reads back a stored artifact (a large action output) exactly

@@ -167,6 +167,7 @@ func TestAPlanOfSkillToolsIsPreflightedWhole(t *testing.T) {
 	out = h.decide(plan(
 		action(skills.ExecuteTool, map[string]any{"toolName": "count_rows", "args": map[string]any{"table": "a"}}),
 		action(skills.ExecuteTool, map[string]any{"toolName": "lookup"})))
+	assert.True(t, has(out, EffectAct))
 	assert.Len(t, h.dispatched(), 2, "a valid plan of tools runs")
 }
 
