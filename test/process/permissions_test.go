@@ -45,6 +45,13 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
 
+	// The bundled skills, as the deployed users: the executor publishes
+	// them, the dispatcher reads them, the planner offers them.
+	skillRun, err := c.Run(ctx, client.RunRequest{Scenario: "delivery-report", Prompt: "report"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, skillRun.Status, "%+v", skillRun.Error)
+	assert.Contains(t, skillRun.Answer, "Reviewed by report-review.")
+
 	// The audit trail was written by the auditor user: every record of
 	// the run, in one chain.
 	require.Eventually(t, func() bool {
