@@ -124,6 +124,10 @@ type RunRequest struct {
 	// RetryOf makes the run a retry of a failed or canceled workflow run
 	// (see [Client.Retry]).
 	RetryOf string
+	// Workspace gives an agent run a virtual workspace with these
+	// documents (path → markdown; at most 32, 64 KiB each), which the
+	// planner reads, grows, patches and publishes (docs/workspace.md).
+	Workspace map[string]string
 }
 
 // Start publishes a run.requested event and returns the run id.
@@ -135,7 +139,8 @@ func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 		return "", fmt.Errorf("client: start run: %w", err)
 	}
 	data := &events.RunRequested{RunID: req.RunID, Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
-		AllowedModes: req.AllowedModes, Metadata: req.Metadata, DeadlineMs: req.Deadline.Milliseconds(), RetryOf: req.RetryOf}
+		AllowedModes: req.AllowedModes, Metadata: req.Metadata, DeadlineMs: req.Deadline.Milliseconds(), RetryOf: req.RetryOf,
+		Workspace: req.Workspace}
 	data.Workflow = req.Workflow
 	if req.Action != nil {
 		data.Action = &events.ActionCall{Name: req.Action.Name, Args: req.Action.Args, IdempotencyKey: req.Action.IdempotencyKey}

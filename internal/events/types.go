@@ -85,6 +85,10 @@ type RunRequested struct {
 	// (actionbus retry): the steps that run completed are reused, not run
 	// again, and the workflow resumes at the step that failed.
 	RetryOf string `json:"retryOf,omitempty"`
+	// Workspace gives an agent run a virtual workspace holding these
+	// documents (path → markdown), which the workspace actions read,
+	// grow, patch and publish.
+	Workspace map[string]string `json:"workspace,omitempty"`
 }
 
 // Replay is a recorded run's decisions, fed back to the planner by
@@ -187,6 +191,30 @@ type DecisionRequested struct {
 	// Skill is the run's active skill (the seed's activeAgentSkill and
 	// agentSkillContext): its instructions and tools shape the decision.
 	Skill *SkillContext `json:"skill,omitempty"`
+	// Workspace summarizes the run's virtual workspace (nil when it has
+	// none): the workspace actions are offered with it.
+	Workspace *WorkspaceView `json:"workspace,omitempty"`
+	// Hidden are actions withheld from this decision's surface (after a
+	// blocked patch preview: propose and apply, so the planner grows the
+	// document instead of repeating the preview).
+	Hidden []string `json:"hidden,omitempty"`
+}
+
+// WorkspaceView is a run's virtual workspace as the planner sees it: its
+// files' versions and text statistics, and the pending patch's state.
+type WorkspaceView struct {
+	Version int                 `json:"version"`
+	Files   []WorkspaceFileView `json:"files"`
+	// PendingPatch is the latest proposal: {patchId, status, riskFlags}.
+	PendingPatch map[string]any `json:"pendingPatch,omitempty"`
+}
+
+// WorkspaceFileView is one workspace file's version and statistics.
+type WorkspaceFileView struct {
+	Path     string `json:"path"`
+	Version  int    `json:"version"`
+	Words    int    `json:"words"`
+	Headings int    `json:"headings"`
 }
 
 // SkillContext is the active skill as the planner sees it.

@@ -410,6 +410,9 @@ func (p *OpenAI) messages(in Input, native bool) []openai.ChatCompletionMessageP
 	if sp := skillPrompt(req.Skill, native); sp != "" {
 		msgs = append(msgs, openai.SystemMessage(sp))
 	}
+	if wp := workspacePrompt(req.Workspace); wp != "" {
+		msgs = append(msgs, openai.SystemMessage(wp))
+	}
 	msgs = append(msgs, openai.UserMessage(req.Prompt))
 	if len(req.Observations) > 0 {
 		obs, _ := json.Marshal(req.Observations)

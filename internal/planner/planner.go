@@ -204,7 +204,7 @@ func (s *Service) handle(ctx context.Context, r *events.Received, msg jetstream.
 // have it dropped as a duplicate).
 func (s *Service) decide(ctx context.Context, tenant, requestID string, req *events.DecisionRequested) error {
 	dm := &events.DecisionMade{RunID: req.RunID, Cycle: req.Cycle, Planner: s.cfg.Provider.Name()}
-	in := Input{Request: req, Actions: withSkills(s.cat.ListForPlanner(events.TenantOr(tenant)), s.cat.HasSkills()), diagnostics: &dm.Diagnostics}
+	in := Input{Request: req, Actions: surface(s.cat.ListForPlanner(events.TenantOr(tenant)), s.cat.HasSkills(), req), diagnostics: &dm.Diagnostics}
 	var provider interface {
 		Decide(context.Context, Input) (events.Decision, error)
 	} = s.cfg.Provider

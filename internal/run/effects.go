@@ -108,7 +108,7 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 		em.Type = events.TypeDecisionRequested
 		em.Data = &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Agent.Prompt, Scenario: st.Agent.Scenario,
 			Observations: st.Agent.Observations, Feedback: st.Agent.Feedback, Synthesize: st.Agent.Synthesize, Replay: st.Agent.Replay,
-			Skill: skillContext(st.Agent.Skills)}
+			Skill: skillContext(st.Agent.Skills), Workspace: workspaceView(st.Agent.Workspace), Hidden: st.Agent.Withhold}
 		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}
 	case EffectAct:
 		i := st.callIndex(e.CallID)

@@ -105,6 +105,8 @@ func (m *Machine) onDecision(ctx context.Context, st *State, dm *events.Decision
 func (m *Machine) applyDecision(ctx context.Context, st *State, dm *events.DecisionMade) ([]Effect, error) {
 	st.Agent.Feedback = nil
 	st.Agent.Synthesize = ""
+	hidden := st.Agent.Withhold // withheld from this decision only
+	st.Agent.Withhold = nil
 	dec := dm.Decision
 	switch dec.Type {
 	case events.DecisionFinal:
@@ -116,6 +118,9 @@ func (m *Machine) applyDecision(ctx context.Context, st *State, dm *events.Decis
 		}
 		if skills.Mutator(dec.Name) {
 			return m.onSkillAction(ctx, st, dec)
+		}
+		if isWorkspaceAction(dec.Name) {
+			return m.onWorkspaceAction(ctx, st, dec, hidden)
 		}
 		return m.startCalls(ctx, st, []events.Decision{dec}, events.OriginModel, nil)
 	case events.DecisionPlan:
@@ -161,7 +166,7 @@ func (m *Machine) checkPlanShape(dec events.Decision) *actionbus.Error {
 			return actionbus.Errorf(actionbus.CodePlanRejected, "plan entry %d has type %q; a plan may contain only action envelopes (no nested plans, clarify or final)", i, a.Type).
 				WithDetail("planIndex", i)
 		}
-		if skills.Mutator(a.Name) {
+		if skills.Mutator(a.Name) || isWorkspaceAction(a.Name) {
 			return actionbus.Errorf(actionbus.CodePlanRejected, "%s changes planner state and must run as a standalone action before planning", a.Name).
 				WithDetail("planIndex", i).WithDetail("action", a.Name)
 		}

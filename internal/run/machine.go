@@ -28,6 +28,7 @@ import (
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/skills"
+	"github.com/actionbus/actionbus/internal/workspace"
 )
 
 // Env is what a transition asks of the world.
@@ -197,6 +198,16 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 	default:
 		st.Agent = &AgentRun{Prompt: req.Prompt, Scenario: req.Scenario, Replay: req.Replay, Observations: []events.Observation{}}
 	}
+	var badWorkspace *actionbus.Error
+	if len(req.Workspace) > 0 {
+		if st.Agent == nil {
+			badWorkspace = actionbus.Errorf(actionbus.CodeInvalidDecision, "a workspace is for agent runs (a prompt or scenario), not exec or workflow runs")
+		} else if ws, err := workspace.New(req.Workspace); err != nil {
+			badWorkspace = err
+		} else {
+			st.Agent.Workspace = ws
+		}
+	}
 	deadline := m.lim.RunDeadline
 	if req.DeadlineMs > 0 {
 		deadline = time.Duration(req.DeadlineMs) * time.Millisecond
@@ -206,6 +217,9 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 		{Kind: EffectEvent, ID: st.derive("started"), Type: events.TypeRunStarted,
 			Data: &events.RunStarted{RunID: req.RunID, Kind: string(st.Kind), Scenario: req.Scenario, Prompt: req.Prompt, RetryOf: req.RetryOf}},
 		m.timer(st, events.TimerFired{Kind: events.TimerRunDeadline, Stage: "run"}, "run", deadline),
+	}
+	if badWorkspace != nil {
+		return st, append(out, m.fail(st, badWorkspace)...), nil
 	}
 	var prior *State
 	if req.RetryOf != "" {

@@ -10,6 +10,7 @@ import (
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/workspace"
 	"github.com/actionbus/actionbus/internal/workflow"
 )
 
@@ -156,6 +157,11 @@ type AgentRun struct {
 	// Skills is the run's skill state (the seed's agentSkills,
 	// agentSkillContext and activeAgentSkill); nil until a skill action.
 	Skills *SkillState `json:"skills,omitempty"`
+	// Workspace is the run's virtual workspace; nil until the request
+	// gives one or a workspace action creates it.
+	Workspace *workspace.Workspace `json:"workspace,omitempty"`
+	// Withhold are actions withheld from the next decision's surface.
+	Withhold []string `json:"withhold,omitempty"`
 }
 
 // PendingApproval is an approval the run waits for.

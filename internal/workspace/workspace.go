@@ -152,7 +152,7 @@ func refused(reason, format string, a ...any) *actionbus.Error {
 }
 
 // New returns a workspace holding files (path → content).
-func New(files map[string]string) (*Workspace, error) {
+func New(files map[string]string) (*Workspace, *actionbus.Error) {
 	w := &Workspace{Files: map[string]*File{}}
 	paths := make([]string, 0, len(files))
 	for p := range files {
