@@ -1,0 +1,68 @@
+package dispatch_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// A report repaired through the real services with the script planner:
+// a whole-document replace previews blocked, the next surface withholds
+// propose and apply, the planner grows the report instead, proposes a
+// valid patch, applies it on the version it previewed and publishes the
+// document as the run's answer.
+func TestAReportIsRepairedProposedBlockedRevisedAppliedPublished(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	rec := srv.Record(t, "ab.run.>")
+	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: `
+scenarios:
+  repair:
+    decisions:
+      - {type: action, name: workspace_read, args: {path: report.md}}
+      - {type: action, name: workspace_propose_patch, args: {path: report.md, operations: [{type: replace, content: "# A new report"}]}}
+      - {type: action, name: workspace_insert_after_section, args: {path: report.md, heading: Failures, content: "job_1042 was never picked up by a worker."}}
+      - type: action
+        name: workspace_propose_patch
+        args:
+          path: report.md
+          operations:
+            - {type: replace, find: "Three jobs failed.", replace: "Three delivery jobs failed on Monday, all in the north region."}
+      - type: action
+        name: workspace_apply_patch
+        args:
+          patchId: '{{ index .Results "workspace_propose_patch" "patchId" }}'
+          baseVersion: '{{ toJson (index .Results "workspace_propose_patch" "baseVersion") }}'
+      - {type: action, name: workspace_publish, args: {path: report.md}}
+`})
+	ctx := ctxT(t)
+	doc := "# Delivery report\n\n## Summary\n\nThree jobs failed.\n\n## Failures\n\njob_1041 timed out.\n\n## Next steps\n\nRetry them."
+	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "repair", Prompt: "Repair the report.", Workspace: map[string]string{"report.md": doc}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	assert.Equal(t, "# Delivery report\n\n## Summary\n\nThree delivery jobs failed on Monday, all in the north region.\n\n## Failures\n\n"+
+		"job_1041 timed out.\n\njob_1042 was never picked up by a worker.\n\n## Next steps\n\nRetry them.", res.Answer)
+	assert.Equal(t, 3.0, res.Output.(map[string]any)["version"], "two changes after the first version")
+
+	var reqs []events.DecisionRequested
+	for _, r := range rec.All() {
+		if r.Type() == events.TypeDecisionRequested && r.Event.Extensions()[events.ExtRunID] == res.RunID {
+			var d events.DecisionRequested
+			require.NoError(t, events.DataAs(r.Event, &d))
+			reqs = append(reqs, d)
+		}
+	}
+	require.Len(t, reqs, 6)
+	require.NotNil(t, reqs[0].Workspace)
+	assert.Equal(t, 1, reqs[0].Workspace.Files[0].Version)
+	blocked := reqs[2].Observations[len(reqs[2].Observations)-1].Output.(map[string]any)
+	assert.Equal(t, "blocked", blocked["status"])
+	assert.NotContains(t, blocked, "preview", "never the preview's text")
+	assert.Equal(t, []string{"workspace_propose_patch", "workspace_apply_patch"}, reqs[2].Hidden, "withheld after the blocked preview")
+	assert.Empty(t, reqs[3].Hidden)
+	assert.Equal(t, "ready", reqs[4].Workspace.PendingPatch["status"])
+}
