@@ -86,6 +86,8 @@ const (
 	CodeHandoffRefused       Code = "handoff_refused"
 	CodeHandoffCycle         Code = "agent_handoff_cycle_detected"
 	CodeInvalidSkill         Code = "invalid_skill"
+	CodeShellRefused         Code = "shell_command_refused"
+	CodeShellExit            Code = "shell_exit_nonzero"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -104,6 +106,7 @@ var Codes = []Code{
 	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge, CodeRunEnded,
 	CodeArtifactMismatch, CodeRetryRefused, CodeInvalidTenant, CodeTenantNotServed,
 	CodeSkillNotFound, CodeSkillNotActive, CodeSkillToolRefused, CodeHandoffRefused, CodeHandoffCycle, CodeInvalidSkill,
+	CodeShellRefused, CodeShellExit,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code

@@ -273,6 +273,28 @@ type Call struct {
 	// Context.InputHash must equal InputHash, and Context.ExpiresAt must
 	// not have passed.
 	Approval *Approval
+
+	putArtifact func(ctx context.Context, role, mediaType string, data []byte) (ArtifactRef, error)
+}
+
+// ArtifactRef names a stored artifact: id, role, media type, size, SHA-256
+// and a bounded preview (Truncated when the preview is not all of it).
+type ArtifactRef = events.ArtifactRef
+
+// ErrNoArtifactStore is returned by [Call.PutArtifact] outside an
+// executor's call.
+var ErrNoArtifactStore = errors.New("executor: no artifact store for this call")
+
+// PutArtifact stores data (a full log, a large document) in the
+// deployment's artifact store, under an id derived from the call and
+// role, and returns its reference for the handler's output; clients read
+// it back with Client.Artifact (actionbus artifacts get ID). Storing the
+// same role again in the same attempt replaces it.
+func (c Call) PutArtifact(ctx context.Context, role, mediaType string, data []byte) (ArtifactRef, error) {
+	if c.putArtifact == nil {
+		return ArtifactRef{}, ErrNoArtifactStore
+	}
+	return c.putArtifact(ctx, role, mediaType, data)
 }
 
 // Approval is a verified approval as a handler sees it.
@@ -319,7 +341,7 @@ func Register[In, Out any](ex *Executor, a Action, h HandlerFunc[In, Out]) error
 		}
 		res, err := h(ctx, in, Call{RunID: call.RunID, CallID: call.CallID, Action: call.Action,
 			UserID: call.UserID, Origin: call.Origin, Attempt: call.Attempt, IdempotencyKey: call.IdempotencyKey,
-			InputHash: call.InputHash, Approval: call.Approval})
+			InputHash: call.InputHash, Approval: call.Approval, putArtifact: call.PutArtifact})
 		if err != nil {
 			return actions.Result{}, err
 		}

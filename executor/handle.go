@@ -208,7 +208,10 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 	}
 
 	call := actions.Call{RunID: req.RunID, CallID: req.CallID, Action: req.Action, UserID: req.UserID,
-		Origin: req.Origin, Attempt: req.Attempt, Input: input, IdempotencyKey: key, InputHash: inputHash, Approval: req.Approval}
+		Origin: req.Origin, Attempt: req.Attempt, Input: input, IdempotencyKey: key, InputHash: inputHash, Approval: req.Approval,
+		PutArtifact: func(ctx context.Context, role, mediaType string, data []byte) (events.ArtifactRef, error) {
+			return e.putArtifact(ctx, events.DerivedID(req.CallID, "artifact", role, req.Attempt), role, mediaType, data)
+		}}
 	res, took, abandoned, herr := e.execute(ctx, msg, reg, call, timeout)
 	// release gives the key up once the handler has really returned: a
 	// handler still running past its deadline keeps its key reserved, so

@@ -34,6 +34,10 @@ func main() {
 	flag.StringVar(&bc.WorkspaceRoot, "workspace", service.Env("ACTIONBUS_WORKSPACE", ""), "directory of the workspace file actions (env ACTIONBUS_WORKSPACE)")
 	flag.StringVar(&bc.SQLitePath, "sqlite", service.Env("ACTIONBUS_SQLITE", ""), "database of sqlite_query, opened read-only (env ACTIONBUS_SQLITE)")
 	tenants := flag.String("tenants", service.Env("ACTIONBUS_TENANTS", ""), "comma-separated tenants the pool is dedicated to (env ACTIONBUS_TENANTS; default: every tenant)")
+	shell := flag.Bool("shell", service.Env("ACTIONBUS_SHELL", "") == "1", "register shell over --workspace, with the safe command profile (env ACTIONBUS_SHELL=1)")
+	shellTest := flag.String("shell-test-command", service.Env("ACTIONBUS_SHELL_TEST_COMMAND", ""), "the project's test command, allowed to shell as an argv prefix, space-separated (env ACTIONBUS_SHELL_TEST_COMMAND)")
+	shellNet := flag.Bool("shell-allow-network", false, "let shell commands use the network (default: a network namespace of their own)")
+	shellUnlisted := flag.Bool("shell-approve-unlisted", false, "register shell_unlisted: commands outside the profile, each after an approval")
 	allow := flag.String("net-allow", service.Env("ACTIONBUS_NET_ALLOW", ""), "comma-separated addresses or prefixes read_url and web_search may reach although private or loopback (env ACTIONBUS_NET_ALLOW)")
 	flag.Parse()
 	os.Exit(service.Main("executor", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {
@@ -44,6 +48,9 @@ func main() {
 		var err error
 		if bc.Net.Allow, err = builtin.ParseAllow(strings.Split(*allow, ",")); err != nil {
 			return nil, err
+		}
+		if *shell {
+			bc.Shell = &builtin.ShellConfig{TestCommand: strings.Fields(*shellTest), AllowNetwork: *shellNet, ApproveUnlisted: *shellUnlisted}
 		}
 		ex, err := executor.New(nc, cfg)
 		if err != nil {

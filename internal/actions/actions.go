@@ -216,6 +216,9 @@ type Call struct {
 	InputHash string
 	// Approval is the call's verified approval, if it needed one.
 	Approval *events.ApprovalGrant
+	// PutArtifact stores data in the artifact store under an id derived
+	// from the call and role; nil where there is no store.
+	PutArtifact func(ctx context.Context, role, mediaType string, data []byte) (events.ArtifactRef, error)
 }
 
 // Result is what a handler returns: the output, a short summary for the

@@ -21,6 +21,9 @@ type Config struct {
 	WorkspaceRoot string
 	// SQLitePath is the database of sqlite_query; registered when set.
 	SQLitePath string
+	// Shell, when set, registers shell (seed 003's safe profile) over
+	// Shell.Root, or WorkspaceRoot when that is empty.
+	Shell *ShellConfig
 }
 
 // Mounted holds what Register opened; Close releases it.
@@ -102,6 +105,18 @@ func Register(ex *executor.Executor, cfg Config) (*Mounted, error) {
 		}
 		m.closers = append(m.closers, ws.Close)
 		if err := registerWorkspace(ex, ws); err != nil {
+			return nil, errors.Join(err, m.Close())
+		}
+	}
+	if cfg.Shell != nil {
+		sc := *cfg.Shell
+		if sc.Root == "" {
+			sc.Root = cfg.WorkspaceRoot
+		}
+		if sc.Root == "" {
+			return nil, errors.Join(errors.New("builtin: the shell needs a root (Shell.Root or WorkspaceRoot)"), m.Close())
+		}
+		if err := registerShell(ex, sc); err != nil {
 			return nil, errors.Join(err, m.Close())
 		}
 	}

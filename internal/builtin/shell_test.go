@@ -1,0 +1,239 @@
+package builtin_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/builtin"
+)
+
+func shellIn(t *testing.T, cfg builtin.ShellConfig) (*builtin.Shell, string) {
+	t.Helper()
+	root := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(root, "a.txt"), []byte("hello\n"), 0o600))
+	require.NoError(t, os.Mkdir(filepath.Join(root, "sub"), 0o700))
+	cfg.Root = root
+	sh, err := builtin.NewShell(cfg)
+	require.NoError(t, err)
+	root, _ = filepath.EvalSymlinks(root)
+	return sh, root
+}
+
+func run(t *testing.T, sh *builtin.Shell, argv ...string) (builtin.ShellResult, *actionbus.Error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := sh.Run(ctx, builtin.ShellArgs{Argv: argv}, false, nil)
+	var abErr *actionbus.Error
+	if err != nil {
+		require.True(t, errors.As(err, &abErr), "a typed error: %v", err)
+		if abErr.Code == actionbus.CodeShellRefused && abErr.Details["reason"] == "isolation_unavailable" {
+			t.Skip("this host does not allow unprivileged network namespaces: the shell fails closed (tested by its error)")
+		}
+	}
+	return res, abErr
+}
+
+func TestShellRunsAllowedCommandsInTheRoot(t *testing.T) {
+	sh, root := shellIn(t, builtin.ShellConfig{})
+	res, err := run(t, sh, "pwd")
+	require.Nil(t, err)
+	assert.Equal(t, root+"\n", res.Stdout.Preview)
+	assert.Equal(t, 0, res.ExitCode)
+	res, err = run(t, sh, "cat", "a.txt")
+	require.Nil(t, err)
+	assert.Equal(t, "hello\n", res.Stdout.Preview)
+	assert.Contains(t, res.Isolation, "no network (own network namespace)")
+
+	ctx := context.Background()
+	res, rerr := sh.Run(ctx, builtin.ShellArgs{Argv: []string{"pwd"}, Cwd: "sub"}, false, nil)
+	require.NoError(t, rerr)
+	assert.Equal(t, filepath.Join(root, "sub")+"\n", res.Stdout.Preview)
+	require.NoError(t, os.Symlink("/", filepath.Join(root, "out")))
+	for _, cwd := range []string{"..", "/tmp", "out", "missing"} {
+		_, rerr = sh.Run(ctx, builtin.ShellArgs{Argv: []string{"pwd"}, Cwd: cwd}, false, nil)
+		assert.ErrorIs(t, rerr, &actionbus.Error{Code: actionbus.CodeWorkspacePath}, cwd)
+	}
+}
+
+func TestShellRefusesCommandsOutsideItsProfile(t *testing.T) {
+	sh, root := shellIn(t, builtin.ShellConfig{})
+	for _, argv := range [][]string{{"rm", "a.txt"}, {"sh", "-c", "rm a.txt"}, {"/bin/ls"}, {"git", "push"}, {""}} {
+		_, err := run(t, sh, argv...)
+		require.NotNil(t, err, "%v", argv)
+		assert.Equal(t, actionbus.CodeShellRefused, err.Code, "%v", argv)
+	}
+	_, statErr := os.Stat(filepath.Join(root, "a.txt"))
+	assert.NoError(t, statErr, "nothing ran")
+	// The host grants a command outside the profile explicitly.
+	res, err := sh.Run(context.Background(), builtin.ShellArgs{Argv: []string{"mkdir", "made"}}, true, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 0, res.ExitCode)
+	assert.DirExists(t, filepath.Join(root, "made"))
+}
+
+func TestShellNonZeroExitIsAStructuredFailure(t *testing.T) {
+	sh, _ := shellIn(t, builtin.ShellConfig{})
+	res, err := run(t, sh, "cat", "missing.txt")
+	require.NotNil(t, err)
+	assert.Equal(t, actionbus.CodeShellExit, err.Code)
+	assert.Equal(t, 1, err.Details["exitCode"])
+	assert.Contains(t, err.Details["stderrTail"], "No such file")
+	assert.Equal(t, 1, res.ExitCode)
+}
+
+// A timeout kills the command's whole process group: a child it started
+// in the background dies with it.
+func TestShellTimeoutKillsTheWholeProcessGroup(t *testing.T) {
+	sh, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}}, Timeout: 500 * time.Millisecond})
+	start := time.Now()
+	res, err := run(t, sh, "sh", "-c", "sleep 60 & echo $!; wait")
+	require.NotNil(t, err)
+	assert.Equal(t, actionbus.CodeTimeout, err.Code)
+	assert.Less(t, time.Since(start), 10*time.Second, "killed, not waited for")
+	pid, perr := strconv.Atoi(strings.TrimSpace(res.Stdout.Preview))
+	require.NoError(t, perr, "the background child's pid: %q", res.Stdout.Preview)
+	require.Eventually(t, func() bool { return gone(pid) }, 10*time.Second, 20*time.Millisecond, "the background sleep %d outlived the timeout", pid)
+}
+
+// gone reports whether pid no longer runs (a zombie waiting for a reaper
+// counts as gone).
+func gone(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
+}
+
+func TestShellCPULimitStopsABusyCommand(t *testing.T) {
+	sh, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}}, CPUSeconds: 1, Timeout: 20 * time.Second})
+	start := time.Now()
+	_, err := run(t, sh, "sh", "-c", "while :; do :; done")
+	require.NotNil(t, err)
+	assert.Equal(t, actionbus.CodeShellExit, err.Code, "stopped by its CPU limit, not the timeout: %v", err)
+	assert.Less(t, time.Since(start), 15*time.Second)
+}
+
+func TestShellOutputOverTheLimitBecomesAnArtifact(t *testing.T) {
+	sh, root := shellIn(t, builtin.ShellConfig{PreviewBytes: 100})
+	big := strings.Repeat("0123456789", 500)
+	require.NoError(t, os.WriteFile(filepath.Join(root, "big.txt"), []byte(big), 0o600))
+	stored := map[string][]byte{}
+	put := func(_ context.Context, role string, data []byte) (executor.ArtifactRef, error) {
+		stored[role] = append([]byte(nil), data...)
+		return executor.ArtifactRef{ID: "art-" + role, Role: role, Bytes: int64(len(data))}, nil
+	}
+	res, err := sh.Run(context.Background(), builtin.ShellArgs{Argv: []string{"cat", "big.txt"}}, false, put)
+	if errors.Is(err, &actionbus.Error{Code: actionbus.CodeShellRefused}) {
+		t.Skip("no unprivileged network namespaces here")
+	}
+	require.NoError(t, err)
+	assert.True(t, res.Stdout.Truncated)
+	assert.Len(t, res.Stdout.Preview, 100)
+	assert.Equal(t, 5000, res.Stdout.Bytes)
+	require.NotNil(t, res.Stdout.Artifact)
+	assert.Equal(t, "art-stdout", res.Stdout.Artifact.ID)
+	assert.Equal(t, big, string(stored["stdout"]), "the full stream")
+	assert.Nil(t, res.Stderr.Artifact, "a stream that fits has no artifact")
+}
+
+func TestShellEnvironmentCarriesNoSecrets(t *testing.T) {
+	t.Setenv("ACTIONBUS_TEST_SECRET", "s3cr3t-token-value")
+	sh, root := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"env"}}, Env: map[string]string{"GOFLAGS": "-mod=mod"}})
+	res, err := run(t, sh, "env")
+	require.Nil(t, err)
+	assert.NotContains(t, res.Stdout.Preview, "s3cr3t-token-value")
+	assert.Contains(t, res.Stdout.Preview, "PATH=/usr/local/bin:/usr/bin:/bin\n")
+	assert.Contains(t, res.Stdout.Preview, "HOME="+root+"\n")
+	assert.Contains(t, res.Stdout.Preview, "GOFLAGS=-mod=mod\n", "what the host passes on")
+}
+
+func TestShellHasNoNetworkUnlessTheHostAllowsIt(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/bash"); err != nil {
+		t.Skip("bash (for /dev/tcp) is not installed")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	connect := fmt.Sprintf("echo hi > /dev/tcp/127.0.0.1/%d", ln.Addr().(*net.TCPAddr).Port)
+	sh, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"bash", "-c"}}})
+	_, rerr := run(t, sh, "bash", "-c", connect)
+	require.NotNil(t, rerr, "connected to the host's loopback from an isolated command")
+	assert.Equal(t, actionbus.CodeShellExit, rerr.Code)
+
+	open, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"bash", "-c"}}, AllowNetwork: true})
+	res, rerr := run(t, open, "bash", "-c", connect)
+	require.Nil(t, rerr, "%v", rerr)
+	assert.Equal(t, 0, res.ExitCode)
+	assert.NotContains(t, res.Isolation, "no network (own network namespace)")
+}
+
+// Through the services: the model's allow_unsafe is stripped (host-only),
+// so its command outside the profile is refused; the host's exec call may
+// grant it.
+func TestModelInputCannotSetAllowUnsafe(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(root, "a.txt"), []byte("keep me"), 0o600))
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		_, err := builtin.Register(ex, builtin.Config{WorkspaceRoot: root, Shell: &builtin.ShellConfig{}})
+		return err
+	}, Scenarios: `
+scenarios:
+  unsafe:
+    decisions:
+      - {type: action, name: shell, args: {argv: [rm, a.txt], allow_unsafe: true}}
+      - {type: final, answer: done}
+`})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var steps []string
+	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "unsafe", Prompt: "p"}, func(e client.Event) {
+		if s, ok := e.Step(); ok {
+			steps = append(steps, s.Name)
+		}
+	})
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status)
+	assert.FileExists(t, filepath.Join(root, "a.txt"), "the model's command did not run")
+	assert.Contains(t, steps, "action.input.unexpected_keys_stripped")
+
+	res, err = st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "shell",
+		Args: map[string]any{"argv": []any{"mkdir", "made"}, "allow_unsafe": true}}}, nil)
+	require.NoError(t, err)
+	if res.Status == client.StatusFailed && res.Error.Details["reason"] == "isolation_unavailable" {
+		t.Skip("no unprivileged network namespaces here")
+	}
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	assert.DirExists(t, filepath.Join(root, "made"), "the host granted it")
+}
