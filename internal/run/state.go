@@ -10,8 +10,8 @@ import (
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/policy"
-	"github.com/actionbus/actionbus/internal/workspace"
 	"github.com/actionbus/actionbus/internal/workflow"
+	"github.com/actionbus/actionbus/internal/workspace"
 )
 
 // Kind is what a run is.

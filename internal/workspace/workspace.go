@@ -452,7 +452,9 @@ func (w *Workspace) Apply(patchID string, baseVersion int) (*File, *actionbus.Er
 }
 
 // Blocked reports whether the pending patch is blocked.
-func (w *Workspace) Blocked() bool { return w != nil && w.Pending != nil && w.Pending.Status == StatusBlocked }
+func (w *Workspace) Blocked() bool {
+	return w != nil && w.Pending != nil && w.Pending.Status == StatusBlocked
+}
 
 func suggestion(flags []string) string {
 	var s []string
