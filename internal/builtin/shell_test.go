@@ -237,3 +237,31 @@ scenarios:
 	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
 	assert.DirExists(t, filepath.Join(root, "made"), "the host granted it")
 }
+
+// Through an executor, a stream longer than its preview is in the
+// deployment's artifact store, whole.
+func TestShellStreamsReachTheArtifactStore(t *testing.T) {
+	root := t.TempDir()
+	big := strings.Repeat("line of output\n", 400)
+	require.NoError(t, os.WriteFile(filepath.Join(root, "big.txt"), []byte(big), 0o600))
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		_, err := builtin.Register(ex, builtin.Config{WorkspaceRoot: root, Shell: &builtin.ShellConfig{PreviewBytes: 64}})
+		return err
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "shell", Args: map[string]any{"argv": []any{"cat", "big.txt"}}}}, nil)
+	require.NoError(t, err)
+	if res.Status == client.StatusFailed && res.Error.Details["reason"] == "isolation_unavailable" {
+		t.Skip("no unprivileged network namespaces here")
+	}
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	stdout := res.Output.(map[string]any)["stdout"].(map[string]any)
+	assert.Len(t, stdout["preview"], 64)
+	ref := stdout["artifact"].(map[string]any)
+	data, sum, err := st.Client.Artifact(ctx, ref["id"].(string))
+	require.NoError(t, err)
+	assert.Equal(t, big, string(data))
+	assert.Equal(t, ref["sha256"], sum)
+}

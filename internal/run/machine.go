@@ -206,6 +206,9 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 			badWorkspace = err
 		} else {
 			st.Agent.Workspace = ws
+			if err := m.storeWorkspace(ctx, st, ws); err != nil {
+				return nil, nil, err
+			}
 		}
 	}
 	deadline := m.lim.RunDeadline

@@ -2,7 +2,10 @@ package run
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -43,6 +46,13 @@ func (m *Machine) onWorkspaceAction(ctx context.Context, st *State, dec events.D
 		st.Agent.Workspace = &workspace.Workspace{Files: map[string]*workspace.File{}}
 	}
 	ws := st.Agent.Workspace
+	if err := m.loadWorkspace(ctx, ws); err != nil {
+		var abErr *actionbus.Error
+		if errors.As(err, &abErr) {
+			return m.fail(st, abErr), nil // a document was altered in the store
+		}
+		return nil, err
+	}
 	str := func(k string) string { s, _ := dec.Args[k].(string); return s }
 	sep := func() *string {
 		if s, ok := dec.Args["separator"].(string); ok {
@@ -119,6 +129,9 @@ func (m *Machine) onWorkspaceAction(ctx context.Context, st *State, dec events.D
 	if dec.Name == WorkspacePropose && ws.Blocked() {
 		st.Agent.Withhold = withheldAfterBlock
 	}
+	if err := m.storeWorkspace(ctx, st, ws); err != nil {
+		return nil, err
+	}
 	return append(steps, m.askPlanner(st)...), nil
 }
 
@@ -127,6 +140,9 @@ func (m *Machine) onWorkspaceAction(ctx context.Context, st *State, dec events.D
 func (m *Machine) publishDocument(ctx context.Context, st *State, path, as string) ([]Effect, error) {
 	f, err := st.Agent.Workspace.File(path)
 	if err != nil {
+		if serr := m.storeWorkspace(ctx, st, st.Agent.Workspace); serr != nil {
+			return nil, serr
+		}
 		st.Agent.Feedback = err
 		st.Agent.Observations = append(st.Agent.Observations, events.Observation{Cycle: st.Cycle, Action: WorkspacePublish, Error: err})
 		return append([]Effect{step(st, StepActionFailed, nil, WorkspacePublish, err.Message, "failed")}, m.askPlanner(st)...), nil
@@ -140,6 +156,9 @@ func (m *Machine) publishDocument(ctx context.Context, st *State, path, as strin
 		}
 		output["artifact"] = jsonValue(ref)
 		answer = fmt.Sprintf("published %s (version %d, %d words) as artifact %s", path, f.Version, f.Stats.Words, ref.ID)
+	}
+	if err := m.storeWorkspace(ctx, st, st.Agent.Workspace); err != nil {
+		return nil, err
 	}
 	out := []Effect{step(st, StepActionCompleted, nil, WorkspacePublish, "published "+path, "ok")}
 	return append(out, m.terminate(st, &Terminal{Type: events.TypeRunCompleted, Answer: answer, Output: output})...), nil
@@ -172,4 +191,47 @@ func jsonValue(v any) any {
 	var out any
 	_ = json.Unmarshal(b, &out)
 	return out
+}
+
+// loadWorkspace fills in the content of the documents kept by artifact
+// reference, checking each against its recorded SHA-256.
+func (m *Machine) loadWorkspace(ctx context.Context, ws *workspace.Workspace) error {
+	for _, p := range ws.Paths() {
+		f := ws.Files[p]
+		if f.Ref == nil || f.Content != "" {
+			continue
+		}
+		data, err := m.env.GetArtifact(ctx, *f.Ref)
+		if err != nil {
+			return err
+		}
+		if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != f.Ref.SHA256 {
+			return actionbus.Errorf(actionbus.CodeArtifactMismatch, "workspace file %s changed in the artifact store", p).WithDetail("path", p)
+		}
+		f.Content = string(data)
+	}
+	return nil
+}
+
+// storeWorkspace keeps every document over workspace.InlineBytes by
+// artifact reference (stored once per version), so run state stays small.
+func (m *Machine) storeWorkspace(ctx context.Context, st *State, ws *workspace.Workspace) error {
+	for _, p := range ws.Paths() {
+		f := ws.Files[p]
+		if len(f.Content) <= workspace.InlineBytes {
+			f.Ref = nil
+			continue
+		}
+		sum := sha256.Sum256([]byte(f.Content))
+		if f.Ref == nil || f.Ref.SHA256 != hex.EncodeToString(sum[:]) {
+			ref, err := m.env.PutArtifact(ctx, st.derive("workspace", p, f.Version), []byte(f.Content))
+			if err != nil {
+				return err
+			}
+			ref.Preview = ""
+			f.Ref = &ref
+		}
+		f.Content = ""
+	}
+	return nil
 }

@@ -1,6 +1,8 @@
 package run
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -98,4 +100,36 @@ func TestAWorkspaceIsForAgentRuns(t *testing.T) {
 	assert.Equal(t, StatusFailed, h.st.Status)
 	h = newHarness(t, Limits{}).start(events.RunRequested{Prompt: "p", Workspace: map[string]string{"../a.md": "x"}})
 	assert.Equal(t, actionbus.CodeWorkspacePath, h.code())
+}
+
+// A document over workspace.InlineBytes is kept by artifact reference:
+// run state holds its reference, each version is stored once, and a
+// document altered in the store fails the run instead of being used.
+func TestLargeDocumentsAreKeptByArtifactReference(t *testing.T) {
+	big := "# Long report\n\n## Data\n\n" + strings.Repeat("Row of figures for the long report. ", 400)
+	h := newHarness(t, Limits{}).start(events.RunRequested{Prompt: "p", Workspace: map[string]string{"long.md": big, "short.md": "# Short"}})
+	f := h.st.Agent.Workspace.Files["long.md"]
+	require.NotNil(t, f.Ref, "kept by reference")
+	assert.Empty(t, f.Content, "not inline in run state")
+	assert.Equal(t, "# Short", h.st.Agent.Workspace.Files["short.md"].Content, "a small document stays inline")
+	b, err := json.Marshal(h.st)
+	require.NoError(t, err)
+	assert.Less(t, len(b), len(big)/2)
+
+	h.decide(action(WorkspacePropose, map[string]any{"path": "long.md", "operations": []any{
+		map[string]any{"type": "insert_after_section", "heading": "Data", "content": "A closing note on the figures above."}}}))
+	prop := h.lastObs().Output.(map[string]any)
+	require.Equal(t, "ready", prop["status"], "%v", prop)
+	h.decide(action(WorkspaceApply, map[string]any{"patchId": prop["patchId"]}))
+	f = h.st.Agent.Workspace.Files["long.md"]
+	assert.Equal(t, 2, f.Version)
+	require.NotNil(t, f.Ref)
+	stored := string(h.env.artifacts[f.Ref.ID])
+	assert.True(t, strings.HasSuffix(stored, "A closing note on the figures above."), "the new version is stored")
+
+	h.env.tamper = true
+	h.decide(action(WorkspaceAppend, map[string]any{"path": "long.md", "content": "More."}))
+	h.env.tamper = false
+	h.decide(action(WorkspaceRead, map[string]any{"path": "long.md"}))
+	assert.Equal(t, actionbus.CodeArtifactMismatch, h.code(), "an altered document is never used")
 }

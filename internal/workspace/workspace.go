@@ -20,13 +20,17 @@ import (
 	"unicode"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/events"
 )
 
-// Bounds of a workspace: it lives in run state.
+// Bounds of a workspace. It lives in run state; a document over
+// InlineBytes is kept there by artifact reference (Ref), its content in
+// the artifact store.
 const (
 	MaxFiles     = 32
-	MaxFileBytes = 64 << 10
-	MaxTotal     = 256 << 10
+	MaxFileBytes = 1 << 20
+	MaxTotal     = 4 << 20
+	InlineBytes  = 4 << 10
 	maxOps       = 64 // the operation log keeps the last ones
 	maxPatchOps  = 32
 )
@@ -59,11 +63,14 @@ type Workspace struct {
 	Operations []Operation `json:"operations,omitempty"`
 }
 
-// File is one document.
+// File is one document. Content is empty in stored state when Ref holds
+// it (a document over InlineBytes): the run machine loads it before a
+// workspace action and stores it again after.
 type File struct {
-	Content string `json:"content"`
-	Version int    `json:"version"`
-	Stats   Stats  `json:"stats"`
+	Content string              `json:"content,omitempty"`
+	Ref     *events.ArtifactRef `json:"ref,omitempty"`
+	Version int                 `json:"version"`
+	Stats   Stats               `json:"stats"`
 }
 
 // Stats are a document's text statistics.
