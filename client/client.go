@@ -125,7 +125,7 @@ type RunRequest struct {
 	// (see [Client.Retry]).
 	RetryOf string
 	// Workspace gives an agent run a virtual workspace with these
-	// documents (path → markdown; at most 32, 64 KiB each), which the
+	// documents (path → markdown; at most 32, 1 MiB each), which the
 	// planner reads, grows, patches and publishes (docs/workspace.md).
 	Workspace map[string]string
 }
