@@ -1,0 +1,243 @@
+// Package mcpserve serves the action catalog as an MCP server (actionbus
+// mcp serve): any MCP client lists the planner-visible actions as tools and
+// calls them. Each call is a one-action host run through the dispatcher —
+// admission, policy, approvals and audit as any run — recorded as the
+// served user's. A call that needs an approval tells the client at once (a
+// progress notification with the approval id and the command that gives
+// it) and completes if the approval comes before the call's deadline;
+// otherwise it returns, saying the run waits for that approval.
+package mcpserve
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/client"
+)
+
+// MetaRunID is the _meta key of a call result that names its run (for
+// actionbus watch, audit export --run).
+const MetaRunID = "actionbus/runId"
+
+// Config configures a Server.
+type Config struct {
+	// Client reaches the bus; its NATS user is the one the calls run as.
+	Client *client.Client
+	// UserID is recorded as the user of every run; default "mcp".
+	UserID string
+	// AllowedModes are the modes calls may use; default read, draft,
+	// dryRun and mutate (mutations still wait for an approval).
+	AllowedModes []string
+	// CallTimeout bounds one call, an approval wait included; default 60 s.
+	CallTimeout time.Duration
+	// Refresh is how often the tool list follows the catalog; default 5 s.
+	Refresh time.Duration
+	// Logger receives the server's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.UserID == "" {
+		c.UserID = "mcp"
+	}
+	if c.AllowedModes == nil {
+		c.AllowedModes = []string{"read", "draft", "dryRun", "mutate"}
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = 60 * time.Second
+	}
+	if c.Refresh <= 0 {
+		c.Refresh = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Server is the MCP server over the catalog.
+type Server struct {
+	cfg    Config
+	server *mcp.Server
+
+	mu    sync.Mutex
+	tools map[string]string // tool name → definition hash
+}
+
+// New returns a server; Sync (or Run) fills its tools from the catalog.
+func New(cfg Config) *Server {
+	cfg.setDefaults()
+	s := &Server{cfg: cfg, tools: map[string]string{},
+		server: mcp.NewServer(&mcp.Implementation{Name: "actionbus", Version: "1"}, nil)}
+	return s
+}
+
+// MCP returns the SDK server (for transports: stdio, streamable HTTP).
+func (s *Server) MCP() *mcp.Server { return s.server }
+
+// Sync makes the tool list the catalog's planner-visible actions: new and
+// changed actions are added, removed ones taken away (clients are told
+// the list changed).
+func (s *Server) Sync(ctx context.Context) error {
+	list, err := s.cfg.Client.Actions(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := map[string]bool{}
+	for _, a := range list {
+		if !a.PlannerVisible {
+			continue
+		}
+		seen[a.Name] = true
+		if s.tools[a.Name] == a.Hash {
+			continue
+		}
+		s.server.AddTool(tool(a), s.call(a.Name))
+		s.tools[a.Name] = a.Hash
+	}
+	var gone []string
+	for name := range s.tools {
+		if !seen[name] {
+			gone = append(gone, name)
+			delete(s.tools, name)
+		}
+	}
+	if len(gone) > 0 {
+		s.server.RemoveTools(gone...)
+	}
+	return nil
+}
+
+// Run follows the catalog until ctx ends.
+func (s *Server) Run(ctx context.Context) {
+	t := time.NewTicker(s.cfg.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := s.Sync(ctx); err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Warn("catalog refresh failed", "err", err)
+			}
+		}
+	}
+}
+
+// tool is an action as an MCP tool: its input schema, and annotations
+// derived from its mode.
+func tool(a client.ActionInfo) *mcp.Tool {
+	var schema any = map[string]any{"type": "object"}
+	if len(a.InputSchema) > 0 {
+		var m map[string]any
+		if json.Unmarshal(a.InputSchema, &m) == nil && m["type"] == "object" {
+			schema = m
+		}
+	}
+	readOnly := a.Mode == "read"
+	destructive := a.Mode == "mutate" || a.Permission.Destructive
+	desc := a.Description
+	if a.Mode == "mutate" {
+		desc += " (changes state: runs after an approval)"
+	}
+	return &mcp.Tool{Name: a.Name, Description: desc, InputSchema: schema,
+		Annotations: &mcp.ToolAnnotations{Title: a.Name, ReadOnlyHint: readOnly, DestructiveHint: &destructive, IdempotentHint: readOnly}}
+}
+
+// call runs one tool call as a one-action host run.
+func (s *Server) call(name string) mcp.ToolHandler {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		args := map[string]any{}
+		if len(req.Params.Arguments) > 0 {
+			if err := json.Unmarshal(req.Params.Arguments, &args); err != nil {
+				return failure(actionbus.Errorf(actionbus.CodeActionArgsInvalid, "arguments must be a JSON object")), nil
+			}
+		}
+		ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
+		defer cancel()
+		token := req.Params.GetProgressToken()
+		var approvalID, runID string
+		var mu sync.Mutex
+		res, err := s.cfg.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: name, Args: args},
+			UserID: s.cfg.UserID, AllowedModes: s.cfg.AllowedModes}, func(e client.Event) {
+			mu.Lock()
+			runID = e.RunID
+			mu.Unlock()
+			st, ok := e.Step()
+			if !ok || st.Name != "awaiting-approval" {
+				return
+			}
+			id, _ := st.Details["approvalId"].(string)
+			mu.Lock()
+			approvalID = id
+			mu.Unlock()
+			msg := awaiting(id, e.RunID)
+			if token != nil {
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Message: msg})
+			}
+			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "notice", Logger: "actionbus", Data: msg})
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			if ctx.Err() != nil && approvalID != "" {
+				// Told the client already; the run goes on and completes
+				// once approved.
+				return &mcp.CallToolResult{Meta: mcp.Meta{MetaRunID: runID}, IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: awaiting(approvalID, runID) +
+					"; the call's deadline passed first: the run continues and ends when the approval is answered (actionbus watch " + runID + ")."}},
+					StructuredContent: map[string]any{"status": "awaiting_approval", "approvalId": approvalID, "runId": runID}}, nil
+			}
+			return failure(actionbus.Errorf(actionbus.CodeTimeout, "%s: %v", name, err)), nil
+		}
+		meta := mcp.Meta{MetaRunID: res.RunID}
+		switch res.Status {
+		case client.StatusCompleted:
+			out := &mcp.CallToolResult{Meta: meta, Content: []mcp.Content{&mcp.TextContent{Text: text(res)}}}
+			if m, ok := res.Output.(map[string]any); ok {
+				out.StructuredContent = m
+			}
+			return out, nil
+		case client.StatusFailed:
+			out := failure(res.Error)
+			out.Meta = meta
+			return out, nil
+		}
+		out := failure(actionbus.Errorf(actionbus.CodeCanceled, "the run was %s: %s", res.Status, res.Reason))
+		out.Meta = meta
+		return out, nil
+	}
+}
+
+func awaiting(approvalID, runID string) string {
+	return fmt.Sprintf("awaiting approval %s (run %s): an approver gives it with `actionbus approve %s` (or denies it with `actionbus deny %s`)",
+		approvalID, runID, approvalID, approvalID)
+}
+
+func failure(e *actionbus.Error) *mcp.CallToolResult {
+	if e == nil {
+		e = actionbus.Errorf(actionbus.CodeInternal, "the run failed without an error")
+	}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: string(e.Code) + ": " + e.Message}},
+		StructuredContent: map[string]any{"code": string(e.Code), "message": e.Message}}
+}
+
+func text(res *client.Result) string {
+	b, err := json.Marshal(res.Output)
+	if err != nil || res.Output == nil {
+		return res.Answer
+	}
+	if res.Answer != "" && !slices.Contains([]string{"null", "{}"}, string(b)) {
+		return strings.TrimSpace(res.Answer) + "\n" + string(b)
+	}
+	return string(b)
+}
