@@ -88,6 +88,8 @@ const (
 	CodeInvalidSkill         Code = "invalid_skill"
 	CodeShellRefused         Code = "shell_command_refused"
 	CodeShellExit            Code = "shell_exit_nonzero"
+	CodeMCPToolError         Code = "mcp_tool_error"
+	CodeMCPUnavailable       Code = "mcp_server_unavailable"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -106,7 +108,7 @@ var Codes = []Code{
 	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge, CodeRunEnded,
 	CodeArtifactMismatch, CodeRetryRefused, CodeInvalidTenant, CodeTenantNotServed,
 	CodeSkillNotFound, CodeSkillNotActive, CodeSkillToolRefused, CodeHandoffRefused, CodeHandoffCycle, CodeInvalidSkill,
-	CodeShellRefused, CodeShellExit,
+	CodeShellRefused, CodeShellExit, CodeMCPToolError, CodeMCPUnavailable,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code

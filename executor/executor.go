@@ -157,6 +157,45 @@ type Executor struct {
 	// skills are the skills registered on ex, published when it runs.
 	skillsMu sync.Mutex
 	skills   []Skill
+
+	// catalog is set once ex runs; published names the actions ex put in
+	// it (so that Publish can take back those unregistered since).
+	pubMu     sync.Mutex
+	catalog   *actions.Catalog
+	published map[string]bool
+}
+
+// Unregister removes an action from ex; once ex runs, [Executor.Publish]
+// takes it out of the catalog. It reports whether the action was
+// registered.
+func Unregister(ex *Executor, name string) bool { return ex.reg.Remove(name) }
+
+// Publish puts ex's actions in the catalog now and takes out the ones
+// unregistered since its last publish (Run publishes at start; a host
+// that registers or unregisters actions while ex runs — mounted MCP
+// servers whose tool list changed — calls it). Before Run it does nothing.
+func (e *Executor) Publish(ctx context.Context) error {
+	e.pubMu.Lock()
+	defer e.pubMu.Unlock()
+	if e.catalog == nil {
+		return nil
+	}
+	now := map[string]bool{}
+	for _, def := range e.reg.Definitions() {
+		if err := e.catalog.Publish(ctx, def, e.cfg.ID); err != nil {
+			return fmt.Errorf("executor: %w", err)
+		}
+		now[def.Name] = true
+	}
+	for name := range e.published {
+		if !now[name] {
+			if err := e.catalog.Remove(ctx, e.cfg.Pool, name); err != nil {
+				return fmt.Errorf("executor: %w", err)
+			}
+		}
+	}
+	e.published = now
+	return nil
 }
 
 // New returns an executor using nc. It does not touch the server until Run.
@@ -367,11 +406,11 @@ func (e *Executor) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cat := actions.NewCatalog(catKV)
-	for _, def := range e.reg.Definitions() {
-		if err := cat.Publish(ctx, def, e.cfg.ID); err != nil {
-			return fmt.Errorf("executor: %w", err)
-		}
+	e.pubMu.Lock()
+	e.catalog = actions.NewCatalog(catKV)
+	e.pubMu.Unlock()
+	if err := e.Publish(ctx); err != nil {
+		return err
 	}
 	e.skillsMu.Lock()
 	published := append([]Skill(nil), e.skills...)

@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"log/slog"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/builtin"
 	"github.com/actionbus/actionbus/internal/demo"
+	"github.com/actionbus/actionbus/internal/mcpmount"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/service"
 )
@@ -38,6 +40,7 @@ func main() {
 	shellTest := flag.String("shell-test-command", service.Env("ACTIONBUS_SHELL_TEST_COMMAND", ""), "the project's test command, allowed to shell as an argv prefix, space-separated (env ACTIONBUS_SHELL_TEST_COMMAND)")
 	shellNet := flag.Bool("shell-allow-network", false, "let shell commands use the network (default: a network namespace of their own)")
 	shellUnlisted := flag.Bool("shell-approve-unlisted", false, "register shell_unlisted: commands outside the profile, each after an approval")
+	mcpFile := flag.String("mcp", service.Env("ACTIONBUS_MCP", ""), "JSON file of MCP servers to mount: [{name, command, env} or {name, url, headers}, trusted?] (env ACTIONBUS_MCP)")
 	allow := flag.String("net-allow", service.Env("ACTIONBUS_NET_ALLOW", ""), "comma-separated addresses or prefixes read_url and web_search may reach although private or loopback (env ACTIONBUS_NET_ALLOW)")
 	flag.Parse()
 	os.Exit(service.Main("executor", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {
@@ -59,6 +62,19 @@ func main() {
 		// The workspace and database stay open until the process exits.
 		if _, err := builtin.Register(ex, bc); err != nil {
 			return nil, err
+		}
+		if *mcpFile != "" {
+			servers, err := mcpmount.Load(*mcpFile)
+			if err != nil {
+				return nil, err
+			}
+			for _, sc := range servers {
+				// Mounted for the process's life; their tools go to the
+				// catalog with the executor's other actions.
+				if _, err := mcpmount.Start(context.Background(), ex, sc, log); err != nil {
+					return nil, err
+				}
+			}
 		}
 		return ex, demo.Register(ex, demo.Options{Latency: *latency})
 	}))

@@ -286,6 +286,15 @@ func (r *Registry) Register(def Definition, h Handler) error {
 	return nil
 }
 
+// Remove removes an action; it reports whether it was registered.
+func (r *Registry) Remove(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.actions[name]
+	delete(r.actions, name)
+	return ok
+}
+
 // Lookup returns a registered action.
 func (r *Registry) Lookup(name string) (*Registered, bool) {
 	r.mu.RLock()

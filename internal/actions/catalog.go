@@ -83,6 +83,14 @@ func (c *Catalog) Publish(ctx context.Context, def Definition, executorID string
 	return fmt.Errorf("actions: publish %s: too many concurrent updates", def.Name)
 }
 
+// Remove takes an action of a pool out of the catalog.
+func (c *Catalog) Remove(ctx context.Context, pool, name string) error {
+	if err := c.kv.Delete(ctx, CatalogKey(pool, name)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("actions: remove %s: %w", name, err)
+	}
+	return nil
+}
+
 // decodeEntry decodes the entry stored under key, or reports false when
 // the entry is not one its key's pool may hold.
 func decodeEntry(key string, val []byte) (Entry, bool) {
