@@ -150,7 +150,9 @@ func TestAnHTTPServerIsUntrustedAndFollowedWhenItsToolsChange(t *testing.T) {
 
 	// The server's tool list changes: the catalog follows.
 	mcp.AddTool(server, &mcp.Tool{Name: "added", Description: "A new tool.", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
-		func(context.Context, *mcp.CallToolRequest, textIn) (*mcp.CallToolResult, any, error) { return nil, nil, nil })
+		func(context.Context, *mcp.CallToolRequest, textIn) (*mcp.CallToolResult, any, error) {
+			return nil, nil, nil
+		})
 	server.RemoveTools("crash")
 	require.Eventually(t, func() bool {
 		list, err := st.Client.Actions(ctx)

@@ -4,7 +4,8 @@
 // admission, policy, approvals and audit as any run — recorded as the
 // served user's. A call that needs an approval tells the client at once (a
 // progress notification with the approval id and the command that gives
-// it) and completes if the approval comes before the call's deadline;
+// it, when the client sent a progress token) and completes if the
+// approval comes before the call's deadline;
 // otherwise it returns, saying the run waits for that approval.
 package mcpserve
 
@@ -185,7 +186,6 @@ func (s *Server) call(name string) mcp.ToolHandler {
 			if token != nil {
 				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Message: msg})
 			}
-			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "notice", Logger: "actionbus", Data: msg})
 		})
 		mu.Lock()
 		defer mu.Unlock()
