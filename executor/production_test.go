@@ -185,10 +185,15 @@ func TestQueuedWorkOfACanceledRunNeverRuns(t *testing.T) {
 	var once sync.Once
 	letGo := func() { once.Do(func() { close(release) }) }
 	var effects atomic.Int32
+	holding := make(chan struct{}, 1)
 	st := srv.StartStack(t, actionbustest.StackOptions{Slots: 1, Register: func(ex *executor.Executor) error {
 		return errors.Join(
 			executor.Register(ex, executor.Action{Name: "test.hold"},
 				func(ctx context.Context, _ struct{}, _ executor.Call) (executor.Result[blobOut], error) {
+					select {
+					case holding <- struct{}{}:
+					default:
+					}
 					select {
 					case <-release:
 					case <-ctx.Done():
@@ -206,10 +211,13 @@ func TestQueuedWorkOfACanceledRunNeverRuns(t *testing.T) {
 	rec := srv.Record(t, "ab.>")
 	holder, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.hold"}})
 	require.NoError(t, err)
-	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
-		var s events.RunStep
-		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == holder && s.Name == "action-dispatched"
-	})
+	// The only slot is taken once the holder's handler runs (its
+	// dispatch step can be seen before its work item is stored).
+	select {
+	case <-holding:
+	case <-ctx.Done():
+		t.Fatal("the holder's handler never ran")
+	}
 	queued, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.effect"}})
 	require.NoError(t, err)
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
