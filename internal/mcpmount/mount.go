@@ -176,16 +176,8 @@ func (m *Mount) supervise(ctx context.Context) {
 		m.mu.Unlock()
 		ended := make(chan struct{})
 		go func() { _ = s.Wait(); close(ended) }()
-		select {
-		case <-ctx.Done():
-			_ = s.Close()
+		if !m.follow(ctx, s, ended) {
 			return
-		case <-m.changed:
-			if err := m.sync(ctx); err != nil && ctx.Err() == nil {
-				m.log.Warn("tool list refresh failed", "err", err)
-			}
-			continue
-		case <-ended:
 		}
 		m.mu.Lock()
 		m.session = nil
@@ -205,6 +197,24 @@ func (m *Mount) supervise(ctx context.Context) {
 				m.log.Warn("tool list refresh failed", "err", err)
 			}
 			break
+		}
+	}
+}
+
+// follow keeps session s's tools in step with the server until the
+// session ends (true) or ctx does (false, the session closed).
+func (m *Mount) follow(ctx context.Context, s *mcp.ClientSession, ended <-chan struct{}) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			_ = s.Close()
+			return false
+		case <-ended:
+			return true
+		case <-m.changed:
+			if err := m.sync(ctx); err != nil && ctx.Err() == nil {
+				m.log.Warn("tool list refresh failed", "err", err)
+			}
 		}
 	}
 }
