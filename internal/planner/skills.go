@@ -15,12 +15,7 @@ import (
 // or on the active skill's executor (execute_skill_tool).
 var skillEntries = func() []actions.Entry {
 	obj := func(props map[string]any, required ...string) json.RawMessage {
-		s := map[string]any{"type": "object", "properties": props, "additionalProperties": true}
-		if len(required) > 0 {
-			s["required"] = required
-		}
-		b, _ := json.Marshal(s)
-		return b
+		return objectSchema(props, true, required...)
 	}
 	name := map[string]any{"type": "string", "description": "the skill's name"}
 	keep := map[string]any{"type": "object", "properties": map[string]any{"keepLast": map[string]any{"type": "integer", "minimum": 0}}}
@@ -130,4 +125,15 @@ func fromSkillTool(sk *events.SkillContext, fn string, args map[string]any) (eve
 		}
 	}
 	return events.Decision{}, false
+}
+
+// objectSchema is the JSON Schema of an object with props, required keys
+// and, when additional, other keys allowed.
+func objectSchema(props map[string]any, additional bool, required ...string) json.RawMessage {
+	s := map[string]any{"type": "object", "properties": props, "additionalProperties": additional}
+	if len(required) > 0 {
+		s["required"] = required
+	}
+	b, _ := json.Marshal(s)
+	return b
 }

@@ -13,12 +13,7 @@ import (
 // offered when the run has a workspace; the dispatcher runs them.
 var workspaceEntries = func() []actions.Entry {
 	obj := func(props map[string]any, required ...string) json.RawMessage {
-		s := map[string]any{"type": "object", "properties": props, "additionalProperties": false}
-		if len(required) > 0 {
-			s["required"] = required
-		}
-		b, _ := json.Marshal(s)
-		return b
+		return objectSchema(props, false, required...)
 	}
 	str := func(d string) map[string]any { return map[string]any{"type": "string", "description": d} }
 	path := str("a workspace file, e.g. report.md")

@@ -139,18 +139,25 @@ func (m *Machine) onSkillAction(ctx context.Context, st *State, dec events.Decis
 			"handoffContext": sk.HandoffContext, "trimmed": trimmed, "skill": s.Summarize()}
 		summary = "handed off from " + from + " to " + name
 	}
-	obs := events.Observation{Cycle: st.Cycle, Action: dec.Name, OK: failed == nil, Summary: summary}
+	return append(m.observeRuntime(st, dec.Name, out, summary, failed), m.askPlanner(st)...), nil
+}
+
+// observeRuntime records the result of an action the dispatcher ran
+// itself (a skill or workspace action) as an observation, and its step;
+// a failure is also the planner's feedback.
+func (m *Machine) observeRuntime(st *State, name string, out any, summary string, failed *actionbus.Error) []Effect {
+	obs := events.Observation{Cycle: st.Cycle, Action: name, OK: failed == nil, Summary: summary}
 	var steps []Effect
 	if failed != nil {
-		obs.Error = failed.WithDetail("action", dec.Name)
+		obs.Error = failed.WithDetail("action", name)
 		st.Agent.Feedback = failed
-		steps = append(steps, step(st, StepActionFailed, nil, dec.Name, string(failed.Code)+": "+failed.Message, "failed"))
+		steps = append(steps, step(st, StepActionFailed, nil, name, string(failed.Code)+": "+failed.Message, "failed"))
 	} else {
-		obs.Output = digest(out, m.lim.ObservationBytes)
-		steps = append(steps, step(st, StepActionCompleted, nil, dec.Name, summary+" (dispatcher)", "ok"))
+		obs.Output = digest(jsonValue(out), m.lim.ObservationBytes)
+		steps = append(steps, step(st, StepActionCompleted, nil, name, summary+" (dispatcher)", "ok"))
 	}
 	st.Agent.Observations = append(st.Agent.Observations, obs)
-	return append(steps, m.askPlanner(st)...), nil
+	return steps
 }
 
 // trimHistory applies a handoff's inputFilter to the run's observations:

@@ -111,17 +111,7 @@ func (m *Machine) onWorkspaceAction(ctx context.Context, st *State, dec events.D
 	case dec.Name == WorkspacePublish:
 		return m.publishDocument(ctx, st, str("path"), str("as"))
 	}
-	obs := events.Observation{Cycle: st.Cycle, Action: dec.Name, OK: failed == nil, Summary: summary}
-	var steps []Effect
-	if failed != nil {
-		obs.Error = failed.WithDetail("action", dec.Name)
-		st.Agent.Feedback = failed
-		steps = append(steps, step(st, StepActionFailed, nil, dec.Name, string(failed.Code)+": "+failed.Message, "failed"))
-	} else {
-		obs.Output = digest(jsonValue(out), m.lim.ObservationBytes)
-		steps = append(steps, step(st, StepActionCompleted, nil, dec.Name, summary+" (dispatcher)", "ok"))
-	}
-	st.Agent.Observations = append(st.Agent.Observations, obs)
+	steps := m.observeRuntime(st, dec.Name, out, summary, failed)
 	// A blocked preview withholds propose and apply from the next
 	// decision: the planner grows the document or publishes it instead
 	// of repeating the same invalid preview.
@@ -143,9 +133,7 @@ func (m *Machine) publishDocument(ctx context.Context, st *State, path, as strin
 		if serr := m.storeWorkspace(ctx, st, st.Agent.Workspace); serr != nil {
 			return nil, serr
 		}
-		st.Agent.Feedback = err
-		st.Agent.Observations = append(st.Agent.Observations, events.Observation{Cycle: st.Cycle, Action: WorkspacePublish, Error: err})
-		return append([]Effect{step(st, StepActionFailed, nil, WorkspacePublish, err.Message, "failed")}, m.askPlanner(st)...), nil
+		return append(m.observeRuntime(st, WorkspacePublish, nil, "", err), m.askPlanner(st)...), nil
 	}
 	output := map[string]any{"kind": "workspace_document", "path": path, "version": f.Version, "stats": jsonValue(f.Stats)}
 	answer := f.Content
