@@ -90,6 +90,11 @@ const (
 	CodeShellExit            Code = "shell_exit_nonzero"
 	CodeMCPToolError         Code = "mcp_tool_error"
 	CodeMCPUnavailable       Code = "mcp_server_unavailable"
+	CodeUnauthenticated      Code = "unauthenticated"
+	CodeForbidden            Code = "forbidden"
+	CodeRunNotFound          Code = "run_not_found"
+	CodeApprovalNotFound     Code = "approval_not_found"
+	CodeBadRequest           Code = "bad_request"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -109,6 +114,7 @@ var Codes = []Code{
 	CodeArtifactMismatch, CodeRetryRefused, CodeInvalidTenant, CodeTenantNotServed,
 	CodeSkillNotFound, CodeSkillNotActive, CodeSkillToolRefused, CodeHandoffRefused, CodeHandoffCycle, CodeInvalidSkill,
 	CodeShellRefused, CodeShellExit, CodeMCPToolError, CodeMCPUnavailable,
+	CodeUnauthenticated, CodeForbidden, CodeRunNotFound, CodeApprovalNotFound, CodeBadRequest,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code

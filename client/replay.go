@@ -53,7 +53,7 @@ func (c *Client) Record(ctx context.Context, runID string) (*Recording, error) {
 	if decodeErr != nil {
 		return nil, fmt.Errorf("client: record %s: %w", runID, decodeErr)
 	}
-	if rec.Request, err = c.request(ctx, runID); err != nil {
+	if rec.Request, _, err = c.request(ctx, runID); err != nil {
 		return nil, fmt.Errorf("client: record %s: %w", runID, err)
 	}
 	for cycle := 1; ; cycle++ {
@@ -196,7 +196,7 @@ func compact(v any) string {
 // The dispatcher refuses with retry_refused a run that has not failed,
 // belongs to another tenant or user, or had another definition or prompt.
 func (c *Client) Retry(ctx context.Context, runID string) (string, error) {
-	req, err := c.request(ctx, runID)
+	req, _, err := c.request(ctx, runID)
 	if err != nil {
 		return "", fmt.Errorf("client: retry %s: %w", runID, err)
 	}
@@ -208,28 +208,29 @@ func (c *Client) Retry(ctx context.Context, runID string) (string, error) {
 	return c.Start(ctx, retry)
 }
 
-// request reads a run's stored run.requested from the requests stream.
-func (c *Client) request(ctx context.Context, runID string) (*events.RunRequested, error) {
+// request reads a run's stored run.requested from the requests stream, and
+// when it was stored.
+func (c *Client) request(ctx context.Context, runID string) (*events.RunRequested, time.Time, error) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	stream, err := c.js.Stream(rctx, c.topo.StreamRequests())
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	msg, err := stream.GetLastMsgForSubject(rctx, c.topo.Subjects().Run(c.tenant, runID, "requested"))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, errors.New("the run's request is no longer stored")
+		return nil, time.Time{}, errors.New("the run's request is no longer stored")
 	}
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	r, err := c.bus.Receive(msg.Subject, msg.Header, msg.Data)
 	if err != nil {
-		return nil, fmt.Errorf("the run's stored request is invalid: %w", err)
+		return nil, time.Time{}, fmt.Errorf("the run's stored request is invalid: %w", err)
 	}
 	req, ok := r.Data.(*events.RunRequested)
 	if !ok {
-		return nil, errors.New("the run's stored request is not a run.requested")
+		return nil, time.Time{}, errors.New("the run's stored request is not a run.requested")
 	}
-	return req, nil
+	return req, msg.Time, nil
 }

@@ -125,7 +125,7 @@ func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), inputCmd(g), approveCmd(g), denyCmd(g), workflowCmd(g), actionsCmd(g), skillsCmd(g), mcpCmd(g), artifactsCmd(g), auditCmd(g), eventsCmd(g), replayCmd(g), runsCmd(g), retryCmd(g), tenantCmd(g))
+	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), inputCmd(g), approveCmd(g), denyCmd(g), workflowCmd(g), actionsCmd(g), skillsCmd(g), mcpCmd(g), artifactsCmd(g), auditCmd(g), eventsCmd(g), replayCmd(g), runsCmd(g), retryCmd(g), tenantCmd(g), consoleCmd(g))
 	if err := root.ExecuteContext(ctx); err != nil {
 		var exit exitError
 		if asExit(err, &exit) {

@@ -20,6 +20,7 @@ import (
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/embedded"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/httpapi"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/run"
@@ -44,6 +45,7 @@ type devFlags struct {
 	openAIURL     string
 	openAIModel   string
 	plannerMode   string
+	console       string
 }
 
 func devCmd(g *globals) *cobra.Command {
@@ -73,6 +75,7 @@ Other terminals can use the same server: actionbus --nats nats://HOST:PORT run .
 	cmd.Flags().StringVar(&f.openAIURL, "openai-base-url", "", "plan with the openai provider against this OpenAI-compatible endpoint instead of the script (key from ACTIONBUS_OPENAI_API_KEY or OPENAI_API_KEY)")
 	cmd.Flags().StringVar(&f.openAIModel, "openai-model", "gpt-4o-mini", "model of the openai provider")
 	cmd.Flags().StringVar(&f.plannerMode, "planner-mode", planner.ModeNativeTools, "openai provider mode: native_tools or envelope")
+	cmd.Flags().StringVar(&f.console, "console", "127.0.0.1:8642", "serve the web console and HTTP API on this loopback address (a free port when it is taken; \"off\": none)")
 	return cmd
 }
 
@@ -146,6 +149,13 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	defer st.Stop()
 	fmt.Fprintf(g.out, "actionbus dev: NATS with JetStream at %s (store %s)\n", url, f.store)
 	fmt.Fprintf(g.out, "  services: dispatcher, planner (%s), auditor, %d executors × %d slots\n", plannerDesc, f.executors, f.slots)
+	if f.console != "off" {
+		addr, err := devConsole(ctx, g, nc, f.console, approvalKey)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(g.out, "  console: %s\n", addr)
+	}
 
 	if !f.noDemo {
 		c, err := client.New(nc, client.Options{Prefix: g.prefix, Source: "/actionbus/dev"})
@@ -179,4 +189,36 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 		approvalKeyEnv, devKeyID, base64.StdEncoding.EncodeToString(approvalKey), url)
 	<-ctx.Done()
 	return nil
+}
+
+// devConsole serves the console and HTTP API for dev mode, with a token
+// made for this process (all roles, as user dev-operator) in the printed
+// address's fragment, and dev mode's approval key. It returns that address.
+func devConsole(ctx context.Context, g *globals, nc *nats.Conn, addr string, approvalKey []byte) (string, error) {
+	if host, _, err := net.SplitHostPort(addr); err != nil || !isLoopback(host) {
+		return "", fmt.Errorf("--console %q is not a loopback address; dev mode's console has one built-in token", addr)
+	}
+	c, err := client.New(nc, client.Options{Prefix: g.prefix, Source: "/actionbus/console", Tenant: g.tenant})
+	if err != nil {
+		return "", err
+	}
+	token, entry, err := httpapi.NewToken("dev-operator", httpapi.RoleRead, httpapi.RoleRun, httpapi.RoleApprove)
+	if err != nil {
+		return "", err
+	}
+	cfg := httpapi.Config{Client: c, Approver: c, ApprovalKeyID: devKeyID, ApprovalKey: approvalKey, Tokens: httpapi.Tokens{Tokens: []httpapi.Token{entry}}}
+	srv, err := startConsole(ctx, g, cfg, addr, "", "")
+	if err != nil {
+		// The default port is taken (another dev server): any free one.
+		host, _, _ := net.SplitHostPort(addr)
+		if srv, err = startConsole(ctx, g, cfg, net.JoinHostPort(host, "0"), "", ""); err != nil {
+			return "", err
+		}
+	}
+	return srv.URL() + "#token=" + token, nil
+}
+
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }

@@ -1,0 +1,435 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/httpapi"
+)
+
+var approvalKey = []byte("0123456789abcdef0123456789abcdef")
+
+type skuIn struct {
+	SKU string `json:"sku"`
+}
+
+// register hosts the test's actions: a read, a mutation (tier 2: asks for
+// approval), one that outlives its timeout, and one that waits to be
+// canceled.
+func register(ex *executor.Executor) error {
+	schema := json.RawMessage(`{"type":"object","properties":{"sku":{"type":"string"}},"required":["sku"],"additionalProperties":false}`)
+	if err := executor.Register(ex, executor.Action{Name: "inv.stock", Description: "Units available for a SKU.", InputSchema: schema},
+		func(_ context.Context, in skuIn, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: map[string]any{"sku": in.SKU, "available": 12}}, nil
+		}); err != nil {
+		return err
+	}
+	if err := executor.Register(ex, executor.Action{Name: "inv.reorder", Description: "Reorder a SKU.", Mode: executor.ModeMutate, Tier: 2, InputSchema: schema},
+		func(_ context.Context, in skuIn, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: map[string]any{"reordered": in.SKU}}, nil
+		}); err != nil {
+		return err
+	}
+	if err := executor.Register(ex, executor.Action{Name: "inv.slow", Timeout: 300 * time.Millisecond},
+		func(ctx context.Context, _ map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			<-ctx.Done()
+			return executor.Result[map[string]any]{}, ctx.Err()
+		}); err != nil {
+		return err
+	}
+	return executor.Register(ex, executor.Action{Name: "inv.wait", Timeout: time.Minute},
+		func(ctx context.Context, _ map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			<-ctx.Done()
+			return executor.Result[map[string]any]{}, ctx.Err()
+		})
+}
+
+// api is an HTTP API server over a real stack, connected to NATS as the
+// deployed client and approver users of tenant default, with three
+// callers: a reader, a runner and an approver.
+type api struct {
+	t      *testing.T
+	url    string
+	srv    *actionbustest.Server
+	tokens map[string]string // role name → bearer token
+}
+
+func newAPI(t *testing.T) *api {
+	t.Helper()
+	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: []string{"acme"}})
+	srv.StartStack(t, actionbustest.StackOptions{Register: register, ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey)})
+	c, err := client.New(srv.TenantConnect(t, "client", "default"), client.Options{})
+	require.NoError(t, err)
+	ap, err := client.New(srv.TenantConnect(t, "approver", "default"), client.Options{})
+	require.NoError(t, err)
+	a := &api{t: t, srv: srv, tokens: map[string]string{}}
+	var entries []httpapi.Token
+	for name, roles := range map[string][]string{
+		"reader": {httpapi.RoleRead}, "runner": {httpapi.RoleRun}, "approver": {httpapi.RoleApprove},
+	} {
+		tok, entry, err := httpapi.NewToken(name, roles...)
+		require.NoError(t, err)
+		a.tokens[name] = tok
+		entries = append(entries, entry)
+	}
+	s, err := httpapi.New(httpapi.Config{Client: c, Approver: ap, ApprovalKeyID: "k1", ApprovalKey: approvalKey,
+		Tokens: httpapi.Tokens{Tokens: entries}, MaxWait: 20 * time.Second})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	hs := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { hs.Close(); cancel(); <-done })
+	a.url = hs.URL
+	return a
+}
+
+// do sends a request as caller (no token when caller is "") and decodes
+// the JSON answer.
+func (a *api) do(method, path, caller string, body any) (int, map[string]any) {
+	a.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		require.NoError(a.t, err)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, a.url+path, rd)
+	require.NoError(a.t, err)
+	if caller != "" {
+		req.Header.Set("Authorization", "Bearer "+a.tokens[caller])
+	}
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(a.t, err)
+	defer res.Body.Close()
+	var out map[string]any
+	data, _ := io.ReadAll(res.Body)
+	require.NoError(a.t, json.Unmarshal(data, &out), "body %s", data)
+	return res.StatusCode, out
+}
+
+// events reads the server-sent events of path as caller until until
+// returns true (or the stream ends); every wait has a deadline.
+func (a *api) events(path, caller string, until func(event string, data map[string]any) bool) []string {
+	a.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.url+path, nil)
+	require.NoError(a.t, err)
+	req.Header.Set("Authorization", "Bearer "+a.tokens[caller])
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(a.t, err)
+	defer res.Body.Close()
+	require.Equal(a.t, http.StatusOK, res.StatusCode)
+	require.Equal(a.t, "text/event-stream", res.Header.Get("Content-Type"))
+	var seen []string
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	event := ""
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			event = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			var data map[string]any
+			require.NoError(a.t, json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &data))
+			seen = append(seen, event)
+			if until(event, data) {
+				return seen
+			}
+		}
+	}
+	a.t.Fatalf("the event stream %s ended (%v) before the awaited event; saw %v", path, ctx.Err(), seen)
+	return nil
+}
+
+// followToEnd follows a run's events to its end and returns the events'
+// names and the result.
+func (a *api) followToEnd(runID string) ([]string, map[string]any) {
+	var result map[string]any
+	seen := a.events("/v1/runs/"+runID+"/events", "reader", func(event string, data map[string]any) bool {
+		if event == "end" {
+			result = data
+			return true
+		}
+		return false
+	})
+	return seen, result
+}
+
+// pendingApproval waits on the index's events for a pending approval of
+// runID and returns it.
+func (a *api) pendingApproval(runID string) map[string]any {
+	var found map[string]any
+	pick := func(list []any) bool {
+		for _, x := range list {
+			if ap := x.(map[string]any); ap["runId"] == runID {
+				found = ap
+				return true
+			}
+		}
+		return false
+	}
+	a.events("/v1/events", "reader", func(event string, data map[string]any) bool {
+		switch event {
+		case "snapshot", "approvals":
+			return pick(data["approvals"].([]any))
+		}
+		return false
+	})
+	return found
+}
+
+func errorCode(body map[string]any) string {
+	e, _ := body["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
+
+func TestEveryRequestIsAuthenticated(t *testing.T) {
+	a := newAPI(t)
+	for _, path := range []string{"/v1/runs", "/v1/approvals", "/v1/catalog", "/v1/events", "/v1/runs/01JAAAAAAAAAAAAAAAAAAAAAAA"} {
+		status, body := a.do(http.MethodGet, path, "", nil)
+		assert.Equal(t, http.StatusUnauthorized, status, path)
+		assert.Equal(t, "unauthenticated", errorCode(body), path)
+	}
+	a.tokens["stranger"] = "not-a-token"
+	status, body := a.do(http.MethodPost, "/v1/runs", "stranger", map[string]any{"prompt": "hi"})
+	assert.Equal(t, http.StatusUnauthorized, status)
+	assert.Equal(t, "unauthenticated", errorCode(body))
+
+	// Roles: a reader cannot start, a runner cannot approve.
+	status, body = a.do(http.MethodPost, "/v1/runs", "reader", map[string]any{"action": map[string]any{"name": "inv.stock", "args": map[string]any{"sku": "A"}}})
+	assert.Equal(t, http.StatusForbidden, status)
+	assert.Equal(t, "forbidden", errorCode(body))
+	status, body = a.do(http.MethodPost, "/v1/approvals/01JAAAAAAAAAAAAAAAAAAAAAAA-1-0/approve", "runner", nil)
+	assert.Equal(t, http.StatusForbidden, status)
+	assert.Equal(t, "forbidden", errorCode(body))
+}
+
+func TestARunIsStartedFollowedListedAndAudited(t *testing.T) {
+	a := newAPI(t)
+	// Waited for: the result in the answer.
+	status, body := a.do(http.MethodPost, "/v1/runs?wait=20s", "runner", map[string]any{"action": map[string]any{"name": "inv.stock", "args": map[string]any{"sku": "A-1"}}})
+	require.Equal(t, http.StatusOK, status, body)
+	assert.Equal(t, "completed", body["status"])
+	assert.Equal(t, map[string]any{"sku": "A-1", "available": float64(12)}, body["output"])
+
+	// Not waited for: 202 with the run id, then followed to its end.
+	status, body = a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{"action": map[string]any{"name": "inv.stock", "args": map[string]any{"sku": "B-2"}}})
+	require.Equal(t, http.StatusAccepted, status, body)
+	runID := body["runId"].(string)
+	seen, result := a.followToEnd(runID)
+	assert.Contains(t, seen, "action.completed")
+	assert.Contains(t, seen, "run.completed")
+	assert.Equal(t, "completed", result["status"])
+
+	// The index has it (it follows the stream; wait on its events).
+	var view map[string]any
+	a.events("/v1/events", "reader", func(event string, data map[string]any) bool {
+		if event == "snapshot" {
+			for _, r := range data["runs"].([]any) {
+				if r.(map[string]any)["runId"] == runID && r.(map[string]any)["status"] == "completed" {
+					view = r.(map[string]any)
+					return true
+				}
+			}
+		}
+		return event == "run" && data["runId"] == runID && data["status"] == "completed" && func() bool { view = data; return true }()
+	})
+	assert.Equal(t, "exec", view["kind"])
+	assert.Equal(t, "inv.stock", view["title"])
+	status, got := a.do(http.MethodGet, "/v1/runs/"+runID, "reader", nil)
+	require.Equal(t, http.StatusOK, status)
+	assert.Equal(t, "completed", got["status"])
+	assert.Equal(t, "runner", got["userId"], "a run acts for the token's user")
+	status, list := a.do(http.MethodGet, "/v1/runs?status=completed&kind=exec", "reader", nil)
+	require.Equal(t, http.StatusOK, status)
+	assert.GreaterOrEqual(t, len(list["runs"].([]any)), 1)
+	status, list = a.do(http.MethodGet, "/v1/runs?status=failed", "reader", nil)
+	require.Equal(t, http.StatusOK, status)
+	assert.Empty(t, list["runs"])
+
+	// The audit chain verifies (the records are appended within
+	// FlushAfter: wait until the terminal record is there).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		status, audit := a.do(http.MethodGet, "/v1/runs/"+runID+"/audit", "reader", nil)
+		require.Equal(t, http.StatusOK, status)
+		if audit["complete"] == true {
+			assert.Equal(t, true, audit["verified"])
+			assert.GreaterOrEqual(t, len(audit["records"].([]any)), 3)
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the run's audit chain never completed: %v", audit)
+		a.events("/v1/events", "reader", func(string, map[string]any) bool { return true }) // one round trip before asking again
+	}
+
+	// The catalog, with schemas.
+	status, cat := a.do(http.MethodGet, "/v1/catalog", "reader", nil)
+	require.Equal(t, http.StatusOK, status)
+	var names []string
+	for _, x := range cat["actions"].([]any) {
+		act := x.(map[string]any)
+		names = append(names, act["name"].(string))
+		if act["name"] == "inv.reorder" {
+			assert.Equal(t, "mutate", act["mode"])
+			assert.NotNil(t, act["inputSchema"])
+		}
+	}
+	assert.Subset(t, names, []string{"inv.stock", "inv.reorder", "inv.slow"})
+}
+
+func TestErrorsMapToHTTPStatuses(t *testing.T) {
+	a := newAPI(t)
+	run := func(action string, args map[string]any, modes ...string) (int, map[string]any) {
+		body := map[string]any{"action": map[string]any{"name": action, "args": args}}
+		if modes != nil {
+			body["allowedModes"] = modes
+		}
+		return a.do(http.MethodPost, "/v1/runs?wait=20s", "runner", body)
+	}
+	for _, tc := range []struct {
+		name   string
+		status int
+		code   string
+		send   func() (int, map[string]any)
+	}{
+		{"an unknown action", 404, "action_not_found", func() (int, map[string]any) { return run("inv.nothing", map[string]any{}) }},
+		{"input against the schema", 400, "action_args_invalid", func() (int, map[string]any) { return run("inv.stock", map[string]any{"sku": 7}) }},
+		{"a timeout", 408, "timeout", func() (int, map[string]any) { return run("inv.slow", map[string]any{}) }},
+		{"a mode the run does not allow", 403, "mode_not_allowed", func() (int, map[string]any) { return run("inv.reorder", map[string]any{"sku": "A"}) }},
+		{"a body that is not the documented JSON", 400, "bad_request", func() (int, map[string]any) {
+			return a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{"promt": "typo"})
+		}},
+		{"a run for another user", 403, "forbidden", func() (int, map[string]any) {
+			return a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{"prompt": "hi", "userId": "someone-else"})
+		}},
+		{"a run id that is not one", 400, "invalid_run_id", func() (int, map[string]any) { return a.do(http.MethodGet, "/v1/runs/nope", "reader", nil) }},
+		{"an unknown run", 404, "run_not_found", func() (int, map[string]any) {
+			return a.do(http.MethodGet, "/v1/runs/01JAAAAAAAAAAAAAAAAAAAAAAA", "reader", nil)
+		}},
+		{"the events of an unknown run", 404, "run_not_found", func() (int, map[string]any) {
+			return a.do(http.MethodGet, "/v1/runs/01JAAAAAAAAAAAAAAAAAAAAAAA/events", "reader", nil)
+		}},
+		{"an unknown approval", 404, "approval_not_found", func() (int, map[string]any) {
+			return a.do(http.MethodPost, "/v1/approvals/01JAAAAAAAAAAAAAAAAAAAAAAA-1-0/approve", "approver", nil)
+		}},
+		{"an unknown endpoint", 404, "run_not_found", func() (int, map[string]any) { return a.do(http.MethodGet, "/v1/nothing", "reader", nil) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := tc.send()
+			assert.Equal(t, tc.status, status, "%v", body)
+			assert.Equal(t, tc.code, errorCode(body), "%v", body)
+		})
+	}
+}
+
+func TestApprovalsAreListedApprovedAndDenied(t *testing.T) {
+	a := newAPI(t)
+	start := func(sku string) string {
+		status, body := a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{
+			"action": map[string]any{"name": "inv.reorder", "args": map[string]any{"sku": sku}}, "allowedModes": []string{"read", "mutate"},
+		})
+		require.Equal(t, http.StatusAccepted, status, body)
+		return body["runId"].(string)
+	}
+	approved := start("A-1")
+	ap := a.pendingApproval(approved)
+	require.NotNil(t, ap)
+	assert.Equal(t, "inv.reorder", ap["action"])
+	assert.Equal(t, map[string]any{"sku": "A-1"}, ap["input"])
+	assert.Len(t, ap["inputHash"], 64)
+	status, list := a.do(http.MethodGet, "/v1/approvals", "reader", nil)
+	require.Equal(t, http.StatusOK, status)
+	assert.NotEmpty(t, list["approvals"])
+	status, view := a.do(http.MethodGet, "/v1/runs/"+approved, "reader", nil)
+	require.Equal(t, http.StatusOK, status)
+	assert.Equal(t, "awaiting_approval", view["status"])
+
+	status, body := a.do(http.MethodPost, "/v1/approvals/"+ap["approvalId"].(string)+"/approve", "approver", nil)
+	require.Equal(t, http.StatusOK, status, body)
+	_, result := a.followToEnd(approved)
+	assert.Equal(t, "completed", result["status"])
+	assert.Equal(t, map[string]any{"reordered": "A-1"}, result["output"])
+	// Answered twice: the dispatcher refuses the replay.
+	status, body = a.do(http.MethodPost, "/v1/approvals/"+ap["approvalId"].(string)+"/approve", "approver", nil)
+	assert.Equal(t, http.StatusForbidden, status, body)
+
+	denied := start("B-2")
+	ap = a.pendingApproval(denied)
+	require.NotNil(t, ap)
+	status, body = a.do(http.MethodPost, "/v1/approvals/"+ap["approvalId"].(string)+"/deny", "approver", map[string]any{"reason": "not now"})
+	require.Equal(t, http.StatusOK, status, body)
+	_, result = a.followToEnd(denied)
+	assert.Equal(t, "failed", result["status"])
+	assert.Equal(t, string(actionbus.CodeApprovalDenied), result["error"].(map[string]any)["code"])
+}
+
+func TestARunIsCanceled(t *testing.T) {
+	a := newAPI(t)
+	status, body := a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{"action": map[string]any{"name": "inv.wait", "args": map[string]any{}}})
+	require.Equal(t, http.StatusAccepted, status, body)
+	runID := body["runId"].(string)
+	status, body = a.do(http.MethodPost, "/v1/runs/"+runID+"/cancel", "reader", map[string]any{"reason": "x"})
+	assert.Equal(t, http.StatusForbidden, status, "a reader cannot cancel: %v", body)
+	status, body = a.do(http.MethodPost, "/v1/runs/"+runID+"/cancel", "runner", map[string]any{"reason": "changed my mind"})
+	require.Equal(t, http.StatusAccepted, status, body)
+	_, result := a.followToEnd(runID)
+	assert.Equal(t, "canceled", result["status"])
+	assert.Equal(t, "changed my mind", result["reason"])
+}
+
+// TestAnotherTenantsRunsAreOutOfReach: the server's NATS users are tenant
+// default's, so a run of tenant acme is neither listed, read, followed nor
+// canceled through it, whatever the caller's token.
+func TestAnotherTenantsRunsAreOutOfReach(t *testing.T) {
+	a := newAPI(t)
+	acme, err := client.New(a.srv.TenantConnect(t, "client-acme", "acme"), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := acme.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "inv.stock", Args: map[string]any{"sku": "S"}}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status)
+	for _, path := range []string{"/v1/runs/" + res.RunID, "/v1/runs/" + res.RunID + "/events", "/v1/runs/" + res.RunID + "/audit"} {
+		status, body := a.do(http.MethodGet, path, "reader", nil)
+		assert.Equal(t, http.StatusNotFound, status, "%s: %v", path, body)
+		assert.Equal(t, "run_not_found", errorCode(body))
+	}
+	status, body := a.do(http.MethodPost, "/v1/runs/"+res.RunID+"/cancel", "runner", map[string]any{})
+	assert.Equal(t, http.StatusNotFound, status, body)
+	// Started through the API after acme's: once the index shows it, acme's
+	// run is not among the listed.
+	status, body = a.do(http.MethodPost, "/v1/runs?wait=20s", "runner", map[string]any{"action": map[string]any{"name": "inv.stock", "args": map[string]any{"sku": "D"}}})
+	require.Equal(t, http.StatusOK, status, body)
+	mine := body["runId"].(string)
+	a.events("/v1/events", "reader", func(event string, data map[string]any) bool {
+		if event == "snapshot" {
+			for _, r := range data["runs"].([]any) {
+				assert.NotEqual(t, res.RunID, r.(map[string]any)["runId"])
+				if r.(map[string]any)["runId"] == mine {
+					return true
+				}
+			}
+		}
+		return event == "run" && data["runId"] == mine
+	})
+}
