@@ -16,7 +16,12 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
-function say(text) { document.getElementById("message").textContent = text || ""; }
+// say shows a message: an error unless ok.
+function say(text, ok) {
+  const m = document.getElementById("message");
+  m.textContent = text || "";
+  m.className = ok ? "ok" : "";
+}
 
 async function api(method, path, body) {
   const opts = { method, headers: auth() };
@@ -113,7 +118,7 @@ async function answer(id, verb) {
   say("");
   try {
     await api("POST", "/v1/approvals/" + encodeURIComponent(id) + "/" + verb, verb === "deny" ? body : undefined);
-    say(verb === "approve" ? "approved " + id : "denied " + id);
+    say(verb === "approve" ? "approved " + id : "denied " + id, true);
   } catch (e) { say(e.message); }
 }
 
