@@ -19,12 +19,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/skills"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // Options configures a [Client].
@@ -145,7 +147,13 @@ func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 	if req.Action != nil {
 		data.Action = &events.ActionCall{Name: req.Action.Name, Args: req.Action.Args, IdempotencyKey: req.Action.IdempotencyKey}
 	}
-	if err := c.emitRetrying(ctx, events.TypeRunRequested, req.RunID, req.RunID, data); err != nil {
+	// The run's trace starts here: a child of the caller's span when ctx
+	// holds one (the run joins the caller's trace), a root otherwise.
+	ctx, span := tracing.Tracer().Start(ctx, "publish run.requested", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(tracing.RunIDKey.String(req.RunID), tracing.TenantKey.String(c.tenant)))
+	defer span.End()
+	if err := c.emitRetrying(tracing.WithRun(ctx, tracing.RunOf(ctx)), events.TypeRunRequested, req.RunID, req.RunID, data); err != nil {
+		tracing.Fail(span, string(actionbus.CodeOf(err)))
 		return "", fmt.Errorf("client: start run: %w", err)
 	}
 	return req.RunID, nil

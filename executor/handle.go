@@ -14,11 +14,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/payload"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // errShutdown is the cause of handler contexts canceled because the
@@ -92,8 +96,46 @@ func (e *Executor) handle(ctx context.Context, msg jetstream.Msg) {
 	if md, err := msg.Metadata(); err == nil {
 		deliveries = int(md.NumDelivered)
 	}
+	// The call's span (GenAI execute_tool): a child of the dispatcher's
+	// span that sent it; the handler's context carries it.
+	ctx, span := tracing.Tracer().Start(tracing.Parent(tracing.Extract(ctx, msg.Headers()), rec.TraceRun()), "execute_tool "+req.Action,
+		trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(semconv.GenAIOperationNameExecuteTool, semconv.GenAIToolName(req.Action), semconv.GenAIToolCallID(req.CallID),
+			semconv.GenAIToolTypeKey.String("function"), tracing.RunIDKey.String(req.RunID), tracing.TenantKey.String(events.TenantOr(req.Tenant)),
+			tracing.ExecutorKey.String(e.cfg.ID), tracing.AttemptKey.Int(req.Attempt)))
+	defer span.End()
+	ctx = tracing.WithRun(ctx, rec.TraceRun())
 	out, delay := e.run(ctx, msg, req, deliveries)
 	e.settle(msg, req, out, delay)
+}
+
+// traceCall records on the call's span what its audit policy keeps of its
+// arguments and result (with the shipped default policy, neither: input
+// hashed, output summarized), and its failure's code.
+func traceCall(ctx context.Context, reg *actions.Registered, input any, res actions.Result, herr error) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	if herr != nil {
+		tracing.Fail(span, string(actionbus.CodeOf(herr)))
+		return
+	}
+	if reg == nil {
+		return
+	}
+	p := payload.Effective(payload.Default, reg.Def.AuditPolicy)
+	if input != nil && (p.Input == actions.PayloadFull || p.Input == actions.PayloadRedacted) {
+		if b, err := json.Marshal(payload.ApplyInput(p, input)); err == nil {
+			span.SetAttributes(semconv.GenAIToolCallArgumentsKey.String(string(b)))
+		}
+	}
+	if p.Output == actions.PayloadFull || p.Output == actions.PayloadRedacted {
+		out, _ := payload.ApplyOutput(p, res.Output, res.Summary)
+		if b, err := json.Marshal(out); err == nil {
+			span.SetAttributes(semconv.GenAIToolCallResultKey.String(string(b)))
+		}
+	}
 }
 
 // settle decides the ack outcome of a message, in one place.
@@ -125,7 +167,10 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 		start := time.Now()
 		defer func() { o.ActionDone(req.Action, observed, time.Since(start)) }()
 	}
+	var reg *actions.Registered
+	var args map[string]any
 	publish := func(res actions.Result, herr error, took time.Duration, replayed bool) (outcome, time.Duration) {
+		traceCall(ctx, reg, args, res, herr)
 		switch {
 		case replayed:
 			observed = "replayed"
@@ -153,6 +198,9 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 			"run %s ended before this call started; the handler was not called", req.RunID), 0, false)
 	}
 	reg, ok := e.reg.Lookup(req.Action)
+	if !ok {
+		reg = nil
+	}
 	if ok && !reg.Def.ServesTenant(events.TenantOr(req.Tenant)) {
 		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeTenantNotServed,
 			"pool %s is dedicated to other tenants than %s", e.cfg.Pool, events.TenantOr(req.Tenant)), 0, false)
@@ -160,10 +208,11 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 	if !ok {
 		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not registered on pool %s", req.Action, e.cfg.Pool), 0, false)
 	}
-	args, _, issues := reg.Args.Prepare(req.Args, req.Origin)
+	prepared, _, issues := reg.Args.Prepare(req.Args, req.Origin)
 	if issues != nil {
 		return publish(actions.Result{}, actions.ArgsError(req.Action, issues), 0, false)
 	}
+	args = prepared
 	input, err := json.Marshal(args)
 	if err != nil {
 		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeActionArgsInvalid, "input is not JSON: %w", err), 0, false)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/metrics"
+	"github.com/actionbus/actionbus/internal/payload"
 	"github.com/actionbus/actionbus/internal/service"
 )
 
@@ -18,10 +19,10 @@ func main() {
 	var c service.Common
 	c.Flags(flag.CommandLine)
 	concurrency := flag.Int("concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", audit.DefaultConcurrency), "events audited at once per stream (env ACTIONBUS_CONCURRENCY)")
-	var pol audit.PayloadPolicy
-	flag.StringVar(&pol.Input, "audit-input", service.Env("ACTIONBUS_AUDIT_INPUT", audit.DefaultPayloadPolicy.Input), "default input payload mode: full, redacted, hash, omit (env ACTIONBUS_AUDIT_INPUT)")
-	flag.StringVar(&pol.Output, "audit-output", service.Env("ACTIONBUS_AUDIT_OUTPUT", audit.DefaultPayloadPolicy.Output), "default output payload mode: full, redacted, summary, hash, omit (env ACTIONBUS_AUDIT_OUTPUT)")
-	flag.StringVar(&pol.Error, "audit-error", service.Env("ACTIONBUS_AUDIT_ERROR", audit.DefaultPayloadPolicy.Error), "default error payload mode: full, redacted, summary, omit (env ACTIONBUS_AUDIT_ERROR)")
+	var pol payload.Policy
+	flag.StringVar(&pol.Input, "audit-input", service.Env("ACTIONBUS_AUDIT_INPUT", payload.Default.Input), "default input payload mode: full, redacted, hash, omit (env ACTIONBUS_AUDIT_INPUT)")
+	flag.StringVar(&pol.Output, "audit-output", service.Env("ACTIONBUS_AUDIT_OUTPUT", payload.Default.Output), "default output payload mode: full, redacted, summary, hash, omit (env ACTIONBUS_AUDIT_OUTPUT)")
+	flag.StringVar(&pol.Error, "audit-error", service.Env("ACTIONBUS_AUDIT_ERROR", payload.Default.Error), "default error payload mode: full, redacted, summary, omit (env ACTIONBUS_AUDIT_ERROR)")
 	redact := flag.String("redact-paths", service.Env("ACTIONBUS_REDACT_PATHS", ""), "comma-separated JSON Pointers redacted in every payload, e.g. /password,/token (env ACTIONBUS_REDACT_PATHS)")
 	jsonl := flag.String("sink-jsonl", service.Env("ACTIONBUS_SINK_JSONL", ""), "copy the audit stream to this JSON-lines file (env ACTIONBUS_SINK_JSONL)")
 	sqlitePath := flag.String("sink-sqlite", service.Env("ACTIONBUS_SINK_SQLITE", ""), "copy the audit stream to this SQLite database (env ACTIONBUS_SINK_SQLITE)")

@@ -29,6 +29,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/metrics"
+	"github.com/actionbus/actionbus/internal/payload"
 )
 
 // Config configures a [Service].
@@ -49,9 +50,9 @@ type Config struct {
 	// Logger receives the auditor's logs; nil discards them.
 	Logger *slog.Logger
 	// Payload is the default payload policy; actions override it with
-	// their own audit policy. The zero value means DefaultPayloadPolicy;
-	// unset modes take DefaultPayloadPolicy's.
-	Payload PayloadPolicy
+	// their own audit policy. The zero value means payload.Default;
+	// unset modes take payload.Default's.
+	Payload payload.Policy
 	// Metrics records audit records and event handling; nil records
 	// nothing.
 	Metrics *metrics.Metrics
@@ -102,13 +103,13 @@ func (c *Config) setDefaults() {
 	}
 	// Each payload mode not given takes the default policy's.
 	if c.Payload.Input == "" {
-		c.Payload.Input = DefaultPayloadPolicy.Input
+		c.Payload.Input = payload.Default.Input
 	}
 	if c.Payload.Output == "" {
-		c.Payload.Output = DefaultPayloadPolicy.Output
+		c.Payload.Output = payload.Default.Output
 	}
 	if c.Payload.Error == "" {
-		c.Payload.Error = DefaultPayloadPolicy.Error
+		c.Payload.Error = payload.Default.Error
 	}
 }
 

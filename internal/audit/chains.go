@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/keymutex"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // A run's records are appended to its chain in batches: records wait in
@@ -43,6 +45,9 @@ type batch struct {
 	chain, tenant, runID string
 	records              []events.AuditRecorded
 	done                 []chan<- error
+	// trace is the run's starting trace context (its append's span joins
+	// the run's trace).
+	trace *tracing.Run
 	timer                *time.Timer
 }
 
@@ -92,12 +97,12 @@ func newChains(flushAfter time.Duration, maxBatch int, appendFn func(context.Con
 
 // add queues rec on its chain and returns where the outcome of its append
 // is sent. A full batch is appended before add returns.
-func (c *chains) add(chain, tenant string, rec events.AuditRecorded) <-chan error {
+func (c *chains) add(chain, tenant string, rec events.AuditRecorded, tr *tracing.Run) <-chan error {
 	done := make(chan error, 1)
 	c.mu.Lock()
 	b := c.pending[chain]
 	if b == nil {
-		b = &batch{chain: chain, tenant: tenant, runID: rec.RunID}
+		b = &batch{chain: chain, tenant: tenant, runID: rec.RunID, trace: tr}
 		c.pending[chain] = b
 		b.timer = time.AfterFunc(c.flushAfter, func() { c.flush(chain) })
 	}
@@ -198,11 +203,15 @@ func (c *chains) forget(chain string) {
 func (s *Service) handle(_ context.Context, r *events.Received, _ jetstream.Msg) error {
 	rec := s.build.Record(r)
 	tenant := events.TenantOr(rec.Tenant)
-	return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec))
+	return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, r.TraceRun()))
 }
 
 // append stores one batch at the end of its chain.
 func (s *Service) append(ctx context.Context, b *batch) error {
+	ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, b.trace), "audit append", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(tracing.RunIDKey.String(b.runID), tracing.TenantKey.String(b.tenant), tracing.RecordsKey.Int(len(b.records))))
+	defer span.End()
+	ctx = tracing.WithRun(ctx, b.trace)
 	subject := s.bus.Subjects().AuditAppend(b.tenant, b.runID)
 	for attempt := 0; attempt < 10; attempt++ {
 		h, cached := s.chains.head(b.chain)

@@ -25,6 +25,7 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/payload"
 )
 
 const (
@@ -188,13 +189,13 @@ func TestSecretsNeverReachTheAuditStreamSinksOrLogs(t *testing.T) {
 			flakyRecs = append(flakyRecs, r)
 		}
 		if r.Action == "vault.login" && r.Status == "started" {
-			assert.Equal(t, map[string]any{"user": "ada", "password": audit.Redacted}, r.Input)
+			assert.Equal(t, map[string]any{"user": "ada", "password": payload.Redacted}, r.Input)
 			assert.Equal(t, "login", r.StepID)
 			assert.Equal(t, "ada", r.UserID)
 			assert.Equal(t, "read", r.Mode)
 		}
 		if r.Action == "vault.login" && r.Status == "succeeded" {
-			assert.Equal(t, map[string]any{"user": "ada", "session": map[string]any{"token": audit.Redacted}}, r.Output, "the action's own redact path")
+			assert.Equal(t, map[string]any{"user": "ada", "session": map[string]any{"token": payload.Redacted}}, r.Output, "the action's own redact path")
 			assert.Equal(t, map[string]string{"output": "redacted"}, r.PayloadModes)
 		}
 		if r.Action == "acct.close" && r.Status == "started" {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/payload"
 )
 
 // NoRun is the audit subject token of events that belong to no run.
@@ -35,7 +36,7 @@ type ActionLookup func(name string) (policy *actions.AuditPolicy, mode string)
 // Builder turns events into audit records, applying the payload policy.
 type Builder struct {
 	// Defaults is the payload policy of actions that set none.
-	Defaults PayloadPolicy
+	Defaults payload.Policy
 	// Lookup finds an action's own audit policy; nil means none.
 	Lookup ActionLookup
 	// Prefix is the subject prefix; default "ab".
@@ -79,13 +80,13 @@ func sha(s string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func (b *Builder) action(name string) (PayloadPolicy, string) {
+func (b *Builder) action(name string) (payload.Policy, string) {
 	var own *actions.AuditPolicy
 	var mode string
 	if b.Lookup != nil && name != "" {
 		own, mode = b.Lookup(name)
 	}
-	return Effective(b.Defaults, own), mode
+	return payload.Effective(b.Defaults, own), mode
 }
 
 // Record builds the audit record of an event, without its chain hashes.
@@ -98,7 +99,7 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		EventSource: r.Event.Source(), EventTime: r.Event.Time().UTC(), PayloadHash: hex.EncodeToString(sum[:]),
 	}
 	def := b.Defaults
-	modes := func(p PayloadPolicy, fields ...string) map[string]string {
+	modes := func(p payload.Policy, fields ...string) map[string]string {
 		m := map[string]string{}
 		for _, f := range fields {
 			switch f {
@@ -131,7 +132,7 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 			pol, rec.Mode = b.action(d.Action.Name)
 			rec.Action, rec.IdempotencyKeyHash = d.Action.Name, sha(d.Action.IdempotencyKey)
 			b.rememberExec(d.RunID, d.Action.Name)
-			in["action"] = map[string]any{"name": d.Action.Name, "args": Redact(d.Action.Args, pol.RedactPaths)}
+			in["action"] = map[string]any{"name": d.Action.Name, "args": payload.Redact(d.Action.Args, pol.RedactPaths)}
 		}
 		if d.Workflow != nil {
 			in["workflow"] = b.redactWorkflow(d.Workflow)
@@ -139,7 +140,7 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		if d.Replay != nil {
 			rec.Summary = "replay of " + d.Replay.RunID
 		}
-		rec.Input, rec.PayloadModes = ApplyInput(pol, in), modes(pol, "input")
+		rec.Input, rec.PayloadModes = payload.ApplyInput(pol, in), modes(pol, "input")
 	case *events.RunStarted:
 		rec.Kind, rec.Status, rec.Summary, rec.RetryOf = KindRun, "started", d.Kind, d.RetryOf
 	case *events.RunCompleted:
@@ -148,7 +149,7 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 	case *events.RunFailed:
 		rec.Kind, rec.Status, rec.Summary = KindRun, "failed", string(d.Error.Code)
 		e := d.Error
-		rec.Error, rec.PayloadModes = ApplyError(def, &e), modes(def, "error")
+		rec.Error, rec.PayloadModes = payload.ApplyError(def, &e), modes(def, "error")
 	case *events.RunCanceled:
 		rec.Kind, rec.Status = KindRun, "canceled"
 	case *events.CancelRequested:
@@ -188,7 +189,7 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		pol, mode := b.action(d.Action)
 		rec.Kind, rec.Status, rec.Action, rec.Mode = KindAction, "started", d.Action, mode
 		rec.ExecutionID, rec.StepID, rec.UserID, rec.Attempt, rec.MaxAttempts = d.CallID, d.StepID, d.UserID, d.Attempt, d.MaxAttempts
-		rec.Input, rec.PayloadModes = ApplyInput(pol, d.Args), modes(pol, "input")
+		rec.Input, rec.PayloadModes = payload.ApplyInput(pol, d.Args), modes(pol, "input")
 		rec.IdempotencyKeyHash = sha(d.IdempotencyKey)
 		if d.Approval != nil {
 			rec.ApprovalTokenHash = sha(d.Approval.Token)
@@ -198,19 +199,19 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		pol, mode := b.action(d.Action)
 		rec.Kind, rec.Status, rec.Action, rec.Mode = KindAction, "succeeded", d.Action, mode
 		rec.ExecutionID, rec.StepID, rec.UserID, rec.Attempt, rec.MaxAttempts = d.CallID, d.StepID, d.UserID, d.Attempt, d.MaxAttempts
-		rec.Output, rec.OutputSummary = ApplyOutput(pol, d.Output, d.Summary)
+		rec.Output, rec.OutputSummary = payload.ApplyOutput(pol, d.Output, d.Summary)
 		rec.PayloadModes = modes(pol, "output")
 	case *events.ActionFailed:
 		pol, mode := b.action(d.Action)
 		rec.Kind, rec.Status, rec.Action, rec.Mode, rec.Summary = KindAction, "failed", d.Action, mode, string(d.Error.Code)
 		rec.ExecutionID, rec.StepID, rec.UserID, rec.Attempt, rec.MaxAttempts = d.CallID, d.StepID, d.UserID, d.Attempt, d.MaxAttempts
 		e := d.Error
-		rec.Error, rec.PayloadModes = ApplyError(pol, &e), modes(pol, "error")
+		rec.Error, rec.PayloadModes = payload.ApplyError(pol, &e), modes(pol, "error")
 	case *events.ApprovalRequested:
 		pol, mode := b.action(d.Context.Action)
 		rec.Kind, rec.Status, rec.Action, rec.Mode = KindApproval, "requested", d.Context.Action, mode
 		rec.ExecutionID, rec.StepID, rec.UserID = d.Context.ApprovalID, d.Context.StepID, d.Context.UserID
-		rec.Input, rec.PayloadModes = ApplyInput(pol, d.Input), modes(pol, "input")
+		rec.Input, rec.PayloadModes = payload.ApplyInput(pol, d.Input), modes(pol, "input")
 		rec.Summary = d.Reason
 	case *events.ApprovalGranted:
 		rec.Kind, rec.Status, rec.ExecutionID, rec.UserID = KindApproval, "granted", d.ApprovalID, d.Approver
@@ -224,7 +225,7 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		}
 	case *events.InputProvided:
 		rec.Kind, rec.Status, rec.UserID = KindInput, "provided", d.ProvidedBy
-		rec.Input, rec.PayloadModes = ApplyInput(def, map[string]any{"answer": d.Answer}), modes(def, "input")
+		rec.Input, rec.PayloadModes = payload.ApplyInput(def, map[string]any{"answer": d.Answer}), modes(def, "input")
 	case *events.TimerFired:
 		rec.Kind, rec.Status, rec.Summary = KindTimer, "fired", d.Kind+" "+d.Stage
 	case *events.EventRejected:
@@ -259,7 +260,7 @@ func (b *Builder) runOutput(d *events.RunCompleted) (any, string, map[string]str
 				id, _ := m["id"].(string)
 				name, _ := m["action"].(string)
 				pol, _ := b.action(name)
-				v, sum := ApplyOutput(pol, byStep[id], "")
+				v, sum := payload.ApplyOutput(pol, byStep[id], "")
 				if v != nil {
 					minimized[id] = v
 				}
@@ -267,7 +268,7 @@ func (b *Builder) runOutput(d *events.RunCompleted) (any, string, map[string]str
 					summaries[id] = sum
 				}
 			}
-			res := map[string]any{"workflowName": out["workflowName"], "steps": clone(steps), "outputByStep": minimized}
+			res := map[string]any{"workflowName": out["workflowName"], "steps": payload.Clone(steps), "outputByStep": minimized}
 			if len(summaries) > 0 {
 				res["outputSummaryByStep"] = summaries
 			}
@@ -277,7 +278,7 @@ func (b *Builder) runOutput(d *events.RunCompleted) (any, string, map[string]str
 	pol := b.Defaults
 	if name := b.execAction(d.RunID); name != "" {
 		pol, _ = b.action(name)
-		v, sum := ApplyOutput(pol, d.Output, d.Answer)
+		v, sum := payload.ApplyOutput(pol, d.Output, d.Answer)
 		return v, sum, map[string]string{"output": pol.Output}
 	}
 	out := map[string]any{}
@@ -287,14 +288,14 @@ func (b *Builder) runOutput(d *events.RunCompleted) (any, string, map[string]str
 	if d.Output != nil {
 		out["output"] = d.Output
 	}
-	v, sum := ApplyOutput(pol, out, "")
+	v, sum := payload.ApplyOutput(pol, out, "")
 	return v, sum, map[string]string{"output": pol.Output}
 }
 
 // redactWorkflow applies each step's action redact paths to its input, so
 // a workflow's secrets are redacted whatever the default mode.
 func (b *Builder) redactWorkflow(wf map[string]any) any {
-	out, _ := clone(wf).(map[string]any)
+	out, _ := payload.Clone(wf).(map[string]any)
 	steps, _ := out["steps"].([]any)
 	for i, s := range steps {
 		step, ok := s.(map[string]any)
@@ -304,7 +305,7 @@ func (b *Builder) redactWorkflow(wf map[string]any) any {
 		name, _ := step["action"].(string)
 		pol, _ := b.action(name)
 		if in, ok := step["input"]; ok {
-			step["input"] = Redact(in, pol.RedactPaths)
+			step["input"] = payload.Redact(in, pol.RedactPaths)
 		}
 		if k, ok := step["idempotencyKey"].(string); ok && k != "" {
 			delete(step, "idempotencyKey")

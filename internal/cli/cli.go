@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,6 +20,7 @@ import (
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/service"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // globals are the flags every command shares.
@@ -125,6 +127,17 @@ func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
+	// Traces go out over OTLP/HTTP when the OTEL_* environment asks (a
+	// run started here, and dev mode's services, join them).
+	if shutdown, err := tracing.Setup(ctx, "actionbus"); err != nil {
+		fmt.Fprintln(stderr, "actionbus: traces:", err)
+	} else {
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = shutdown(sctx)
+		}()
+	}
 	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), inputCmd(g), approveCmd(g), denyCmd(g), workflowCmd(g), actionsCmd(g), skillsCmd(g), mcpCmd(g), artifactsCmd(g), auditCmd(g), eventsCmd(g), replayCmd(g), runsCmd(g), retryCmd(g), tenantCmd(g), consoleCmd(g))
 	if err := root.ExecuteContext(ctx); err != nil {
 		var exit exitError

@@ -28,6 +28,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/actionbus/actionbus"
@@ -38,6 +40,7 @@ import (
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/run"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // Defaults of [Config], named once for setDefaults and the command's
@@ -354,11 +357,19 @@ func (d *Dispatcher) onRejected(ctx context.Context, msg jetstream.Msg, reason e
 func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
 	if req, ok := r.Data.(*events.RunRequested); ok {
 		req.Tenant = r.Tenant // the subject's, which permissions bind
+		ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, r.TraceRun()), "dispatcher run.requested",
+			trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(tracing.RunIDKey.String(req.RunID), tracing.TenantKey.String(r.Tenant), tracing.EventIDKey.String(r.Event.ID())))
+		defer span.End()
 		unlock := d.locks.Lock(req.RunID)
 		defer unlock()
 		st, out, err := d.machine.Start(ctx, req, run.NewIDKey())
 		if err != nil {
 			return err
+		}
+		// The run's trace starts with the caller's span, else with this.
+		if st.Trace = r.TraceRun(); st.Trace == nil {
+			st.Trace = tracing.RunOf(ctx)
 		}
 		return d.admit(ctx, st, out)
 	}
@@ -367,7 +378,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		d.log.Warn("ignoring an event the dispatcher does not handle", "type", r.Event.Type(), "subject", r.Subject)
 		return nil
 	}
-	return d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data})
+	return d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data}, r.Event.Type())
 }
 
 // admit creates a new run's state, with its effects in the outbox, and
@@ -385,7 +396,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 		// A request that cannot be held as state: the run is created
 		// failed, without what made it too large.
 		failed, fout := d.machine.Rejected(st.Tenant, st.RunID, st.IDKey, tooLarge)
-		failed.Kind, failed.UserID = st.Kind, st.UserID
+		failed.Kind, failed.UserID, failed.Trace = st.Kind, st.UserID, st.Trace
 		failed.Outbox = fout
 		st = failed
 		if val, err = json.Marshal(st); err != nil {
@@ -518,6 +529,10 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, val []byte, rev u
 // job is one event waiting to be applied to its run.
 type job struct {
 	ev run.Event
+	// typ is the event's type and span the context of the span that
+	// sent it, for the transition's span.
+	typ  string
+	span trace.SpanContext
 	// tenant is the tenant the event's subject names.
 	tenant string
 	// refused is set when the job's event is refused on its merits (it
@@ -531,8 +546,8 @@ type job struct {
 // together in the next one (group commit): one read, one revision-checked
 // write and one publish batch for all of them, which is what keeps a
 // plan's results from queueing behind each other's round trips.
-func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev run.Event) error {
-	j := &job{ev: ev, tenant: tenant, done: make(chan error, 1)}
+func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev run.Event, typ string) error {
+	j := &job{ev: ev, typ: typ, span: trace.SpanContextFromContext(ctx), tenant: tenant, done: make(chan error, 1)}
 	d.queueMu.Lock()
 	q, leading := d.queues[runID]
 	if !leading {
@@ -583,6 +598,12 @@ func (d *Dispatcher) lead(ctx context.Context, runID string) {
 func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job) error {
 	unlock := d.locks.Lock(runID)
 	defer unlock()
+	var span trace.Span
+	defer func() {
+		if span != nil {
+			span.End()
+		}
+	}()
 	for attempt := 0; attempt < 20; attempt++ {
 		// A cached state is one whose outbox was published; its revision
 		// makes a stale copy (another dispatcher wrote since) fail the
@@ -607,6 +628,9 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		st, err := decodeState(runID, before)
 		if err != nil {
 			return err
+		}
+		if span == nil {
+			ctx, span = d.traceTransition(ctx, &st, batch)
 		}
 		// An outbox read from the bucket may never have been published (its
 		// writer crashed): it goes out again with this transition's.
@@ -684,8 +708,34 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
 }
 
+// traceTransition starts the span of one transition of a run: a child of
+// the span that sent its first event, else of the run's starting context,
+// linked to the senders of the other events applied with it.
+func (d *Dispatcher) traceTransition(ctx context.Context, st *run.State, batch []*job) (context.Context, trace.Span) {
+	parent := ctx
+	if len(batch) > 0 && batch[0].span.IsValid() {
+		parent = trace.ContextWithRemoteSpanContext(ctx, batch[0].span)
+	} else {
+		parent = tracing.Parent(trace.ContextWithSpanContext(ctx, trace.SpanContext{}), st.Trace)
+	}
+	name := "dispatcher"
+	if len(batch) > 0 {
+		name += " " + strings.TrimPrefix(batch[0].typ, "io.actionbus.")
+	}
+	var links []trace.Link
+	for _, j := range batch[min(1, len(batch)):] {
+		if j.span.IsValid() {
+			links = append(links, trace.Link{SpanContext: j.span})
+		}
+	}
+	return tracing.Tracer().Start(parent, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...),
+		trace.WithAttributes(tracing.RunIDKey.String(st.RunID), tracing.TenantKey.String(st.TenantOrDefault()),
+			tracing.CycleKey.Int(st.Cycle), attribute.Int("actionbus.events", len(batch))))
+}
+
 // publish renders effects from st and publishes them in one batch.
 func (d *Dispatcher) publish(ctx context.Context, st *run.State, effects []run.Effect) error {
+	ctx = tracing.WithRun(ctx, st.Trace)
 	batch := make([]events.Emission, 0, len(effects))
 	for _, e := range effects {
 		if e.Kind == run.EffectRelease {

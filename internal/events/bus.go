@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // BusConfig configures a [Bus].
@@ -155,6 +156,7 @@ func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event, opts 
 	if err != nil {
 		return nil, err
 	}
+	tracing.Inject(ctx, msg.Header)
 	if err := b.checkSize(e.Type(), msg); err != nil {
 		return nil, err
 	}
@@ -186,6 +188,7 @@ func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool strin
 	if eventType == TypeActionRequested && pool != "" {
 		ext = append(ext, Extension{Name: ExtPool, Value: pool})
 	}
+	ext = append(ext, traceExtensions(ctx)...)
 	e, err := b.New(eventType, id, tenant, runID, data, ext...)
 	if err != nil {
 		return nil, err
@@ -195,6 +198,24 @@ func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool strin
 	}
 	return e, nil
 }
+
+// traceExtensions are the distributed-tracing extensions of the run
+// context in ctx ([tracing.WithRun]): none when ctx holds none.
+func traceExtensions(ctx context.Context) []Extension {
+	r := tracing.RunFromContext(ctx)
+	if r == nil {
+		return nil
+	}
+	ext := []Extension{{Name: tracing.ExtTraceParent, Value: r.Parent}}
+	if r.State != "" {
+		ext = append(ext, Extension{Name: tracing.ExtTraceState, Value: r.State})
+	}
+	return ext
+}
+
+// TraceRun returns the run's starting trace context the event carries
+// (its traceparent/tracestate extensions), or nil.
+func (r *Received) TraceRun() *tracing.Run { return tracing.RunFromExtensions(r.Event.Extensions()) }
 
 // validateOutgoing checks an event about to be published: all of it, or
 // only its envelope when receivers validate ([BusConfig.ReceiverValidates]).
@@ -260,6 +281,7 @@ func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 		return err
 	}
 	futures := make([]jetstream.PubAckFuture, 0, len(batch))
+	traced := traceExtensions(ctx)
 	for _, x := range batch {
 		subject := x.Subject
 		if subject == "" {
@@ -268,7 +290,7 @@ func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 				return err
 			}
 		}
-		e, err := b.New(x.Type, x.ID, x.Tenant, x.RunID, x.Data, x.Ext...)
+		e, err := b.New(x.Type, x.ID, x.Tenant, x.RunID, x.Data, append(x.Ext, traced...)...)
 		if err != nil {
 			return err
 		}
@@ -282,6 +304,7 @@ func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
 		for k, v := range x.Header {
 			msg.Header[k] = v
 		}
+		tracing.Inject(ctx, msg.Header)
 		if err := b.checkSize(x.Type, msg); err != nil {
 			return err
 		}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // HandlerFunc handles one received, validated event. Returning nil acks the
@@ -219,7 +221,9 @@ func (b *Bus) handle(ctx context.Context, log *slog.Logger, opts ServeOptions, m
 		b.settle(ctx, log, opts, msg, nil, Rejection(err), start)
 		return
 	}
-	herr := h(ctx, rec, msg)
+	// The handler runs in the trace context of the span that sent the
+	// event (its traceparent header), when it has one.
+	herr := h(tracing.Extract(ctx, msg.Headers()), rec, msg)
 	var later laterError
 	if errors.As(herr, &later) {
 		wg.Add(1)

@@ -14,10 +14,13 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // Planner modes of the openai provider.
@@ -315,6 +318,35 @@ func (p *OpenAI) Synthesize(ctx context.Context, req *events.SynthesisRequested)
 // canceled ctx (the service stopping) is returned as is, so the request is
 // redelivered.
 func (p *OpenAI) complete(ctx context.Context, model string, msgs []openai.ChatCompletionMessageParamUnion, tools []openai.ChatCompletionToolUnionParam, stream func(string)) (openai.ChatCompletionMessage, error) {
+	ctx, span := tracing.Tracer().Start(ctx, "chat "+model, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(semconv.GenAIOperationNameChat, semconv.GenAIProviderNameOpenAI, semconv.GenAIRequestModel(model)))
+	defer span.End()
+	msg, usage, err := p.call(ctx, model, msgs, tools, stream)
+	if span.IsRecording() {
+		if usage.model != "" {
+			span.SetAttributes(semconv.GenAIResponseModel(usage.model))
+		}
+		span.SetAttributes(semconv.GenAIUsageInputTokens(int(usage.input)), semconv.GenAIUsageOutputTokens(int(usage.output)))
+		if usage.finish != "" {
+			span.SetAttributes(semconv.GenAIResponseFinishReasons(usage.finish))
+		}
+		if err != nil {
+			tracing.Fail(span, string(actionbus.CodeOf(err)))
+		}
+	}
+	return msg, err
+}
+
+// usage is what a chat-completions call reports of itself, for its span.
+type usage struct {
+	model         string
+	input, output int64
+	finish        string
+}
+
+// call is one chat-completions call, its errors typed (see complete).
+func (p *OpenAI) call(ctx context.Context, model string, msgs []openai.ChatCompletionMessageParamUnion, tools []openai.ChatCompletionToolUnionParam, stream func(string)) (openai.ChatCompletionMessage, usage, error) {
+	var u usage
 	cctx, cancel := context.WithTimeout(ctx, p.cfg.CallTimeout)
 	defer cancel()
 	params := openai.ChatCompletionNewParams{Model: model, Messages: msgs, Tools: tools}
@@ -323,10 +355,11 @@ func (p *OpenAI) complete(ctx context.Context, model string, msgs []openai.ChatC
 	if stream == nil {
 		var resp *openai.ChatCompletion
 		if resp, err = p.client.Chat.Completions.New(cctx, params); err == nil {
+			u = usage{model: resp.Model, input: resp.Usage.PromptTokens, output: resp.Usage.CompletionTokens}
 			if len(resp.Choices) == 0 {
-				return msg, actionbus.Errorf(actionbus.CodeProviderError, "the endpoint returned no choices").WithDetail("model", model)
+				return msg, u, actionbus.Errorf(actionbus.CodeProviderError, "the endpoint returned no choices").WithDetail("model", model)
 			}
-			msg = resp.Choices[0].Message
+			msg, u.finish = resp.Choices[0].Message, resp.Choices[0].FinishReason
 		}
 	} else {
 		s := p.client.Chat.Completions.NewStreaming(cctx, params)
@@ -340,26 +373,27 @@ func (p *OpenAI) complete(ctx context.Context, model string, msgs []openai.ChatC
 		}
 		err = s.Err()
 		_ = s.Close()
+		u = usage{model: acc.Model, input: acc.Usage.PromptTokens, output: acc.Usage.CompletionTokens}
 		if err == nil && len(acc.Choices) > 0 {
-			msg = acc.Choices[0].Message
+			msg, u.finish = acc.Choices[0].Message, acc.Choices[0].FinishReason
 		}
 	}
 	if err == nil {
-		return msg, nil
+		return msg, u, nil
 	}
 	if ctx.Err() != nil {
-		return msg, ctx.Err()
+		return msg, u, ctx.Err()
 	}
 	if errors.Is(err, context.DeadlineExceeded) || cctx.Err() != nil {
-		return msg, actionbus.Errorf(actionbus.CodeTimeout, "the planner's LLM call did not answer within %s", p.cfg.CallTimeout).
+		return msg, u, actionbus.Errorf(actionbus.CodeTimeout, "the planner's LLM call did not answer within %s", p.cfg.CallTimeout).
 			WithDetail("stage", "planner").WithDetail("model", model)
 	}
 	var apiErr *openai.Error
 	if errors.As(err, &apiErr) {
-		return msg, actionbus.Errorf(actionbus.CodeProviderError, "the LLM endpoint answered HTTP %d: %s", apiErr.StatusCode, apiErr.Message).
+		return msg, u, actionbus.Errorf(actionbus.CodeProviderError, "the LLM endpoint answered HTTP %d: %s", apiErr.StatusCode, apiErr.Message).
 			WithDetail("status", apiErr.StatusCode).WithDetail("model", model)
 	}
-	return msg, actionbus.Errorf(actionbus.CodeProviderError, "the LLM endpoint could not be reached: %v", err).WithDetail("model", model)
+	return msg, u, actionbus.Errorf(actionbus.CodeProviderError, "the LLM endpoint could not be reached: %v", err).WithDetail("model", model)
 }
 
 // toolsRejected reports an endpoint refusing a request because of its

@@ -17,12 +17,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/metrics"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // Provider decides the next step of a run and writes the parts of a
@@ -176,6 +179,14 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
+	// The planner's span (GenAI invoke_agent), a child of the dispatcher's
+	// span that asked; each LLM call is a chat span within it.
+	ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, r.TraceRun()), "invoke_agent "+s.cfg.Provider.Name(),
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(semconv.GenAIOperationNameInvokeAgent, semconv.GenAIAgentName(s.cfg.Provider.Name()),
+			tracing.RunIDKey.String(r.RunID()), tracing.TenantKey.String(r.Tenant), tracing.EventTypeKey.String(r.Event.Type())))
+	defer span.End()
+	ctx = tracing.WithRun(ctx, r.TraceRun())
 	switch data := r.Data.(type) {
 	case *events.DecisionRequested:
 		if data.Replay != nil {

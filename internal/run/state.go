@@ -10,6 +10,7 @@ import (
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/tracing"
 	"github.com/actionbus/actionbus/internal/workflow"
 	"github.com/actionbus/actionbus/internal/workspace"
 )
@@ -86,6 +87,9 @@ type State struct {
 	Deadline time.Time `json:"deadline"`
 	// Terminal holds the run's terminal event once it has one.
 	Terminal *Terminal `json:"terminal,omitempty"`
+	// Trace is the run's starting trace context (W3C): every event of the
+	// run carries it, so that every span of the run joins one trace.
+	Trace *tracing.Run `json:"trace,omitempty"`
 	// StepSeq numbers the run's progress steps.
 	StepSeq int `json:"stepSeq,omitempty"`
 	// Outbox holds the effects of the last transition until they are

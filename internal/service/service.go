@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus/internal/metrics"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // Common are the settings every service has.
@@ -100,6 +101,20 @@ func Main(name string, c Common, build func(*nats.Conn, *slog.Logger, *metrics.M
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Traces go out over OTLP/HTTP when the OTEL_* environment asks; the
+	// spans still buffered are flushed at exit.
+	shutdownTraces, err := tracing.Setup(ctx, "actionbus-"+name)
+	if err != nil {
+		log.Error("traces", "err", err)
+		return 2
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdownTraces(sctx); err != nil {
+			log.Warn("traces not flushed", "err", err)
+		}
+	}()
 	// Each service gets its own inbox prefix, so that least-privilege users
 	// (deploy/nats) can receive replies only on their own inboxes.
 	opts := []nats.Option{nats.Name("actionbus-" + name), nats.CustomInboxPrefix("_INBOX_" + name), nats.MaxReconnects(-1),

@@ -1,4 +1,10 @@
-package audit
+// Package payload minimizes action payloads by an audit policy: input
+// full, redacted, hash or omit; output full, redacted, summary, hash or
+// omit; error full, redacted, summary or omit; exact JSON-Pointer redact
+// paths in every mode that keeps or hashes a payload. The auditor applies
+// it before a record is written anywhere; the executor applies it before
+// an argument or result reaches a trace.
+package payload
 
 import (
 	"encoding/json"
@@ -21,17 +27,17 @@ import (
 // Redacted replaces a redacted value.
 const Redacted = "[REDACTED]"
 
-// PayloadPolicy is the auditor's default payload policy; actions override
+// Policy is the auditor's default payload policy; actions override
 // it field by field with their own audit policy.
-type PayloadPolicy = actions.AuditPolicy
+type Policy = actions.AuditPolicy
 
-// DefaultPayloadPolicy keeps no raw payload: inputs are hashed, outputs and
+// Default keeps no raw payload: inputs are hashed, outputs and
 // errors summarized (the seed's production recommendation).
-var DefaultPayloadPolicy = PayloadPolicy{Input: actions.PayloadHash, Output: actions.PayloadSummary, Error: actions.PayloadSummary}
+var Default = Policy{Input: actions.PayloadHash, Output: actions.PayloadSummary, Error: actions.PayloadSummary}
 
 // Effective is the policy for one action: each mode the action sets wins
 // over the default's, and both sets of redact paths apply.
-func Effective(def PayloadPolicy, action *actions.AuditPolicy) PayloadPolicy {
+func Effective(def Policy, action *actions.AuditPolicy) Policy {
 	out := def
 	out.RedactPaths = append([]string(nil), def.RedactPaths...)
 	if action == nil {
@@ -82,7 +88,7 @@ func Redact(v any, paths []string) any {
 	if len(paths) == 0 {
 		return v // records are serialized at once; nothing aliases it long
 	}
-	out := clone(v)
+	out := Clone(v)
 	for _, p := range paths {
 		if p == "" {
 			return Redacted
@@ -112,7 +118,7 @@ func redactAt(v any, tokens []string) any {
 }
 
 // clone deep-copies a JSON value into generic form (maps, slices, float64).
-func clone(v any) any {
+func Clone(v any) any {
 	if v == nil {
 		return nil
 	}
@@ -131,7 +137,7 @@ func Shape(v any) string {
 	switch v.(type) {
 	case nil, map[string]any, []any, string, float64, bool:
 	default:
-		v = clone(v) // a Go value: look at its JSON form
+		v = Clone(v) // a Go value: look at its JSON form
 	}
 	switch t := v.(type) {
 	case nil:
@@ -159,7 +165,7 @@ func hashOf(v any) map[string]any {
 }
 
 // ApplyInput minimizes an action input.
-func ApplyInput(p PayloadPolicy, v any) any {
+func ApplyInput(p Policy, v any) any {
 	switch p.Input {
 	case actions.PayloadOmit:
 		return nil
@@ -173,7 +179,7 @@ func ApplyInput(p PayloadPolicy, v any) any {
 // ApplyOutput minimizes an action output. summary is what the action says
 // of its output (its handler's Summary, the seed's summarizeOutput): the
 // summary mode keeps it, or the shape of the output when there is none.
-func ApplyOutput(p PayloadPolicy, v any, summary string) (value any, outputSummary string) {
+func ApplyOutput(p Policy, v any, summary string) (value any, outputSummary string) {
 	switch p.Output {
 	case actions.PayloadOmit:
 		return nil, ""
@@ -191,7 +197,7 @@ func ApplyOutput(p PayloadPolicy, v any, summary string) (value any, outputSumma
 }
 
 // ApplyError minimizes an error; summary keeps only its code and message.
-func ApplyError(p PayloadPolicy, e *actionbus.Error) any {
+func ApplyError(p Policy, e *actionbus.Error) any {
 	if e == nil {
 		return nil
 	}
@@ -200,7 +206,7 @@ func ApplyError(p PayloadPolicy, e *actionbus.Error) any {
 		return nil
 	case actions.PayloadFull, actions.PayloadRedacted:
 		// Redaction applies in every mode that keeps a payload.
-		return Redact(clone(e), p.RedactPaths)
+		return Redact(Clone(e), p.RedactPaths)
 	default: // summary
 		return map[string]any{"code": string(e.Code), "message": e.Message}
 	}
