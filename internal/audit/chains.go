@@ -48,7 +48,7 @@ type batch struct {
 	// trace is the run's starting trace context (its append's span joins
 	// the run's trace).
 	trace *tracing.Run
-	timer                *time.Timer
+	timer *time.Timer
 }
 
 // head is the end of a chain: the last record's hash and the stream
