@@ -20,7 +20,7 @@ import (
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/service"
-	"github.com/actionbus/actionbus/internal/tracing"
+	"github.com/actionbus/actionbus/internal/tracing/otlp"
 )
 
 // globals are the flags every command shares.
@@ -129,7 +129,7 @@ func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	root.SetArgs(args)
 	// Traces go out over OTLP/HTTP when the OTEL_* environment asks (a
 	// run started here, and dev mode's services, join them).
-	if shutdown, err := tracing.Setup(ctx, "actionbus"); err != nil {
+	if shutdown, err := otlp.Setup(ctx, "actionbus"); err != nil {
 		fmt.Fprintln(stderr, "actionbus: traces:", err)
 	} else {
 		defer func() {

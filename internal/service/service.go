@@ -22,7 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus/internal/metrics"
-	"github.com/actionbus/actionbus/internal/tracing"
+	"github.com/actionbus/actionbus/internal/tracing/otlp"
 )
 
 // Common are the settings every service has.
@@ -103,7 +103,7 @@ func Main(name string, c Common, build func(*nats.Conn, *slog.Logger, *metrics.M
 	defer stop()
 	// Traces go out over OTLP/HTTP when the OTEL_* environment asks; the
 	// spans still buffered are flushed at exit.
-	shutdownTraces, err := tracing.Setup(ctx, "actionbus-"+name)
+	shutdownTraces, err := otlp.Setup(ctx, "actionbus-"+name)
 	if err != nil {
 		log.Error("traces", "err", err)
 		return 2

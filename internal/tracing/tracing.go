@@ -1,6 +1,8 @@
 // Package tracing carries W3C trace context across actionbus's services
-// and exports spans over OTLP/HTTP when the standard OpenTelemetry
-// environment asks for it (docs/operations.md, "Traces").
+// (package otlp exports spans over OTLP/HTTP when the standard
+// OpenTelemetry environment asks for it; docs/operations.md, "Traces").
+// This package needs only the OpenTelemetry API, so the client and
+// executor packages link no exporter.
 //
 // Each hop carries the context of the span that sent it in lowercase
 // traceparent/tracestate NATS headers; every event of a run also carries
@@ -14,18 +16,12 @@ package tracing
 
 import (
 	"context"
-	"errors"
-	"os"
-	"strings"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -34,45 +30,8 @@ import (
 const Instrumentation = "github.com/actionbus/actionbus"
 
 // Tracer returns actionbus's tracer from the global provider (no-op
-// unless [Setup] or a test installed one).
+// unless otlp.Setup, the embedding program or a test installed one).
 func Tracer() trace.Tracer { return otel.Tracer(Instrumentation) }
-
-// Configured reports whether the environment asks for exported traces:
-// an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT or
-// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), OTEL_SDK_DISABLED is not true and
-// OTEL_TRACES_EXPORTER is not none.
-func Configured() bool {
-	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") || os.Getenv("OTEL_TRACES_EXPORTER") == "none" {
-		return false
-	}
-	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
-}
-
-// Setup installs a tracer provider exporting over OTLP/HTTP when
-// [Configured], named service (OTEL_SERVICE_NAME wins), and returns its
-// shutdown (which flushes the spans). Unconfigured, it installs nothing
-// and returns a no-op shutdown. The exporter reads the rest of the
-// standard OTEL_EXPORTER_OTLP_* environment (headers, timeout,
-// certificates); OTEL_TRACES_SAMPLER picks the sampler.
-func Setup(ctx context.Context, service string) (func(context.Context) error, error) {
-	if !Configured() {
-		return func(context.Context) error { return nil }, nil
-	}
-	exp, err := otlptracehttp.New(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if v := os.Getenv("OTEL_SERVICE_NAME"); v != "" {
-		service = v
-	}
-	res, err := resource.New(ctx, resource.WithFromEnv(), resource.WithAttributes(semconv.ServiceName(service)))
-	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
-		return nil, err
-	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	otel.SetTracerProvider(tp)
-	return tp.Shutdown, nil
-}
 
 // propagator is W3C trace context, whatever the global propagator is:
 // the headers are part of the wire format (docs/events.md).
