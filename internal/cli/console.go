@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,11 +23,14 @@ import (
 
 // consoleServer is the HTTP API with the console page, listening.
 type consoleServer struct {
-	api  *httpapi.Server
-	ln   net.Listener
-	srv  *http.Server
-	done chan struct{}
-	tls  bool
+	api     *httpapi.Server
+	ln      net.Listener
+	srv     *http.Server
+	done    chan struct{} // the HTTP server returned
+	watched chan struct{} // the API's watch of the runs returned
+	cancel  context.CancelFunc
+	once    sync.Once
+	tls     bool
 }
 
 // URL is the console's address.
@@ -50,9 +54,13 @@ func startConsole(ctx context.Context, g *globals, cfg httpapi.Config, addr, cer
 	if err != nil {
 		return nil, fmt.Errorf("console: %w", err)
 	}
-	c := &consoleServer{api: api, ln: ln, done: make(chan struct{}), tls: certFile != ""}
+	ctx, cancel := context.WithCancel(ctx)
+	c := &consoleServer{api: api, ln: ln, done: make(chan struct{}), watched: make(chan struct{}), cancel: cancel, tls: certFile != ""}
 	c.srv = &http.Server{Handler: console.Mount(api.Handler(), console.Options{Tenant: api.Tenant()}), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = api.Run(ctx) }()
+	go func() {
+		defer close(c.watched)
+		_ = api.Run(ctx)
+	}()
 	go func() {
 		defer close(c.done)
 		var err error
@@ -65,18 +73,24 @@ func startConsole(ctx context.Context, g *globals, cfg httpapi.Config, addr, cer
 			fmt.Fprintln(g.errOut, "actionbus: console:", err)
 		}
 	}()
-	context.AfterFunc(ctx, func() { c.stop() })
+	context.AfterFunc(ctx, c.stop)
 	return c, nil
 }
 
-// stop ends the server (followers' streams are cut).
+// stop ends the server (followers' streams are cut) and its watch of the
+// runs, and returns once both have: call it before the NATS connection
+// closes.
 func (c *consoleServer) stop() {
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if c.srv.Shutdown(sctx) != nil {
-		_ = c.srv.Close()
-	}
-	<-c.done
+	c.once.Do(func() {
+		c.cancel()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if c.srv.Shutdown(sctx) != nil {
+			_ = c.srv.Close()
+		}
+		<-c.done
+		<-c.watched
+	})
 }
 
 func consoleCmd(g *globals) *cobra.Command {

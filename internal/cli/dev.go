@@ -150,10 +150,11 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	fmt.Fprintf(g.out, "actionbus dev: NATS with JetStream at %s (store %s)\n", url, f.store)
 	fmt.Fprintf(g.out, "  services: dispatcher, planner (%s), auditor, %d executors × %d slots\n", plannerDesc, f.executors, f.slots)
 	if f.console != "off" {
-		addr, err := devConsole(ctx, g, nc, f.console, approvalKey)
+		srv, addr, err := devConsole(ctx, g, nc, f.console, approvalKey)
 		if err != nil {
 			return err
 		}
+		defer srv.stop() // before the services and NATS stop
 		fmt.Fprintf(g.out, "  console: %s\n", addr)
 	}
 
@@ -194,17 +195,17 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 // devConsole serves the console and HTTP API for dev mode, with a token
 // made for this process (all roles, as user dev-operator) in the printed
 // address's fragment, and dev mode's approval key. It returns that address.
-func devConsole(ctx context.Context, g *globals, nc *nats.Conn, addr string, approvalKey []byte) (string, error) {
+func devConsole(ctx context.Context, g *globals, nc *nats.Conn, addr string, approvalKey []byte) (*consoleServer, string, error) {
 	if host, _, err := net.SplitHostPort(addr); err != nil || !isLoopback(host) {
-		return "", fmt.Errorf("--console %q is not a loopback address; dev mode's console has one built-in token", addr)
+		return nil, "", fmt.Errorf("--console %q is not a loopback address; dev mode's console has one built-in token", addr)
 	}
 	c, err := client.New(nc, client.Options{Prefix: g.prefix, Source: "/actionbus/console", Tenant: g.tenant})
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	token, entry, err := httpapi.NewToken("dev-operator", httpapi.RoleRead, httpapi.RoleRun, httpapi.RoleApprove)
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	cfg := httpapi.Config{Client: c, Approver: c, ApprovalKeyID: devKeyID, ApprovalKey: approvalKey, Tokens: httpapi.Tokens{Tokens: []httpapi.Token{entry}}}
 	srv, err := startConsole(ctx, g, cfg, addr, "", "")
@@ -212,10 +213,10 @@ func devConsole(ctx context.Context, g *globals, nc *nats.Conn, addr string, app
 		// The default port is taken (another dev server): any free one.
 		host, _, _ := net.SplitHostPort(addr)
 		if srv, err = startConsole(ctx, g, cfg, net.JoinHostPort(host, "0"), "", ""); err != nil {
-			return "", err
+			return nil, "", err
 		}
 	}
-	return srv.URL() + "#token=" + token, nil
+	return srv, srv.URL() + "#token=" + token, nil
 }
 
 func isLoopback(host string) bool {

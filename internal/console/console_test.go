@@ -200,7 +200,8 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	require.NoError(t, do(
 		chromedp.Click(css(`nav a[data-view="start"]`)),
 		fill("start-action", "inv.reorder"),
-		fill("start-args", `{"sku": "B-2"}`),
+		// Input with markup: shown as text in the inbox, never run.
+		fill("start-args", `{"sku": "B-2<img src=x onerror=\"window.injected=1\">"}`),
 		check(`#start-modes input[value="mutate"]`),
 		chromedp.Click(css(`#start-submit`)),
 		poll(`location.hash.startsWith("#run/") && location.hash !== "#run/`+readRun+`"`),
@@ -214,6 +215,9 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	inboxAction, err := chromedp.Run(ctx, chromedp.Text(css(`#approvals tbody tr td:nth-child(3)`)))
 	require.NoError(t, err)
 	assert.Equal(t, "inv.reorder", inboxAction)
+	input, err := chromedp.Run(ctx, chromedp.Text(css(`#approvals tbody tr td:nth-child(6)`)))
+	require.NoError(t, err)
+	assert.Contains(t, input, `<img src=x`, "the input is shown as text")
 	require.NoError(t, do(
 		chromedp.Click(css(`#approvals button.approve`)),
 		poll(`document.getElementById("message").textContent.startsWith("approved ")`),
@@ -221,6 +225,10 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		shows(`#runs tr[data-run="`+mutation+`"] td.status.completed`),
 		shows(`#runs tr[data-run="`+readRun+`"] td.status.completed`),
 	))
+
+	injected, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.injected === 1 || document.querySelector("img") !== null`))
+	require.NoError(t, err)
+	assert.False(t, injected, "markup in an approval's input ran in the console")
 
 	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)

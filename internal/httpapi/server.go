@@ -458,7 +458,8 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request, _ *Token) {
 		return
 	}
 	res, err := s.cfg.Client.Follow(r.Context(), id, func(e client.Event) {
-		_ = out.send(strings.TrimPrefix(e.Type, "io.actionbus."), e)
+		_ = out.send(strings.TrimPrefix(e.Type, "io.actionbus."),
+			eventView{ID: e.ID, Type: e.Type, Subject: e.Subject, Time: e.Time, RunID: e.RunID, Data: e.Data})
 	})
 	if err != nil {
 		if r.Context().Err() == nil {
@@ -468,6 +469,16 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request, _ *Token) {
 	}
 	_ = out.send("end", resultBody{RunID: res.RunID, Status: res.Status, Answer: res.Answer, Output: res.Output,
 		Citations: res.Citations, Cycles: res.Cycles, Error: res.Error, Reason: res.Reason})
+}
+
+// eventView is one event of GET /v1/runs/{id}/events.
+type eventView struct {
+	ID      string          `json:"id"`
+	Type    string          `json:"type"`
+	Subject string          `json:"subject"`
+	Time    time.Time       `json:"time"`
+	RunID   string          `json:"runId"`
+	Data    json.RawMessage `json:"data"`
 }
 
 // runAudit is GET /v1/runs/{id}/audit: the run's audit records and the
