@@ -73,7 +73,14 @@ type api struct {
 func newAPI(t *testing.T) *api {
 	t.Helper()
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: []string{"acme"}})
-	srv.StartStack(t, actionbustest.StackOptions{Register: register, ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey)})
+	srv.StartStack(t, actionbustest.StackOptions{Register: register, ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey),
+		Scenarios: `
+scenarios:
+  ask:
+    decisions:
+      - {type: clarify, question: "Which one?"}
+      - {type: final, answer: "the blue one it is"}
+`})
 	c, err := client.New(srv.TenantConnect(t, "client", "default"), client.Options{})
 	require.NoError(t, err)
 	ap, err := client.New(srv.TenantConnect(t, "approver", "default"), client.Options{})
@@ -395,6 +402,33 @@ func TestARunIsCanceled(t *testing.T) {
 	_, result := a.followToEnd(runID)
 	assert.Equal(t, "canceled", result["status"])
 	assert.Equal(t, "changed my mind", result["reason"])
+}
+
+func TestAClarifyIsAnsweredThroughTheAPI(t *testing.T) {
+	a := newAPI(t)
+	status, body := a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{"prompt": "paint it", "scenario": "ask"})
+	require.Equal(t, http.StatusAccepted, status, body)
+	runID := body["runId"].(string)
+	waiting := func(r map[string]any) bool {
+		return r["runId"] == runID && r["status"] == "awaiting_input" && r["waiting"] == "input: Which one?"
+	}
+	a.events("/v1/events", "reader", func(event string, data map[string]any) bool {
+		if event == "snapshot" {
+			for _, r := range data["runs"].([]any) {
+				if waiting(r.(map[string]any)) {
+					return true
+				}
+			}
+		}
+		return event == "run" && waiting(data)
+	})
+	status, body = a.do(http.MethodPost, "/v1/runs/"+runID+"/input", "reader", map[string]any{"answer": "blue"})
+	assert.Equal(t, http.StatusForbidden, status, "a reader answers nothing: %v", body)
+	status, body = a.do(http.MethodPost, "/v1/runs/"+runID+"/input", "runner", map[string]any{"answer": "blue"})
+	require.Equal(t, http.StatusAccepted, status, body)
+	_, result := a.followToEnd(runID)
+	assert.Equal(t, "completed", result["status"])
+	assert.Equal(t, "the blue one it is", result["answer"])
 }
 
 // TestAnotherTenantsRunsAreOutOfReach: the server's NATS users are tenant
