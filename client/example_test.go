@@ -191,3 +191,30 @@ func ExampleClient_AuditStream() {
 	fmt.Println(kinds)
 	// Output: [run/requested run/completed]
 }
+
+// Watch a tenant's runs, as a dashboard does: every stored event from a
+// point in time, then new ones as they are stored.
+func ExampleClient_Watch() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, stop := startDeployment(ctx, `scenarios: {}`, registerEcho)
+	defer stop()
+
+	c, _ := client.New(nc, client.Options{})
+	res, err := c.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "demo.echo", Args: map[string]any{"message": "hi"}}}, nil)
+	if err != nil {
+		panic(err)
+	}
+	wctx, stopWatching := context.WithCancel(ctx)
+	defer stopWatching()
+	err = c.Watch(wctx, time.Now().Add(-time.Hour), func(e client.Event) {
+		if e.RunID == res.RunID && e.Type == "io.actionbus.run.completed" {
+			fmt.Println("seen:", e.Type)
+			stopWatching()
+		}
+	})
+	fmt.Println("watch ended:", err)
+	// Output:
+	// seen: io.actionbus.run.completed
+	// watch ended: <nil>
+}

@@ -10,13 +10,14 @@ import (
 )
 
 // Watch delivers the client's tenant's run events to fn, one at a time:
-// every stored event from the first, then each new one as it is stored,
+// every stored event from since (from the first when since is zero), then
+// each new one as it is stored,
 // and the live events (run.started, run.progress) published while it
 // watches. It returns when ctx ends (with nil) or when the stream cannot
 // be read. Events that do not decode are skipped (the dispatcher rejects
 // and reports them). Consoles and dashboards build their view of all runs
 // from it; to follow one run, use [Client.Follow].
-func (c *Client) Watch(ctx context.Context, fn func(Event)) error {
+func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) error {
 	out := make(chan Event, 1024)
 	live := func(m *nats.Msg) {
 		if r, err := c.bus.Receive(m.Subject, m.Header, m.Data); err == nil {
@@ -34,10 +35,11 @@ func (c *Client) Watch(ctx context.Context, fn func(Event)) error {
 		}
 		defer sub.Unsubscribe() //nolint:errcheck // best effort
 	}
-	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamRuns(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subjects.TenantRuns(c.tenant)},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-	})
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjects.TenantRuns(c.tenant)}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if !since.IsZero() {
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamRuns(), cfg)
 	if err != nil {
 		return fmt.Errorf("client: watch: %w", err)
 	}

@@ -45,6 +45,9 @@ type Config struct {
 	// MaxRuns bounds the runs kept in the index (the oldest ended go
 	// first); default 10 000.
 	MaxRuns int
+	// History is how far back the index reads the runs' events when the
+	// server starts (older runs are still found by id); default 24 h.
+	History time.Duration
 	// MaxWait bounds how long a request waits (?wait= of POST /v1/runs,
 	// approvals' answers); default 60 s.
 	MaxWait time.Duration
@@ -59,6 +62,9 @@ func (c *Config) setDefaults() {
 	if c.MaxWait == 0 {
 		c.MaxWait = 60 * time.Second
 	}
+	if c.History == 0 {
+		c.History = 24 * time.Hour
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -69,8 +75,8 @@ func (c *Config) Validate() error {
 	if c.Client == nil {
 		return errors.New("httpapi: a client is required")
 	}
-	if c.MaxRuns < 0 || c.MaxWait < 0 {
-		return errors.New("httpapi: MaxRuns and MaxWait must not be negative")
+	if c.MaxRuns < 0 || c.MaxWait < 0 || c.History < 0 {
+		return errors.New("httpapi: MaxRuns, MaxWait and History must not be negative")
 	}
 	return c.Tokens.Validate()
 }
@@ -142,8 +148,9 @@ func (s *Server) route(pattern, role string, h func(http.ResponseWriter, *http.R
 // Run keeps the index current from the tenant's run events until ctx
 // ends.
 func (s *Server) Run(ctx context.Context) error {
+	since := time.Now().Add(-s.cfg.History)
 	for {
-		err := s.cfg.Client.Watch(ctx, s.apply)
+		err := s.cfg.Client.Watch(ctx, since, s.apply)
 		if ctx.Err() != nil {
 			return nil
 		}
