@@ -31,6 +31,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // ServerConfig is one MCP server to mount: a stdio command or a
@@ -310,7 +311,8 @@ func (m *Mount) call(ctx context.Context, tool string, args map[string]any, call
 	if s == nil {
 		return executor.Result[any]{}, actionbus.Errorf(actionbus.CodeMCPUnavailable, "mcp server %s is starting again; retry", m.cfg.Name)
 	}
-	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+	// The call's span (execute_tool) travels to the server in params._meta.
+	res, err := s.CallTool(ctx, &mcp.CallToolParams{Meta: tracing.ToMeta(ctx), Name: tool, Arguments: args})
 	if err != nil {
 		if ctx.Err() != nil {
 			return executor.Result[any]{}, ctx.Err()

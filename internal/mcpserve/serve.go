@@ -23,6 +23,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // MetaRunID is the _meta key of a call result that names its run (for
@@ -164,6 +165,8 @@ func (s *Server) call(name string) mcp.ToolHandler {
 				return failure(actionbus.Errorf(actionbus.CodeActionArgsInvalid, "arguments must be a JSON object")), nil
 			}
 		}
+		// A caller's trace context in params._meta: the run joins its trace.
+		ctx = tracing.FromMeta(ctx, req.Params.GetMeta())
 		ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 		defer cancel()
 		token := req.Params.GetProgressToken()

@@ -68,6 +68,7 @@ func connect(t *testing.T, s *mcpserve.Server, opts *mcp.ClientOptions) *mcp.Cli
 
 func TestAnMCPClientListsCallsAndIsToldAboutApprovals(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	recorded := srv.Record(t, "ab.run.>")
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: register, ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(key)})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -92,12 +93,16 @@ func TestAnMCPClientListsCallsAndIsToldAboutApprovals(t *testing.T) {
 	assert.True(t, *byName["inv.reorder"].Annotations.DestructiveHint)
 	assert.Contains(t, byName["inv.stock"].InputSchema.(map[string]any)["properties"], "sku")
 
-	res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: "inv.stock", Arguments: map[string]any{"sku": "A-1"}})
+	// The caller's trace context in params._meta: the run joins its trace.
+	res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: "inv.stock", Arguments: map[string]any{"sku": "A-1"},
+		Meta: mcp.Meta{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}})
 	require.NoError(t, err)
 	require.False(t, res.IsError, "%v", res.Content)
 	assert.Equal(t, map[string]any{"sku": "A-1", "available": 12.0}, res.StructuredContent)
 	runID, _ := res.Meta[mcpserve.MetaRunID].(string)
 	require.NotEmpty(t, runID)
+	completed := recorded.WaitForType(t, 10*time.Second, "io.actionbus.run.completed", runID)
+	assert.Contains(t, completed.Header.Get("ce-traceparent"), "0af7651916cd43dd8448eb211c80319c", "the run carries the MCP caller's trace")
 	recs, err := st.Client.AuditRecords(ctx, runID)
 	require.NoError(t, err)
 	var action *client.AuditRecord

@@ -164,3 +164,29 @@ func Fail(span trace.Span, code string) {
 	span.SetAttributes(semconv.ErrorTypeKey.String(code))
 	span.SetStatus(codes.Error, code)
 }
+
+// ToMeta returns the W3C trace context of ctx as MCP request metadata
+// (params._meta: "traceparent", "tracestate"), nil when ctx holds none.
+func ToMeta(ctx context.Context) map[string]any {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return nil
+	}
+	c := propagation.MapCarrier{}
+	propagator.Inject(ctx, c)
+	m := make(map[string]any, len(c))
+	for k, v := range c {
+		m[k] = v
+	}
+	return m
+}
+
+// FromMeta returns ctx with the remote span context of MCP request
+// metadata, when it holds one.
+func FromMeta(ctx context.Context, meta map[string]any) context.Context {
+	p, _ := meta["traceparent"].(string)
+	if p == "" {
+		return ctx
+	}
+	s, _ := meta["tracestate"].(string)
+	return propagator.Extract(ctx, propagation.MapCarrier{"traceparent": p, "tracestate": s})
+}
