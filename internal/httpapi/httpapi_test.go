@@ -339,7 +339,7 @@ func TestErrorsMapToHTTPStatuses(t *testing.T) {
 		{"an unknown approval", 404, "approval_not_found", func() (int, map[string]any) {
 			return a.do(http.MethodPost, "/v1/approvals/01JAAAAAAAAAAAAAAAAAAAAAAA-1-0/approve", "approver", nil)
 		}},
-		{"an unknown endpoint", 404, "run_not_found", func() (int, map[string]any) { return a.do(http.MethodGet, "/v1/nothing", "reader", nil) }},
+		{"an unknown endpoint", 400, "bad_request", func() (int, map[string]any) { return a.do(http.MethodGet, "/v1/nothing", "reader", nil) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, body := tc.send()

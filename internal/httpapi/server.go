@@ -117,7 +117,7 @@ func New(cfg Config) (*Server, error) {
 	s.route("GET /v1/catalog", RoleRead, s.catalog)
 	s.route("GET /v1/events", RoleRead, s.followIndex)
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, actionbus.Errorf(actionbus.CodeRunNotFound, "no endpoint %s %s", r.Method, r.URL.Path))
+		writeError(w, actionbus.Errorf(actionbus.CodeBadRequest, "no endpoint %s %s (docs/http.md)", r.Method, r.URL.Path))
 	})
 	return s, nil
 }
