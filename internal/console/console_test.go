@@ -226,6 +226,12 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		shows(`#runs tr[data-run="`+readRun+`"] td.status.completed`),
 	))
 
+	// The finished mutation's timeline, for the screenshot.
+	require.NoError(t, do(
+		chromedp.Click(css(`#runs tr[data-run="`+mutation+`"] a`)),
+		shows(`#timeline tr[data-type="run.completed"]`),
+		shows(`#timeline tr[data-type="approval.resolved"]`),
+	))
 	injected, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.injected === 1 || document.querySelector("img") !== null`))
 	require.NoError(t, err)
 	assert.False(t, injected, "markup in an approval's input ran in the console")

@@ -164,6 +164,7 @@ function renderRunHeader(r) {
   document.getElementById("run-title").textContent = r.title || "";
   let outcome = "";
   if (r.waiting) outcome = "waiting for " + r.waiting;
+  if (r.output !== undefined && r.output !== null) outcome = JSON.stringify(r.output).slice(0, 400);
   if (r.answer) outcome = r.answer;
   if (r.error) outcome = r.error.code + ": " + (r.error.message || "");
   if (r.reason) outcome = "canceled: " + r.reason;
