@@ -229,11 +229,7 @@ func (c *Client) scanApprovals(ctx context.Context, runID string, fn func(*event
 	if err != nil {
 		return false, err
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = c.js.DeleteConsumer(dctx, c.topo.StreamRuns(), cons.CachedInfo().Name)
-	}()
+	defer c.dropConsumer(ctx, c.topo.StreamRuns(), cons)
 	for {
 		batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
@@ -509,11 +505,7 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 	}
 	// The ordered consumer is deleted when following ends, so many
 	// followers do not pile up consumers on the stream.
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = c.js.DeleteConsumer(dctx, c.topo.StreamRuns(), cons.CachedInfo().Name)
-	}()
+	defer c.dropConsumer(ctx, c.topo.StreamRuns(), cons)
 	it, err := cons.Messages()
 	if err != nil {
 		return nil, fmt.Errorf("client: follow %s: %w", runID, err)
@@ -800,9 +792,7 @@ func (c *Client) AuditRecords(ctx context.Context, runID string) ([]AuditRecord,
 	if err != nil {
 		return nil, fmt.Errorf("client: audit of %s: %w", runID, err)
 	}
-	defer func() {
-		_ = c.js.DeleteConsumer(context.WithoutCancel(ctx), c.topo.StreamAudit(), cons.CachedInfo().Name)
-	}()
+	defer c.dropConsumer(ctx, c.topo.StreamAudit(), cons)
 	var out []AuditRecord
 	for {
 		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(500*time.Millisecond))
@@ -885,11 +875,7 @@ func (c *Client) AuditStream(ctx context.Context, q AuditQuery, fn func(seq uint
 	if err != nil {
 		return fmt.Errorf("client: audit stream: %w", err)
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = c.js.DeleteConsumer(dctx, c.topo.StreamAudit(), cons.CachedInfo().Name)
-	}()
+	defer c.dropConsumer(ctx, c.topo.StreamAudit(), cons)
 	if !q.Live {
 		info, err := cons.Info(ctx)
 		if err != nil {

@@ -43,11 +43,7 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 	if err != nil {
 		return fmt.Errorf("client: watch: %w", err)
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = c.js.DeleteConsumer(dctx, c.topo.StreamRuns(), cons.CachedInfo().Name)
-	}()
+	defer c.dropConsumer(ctx, c.topo.StreamRuns(), cons)
 	it, err := cons.Messages()
 	if err != nil {
 		return fmt.Errorf("client: watch: %w", err)
@@ -103,4 +99,14 @@ func (c *Client) Requested(ctx context.Context, runID string) (*RunRequest, time
 		out.Action = &ActionCall{Name: a.Name, Args: a.Args, IdempotencyKey: a.IdempotencyKey}
 	}
 	return out, at, nil
+}
+
+// dropConsumer deletes an ordered consumer the client made once it is
+// done with it (even when ctx has ended), so that many readers do not
+// pile up consumers on the stream; a consumer left behind by a lost
+// connection expires on its own.
+func (c *Client) dropConsumer(ctx context.Context, stream string, cons jetstream.Consumer) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = c.js.DeleteConsumer(dctx, stream, cons.CachedInfo().Name)
 }

@@ -181,6 +181,36 @@ func (a *api) followToEnd(runID string) ([]string, map[string]any) {
 	return seen, result
 }
 
+// waitForRun follows the index's events until a run's view matches, and
+// returns it; seen, when not nil, is called with every view on the way.
+func (a *api) waitForRun(match func(r map[string]any) bool, seen func(r map[string]any)) map[string]any {
+	var found map[string]any
+	check := func(r map[string]any) bool {
+		if seen != nil {
+			seen(r)
+		}
+		if match(r) {
+			found = r
+			return true
+		}
+		return false
+	}
+	a.events("/v1/events", "reader", func(event string, data map[string]any) bool {
+		switch event {
+		case "snapshot":
+			for _, r := range data["runs"].([]any) {
+				if check(r.(map[string]any)) {
+					return true
+				}
+			}
+		case "run":
+			return check(data)
+		}
+		return false
+	})
+	return found
+}
+
 // pendingApproval waits on the index's events for a pending approval of
 // runID and returns it.
 func (a *api) pendingApproval(runID string) map[string]any {
@@ -249,18 +279,7 @@ func TestARunIsStartedFollowedListedAndAudited(t *testing.T) {
 	assert.Equal(t, "completed", result["status"])
 
 	// The index has it (it follows the stream; wait on its events).
-	var view map[string]any
-	a.events("/v1/events", "reader", func(event string, data map[string]any) bool {
-		if event == "snapshot" {
-			for _, r := range data["runs"].([]any) {
-				if r.(map[string]any)["runId"] == runID && r.(map[string]any)["status"] == "completed" {
-					view = r.(map[string]any)
-					return true
-				}
-			}
-		}
-		return event == "run" && data["runId"] == runID && data["status"] == "completed" && func() bool { view = data; return true }()
-	})
+	view := a.waitForRun(func(r map[string]any) bool { return r["runId"] == runID && r["status"] == "completed" }, nil)
 	assert.Equal(t, "exec", view["kind"])
 	assert.Equal(t, "inv.stock", view["title"])
 	status, got := a.do(http.MethodGet, "/v1/runs/"+runID, "reader", nil)
@@ -276,18 +295,14 @@ func TestARunIsStartedFollowedListedAndAudited(t *testing.T) {
 
 	// The audit chain verifies (the records are appended within
 	// FlushAfter: wait until the terminal record is there).
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		status, audit := a.do(http.MethodGet, "/v1/runs/"+runID+"/audit", "reader", nil)
-		require.Equal(t, http.StatusOK, status)
-		if audit["complete"] == true {
-			assert.Equal(t, true, audit["verified"])
-			assert.GreaterOrEqual(t, len(audit["records"].([]any)), 3)
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the run's audit chain never completed: %v", audit)
-		a.events("/v1/events", "reader", func(string, map[string]any) bool { return true }) // one round trip before asking again
-	}
+	var audit map[string]any
+	require.Eventually(t, func() bool {
+		var status int
+		status, audit = a.do(http.MethodGet, "/v1/runs/"+runID+"/audit", "reader", nil)
+		return status == http.StatusOK && audit["complete"] == true
+	}, 10*time.Second, 20*time.Millisecond, "the run's audit chain never completed")
+	assert.Equal(t, true, audit["verified"])
+	assert.GreaterOrEqual(t, len(audit["records"].([]any)), 3)
 
 	// The catalog, with schemas.
 	status, cat := a.do(http.MethodGet, "/v1/catalog", "reader", nil)
@@ -409,19 +424,9 @@ func TestAClarifyIsAnsweredThroughTheAPI(t *testing.T) {
 	status, body := a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{"prompt": "paint it", "scenario": "ask"})
 	require.Equal(t, http.StatusAccepted, status, body)
 	runID := body["runId"].(string)
-	waiting := func(r map[string]any) bool {
+	a.waitForRun(func(r map[string]any) bool {
 		return r["runId"] == runID && r["status"] == "awaiting_input" && r["waiting"] == "input: Which one?"
-	}
-	a.events("/v1/events", "reader", func(event string, data map[string]any) bool {
-		if event == "snapshot" {
-			for _, r := range data["runs"].([]any) {
-				if waiting(r.(map[string]any)) {
-					return true
-				}
-			}
-		}
-		return event == "run" && waiting(data)
-	})
+	}, nil)
 	status, body = a.do(http.MethodPost, "/v1/runs/"+runID+"/input", "reader", map[string]any{"answer": "blue"})
 	assert.Equal(t, http.StatusForbidden, status, "a reader answers nothing: %v", body)
 	status, body = a.do(http.MethodPost, "/v1/runs/"+runID+"/input", "runner", map[string]any{"answer": "blue"})
@@ -455,15 +460,6 @@ func TestAnotherTenantsRunsAreOutOfReach(t *testing.T) {
 	status, body = a.do(http.MethodPost, "/v1/runs?wait=20s", "runner", map[string]any{"action": map[string]any{"name": "inv.stock", "args": map[string]any{"sku": "D"}}})
 	require.Equal(t, http.StatusOK, status, body)
 	mine := body["runId"].(string)
-	a.events("/v1/events", "reader", func(event string, data map[string]any) bool {
-		if event == "snapshot" {
-			for _, r := range data["runs"].([]any) {
-				assert.NotEqual(t, res.RunID, r.(map[string]any)["runId"])
-				if r.(map[string]any)["runId"] == mine {
-					return true
-				}
-			}
-		}
-		return event == "run" && data["runId"] == mine
-	})
+	a.waitForRun(func(r map[string]any) bool { return r["runId"] == mine },
+		func(r map[string]any) { assert.NotEqual(t, res.RunID, r["runId"], "another tenant's run listed") })
 }
