@@ -197,10 +197,7 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeRunEnded,
 			"run %s ended before this call started; the handler was not called", req.RunID), 0, false)
 	}
-	reg, ok := e.reg.Lookup(req.Action)
-	if !ok {
-		reg = nil
-	}
+	reg, ok := e.reg.Lookup(req.Action) // nil when not registered
 	if ok && !reg.Def.ServesTenant(events.TenantOr(req.Tenant)) {
 		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeTenantNotServed,
 			"pool %s is dedicated to other tenants than %s", e.cfg.Pool, events.TenantOr(req.Tenant)), 0, false)
