@@ -338,6 +338,19 @@ func TestErrorsMapToHTTPStatuses(t *testing.T) {
 		{"input against the schema", 400, "action_args_invalid", func() (int, map[string]any) { return run("inv.stock", map[string]any{"sku": 7}) }},
 		{"a timeout", 408, "timeout", func() (int, map[string]any) { return run("inv.slow", map[string]any{}) }},
 		{"a mode the run does not allow", 403, "mode_not_allowed", func() (int, map[string]any) { return run("inv.reorder", map[string]any{"sku": "A"}) }},
+		{"an idempotency key reused with other input", 409, "idempotency_key_conflict", func() (int, map[string]any) {
+			keyed := func(sku string) (int, map[string]any) {
+				return a.do(http.MethodPost, "/v1/runs?wait=20s", "runner", map[string]any{
+					"action": map[string]any{"name": "inv.stock", "args": map[string]any{"sku": sku}, "idempotencyKey": "order-7"}})
+			}
+			if status, body := keyed("A"); status != http.StatusOK {
+				return status, body
+			}
+			return keyed("B")
+		}},
+		{"a body over 4 MiB", 413, "payload_too_large", func() (int, map[string]any) {
+			return a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{"prompt": strings.Repeat("x", 5<<20)})
+		}},
 		{"a body that is not the documented JSON", 400, "bad_request", func() (int, map[string]any) {
 			return a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{"promt": "typo"})
 		}},

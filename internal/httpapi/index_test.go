@@ -107,6 +107,8 @@ func TestStatusOfFollowsTheSeedsMapping(t *testing.T) {
 		actionbus.CodeTimeout: http.StatusRequestTimeout, actionbus.CodeModeNotAllowed: http.StatusForbidden,
 		actionbus.CodePolicyRejected: http.StatusForbidden, actionbus.CodeApprovalRequired: http.StatusForbidden,
 		actionbus.CodeApprovalDenied: http.StatusForbidden, actionbus.CodeUnauthenticated: http.StatusUnauthorized,
+		actionbus.CodeIdempotencyConflict: http.StatusConflict, actionbus.CodeCanceled: http.StatusConflict,
+		actionbus.CodePayloadTooLarge: http.StatusRequestEntityTooLarge, actionbus.CodeForbidden: http.StatusForbidden,
 		actionbus.CodeHandlerFailed: http.StatusInternalServerError,
 	} {
 		assert.Equal(t, status, StatusOf(code), code)

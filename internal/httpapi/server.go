@@ -252,6 +252,10 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return actionbus.Errorf(actionbus.CodePayloadTooLarge, "the request body is over %d bytes", tooLarge.Limit)
+		}
 		return actionbus.Errorf(actionbus.CodeBadRequest, "the request body is not the documented JSON: %v", err)
 	}
 	return nil
