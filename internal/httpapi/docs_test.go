@@ -83,12 +83,7 @@ func TestTheHTTPDocsExamplesRun(t *testing.T) {
 	status, body := a.do(http.MethodPost, "/v1/runs?wait=20s", "runner", map[string]any{"action": map[string]any{"name": "inv.stock", "args": map[string]any{"sku": "A-1"}}})
 	require.Equal(t, http.StatusOK, status, body)
 	run := body["runId"].(string)
-	pending := func(sku string) string {
-		status, body := a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{
-			"action": map[string]any{"name": "inv.reorder", "args": map[string]any{"sku": sku}}, "allowedModes": []string{"read", "mutate"}})
-		require.Equal(t, http.StatusAccepted, status, body)
-		return a.pendingApproval(body["runId"].(string))["approvalId"].(string)
-	}
+	pending := func(sku string) string { return a.pendingApproval(a.start(reorder(sku)))["approvalId"].(string) }
 	approval, approval2 := pending("B-2"), pending("C-3")
 	env := append(os.Environ(), "AB="+a.url, "TOKEN="+a.tokens["runner"], "APPROVER_TOKEN="+a.tokens["approver"],
 		"RUN="+run, "APPROVAL="+approval, "APPROVAL2="+approval2, "PATH="+os.Getenv("PATH"))

@@ -131,6 +131,20 @@ func (a *api) do(method, path, caller string, body any) (int, map[string]any) {
 	return res.StatusCode, out
 }
 
+// start starts a run as the runner without waiting for it, and returns
+// its id (the answer must be 202).
+func (a *api) start(body map[string]any) string {
+	a.t.Helper()
+	status, resp := a.do(http.MethodPost, "/v1/runs", "runner", body)
+	require.Equal(a.t, http.StatusAccepted, status, resp)
+	return resp["runId"].(string)
+}
+
+// reorder is the request of a mutation (it waits for an approval).
+func reorder(sku string) map[string]any {
+	return map[string]any{"action": map[string]any{"name": "inv.reorder", "args": map[string]any{"sku": sku}}, "allowedModes": []string{"read", "mutate"}}
+}
+
 // events reads the server-sent events of path as caller until until
 // returns true (or the stream ends); every wait has a deadline.
 func (a *api) events(path, caller string, until func(event string, data map[string]any) bool) []string {
@@ -270,9 +284,7 @@ func TestARunIsStartedFollowedListedAndAudited(t *testing.T) {
 	assert.Equal(t, map[string]any{"sku": "A-1", "available": float64(12)}, body["output"])
 
 	// Not waited for: 202 with the run id, then followed to its end.
-	status, body = a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{"action": map[string]any{"name": "inv.stock", "args": map[string]any{"sku": "B-2"}}})
-	require.Equal(t, http.StatusAccepted, status, body)
-	runID := body["runId"].(string)
+	runID := a.start(map[string]any{"action": map[string]any{"name": "inv.stock", "args": map[string]any{"sku": "B-2"}}})
 	seen, result := a.followToEnd(runID)
 	assert.Contains(t, seen, "action.completed")
 	assert.Contains(t, seen, "run.completed")
@@ -379,14 +391,7 @@ func TestErrorsMapToHTTPStatuses(t *testing.T) {
 
 func TestApprovalsAreListedApprovedAndDenied(t *testing.T) {
 	a := newAPI(t)
-	start := func(sku string) string {
-		status, body := a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{
-			"action": map[string]any{"name": "inv.reorder", "args": map[string]any{"sku": sku}}, "allowedModes": []string{"read", "mutate"},
-		})
-		require.Equal(t, http.StatusAccepted, status, body)
-		return body["runId"].(string)
-	}
-	approved := start("A-1")
+	approved := a.start(reorder("A-1"))
 	ap := a.pendingApproval(approved)
 	require.NotNil(t, ap)
 	assert.Equal(t, "inv.reorder", ap["action"])
@@ -408,7 +413,7 @@ func TestApprovalsAreListedApprovedAndDenied(t *testing.T) {
 	status, body = a.do(http.MethodPost, "/v1/approvals/"+ap["approvalId"].(string)+"/approve", "approver", nil)
 	assert.Equal(t, http.StatusForbidden, status, body)
 
-	denied := start("B-2")
+	denied := a.start(reorder("B-2"))
 	ap = a.pendingApproval(denied)
 	require.NotNil(t, ap)
 	status, body = a.do(http.MethodPost, "/v1/approvals/"+ap["approvalId"].(string)+"/deny", "approver", map[string]any{"reason": "not now"})
@@ -420,10 +425,8 @@ func TestApprovalsAreListedApprovedAndDenied(t *testing.T) {
 
 func TestARunIsCanceled(t *testing.T) {
 	a := newAPI(t)
-	status, body := a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{"action": map[string]any{"name": "inv.wait", "args": map[string]any{}}})
-	require.Equal(t, http.StatusAccepted, status, body)
-	runID := body["runId"].(string)
-	status, body = a.do(http.MethodPost, "/v1/runs/"+runID+"/cancel", "reader", map[string]any{"reason": "x"})
+	runID := a.start(map[string]any{"action": map[string]any{"name": "inv.wait", "args": map[string]any{}}})
+	status, body := a.do(http.MethodPost, "/v1/runs/"+runID+"/cancel", "reader", map[string]any{"reason": "x"})
 	assert.Equal(t, http.StatusForbidden, status, "a reader cannot cancel: %v", body)
 	status, body = a.do(http.MethodPost, "/v1/runs/"+runID+"/cancel", "runner", map[string]any{"reason": "changed my mind"})
 	require.Equal(t, http.StatusAccepted, status, body)
@@ -434,13 +437,11 @@ func TestARunIsCanceled(t *testing.T) {
 
 func TestAClarifyIsAnsweredThroughTheAPI(t *testing.T) {
 	a := newAPI(t)
-	status, body := a.do(http.MethodPost, "/v1/runs", "runner", map[string]any{"prompt": "paint it", "scenario": "ask"})
-	require.Equal(t, http.StatusAccepted, status, body)
-	runID := body["runId"].(string)
+	runID := a.start(map[string]any{"prompt": "paint it", "scenario": "ask"})
 	a.waitForRun(func(r map[string]any) bool {
 		return r["runId"] == runID && r["status"] == "awaiting_input" && r["waiting"] == "input: Which one?"
 	}, nil)
-	status, body = a.do(http.MethodPost, "/v1/runs/"+runID+"/input", "reader", map[string]any{"answer": "blue"})
+	status, body := a.do(http.MethodPost, "/v1/runs/"+runID+"/input", "reader", map[string]any{"answer": "blue"})
 	assert.Equal(t, http.StatusForbidden, status, "a reader answers nothing: %v", body)
 	status, body = a.do(http.MethodPost, "/v1/runs/"+runID+"/input", "runner", map[string]any{"answer": "blue"})
 	require.Equal(t, http.StatusAccepted, status, body)
