@@ -139,7 +139,10 @@ func deploy(ctx context.Context, bins string) *deployment {
 		d.services = append(d.services, p)
 		return p
 	}
-	svc("dispatcher", filepath.Join(bins, "dispatcher"), "dispatcher")
+	// W2's ten actions are "allowed to run in parallel" (BENCHMARKS.md):
+	// the dispatcher's bound on a run's calls in flight (default 8) is set
+	// to the workload's width, as a user running ten-wide fan-outs would.
+	svc("dispatcher", filepath.Join(bins, "dispatcher"), "dispatcher", fmt.Sprintf("--max-plan-parallel=%d", fanoutWidth))
 	svc("planner", filepath.Join(bins, "planner"), "planner", "--scenarios", scen)
 	d.auditor = svc("auditor", filepath.Join(bins, "auditor"), "auditor")
 	svc("executor-1", self, "executor", "-serve-executor", "-id", "bench-1")

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/embedded"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/planner"
@@ -37,7 +38,8 @@ func measureInProcess(ctx context.Context, reps int) []Figure {
 	svc, err := nats.Connect(ns.ClientURL())
 	must(err)
 	defer svc.Close()
-	st, err := stack.Start(ctx, svc, stack.Config{Provider: script, Executors: 2, Slots: 16, Register: registerEcho})
+	st, err := stack.Start(ctx, svc, stack.Config{Provider: script, Executors: 2, Slots: 16, Register: registerEcho,
+		Dispatcher: dispatch.Config{MaxPlanParallel: fanoutWidth}})
 	must(err)
 	defer func() { _ = st.Stop() }()
 	c, err := client.New(nc, client.Options{})

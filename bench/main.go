@@ -166,6 +166,7 @@ func main() {
 	memRuns := flag.Int("memory-runs", 10000, "runs in flight for the dispatcher memory figure (0 skips it)")
 	profileDir := flag.String("profile", "", "write CPU profiles of every service under W4 load to this folder")
 	out := flag.String("out", "bench/results", "folder for the JSON figures")
+	timelineRuns := flag.Int("timeline", 0, "instead of the workloads, run this many W1, W2 and A1 runs and print the median time of each of their stored writes")
 	flag.Parse()
 	if *serveExec {
 		os.Exit(serveExecutor(*execID))
@@ -182,6 +183,10 @@ func main() {
 	fmt.Fprintln(os.Stderr, "deploying: nats-server, provision, dispatcher, planner, auditor, 2 executors")
 	d := deploy(ctx, bins)
 	defer d.stop()
+	if *timelineRuns > 0 {
+		timeline(ctx, os.Stdout, d, *timelineRuns)
+		return
+	}
 	fl := startFloor(ctx, d.url("admin"))
 	defer fl.stop()
 	ab := actionbusSystem{c: d.c}
@@ -283,6 +288,7 @@ func report(o *os.File, reps int, figs []Figure, perRun map[string]map[string]fl
 	tw := tabwriter.NewWriter(o, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "\nactionbus bench — %s, %d CPUs, %s, medians of %d repetitions (min–max)\n", runtime.Version(), runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339), reps)
 	fmt.Fprintln(tw, "deployed topology: nats-server (file storage, default sync), dispatcher, planner, auditor, 2 executors, each its own process; client in the bench")
+	fmt.Fprintf(tw, "dispatcher --max-plan-parallel=%d (W2's ten actions run at once, as the workload allows)\n", fanoutWidth)
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "WORKLOAD\tFLOOR\tACTIONBUS\tRATIO\tTARGET")
 	floorOf := map[string]Figure{}

@@ -211,7 +211,11 @@ func New(nc *nats.Conn, cfg Config) (*Executor, error) {
 		}
 	}
 	log := cfg.Logger.With("service", "executor", "executor_id", cfg.ID, "pool", cfg.Pool)
-	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/executor/" + cfg.Pool, Logger: log})
+	// What an executor publishes (results, progress steps) is built by
+	// this package, not by handlers (a handler's output is checked against
+	// its action's output schema first), and the dispatcher validates
+	// every result it receives: the bus checks only the envelope.
+	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/executor/" + cfg.Pool, Logger: log, ReceiverValidates: true})
 	if err != nil {
 		return nil, err
 	}

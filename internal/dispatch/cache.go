@@ -4,13 +4,17 @@ import (
 	"sync"
 
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/run"
 )
 
-// stateCache keeps the last stored state of active runs with its revision,
-// so a transition usually skips reading the bucket. It is only an
-// optimization: every write still carries the revision it read, so a stale
-// entry fails the write and is reloaded. Ended runs are evicted; when the
-// cache is full an arbitrary entry is.
+// stateCache keeps the last stored state of active runs, decoded, with
+// its revision, so a transition usually neither reads the bucket nor
+// decodes. It is only an optimization: every write still carries the
+// revision it read, so a stale entry fails the write and is reloaded.
+// A transition takes its run's entry out ([stateCache.take]) and owns it
+// until it puts the next state back: the run's lock keeps others out, and
+// a transition that fails leaves nothing behind that it may have changed.
+// Ended runs are evicted; when the cache is full an arbitrary entry is.
 //
 // It also remembers, for active and ended runs alike, the revision whose
 // outbox this dispatcher published: a state read back at that revision
@@ -23,7 +27,7 @@ type stateCache struct {
 }
 
 type cachedState struct {
-	value    []byte
+	st       *run.State
 	revision uint64
 }
 
@@ -31,17 +35,21 @@ func newStateCache(max int) *stateCache {
 	return &stateCache{max: max, entries: make(map[string]cachedState), sent: make(map[string]uint64)}
 }
 
-func (c *stateCache) get(runID string) ([]byte, uint64, bool) {
+// take removes runID's state from the cache and hands it to the caller.
+func (c *stateCache) take(runID string) (*run.State, uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.entries[runID]
-	return e.value, e.revision, ok
+	delete(c.entries, runID)
+	return e.st, e.revision, ok
 }
 
-// put caches a stored state whose outbox was published.
-func (c *stateCache) put(runID string, value []byte, revision uint64, terminal bool) {
+// put caches st, stored at revision with its outbox published; the cache
+// owns st from then on. Its outbox is not kept: it was sent.
+func (c *stateCache) put(st *run.State, revision uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	runID := st.RunID
 	if _, ok := c.sent[runID]; !ok && len(c.sent) >= c.max {
 		for k := range c.sent {
 			delete(c.sent, k)
@@ -49,7 +57,7 @@ func (c *stateCache) put(runID string, value []byte, revision uint64, terminal b
 		}
 	}
 	c.sent[runID] = revision
-	if terminal {
+	if st.IsTerminal() {
 		delete(c.entries, runID)
 		return
 	}
@@ -59,7 +67,8 @@ func (c *stateCache) put(runID string, value []byte, revision uint64, terminal b
 			break
 		}
 	}
-	c.entries[runID] = cachedState{value: value, revision: revision}
+	st.Outbox = nil
+	c.entries[runID] = cachedState{st: st, revision: revision}
 }
 
 func (c *stateCache) drop(runID string) {

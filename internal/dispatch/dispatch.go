@@ -416,7 +416,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 	if st.IsTerminal() {
 		d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), 0)
 	}
-	return d.flush(ctx, st, val, rev)
+	return d.flush(ctx, st, rev)
 }
 
 // loadStored reads the stored state of runID from the bucket.
@@ -490,19 +490,19 @@ func (d *Dispatcher) flushStored(ctx context.Context, runID string, unsent bool)
 		st.Outbox = d.carriedOutbox(st, entry.Revision())
 	}
 	if len(st.Outbox) == 0 {
-		d.cache.put(runID, entry.Value(), entry.Revision(), st.IsTerminal())
+		d.cache.put(st, entry.Revision())
 		return nil
 	}
-	return d.flush(ctx, st, entry.Value(), entry.Revision())
+	return d.flush(ctx, st, entry.Revision())
 }
 
-// flush publishes the outbox of st (stored at revision rev, encoded as
-// val). It stays in the stored state — the run's next write drops it, and
-// a reader only sends it again while it may be unsent (carriedOutbox) —
-// and the state is cached: a cached state's outbox is known sent. Until
-// the outbox is published the state is not cached, so a failed publish is
-// retried from the stored outbox.
-func (d *Dispatcher) flush(ctx context.Context, st *run.State, val []byte, rev uint64) error {
+// flush publishes the outbox of st (stored at revision rev). It stays in
+// the stored state — the run's next write drops it, and a reader only
+// sends it again while it may be unsent (carriedOutbox) — and the state
+// is cached (the cache owns st from then on): a cached state's outbox is
+// known sent. Until the outbox is published the state is not cached, so
+// a failed publish is retried from the stored outbox.
+func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev uint64) error {
 	if d.crashAfterWrite != nil && d.crashAfterWrite(st.RunID) {
 		d.cache.drop(st.RunID)
 		return errSimulatedCrash
@@ -514,15 +514,7 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, val []byte, rev u
 		}
 		return err
 	}
-	if len(st.Outbox) > 0 && !st.IsTerminal() {
-		// The cache keeps runs in flight without their sent outbox: it is
-		// what they hold most of while they wait.
-		st.Outbox = nil
-		if b, err := json.Marshal(st); err == nil {
-			val = b
-		}
-	}
-	d.cache.put(st.RunID, val, rev, st.IsTerminal())
+	d.cache.put(st, rev)
 	return nil
 }
 
@@ -607,9 +599,11 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 	for attempt := 0; attempt < 20; attempt++ {
 		// A cached state is one whose outbox was published; its revision
 		// makes a stale copy (another dispatcher wrote since) fail the
-		// update and be reloaded.
-		before, revision, cached := d.cache.get(runID)
+		// update and be reloaded. Taken out of the cache, it is this
+		// transition's to change.
+		st, revision, cached := d.cache.take(runID)
 		fresh := !cached || attempt > 0
+		var stored []byte // the state as read from the bucket, when fresh
 		if fresh {
 			gctx, cancel := events.Bounded(ctx)
 			entry, err := d.runs.Get(gctx, runID)
@@ -623,20 +617,20 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			if err != nil {
 				return err
 			}
-			before, revision = entry.Value(), entry.Revision()
-		}
-		st, err := decodeState(runID, before)
-		if err != nil {
-			return err
+			decoded, err := decodeState(runID, entry.Value())
+			if err != nil {
+				return err
+			}
+			st, revision, stored = &decoded, entry.Revision(), entry.Value()
 		}
 		if span == nil {
-			ctx, span = d.traceTransition(ctx, &st, batch)
+			ctx, span = d.traceTransition(ctx, st, batch)
 		}
 		// An outbox read from the bucket may never have been published (its
 		// writer crashed): it goes out again with this transition's.
 		var carried []run.Effect
 		if fresh {
-			carried = d.carriedOutbox(&st, revision)
+			carried = d.carriedOutbox(st, revision)
 		}
 		st.Outbox = nil
 		wasTerminal := st.IsTerminal()
@@ -645,7 +639,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			if j.refused = st.CheckTenant(j.tenant); j.refused != nil {
 				continue
 			}
-			effects, err := d.machine.Apply(ctx, &st, j.ev)
+			effects, err := d.machine.Apply(ctx, st, j.ev)
 			if err != nil {
 				return err
 			}
@@ -654,7 +648,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		// Wake-ups are not stored: a transition that only implies them
 		// changes nothing to write.
 		out, wakes := run.Stored(out)
-		d.wakes.schedule(&st, wakes)
+		d.wakes.schedule(st, wakes)
 		if len(out) == 0 {
 			if !fresh {
 				// "Nothing to do" is only trusted on the stored state: a
@@ -662,18 +656,24 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 				// (a result for a call this copy does not know yet).
 				continue
 			}
-			if len(carried) > 0 {
-				st.Outbox = carried
-				return d.flush(ctx, &st, before, revision)
+			// Nothing to store: what is cached is the stored state, not
+			// st (applying may have touched it without effects).
+			unchanged, err := decodeState(runID, stored)
+			if err != nil {
+				return err
 			}
-			d.cache.put(runID, before, revision, st.IsTerminal())
+			if len(carried) > 0 {
+				unchanged.Outbox = carried
+				return d.flush(ctx, &unchanged, revision)
+			}
+			d.cache.put(&unchanged, revision)
 			return nil
 		}
 		// The transition's timers become pending timers of the state,
 		// under one armed schedule (the alarm).
-		st.Outbox = run.Dedupe(append(carried, run.Arm(&st, out, time.Now())...))
+		st.Outbox = run.Dedupe(append(carried, run.Arm(st, out, time.Now())...))
 		st.UpdatedAt = time.Now().UTC()
-		after, err := json.Marshal(&st)
+		after, err := json.Marshal(st)
 		if err != nil {
 			return events.Permanent(err)
 		}
@@ -681,12 +681,14 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			// The new state could never be stored: the run fails from the
 			// state as it is stored, with the limit named.
 			d.log.Warn("run state over the server's max payload; failing the run", "run_id", runID, "bytes", len(after))
-			if st, err = decodeState(runID, before); err != nil {
+			stored, entry, err := d.loadStored(ctx, runID)
+			if err != nil {
 				return err
 			}
-			st.Outbox = run.Dedupe(append(carried, run.Arm(&st, d.machine.FailWith(&st, tooLarge), time.Now())...))
+			st, revision = stored, entry.Revision()
+			st.Outbox = run.Dedupe(append(d.carriedOutbox(st, revision), run.Arm(st, d.machine.FailWith(st, tooLarge), time.Now())...))
 			st.UpdatedAt = time.Now().UTC()
-			if after, err = json.Marshal(&st); err != nil {
+			if after, err = json.Marshal(st); err != nil {
 				return events.Permanent(err)
 			}
 		}
@@ -703,7 +705,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		if !wasTerminal && st.IsTerminal() {
 			d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), st.UpdatedAt.Sub(st.CreatedAt))
 		}
-		return d.flush(ctx, &st, after, rev)
+		return d.flush(ctx, st, rev)
 	}
 	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
 }
