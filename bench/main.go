@@ -164,7 +164,7 @@ func main() {
 	reps := flag.Int("reps", 3, "repetitions of every workload (tables show medians with min–max)")
 	inProcess := flag.Bool("inprocess", false, "also measure W1–W4 with every service in the bench process (as actionbus dev runs)")
 	memRuns := flag.Int("memory-runs", 10000, "runs in flight for the dispatcher memory figure (0 skips it)")
-	profileDir := flag.String("profile", "", "write CPU profiles of every service under W4 load to this folder")
+	profileDir := flag.String("profile", "", "write CPU profiles of every service under W4 load (with -timeline: during each workload's sequential runs) to this folder")
 	out := flag.String("out", "bench/results", "folder for the JSON figures")
 	timelineRuns := flag.Int("timeline", 0, "instead of the workloads, run this many W1, W2 and A1 runs and print the median time of each of their stored writes")
 	flag.Parse()
@@ -184,7 +184,7 @@ func main() {
 	d := deploy(ctx, bins)
 	defer d.stop()
 	if *timelineRuns > 0 {
-		timeline(ctx, os.Stdout, d, *timelineRuns)
+		timeline(ctx, os.Stdout, d, *timelineRuns, *profileDir)
 		return
 	}
 	fl := startFloor(ctx, d.url("admin"))

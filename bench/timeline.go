@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -34,7 +35,7 @@ type stored struct {
 	at    time.Time
 }
 
-func timeline(ctx context.Context, w io.Writer, d *deployment, runs int) {
+func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profileDir string) {
 	ab := actionbusSystem{c: d.c}
 	units := []struct {
 		name string
@@ -65,6 +66,16 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int) {
 			res, err := ab.run(ctx, req)
 			must(err)
 			done = append(done, timedRun{id: res.RunID, start: t0, done: time.Now()})
+		}
+		if profileDir != "" {
+			// The services' CPU profiles while this workload's units run
+			// one after another (9 s, the profile's 8 s inside).
+			d.profile(filepath.Join(profileDir, strings.Fields(u.name)[0]), func() {
+				for t0 := time.Now(); time.Since(t0) < 9*time.Second; {
+					_, err := ab.run(ctx, u.req(0))
+					must(err)
+				}
+			})
 		}
 		byRun := storedSince(ctx, d.adminJS, since)
 		fmt.Fprintf(w, "\n%s: median offset of every stored write from the client's submit, %d runs\n", u.name, runs)

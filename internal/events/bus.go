@@ -1,6 +1,7 @@
 package events
 
 import (
+	"testing"
 	"context"
 	"errors"
 	"fmt"
@@ -219,8 +220,11 @@ func (r *Received) TraceRun() *tracing.Run { return tracing.RunFromExtensions(r.
 
 // validateOutgoing checks an event about to be published: all of it, or
 // only its envelope when receivers validate ([BusConfig.ReceiverValidates]).
+// Receivers do not check the data of the dispatcher's events
+// (validateIncoming): in a test binary they are checked here, so that a
+// dispatcher building an invalid event fails its tests.
 func (b *Bus) validateOutgoing(e *event.Event) error {
-	if !b.cfg.ReceiverValidates {
+	if !b.cfg.ReceiverValidates || (testing.Testing() && FromDispatcher(e.Type())) {
 		return Validate(e)
 	}
 	if err := e.Validate(); err != nil {
@@ -426,7 +430,7 @@ func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*Received, er
 	if err != nil {
 		return nil, err
 	}
-	if err := Validate(e); err != nil {
+	if err := validateIncoming(e); err != nil {
 		return nil, err
 	}
 	entry, _ := Lookup(e.Type())

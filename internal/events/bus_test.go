@@ -315,15 +315,18 @@ func TestHandlerErrorsAreRetriedAndPermanentOnesTerminated(t *testing.T) {
 
 // A service's bus leaves the data-schema check to the receiver (the trust
 // boundary): its own events are checked once, where they are received.
+// The dispatcher's events are the exception: only the dispatcher may
+// publish them, from data it validated, so their receivers check their
+// envelope and decode them, and a test binary checks them at publish.
 func TestDataIsValidatedOnceAtTheReceiver(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	ctx := ctxT(t)
 	runID := events.NewID()
-	bad := &events.RunStep{RunID: runID} // a step's name is required by its schema
-	subject := srv.Prefix + ".run." + events.DefaultTenant + "." + runID + ".step"
+	bad := &events.DecisionMade{RunID: runID} // a decision is required by its schema
+	subject := srv.Prefix + ".run." + events.DefaultTenant + "." + runID + ".decision"
 
 	client := newBus(t, srv, events.ModeBinary, "")
-	e, err := client.New(events.TypeRunStep, events.NewID(), events.DefaultTenant, runID, bad)
+	e, err := client.New(events.TypeDecisionMade, events.NewID(), events.DefaultTenant, runID, bad)
 	require.NoError(t, err)
 	_, err = client.Publish(ctx, subject, e)
 	require.ErrorIs(t, err, actionbus.ErrSchemaValidation, "a client's bus checks what it publishes")
@@ -338,6 +341,21 @@ func TestDataIsValidatedOnceAtTheReceiver(t *testing.T) {
 	require.NoError(t, err)
 	_, err = service.Receive(stored.Subject, stored.Header, stored.Data)
 	require.ErrorIs(t, err, actionbus.ErrSchemaValidation, "the receiver refuses it")
+
+	// A dispatcher's event: checked at publish here (a test binary)...
+	step, err := service.New(events.TypeRunStep, events.NewID(), events.DefaultTenant, runID, &events.RunStep{RunID: runID})
+	require.NoError(t, err)
+	stepSubject := srv.Prefix + ".run." + events.DefaultTenant + "." + runID + ".step"
+	_, err = service.Publish(ctx, stepSubject, step)
+	require.ErrorIs(t, err, actionbus.ErrSchemaValidation, "a test binary checks the dispatcher's events at publish")
+	// ...and received on its envelope, type, binding and typed decoding.
+	msgOut, err := events.Encode(stepSubject, step, events.ModeBinary)
+	require.NoError(t, err)
+	got, err := service.Receive(msgOut.Subject, msgOut.Header, msgOut.Data)
+	require.NoError(t, err, "the dispatcher's events are not checked against their schema again")
+	assert.Equal(t, runID, got.Data.(*events.RunStep).RunID)
+	_, err = service.Receive(stepSubject, msgOut.Header, []byte(`{"runId": 7}`))
+	require.ErrorIs(t, err, actionbus.ErrMalformedEvent, "data that does not decode is refused")
 }
 
 // With OrderBy, a run's events are handled one after another in stream
