@@ -33,6 +33,7 @@ type timedRun struct {
 type stored struct {
 	label string
 	at    time.Time
+	size  int
 }
 
 func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profileDir string) {
@@ -112,7 +113,7 @@ func storedSince(ctx context.Context, js jetstream.JetStream, t time.Time) map[s
 			must(err)
 			runID := runOf(m)
 			if runID != "" {
-				out[runID] = append(out[runID], stored{label: name + " " + kindOf(name, m), at: md.Timestamp})
+				out[runID] = append(out[runID], stored{label: name + " " + kindOf(name, m), at: md.Timestamp, size: len(m.Data())})
 			}
 			if md.NumPending == 0 {
 				break
@@ -149,7 +150,7 @@ func kindOf(stream string, m jetstream.Msg) string {
 
 func printTimeline(w io.Writer, runs []timedRun, byRun map[string][]stored) {
 	offsets := map[string][]float64{} // "label #k" -> offsets in ms
-	first := map[string]float64{}
+	sizes := map[string][]float64{}   // "label #k" -> bytes
 	var ends []float64
 	for _, r := range runs {
 		ends = append(ends, ms(r.done.Sub(r.start)))
@@ -161,26 +162,28 @@ func printTimeline(w io.Writer, runs []timedRun, byRun map[string][]stored) {
 			key := fmt.Sprintf("%s #%d", m.label, seen[m.label])
 			off := ms(m.at.Sub(r.start))
 			offsets[key] = append(offsets[key], off)
+			sizes[key] = append(sizes[key], float64(m.size))
 		}
 	}
 	type row struct {
-		key      string
-		med, p90 float64
-		n        int
+		key             string
+		med, p90, bytes float64
+		n               int
 	}
 	var rows []row
 	for k, xs := range offsets {
 		slices.Sort(xs)
-		rows = append(rows, row{k, xs[len(xs)/2], xs[min(len(xs)-1, len(xs)*9/10)], len(xs)})
-		first[k] = xs[len(xs)/2]
+		bs := sizes[k]
+		slices.Sort(bs)
+		rows = append(rows, row{k, xs[len(xs)/2], xs[min(len(xs)-1, len(xs)*9/10)], bs[len(bs)/2], len(xs)})
 	}
 	slices.Sort(ends)
-	rows = append(rows, row{"client has the result", ends[len(ends)/2], ends[len(ends)*9/10], len(ends)})
+	rows = append(rows, row{"client has the result", ends[len(ends)/2], ends[len(ends)*9/10], 0, len(ends)})
 	sort.Slice(rows, func(i, j int) bool { return rows[i].med < rows[j].med })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STORED WRITE\tMEDIAN ms\tp90 ms\tRUNS")
+	fmt.Fprintln(tw, "STORED WRITE\tMEDIAN ms\tp90 ms\tBYTES\tRUNS")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%d\n", r.key, r.med, r.p90, r.n)
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.0f\t%d\n", r.key, r.med, r.p90, r.bytes, r.n)
 	}
 	must(tw.Flush())
 }

@@ -207,7 +207,13 @@ async function showRun(id) {
   if (state.follow) state.follow.abort();
   const ctl = new AbortController();
   state.follow = ctl;
-  try { renderRunHeader(await api("GET", "/v1/runs/" + id)); } catch (e) { say(e.message); return; }
+  try {
+    // The index's stream may have brought a newer state of the run while
+    // this read was on its way: the newer one is shown.
+    const got = await api("GET", "/v1/runs/" + id);
+    const live = state.runs.get(id);
+    renderRunHeader(live && Date.parse(live.updatedAt) > Date.parse(got.updatedAt) ? live : got);
+  } catch (e) { say(e.message); return; }
   let first = 0;
   try {
     await stream("/v1/runs/" + id + "/events", (ev, e) => {
