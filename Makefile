@@ -59,6 +59,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckSQL$$' -fuzztime $(FUZZTIME) ./internal/builtin
 	$(GO) test -run '^$$' -fuzz '^FuzzClean$$' -fuzztime $(FUZZTIME) ./internal/builtin
 	$(GO) test -run '^$$' -fuzz '^FuzzTransitions$$' -fuzztime $(FUZZTIME) ./internal/run
+	$(GO) test -run '^$$' -fuzz '^FuzzMarshalMatchesTheReference$$' -fuzztime $(FUZZTIME) ./internal/canonical
 
 clean:
 	rm -rf bin bench/results

@@ -10,8 +10,6 @@ package actions
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -21,9 +19,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gowebpki/jcs"
-
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/canonical"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/schema"
@@ -188,16 +185,11 @@ func (d *Definition) Normalize() error {
 // Hash is the SHA-256 over the RFC 8785 canonical JSON of the definition:
 // two executors publishing the same name and version must agree on it.
 func (d Definition) Hash() string {
-	b, err := json.Marshal(d)
+	h, err := canonical.Hash(d)
 	if err != nil {
 		panic(err) // a Definition always marshals
 	}
-	canon, err := jcs.Transform(b)
-	if err != nil {
-		canon = b
-	}
-	sum := sha256.Sum256(canon)
-	return hex.EncodeToString(sum[:])
+	return h
 }
 
 // Call is one invocation of an action as a handler sees it.

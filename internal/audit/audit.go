@@ -21,12 +21,12 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/gowebpki/jcs"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/canonical"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/payload"
@@ -199,9 +199,9 @@ func (s *Service) Run(ctx context.Context) error {
 // JSON of the record with its hash field empty (prevHash included).
 func ChainHash(rec events.AuditRecorded) string {
 	rec.Hash = ""
-	b, _ := json.Marshal(rec)
-	if c, err := jcs.Transform(b); err == nil {
-		b = c
+	b, err := canonical.Marshal(rec)
+	if err != nil {
+		b, _ = json.Marshal(rec) // a record always has a canonical form
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])

@@ -1,11 +1,11 @@
 package events
 
 import (
-	"testing"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"testing"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"

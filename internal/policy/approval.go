@@ -4,15 +4,12 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
-	"github.com/gowebpki/jcs"
-
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/canonical"
 )
 
 // InputHash is the stable input hash: SHA-256, as lower-case hex, over the
@@ -24,16 +21,7 @@ func InputHash(input any) (string, error) {
 	if input == nil {
 		input = map[string]any{}
 	}
-	b, err := json.Marshal(input)
-	if err != nil {
-		return "", err
-	}
-	canon, err := jcs.Transform(b)
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(canon)
-	return hex.EncodeToString(sum[:]), nil
+	return canonical.Hash(input)
 }
 
 // ApprovalContext is what an approval is bound to. A token signs all of it:
@@ -54,11 +42,7 @@ type ApprovalContext struct {
 // expiry in UTC RFC 3339 (seconds).
 func (c ApprovalContext) canonical() ([]byte, error) {
 	c.ExpiresAt = c.ExpiresAt.UTC().Truncate(time.Second)
-	b, err := json.Marshal(c)
-	if err != nil {
-		return nil, err
-	}
-	return jcs.Transform(b)
+	return canonical.Marshal(c)
 }
 
 // Keys are the HMAC keys tokens are signed with, by key id. Several keys
