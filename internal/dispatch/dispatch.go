@@ -15,7 +15,6 @@ package dispatch
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -388,7 +387,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 // (the creator crashed before publishing) is published.
 func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect) error {
 	st.Outbox = run.Dedupe(run.ArmAdmitted(st, out, time.Now(), d.cfg.ActionGrace))
-	val, err := json.Marshal(st)
+	val, err := st.Encode()
 	if err != nil {
 		return events.Permanent(err)
 	}
@@ -399,7 +398,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 		failed.Kind, failed.UserID, failed.Trace = st.Kind, st.UserID, st.Trace
 		failed.Outbox = fout
 		st = failed
-		if val, err = json.Marshal(st); err != nil {
+		if val, err = st.Encode(); err != nil {
 			return events.Permanent(err)
 		}
 	}
@@ -437,8 +436,8 @@ func (d *Dispatcher) loadStored(ctx context.Context, runID string) (*run.State, 
 // decodeState decodes a stored run state; one that does not decode is a
 // permanent error (retrying cannot mend it).
 func decodeState(runID string, b []byte) (run.State, error) {
-	var st run.State
-	if err := json.Unmarshal(b, &st); err != nil {
+	st, err := run.DecodeState(b)
+	if err != nil {
 		return st, events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
 	}
 	return st, nil
@@ -673,7 +672,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		// under one armed schedule (the alarm).
 		st.Outbox = run.Dedupe(append(carried, run.Arm(st, out, time.Now())...))
 		st.UpdatedAt = time.Now().UTC()
-		after, err := json.Marshal(st)
+		after, err := st.Encode()
 		if err != nil {
 			return events.Permanent(err)
 		}
@@ -688,7 +687,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			st, revision = stored, entry.Revision()
 			st.Outbox = run.Dedupe(append(d.carriedOutbox(st, revision), run.Arm(st, d.machine.FailWith(st, tooLarge), time.Now())...))
 			st.UpdatedAt = time.Now().UTC()
-			if after, err = json.Marshal(st); err != nil {
+			if after, err = st.Encode(); err != nil {
 				return events.Permanent(err)
 			}
 		}
@@ -802,7 +801,7 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 		// could not be published.
 		st.Outbox = run.Arm(st, d.machine.FailWith(st, abErr), time.Now()) // a run that ended keeps no timers
 		st.UpdatedAt = time.Now().UTC()
-		val, err := json.Marshal(st)
+		val, err := st.Encode()
 		if err != nil {
 			return events.Permanent(err)
 		}
@@ -822,7 +821,7 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 			return err
 		}
 		st.Outbox = nil
-		if val, err = json.Marshal(st); err == nil {
+		if val, err = st.Encode(); err == nil {
 			cctx, cancel := events.Bounded(ctx)
 			_, _ = d.runs.Update(cctx, runID, val, rev) // best effort: the outbox was published
 			cancel()

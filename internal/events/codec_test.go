@@ -2,6 +2,7 @@ package events_test
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -285,4 +286,25 @@ func TestSubjectsFollowConventions(t *testing.T) {
 	assert.ErrorIs(t, err, actionbus.ErrInvalidTenant, "a tenant that is not a safe token is refused")
 	_, err = events.NewSubjects("a.*")
 	assert.Error(t, err)
+}
+
+// Event data is encoded and decoded with go-json; it must write what
+// encoding/json writes, and read back what encoding/json reads, for every
+// type of the catalog.
+func TestEventDataIsEncodedAsEncodingJSONDoes(t *testing.T) {
+	for typ, v := range samples {
+		t.Run(typ, func(t *testing.T) {
+			e := event.New()
+			require.NoError(t, events.SetData(&e, events.ContentTypeJSON, v))
+			want, err := json.Marshal(v)
+			require.NoError(t, err)
+			assert.Equal(t, string(want), string(e.Data()), "the same bytes as encoding/json")
+
+			got := reflect.New(reflect.TypeOf(v).Elem()).Interface()
+			require.NoError(t, events.DataAs(&e, got))
+			ref := reflect.New(reflect.TypeOf(v).Elem()).Interface()
+			require.NoError(t, json.Unmarshal(want, ref))
+			assert.Equal(t, ref, got, "the same value as encoding/json decodes")
+		})
+	}
 }

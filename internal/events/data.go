@@ -10,6 +10,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/jsoncodec"
 )
 
 // Data content types.
@@ -31,7 +32,7 @@ const (
 // codecFor chooses the data codec from a datacontenttype. An absent
 // datacontenttype means JSON, as the CloudEvents spec says.
 func codecFor(contentType string) dataCodec {
-	if contentType == "" {
+	if contentType == "" || contentType == ContentTypeJSON {
 		return codecJSON
 	}
 	mt, _, err := mime.ParseMediaType(contentType)
@@ -64,7 +65,7 @@ func SetData(e *event.Event, contentType string, v any) error {
 	)
 	switch codecFor(contentType) {
 	case codecJSON:
-		b, err = json.Marshal(v)
+		b, err = jsoncodec.Marshal(v)
 	case codecMsgpack:
 		b, err = marshalMsgpack(v)
 	default:
@@ -89,12 +90,8 @@ func DataAs(e *event.Event, v any) error {
 		if len(data) == 0 {
 			return actionbus.Errorf(actionbus.CodeMalformedEvent, "event has no data")
 		}
-		dec := json.NewDecoder(bytes.NewReader(data))
-		if err := dec.Decode(v); err != nil {
+		if err := jsoncodec.Unmarshal(data, v); err != nil {
 			return actionbus.Errorf(actionbus.CodeMalformedEvent, "decode JSON data: %w", err)
-		}
-		if dec.More() {
-			return actionbus.Errorf(actionbus.CodeMalformedEvent, "decode JSON data: trailing content after the value")
 		}
 	case codecMsgpack:
 		if len(data) == 0 {

@@ -70,10 +70,16 @@ func (h *harness) record(out []Effect) {
 	h.t.Helper()
 	h.last = out
 	h.all = append(h.all, out...)
-	b, err := json.Marshal(h.st)
+	b, err := h.st.Encode()
 	require.NoError(h.t, err)
-	var st State
-	require.NoError(h.t, json.Unmarshal(b, &st))
+	ref, err := json.Marshal(h.st)
+	require.NoError(h.t, err)
+	require.Equal(h.t, string(ref), string(b), "the stored form is what encoding/json writes")
+	st, err := DecodeState(b)
+	require.NoError(h.t, err)
+	var want State
+	require.NoError(h.t, json.Unmarshal(b, &want))
+	require.Equal(h.t, want, st, "the stored form reads back as encoding/json reads it")
 	h.st = &st
 	for _, e := range out {
 		switch e.Kind {

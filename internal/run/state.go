@@ -8,6 +8,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/jsoncodec"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/tracing"
@@ -133,6 +134,18 @@ type State struct {
 	Agent *AgentRun `json:"agent,omitempty"`
 	// Workflow is set for workflow runs.
 	Workflow *WorkflowRun `json:"workflow,omitempty"`
+}
+
+// Encode returns the state's stored form: its JSON, as encoding/json
+// writes it (a transition encodes the whole state, so the faster encoder
+// of [jsoncodec] is used).
+func (st *State) Encode() ([]byte, error) { return jsoncodec.Marshal(st) }
+
+// DecodeState reads a state's stored form.
+func DecodeState(b []byte) (State, error) {
+	var st State
+	err := jsoncodec.Unmarshal(b, &st)
+	return st, err
 }
 
 // AgentRun is the part of a planner-driven run: what the planner is told
