@@ -259,7 +259,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 		return nil, err
 	}
 	d := &Dispatcher{cfg: cfg, js: bus.JetStream(), bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256),
-		ready: make(chan struct{}), cache: newStateCache(20000), checkers: newCheckerCache(), queues: map[string]*runQueue{}}
+		ready: make(chan struct{}), cache: newStateCache(stateCacheEntries), checkers: newCheckerCache(), queues: map[string]*runQueue{}}
 	d.policy.Store(&policy.Evaluator{Config: cfg.Policy})
 	d.wakes = newWakeups(d)
 	d.unsent = newUnpublished()
