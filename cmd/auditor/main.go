@@ -16,7 +16,7 @@ import (
 )
 
 func main() {
-	var c service.Common
+	c := service.Common{Nice: service.AuditorNice}
 	c.Flags(flag.CommandLine)
 	concurrency := flag.Int("concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", audit.DefaultConcurrency), "events audited at once per stream (env ACTIONBUS_CONCURRENCY)")
 	var pol payload.Policy

@@ -35,7 +35,16 @@ type Common struct {
 	// Creds is a NATS credentials file (user JWT and seed), when the
 	// deployment uses them instead of a user and password in the URL.
 	Creds string
+	// Nice is the process's scheduling niceness (Linux; 0 leaves it).
+	// The value set before Flags is the default: the auditor's is
+	// [AuditorNice], every other service's 0.
+	Nice int
 }
+
+// AuditorNice is the auditor's default niceness: audit is appended
+// behind the runs (within its FlushAfter), never in their critical path,
+// so on a host it shares with the run path it yields the CPU to them.
+const AuditorNice = 10
 
 // Env returns the value of key, or def.
 func Env(key, def string) string {
@@ -71,6 +80,7 @@ func (c *Common) Flags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Verbose, "v", Env("ACTIONBUS_VERBOSE", "") != "", "debug logging (env ACTIONBUS_VERBOSE)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", Env("ACTIONBUS_METRICS_ADDR", ""), "serve /metrics, /healthz and /readyz on this address, e.g. :9090 (env ACTIONBUS_METRICS_ADDR)")
 	fs.StringVar(&c.Creds, "creds", Env("NATS_CREDS", ""), "NATS credentials file (env NATS_CREDS)")
+	fs.IntVar(&c.Nice, "nice", EnvInt("ACTIONBUS_NICE", c.Nice), "scheduling niceness of the process, Linux, 0 to 19 (env ACTIONBUS_NICE)")
 }
 
 // ReadyChecker is a service that can say whether what it needs exists.
@@ -98,6 +108,11 @@ func Main(name string, c Common, build func(*nats.Conn, *slog.Logger, *metrics.M
 		c.NATSURL = Env("NATS_URL", nats.DefaultURL)
 	}
 	m := metrics.New()
+	if c.Nice != 0 {
+		if err := setNice(c.Nice); err != nil {
+			log.Warn("niceness not set", "nice", c.Nice, "err", err)
+		}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
