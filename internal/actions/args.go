@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/jsoncodec"
 	"github.com/actionbus/actionbus/internal/schema"
 )
 
@@ -120,7 +121,7 @@ func (c *ArgsChecker) Prepare(args map[string]any, origin string) (map[string]an
 	for _, is := range out {
 		blank[is.Key] = true
 	}
-	doc, err := json.Marshal(in)
+	doc, err := jsoncodec.Marshal(in)
 	if err != nil {
 		return in, rep, []ArgIssue{{ActionName: c.def.Name, Reason: "encoding", Error: err.Error()}}
 	}
