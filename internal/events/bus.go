@@ -218,17 +218,14 @@ func traceExtensions(ctx context.Context) []Extension {
 // (its traceparent/tracestate extensions), or nil.
 func (r *Received) TraceRun() *tracing.Run { return tracing.RunFromExtensions(r.Event.Extensions()) }
 
-// validateOutgoing checks an event about to be published: all of it, or
-// only its envelope when receivers validate ([BusConfig.ReceiverValidates]).
-// Receivers do not check the data of the dispatcher's events
-// (validateIncoming): in a test binary they are checked here, so that a
-// dispatcher building an invalid event fails its tests.
+// validateOutgoing checks the data of an event about to be published,
+// unless receivers validate ([BusConfig.ReceiverValidates]); [Encode]
+// checks its envelope. Receivers do not check the data of the dispatcher's
+// events (validateIncoming): in a test binary they are checked here, so
+// that a dispatcher building an invalid event fails its tests.
 func (b *Bus) validateOutgoing(e *event.Event) error {
 	if !b.cfg.ReceiverValidates || (testing.Testing() && FromDispatcher(e.Type())) {
 		return Validate(e)
-	}
-	if err := e.Validate(); err != nil {
-		return actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: %w", err)
 	}
 	return nil
 }
