@@ -60,6 +60,8 @@ type deployment struct {
 	server   *proc
 	services []*proc
 	auditor  *proc
+	// auditorBin restarts the auditor (startAuditor).
+	auditorBin string
 	nc       *nats.Conn // the client user
 	admin    *nats.Conn
 	adminJS  jetstream.JetStream
@@ -145,6 +147,7 @@ func deploy(ctx context.Context, bins string) *deployment {
 	svc("dispatcher", filepath.Join(bins, "dispatcher"), "dispatcher", fmt.Sprintf("--max-plan-parallel=%d", fanoutWidth))
 	svc("planner", filepath.Join(bins, "planner"), "planner", "--scenarios", scen)
 	d.auditor = svc("auditor", filepath.Join(bins, "auditor"), "auditor")
+	d.auditorBin = filepath.Join(bins, "auditor")
 	svc("executor-1", self, "executor", "-serve-executor", "-id", "bench-1")
 	svc("executor-2", self, "executor", "-serve-executor", "-id", "bench-2")
 	d.nc = connect(ctx, d.url("client"), client.InboxPrefix(""))
@@ -166,6 +169,18 @@ func deploy(ctx context.Context, bins string) *deployment {
 
 // stopAuditor stops the auditor process (for the auditor-off figure).
 func (d *deployment) stopAuditor() { d.auditor.stop() }
+
+// startAuditor starts the auditor process again; its durable consumers
+// resume where the stopped one left off.
+func (d *deployment) startAuditor() {
+	p := d.spawn("auditor", d.auditorBin, "auditor", []string{"ACTIONBUS_DEBUG_ADDR=" + d.debug["auditor"]})
+	for i, s := range d.services {
+		if s == d.auditor {
+			d.services[i] = p
+		}
+	}
+	d.auditor = p
+}
 
 func (d *deployment) stop() {
 	d.nc.Close()
