@@ -104,19 +104,24 @@ func storedSince(ctx context.Context, js jetstream.JetStream, t time.Time) map[s
 		}
 		c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &t})
 		must(err)
-		for {
-			m, err := c.Next(jetstream.FetchMaxWait(500 * time.Millisecond))
-			if err != nil {
-				break
-			}
-			md, err := m.Metadata()
+		// Up to the last message stored now: timers keep firing after.
+		for done := false; !done; {
+			batch, err := c.Fetch(1000, jetstream.FetchMaxWait(time.Second))
 			must(err)
-			runID := runOf(m)
-			if runID != "" {
-				out[runID] = append(out[runID], stored{label: name + " " + kindOf(name, m), at: md.Timestamp, size: len(m.Data())})
+			n := 0
+			for m := range batch.Messages() {
+				n++
+				md, err := m.Metadata()
+				must(err)
+				if runID := runOf(m); runID != "" {
+					out[runID] = append(out[runID], stored{label: name + " " + kindOf(name, m), at: md.Timestamp, size: len(m.Data())})
+				}
+				if md.Sequence.Stream >= info.State.LastSeq {
+					done = true
+				}
 			}
-			if md.NumPending == 0 {
-				break
+			if n == 0 {
+				done = true
 			}
 		}
 	}
