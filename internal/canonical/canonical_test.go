@@ -70,7 +70,7 @@ func TestMarshalIsTheCanonicalFormOfTheJSON(t *testing.T) {
 		{"nested", map[string]any{"b": []any{map[string]any{"z": 1.0, "a": "x"}}, "a": map[string]any{}}, `{"a":{},"b":[{"a":"x","z":1}]}`},
 		{"struct options", withOptions{Z: "z", Skipped: "no", NoTag: "t", When: time.Date(2026, 12, 1, 10, 0, 0, 123, time.FixedZone("x", 3600)),
 			Nested: inner{B: "b"}, Any: map[string]any{"q": []any{1.5}}, Raw: json.RawMessage(` { "b" : 1, "a":2 } `), Bytes: []byte("hi"),
-			F32: 0.1, Big: 1 << 62}, ""},
+			F32: 0.1, Big: 1 << 62, unexport: "not written"}, ""},
 		{"struct with a pointer and a map", withOptions{Ptr: &inner{B: "p", A: 3}, Map: map[string]string{"y": "1", "x": "2"}}, ""},
 		{"an error with MarshalJSON-free fields", &actionbus.Error{Code: "timeout", Message: "no answer\n", Details: map[string]any{"ms": 30000.0}}, ""},
 		{"json.Number", []any{json.Number("1.50"), json.Number("-0")}, "[1.5,0]"},
