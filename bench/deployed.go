@@ -62,11 +62,11 @@ type deployment struct {
 	auditor  *proc
 	// auditorBin restarts the auditor (startAuditor).
 	auditorBin string
-	nc       *nats.Conn // the client user
-	admin    *nats.Conn
-	adminJS  jetstream.JetStream
-	c        *client.Client
-	debug    map[string]string // service -> pprof address
+	nc         *nats.Conn // the client user
+	admin      *nats.Conn
+	adminJS    jetstream.JetStream
+	c          *client.Client
+	debug      map[string]string // service -> pprof address
 }
 
 // url is the server's URL with user's credentials.
