@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/audit"
+	"github.com/actionbus/actionbus/internal/events"
 )
 
 // TestLeastPrivilegeUsersRunTheSystem starts a server with the accounts and
@@ -107,6 +109,43 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	exRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.default.X.requested"`)
 	exRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.default.X.progress"`)
 	exRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.STREAM.INFO.AB_AUDIT"`)
+}
+
+// Receivers trust the dispatcher's events without checking them against
+// their schema again (docs/events.md): that rests on no other user being
+// able to publish on their subjects. Every subject of every event type
+// the dispatcher produces, published as every other deployed user, is
+// refused by the server.
+func TestOnlyTheDispatcherPublishesItsEvents(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server process")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	url, _ := deployedServer(t, ctx)
+	var subjects []string
+	for _, e := range events.Catalog {
+		if !events.FromDispatcher(e.Type) {
+			continue
+		}
+		subjects = append(subjects, strings.NewReplacer("{prefix}", "ab", "{tenant}", "default", "{runId}", events.NewID(), "{pool}", "default").Replace(e.Subject))
+	}
+	require.GreaterOrEqual(t, len(subjects), 10, "the dispatcher's event types")
+	for _, user := range []struct{ name, inbox string }{
+		{"client", "_INBOX_default"}, {"approver", "_INBOX_default"},
+		{"executor", "_INBOX_executor"}, {"planner", "_INBOX_planner"}, {"auditor", "_INBOX_auditor"},
+	} {
+		t.Run(user.name, func(t *testing.T) {
+			nc, refused := connectAs(t, url(user.name), user.inbox)
+			for _, subject := range subjects {
+				require.NoError(t, nc.Publish(subject, []byte("{}")))
+			}
+			require.NoError(t, nc.Flush())
+			for _, subject := range subjects {
+				refused.waitFor(t, `Permissions Violation for Publish to "`+subject+`"`)
+			}
+		})
+	}
 }
 
 // deployApprovalKey is the approval key the dispatcher of a
