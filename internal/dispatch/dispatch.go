@@ -680,11 +680,11 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			// The new state could never be stored: the run fails from the
 			// state as it is stored, with the limit named.
 			d.log.Warn("run state over the server's max payload; failing the run", "run_id", runID, "bytes", len(after))
-			stored, entry, err := d.loadStored(ctx, runID)
+			current, entry, err := d.loadStored(ctx, runID)
 			if err != nil {
 				return err
 			}
-			st, revision = stored, entry.Revision()
+			st, revision = current, entry.Revision()
 			st.Outbox = run.Dedupe(append(d.carriedOutbox(st, revision), run.Arm(st, d.machine.FailWith(st, tooLarge), time.Now())...))
 			st.UpdatedAt = time.Now().UTC()
 			if after, err = st.Encode(); err != nil {

@@ -51,8 +51,8 @@ const (
 // it. Nats-Msg-Id is set to the event id so JetStream deduplicates
 // republished events.
 func Encode(subject string, e *event.Event, mode Mode) (*nats.Msg, error) {
-	if err := e.Validate(); err != nil {
-		return nil, actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: %w", err)
+	if err := checkEnvelope(e); err != nil {
+		return nil, err
 	}
 	msg := &nats.Msg{Subject: subject, Header: nats.Header{}}
 	msg.Header[HeaderMsgID] = []string{e.ID()}
@@ -134,8 +134,8 @@ func decodeStructured(h nats.Header, body []byte) (*event.Event, error) {
 	if e.SpecVersion() != event.CloudEventsVersionV1 {
 		return nil, actionbus.Errorf(actionbus.CodeMalformedEvent, "unsupported specversion %q", e.SpecVersion())
 	}
-	if err := e.Validate(); err != nil {
-		return nil, actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: %w", err)
+	if err := checkEnvelope(&e); err != nil {
+		return nil, err
 	}
 	return &e, nil
 }
@@ -199,8 +199,8 @@ func decodeBinary(h nats.Header, body []byte) (*event.Event, error) {
 	if len(body) > 0 {
 		e.DataEncoded = body
 	}
-	if err := e.Validate(); err != nil {
-		return nil, actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: %w", err)
+	if err := checkEnvelope(&e); err != nil {
+		return nil, err
 	}
 	return &e, nil
 }

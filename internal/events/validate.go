@@ -53,9 +53,23 @@ func SchemaURL(eventType string) string {
 // malformed_event, unknown_event_type, unsupported_content_type or
 // schema_validation. Validate never panics on input.
 func Validate(e *event.Event) error {
+	if err := checkEnvelope(e); err != nil {
+		return err
+	}
+	return validateData(e)
+}
+
+// checkEnvelope checks the CloudEvent attributes (malformed_event).
+func checkEnvelope(e *event.Event) error {
 	if err := e.Validate(); err != nil {
 		return actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: %w", err)
 	}
+	return nil
+}
+
+// validateData checks that the type is in the catalog and the data is
+// valid against its schema.
+func validateData(e *event.Event) error {
 	all, err := dataSchemas()
 	if err != nil {
 		return err
@@ -81,19 +95,16 @@ func FromDispatcher(eventType string) bool {
 	return ok && strings.HasPrefix(e.Producer, "dispatcher")
 }
 
-// validateIncoming checks an event a service received: all of it when a
-// client, an approver, a planner or an executor produced it (the trust
-// boundary where validation belongs), and its envelope and type when the
-// dispatcher did — the dispatcher built it from data it validated when it
-// came in, so every receiver checking it again would only repeat that
-// (a tenth of a service's CPU, measured). Its data is still decoded into
-// its typed struct, and its subject binding checked, by [Bus.Receive].
+// validateIncoming checks the data of an event a service received ([Decode]
+// checked its envelope): when a client, an approver, a planner or an
+// executor produced it (the trust boundary where validation belongs), not
+// when the dispatcher did — the dispatcher built it from data it validated
+// when it came in, so every receiver checking it again would only repeat
+// that (a tenth of a service's CPU, measured). Its data is still decoded
+// into its typed struct, and its subject binding checked, by [Bus.Receive].
 func validateIncoming(e *event.Event) error {
-	if !FromDispatcher(e.Type()) {
-		return Validate(e)
+	if FromDispatcher(e.Type()) {
+		return nil
 	}
-	if err := e.Validate(); err != nil {
-		return actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: %w", err)
-	}
-	return nil
+	return validateData(e)
 }

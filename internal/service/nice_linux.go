@@ -1,6 +1,7 @@
 package service
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -28,7 +29,7 @@ func setNice(n int) error {
 			if p, err := unix.Getpriority(unix.PRIO_PROCESS, tid); err == nil && 20-p == n {
 				continue
 			}
-			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, n); err != nil && err != unix.ESRCH {
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, n); err != nil && !errors.Is(err, unix.ESRCH) {
 				return fmt.Errorf("set niceness %d: %w", n, err)
 			}
 			changed = true
