@@ -115,7 +115,11 @@ func deploy(ctx context.Context, bins string) *deployment {
 	must(err)
 	d := &deployment{dir: dir, addr: freePort(), debug: map[string]string{}}
 	must(os.WriteFile(filepath.Join(dir, "accounts.conf"), []byte(natsconf.Accounts), 0o600))
-	conf := fmt.Sprintf("listen: %s\njetstream { store_dir: %q }\ninclude ./accounts.conf\n", d.addr, filepath.Join(dir, "js"))
+	// The server serves its own pprof (prof_port), so -profile covers it.
+	d.debug["nats-server"] = freePort()
+	_, profPort, err := net.SplitHostPort(d.debug["nats-server"])
+	must(err)
+	conf := fmt.Sprintf("listen: %s\nprof_port: %s\njetstream { store_dir: %q }\ninclude ./accounts.conf\n", d.addr, profPort, filepath.Join(dir, "js"))
 	must(os.WriteFile(filepath.Join(dir, "server.conf"), []byte(conf), 0o600))
 	var pw []string
 	for _, u := range natsconf.Users {

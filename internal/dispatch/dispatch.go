@@ -447,7 +447,7 @@ func decodeState(runID string, b []byte) (run.State, error) {
 // shortest duplicate window of the streams the outbox publishes to.
 func (d *Dispatcher) freshOutboxes(ctx context.Context) (time.Duration, error) {
 	window := time.Duration(0)
-	for _, name := range []string{d.topo.StreamRuns(), d.topo.StreamWork()} {
+	for _, name := range []string{d.topo.StreamRuns(), d.topo.StreamTimers(), d.topo.StreamWork()} {
 		st, err := d.js.Stream(ctx, name)
 		if err != nil {
 			return 0, err

@@ -191,13 +191,25 @@ func (s Subjects) RequestSubjects() []string {
 }
 
 // ServiceRunSubjects are the subjects of the runs stream: every per-run
-// verb services publish, and the timer schedules.
+// verb services publish but the timers' ([Subjects.TimerSubjects]).
 func (s Subjects) ServiceRunSubjects() []string {
 	var out []string
 	for _, v := range serviceVerbs() {
-		out = append(out, s.AnyRun(v))
+		if v != timerVerb {
+			out = append(out, s.AnyRun(v))
+		}
 	}
-	return append(out, s.prefix+".run.*.*.sched.*")
+	return out
+}
+
+// timerVerb is the verb of timer.fired, the event the server writes when
+// a timer schedule falls due.
+const timerVerb = "timer"
+
+// TimerSubjects are the subjects of the timers stream: the run's timer
+// schedules and the timer.fired events the server writes from them.
+func (s Subjects) TimerSubjects() []string {
+	return []string{s.AnyRun(timerVerb), s.prefix + ".run.*.*.sched.*"}
 }
 
 // RunEvents matches every event of one run.

@@ -19,11 +19,13 @@ const DefaultPool = "default"
 const (
 	ConsumerDispatcher         = "dispatcher"
 	ConsumerDispatcherRequests = "dispatcher-requests"
+	ConsumerDispatcherTimers   = "dispatcher-timers"
 	ConsumerPlanner            = "planner"
 	ConsumerAuditorRuns        = "auditor-runs"
 	ConsumerAuditorRequests    = "auditor-requests"
 	ConsumerAuditorWork        = "auditor-work"
 	ConsumerAuditorRejected    = "auditor-rejected"
+	ConsumerAuditorTimers      = "auditor-timers"
 )
 
 // PoolConsumer returns the name of the durable work consumer shared by all
@@ -133,6 +135,16 @@ func (t Topology) StreamRequests() string { return t.name("REQUESTS") }
 // the three-node failover test).
 func (t Topology) StreamWork() string { return t.name("WORK") }
 
+// StreamTimers is the stream of the runs' timers: the schedules the
+// dispatcher arms and the timer.fired events the server writes when they
+// fall due (limits retention). It is the only stream that allows message
+// schedules, and only the dispatcher publishes into it: a schedule's
+// target may be any subject of its stream and the server writes it
+// without the publisher's permissions, so a user that could schedule into
+// the runs stream could have the server write a dispatcher's event there
+// (a forged run.completed), or purge another run's timer.
+func (t Topology) StreamTimers() string { return t.name("TIMERS") }
+
 // StreamRejected is the stream of rejected events.
 func (t Topology) StreamRejected() string { return t.name("REJECTED") }
 
@@ -200,13 +212,17 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 	runs := base(t.StreamRuns(), "actionbus per-run events of services", s.ServiceRunSubjects())
 	runs.Retention = jetstream.LimitsPolicy
 	runs.MaxAge = t.RunRetention
-	runs.AllowMsgSchedules = true
 	// Direct gets name the subject in the API subject
 	// ($JS.API.DIRECT.GET.<stream>.<subject>), so NATS permissions can
 	// confine a tenant's reads of last messages to its own subjects (a
 	// STREAM.MSG.GET request carries the subject, or a sequence, in its
 	// body, where no permission reaches).
 	runs.AllowDirect = true
+
+	timers := base(t.StreamTimers(), "actionbus timers of runs (the dispatcher's schedules, fired timers)", s.TimerSubjects())
+	timers.Retention = jetstream.LimitsPolicy
+	timers.MaxAge = t.RunRetention
+	timers.AllowMsgSchedules = true
 
 	requests := base(t.StreamRequests(), "actionbus per-run events of clients and approvers", s.RequestSubjects())
 	requests.Retention = jetstream.LimitsPolicy
@@ -224,7 +240,7 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 	audit := base(t.StreamAudit(), "actionbus audit records", []string{s.AllAudit()})
 	audit.Retention = jetstream.LimitsPolicy
 	audit.MaxAge = t.AuditRetention
-	return []jetstream.StreamConfig{runs, requests, work, rejected, audit}
+	return []jetstream.StreamConfig{runs, timers, requests, work, rejected, audit}
 }
 
 // ConsumerSpec is a durable consumer and the stream it reads.
@@ -291,12 +307,14 @@ func (t Topology) Consumers() []ConsumerSpec {
 	t = t.withDefaults()
 	s := t.Subjects()
 	out := []ConsumerSpec{
-		{t.StreamRuns(), t.durable(ConsumerDispatcher, "dispatcher: decisions, results, timers, synthesis parts",
-			s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("timer"), s.AnyRun("synthesized"))},
+		{t.StreamRuns(), t.durable(ConsumerDispatcher, "dispatcher: decisions, results, synthesis parts",
+			s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("synthesized"))},
+		{t.StreamTimers(), t.durable(ConsumerDispatcherTimers, "dispatcher: fired timers", s.AnyRun(timerVerb))},
 		{t.StreamRequests(), t.durable(ConsumerDispatcherRequests, "dispatcher: run requests, cancels, inputs, approvals' answers",
 			s.AnyRun("*"))},
 		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision and synthesis requests", s.AnyRun("decide"), s.AnyRun("synthesize"))},
-		{t.StreamRuns(), auditor(t.durable(ConsumerAuditorRuns, "auditor: every per-run event of services (not timer schedules)", s.AnyRun("*")))},
+		{t.StreamRuns(), auditor(t.durable(ConsumerAuditorRuns, "auditor: every per-run event of services but timers", s.AnyRun("*")))},
+		{t.StreamTimers(), auditor(t.durable(ConsumerAuditorTimers, "auditor: every fired timer (not the schedules)", s.AnyRun(timerVerb)))},
 		{t.StreamRequests(), auditor(t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.AnyRun("*")))},
 		{t.StreamWork(), auditor(t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools()))},
 		{t.StreamRejected(), t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected())},
@@ -337,6 +355,9 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 	if err := t.Validate(); err != nil {
 		return err
 	}
+	if err := t.checkRunsStream(ctx, js); err != nil {
+		return err
+	}
 	for _, sc := range t.Streams() {
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 			return fmt.Errorf("events: provision stream %s: %w", sc.Name, err)
@@ -370,6 +391,28 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 	return nil
 }
 
+// checkRunsStream refuses to provision over a runs stream that allows
+// message schedules (as provisioned before the timers had a stream of
+// their own): the server can never turn that off, and while it is on, any
+// user that publishes into the stream can have the server write the
+// dispatcher's events (see [Topology.StreamTimers]).
+func (t Topology) checkRunsStream(ctx context.Context, js jetstream.JetStream) error {
+	st, err := js.Stream(ctx, t.StreamRuns())
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("events: provision stream %s: %w", t.StreamRuns(), err)
+	}
+	if st.CachedInfo().Config.AllowMsgSchedules {
+		return fmt.Errorf("events: provision: stream %s allows message schedules (an earlier layout, which lets any user that "+
+			"publishes into it have the server write the dispatcher's events); the server cannot turn that off: stop the "+
+			"services, delete the stream (`nats stream rm %s`; run state stays in its bucket) and provision again",
+			t.StreamRuns(), t.StreamRuns())
+	}
+	return nil
+}
+
 // Requirements names what one service needs to exist.
 type Requirements struct {
 	Streams   []string
@@ -388,10 +431,11 @@ func (t Topology) Needs(service, pool string) Requirements {
 	switch service {
 	case "dispatcher":
 		return Requirements{
-			Streams:   []string{t.StreamRuns(), t.StreamRequests(), t.StreamWork(), t.StreamRejected()},
-			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerDispatcher), c(t.StreamRequests(), ConsumerDispatcherRequests)},
-			Buckets:   []string{t.BucketRuns(), t.BucketCatalog(), t.BucketPolicy(), t.BucketLimits()},
-			Objects:   []string{t.BucketArtifacts()},
+			Streams: []string{t.StreamRuns(), t.StreamTimers(), t.StreamRequests(), t.StreamWork(), t.StreamRejected()},
+			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerDispatcher), c(t.StreamTimers(), ConsumerDispatcherTimers),
+				c(t.StreamRequests(), ConsumerDispatcherRequests)},
+			Buckets: []string{t.BucketRuns(), t.BucketCatalog(), t.BucketPolicy(), t.BucketLimits()},
+			Objects: []string{t.BucketArtifacts()},
 		}
 	case "planner":
 		return Requirements{
@@ -411,9 +455,9 @@ func (t Topology) Needs(service, pool string) Requirements {
 		}
 	case "auditor":
 		return Requirements{
-			Streams: []string{t.StreamRuns(), t.StreamRequests(), t.StreamWork(), t.StreamRejected(), t.StreamAudit()},
-			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerAuditorRuns), c(t.StreamRequests(), ConsumerAuditorRequests), c(t.StreamWork(), ConsumerAuditorWork),
-				c(t.StreamRejected(), ConsumerAuditorRejected)},
+			Streams: []string{t.StreamRuns(), t.StreamTimers(), t.StreamRequests(), t.StreamWork(), t.StreamRejected(), t.StreamAudit()},
+			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerAuditorRuns), c(t.StreamTimers(), ConsumerAuditorTimers),
+				c(t.StreamRequests(), ConsumerAuditorRequests), c(t.StreamWork(), ConsumerAuditorWork), c(t.StreamRejected(), ConsumerAuditorRejected)},
 			Buckets: []string{t.BucketCatalog()},
 		}
 	default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -162,4 +163,69 @@ func deployedServer(t *testing.T, _ context.Context, tenants ...string) (url fun
 	t.Setenv("ACTIONBUS_APPROVAL_KEYS", "k1:"+base64.StdEncoding.EncodeToString(deployApprovalKey))
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: tenants})
 	return srv.UserURL, srv.JS
+}
+
+// A stream that allows message schedules lets whoever publishes into it
+// have the server write any subject of the stream (a schedule's target
+// need only lie in it, and the server writes it without the publisher's
+// permissions), or purge another schedule. When the runs stream allowed
+// them, an executor or a planner could have the server write a forged
+// run.completed one second later, or purge another run's alarm. Timers
+// now live in a stream only the dispatcher publishes into: every such
+// attempt by the executor and the planner is refused and nothing is
+// written on the target; and the dispatcher's timers still fire, as the
+// deployed dispatcher and auditor users (a decision that never comes
+// times the run out, and the audit trail holds the fired timer).
+func TestNoUserButTheDispatcherCanScheduleOrPurgeOnRunSubjects(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server process and services")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	url, adminJS := deployedServer(t, ctx)
+	bin := buildServices(t)
+	// No planner: the decision's timer must fire.
+	startService(t, filepath.Join(bin, "dispatcher"), url("dispatcher"), "--decision-timeout=1s")
+	startService(t, filepath.Join(bin, "auditor"), url("auditor"))
+	nc, _ := connectAs(t, url("client"), "_INBOX_default")
+	c, err := client.New(nc, client.Options{})
+	require.NoError(t, err)
+	res, err := c.Run(ctx, client.RunRequest{Prompt: "nobody plans this"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	require.Equal(t, "stage_stalled", string(res.Error.Code), "%+v", res.Error)
+	require.Eventually(t, func() bool {
+		recs, err := c.AuditRecords(ctx, res.RunID)
+		return err == nil && audit.HasTerminal(recs) && slices.ContainsFunc(recs, func(r client.AuditRecord) bool { return r.Kind == audit.KindTimer })
+	}, 10*time.Second, 50*time.Millisecond, "the fired timer is audited")
+
+	for _, user := range []struct{ name, inbox, verb string }{
+		{"executor", "_INBOX_executor", "result"}, {"planner", "_INBOX_planner", "decision"},
+	} {
+		t.Run(user.name, func(t *testing.T) {
+			nc, _ := connectAs(t, url(user.name), user.inbox)
+			js, err := jetstream.New(nc)
+			require.NoError(t, err)
+			runID := events.NewID()
+			target := "ab.run.default." + runID + ".completed"
+			msg := forged(t, "ab.run.default."+runID+"."+user.verb, events.TypeRunCompleted, runID, events.NewID(),
+				events.RunCompleted{RunID: runID, Answer: "forged"})
+			msg.Header.Set("Nats-Schedule", "@at "+time.Now().UTC().Add(-time.Second).Format(time.RFC3339))
+			msg.Header.Set("Nats-Schedule-Target", target)
+			_, err = js.PublishMsg(ctx, msg)
+			require.Error(t, err, "a schedule published as %s", user.name)
+
+			purge := forged(t, "ab.run.default."+runID+"."+user.verb, events.TypeRunCompleted, runID, events.NewID(),
+				events.RunCompleted{RunID: runID, Answer: "purge"})
+			purge.Header.Set("Nats-Schedule-Next", "purge")
+			purge.Header.Set("Nats-Scheduler", "ab.run.default."+runID+".sched.alarm")
+			_, err = js.PublishMsg(ctx, purge)
+			require.Error(t, err, "a schedule purge published as %s", user.name)
+
+			runs, err := adminJS.Stream(ctx, "AB_RUNS")
+			require.NoError(t, err)
+			_, err = runs.GetLastMsgForSubject(ctx, target)
+			require.ErrorIs(t, err, jetstream.ErrMsgNotFound, "nothing was written on the target")
+		})
+	}
 }
