@@ -573,22 +573,22 @@ func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 // case the connection moved to another server meanwhile).
 func (c *Client) wait(ctx context.Context, runID string, start func() error) (*Result, error) {
 	subjects := c.topo.Subjects()
-	// Only terminal events go into the channel; the callback never blocks
-	// (at most one terminal event is ever published per run).
+	// One subscription per terminal subject, not one for the run's every
+	// event: its results, steps and progress are not sent here. The
+	// callback never blocks (one terminal event is published per run).
 	terminals := make(chan *nats.Msg, 4)
-	sub, err := c.nc.Subscribe(subjects.Run(c.tenant, runID, "*"), func(m *nats.Msg) {
-		switch m.Subject[strings.LastIndexByte(m.Subject, '.')+1:] {
-		case "completed", "failed", "canceled":
+	for _, verb := range terminalVerbs {
+		sub, err := c.nc.Subscribe(subjects.Run(c.tenant, runID, verb), func(m *nats.Msg) {
 			select {
 			case terminals <- m:
 			default:
 			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("client: wait %s: %w", runID, err)
 		}
-	})
-	if err != nil {
-		return nil, fmt.Errorf("client: wait %s: %w", runID, err)
+		defer sub.Unsubscribe() //nolint:errcheck // best effort
 	}
-	defer sub.Unsubscribe() //nolint:errcheck // best effort
 	decode := func(subject string, h nats.Header, data []byte) *Result {
 		r, err := c.bus.Receive(subject, h, data)
 		if err != nil {
@@ -662,9 +662,12 @@ func (c *Client) Ended(ctx context.Context, runID string) (*Result, error) {
 	return c.storedResult(rctx, stream, runID)
 }
 
+// terminalVerbs are the subject verbs of a run's terminal events.
+var terminalVerbs = []string{"completed", "failed", "canceled"}
+
 // storedResult reads a run's stored terminal event, if any.
 func (c *Client) storedResult(ctx context.Context, stream jetstream.Stream, runID string) (*Result, error) {
-	for _, verb := range []string{"completed", "failed", "canceled"} {
+	for _, verb := range terminalVerbs {
 		msg, err := stream.GetLastMsgForSubject(ctx, c.topo.Subjects().Run(c.tenant, runID, verb))
 		if err == nil {
 			if r, err := c.bus.Receive(msg.Subject, msg.Header, msg.Data); err == nil {

@@ -26,6 +26,7 @@ func main() {
 	flag.IntVar(&cfg.Concurrency, "concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", dispatch.DefaultConcurrency), "events handled at once (env ACTIONBUS_CONCURRENCY)")
 	flag.DurationVar(&cfg.RunDeadline, "run-deadline", service.EnvDuration("ACTIONBUS_RUN_DEADLINE", dispatch.DefaultRunDeadline), "default whole-run deadline (env ACTIONBUS_RUN_DEADLINE)")
 	flag.DurationVar(&cfg.DecisionTimeout, "decision-timeout", service.EnvDuration("ACTIONBUS_DECISION_TIMEOUT", dispatch.DefaultDecisionTimeout), "planner decision deadline (env ACTIONBUS_DECISION_TIMEOUT)")
+	flag.DurationVar(&cfg.ResultLinger, "result-linger", service.EnvDuration("ACTIONBUS_RESULT_LINGER", dispatch.DefaultResultLinger), "longest hold of results that only change a run's state, for its next write; negative writes each at once (env ACTIONBUS_RESULT_LINGER)")
 	policyFile := flag.String("policy", service.Env("ACTIONBUS_POLICY_FILE", ""), "policy document (JSON); the policy bucket can replace it at run time")
 	flag.Parse()
 	os.Exit(service.Main("dispatcher", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,6 +60,7 @@ const (
 	DefaultObservationBytes   = 4096
 	DefaultInlineOutputBytes  = 16 << 10
 	DefaultApprovalTTL        = time.Hour
+	DefaultResultLinger       = 20 * time.Millisecond
 )
 
 // Config configures a [Dispatcher].
@@ -107,6 +109,11 @@ type Config struct {
 	ApprovalKeys policy.Keys
 	// ApprovalTTL is how long an approval request stays valid; default 1h.
 	ApprovalTTL time.Duration
+	// ResultLinger bounds how long results that only change a run's state
+	// (a plan's or workflow's, while its other calls are out) are held,
+	// unacknowledged, for the run's next write instead of each being
+	// written; default 20 ms; negative writes each at once.
+	ResultLinger time.Duration
 	// InstanceID names this dispatcher in the source of its events
 	// (/actionbus/dispatcher/<id>); default <hostname>-<pid>.
 	InstanceID string
@@ -158,6 +165,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ApprovalTTL == 0 {
 		c.ApprovalTTL = DefaultApprovalTTL
+	}
+	if c.ResultLinger == 0 {
+		c.ResultLinger = DefaultResultLinger
 	}
 	if c.InstanceID == "" {
 		host, _ := os.Hostname()
@@ -234,6 +244,9 @@ type Dispatcher struct {
 
 	queueMu sync.Mutex
 	queues  map[string]*runQueue
+	// held counts the events held unacknowledged in runs' held states
+	// (see heldState), across runs.
+	held atomic.Int64
 
 	// crashAfterWrite, set by tests, simulates a crash between storing a
 	// state and publishing its outbox when it returns true: nothing is
@@ -542,13 +555,18 @@ func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev ru
 	d.queueMu.Lock()
 	q, leading := d.queues[runID]
 	if !leading {
-		q = &runQueue{}
+		q = &runQueue{wake: make(chan struct{}, 1)}
 		d.queues[runID] = q
 	}
 	q.jobs = append(q.jobs, j)
 	d.queueMu.Unlock()
-	if !leading {
-		d.lead(ctx, runID)
+	if leading {
+		select {
+		case q.wake <- struct{}{}: // a leader holding results waits for it
+		default:
+		}
+	} else {
+		d.lead(ctx, runID, q)
 	}
 	select {
 	case err := <-j.done:
@@ -558,23 +576,79 @@ func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev ru
 	}
 }
 
-type runQueue struct{ jobs []*job }
+// runQueue holds the jobs of one run waiting for its leader; wake tells a
+// leader that holds results (see heldState) that more came.
+type runQueue struct {
+	jobs []*job
+	wake chan struct{}
+}
 
-// lead applies queued jobs of runID batch by batch until none is left.
-func (d *Dispatcher) lead(ctx context.Context, runID string) {
+// heldState is a run's state with events applied that only changed the
+// state (results of a plan or workflow whose other calls are still out:
+// their transitions imply live progress only, see run.LiveOnly). Storing
+// each such state would put a write between every result and the next;
+// instead they are stored with the run's next event — usually the last
+// result, whose transition ends the run or moves it on — or after
+// Config.ResultLinger. Their messages stay unacknowledged until then, so a
+// crash loses nothing: they are redelivered and applied again.
+type heldState struct {
+	st       *run.State
+	revision uint64 // the stored revision st was applied on
+	jobs     []*job // the events applied to st since
+}
+
+// maxHeld is how many events may be held at once across runs: half the
+// workers that handle events, so that holding never starves the events
+// that end the hold.
+func (d *Dispatcher) maxHeld() int64 { return int64(max(1, d.cfg.Concurrency/2)) }
+
+// lead applies queued jobs of runID batch by batch until none is left
+// and nothing is held.
+func (d *Dispatcher) lead(ctx context.Context, runID string, q *runQueue) {
+	var held *heldState
+	var linger *time.Timer // from the first event held
+	defer func() {
+		if linger != nil {
+			linger.Stop()
+		}
+	}()
 	for {
 		d.queueMu.Lock()
-		q := d.queues[runID]
 		batch := q.jobs
 		q.jobs = nil
-		if len(batch) == 0 {
+		if len(batch) == 0 && held == nil {
 			delete(d.queues, runID)
 			d.queueMu.Unlock()
 			return
 		}
 		d.queueMu.Unlock()
-		err := d.applyBatch(ctx, runID, batch)
-		for _, j := range batch {
+		if len(batch) == 0 {
+			select {
+			case <-q.wake:
+				continue
+			case <-linger.C:
+			case <-ctx.Done():
+			}
+		}
+		// Events keep being held while they come; the linger's end (no
+		// batch) stores what is held.
+		next, err := d.applyBatch(ctx, runID, held, batch, len(batch) > 0 && d.cfg.ResultLinger > 0)
+		if next != nil {
+			d.held.Add(int64(len(batch)))
+			if held == nil {
+				linger = time.NewTimer(d.cfg.ResultLinger)
+			}
+			held = next
+			continue
+		}
+		done := batch
+		if held != nil {
+			d.held.Add(-int64(len(held.jobs)))
+			done = append(held.jobs, batch...)
+			held = nil
+			linger.Stop()
+		}
+		for _, j := range done {
 			if j.refused != nil {
 				j.done <- events.Rejection(j.refused)
 				continue
@@ -585,8 +659,11 @@ func (d *Dispatcher) lead(ctx context.Context, runID string) {
 }
 
 // applyBatch is the shell around one transition: load, apply, store the
-// new state with its outbox, publish, clear.
-func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job) error {
+// new state with its outbox, publish, clear. With held, the batch applies
+// on top of the held state (and, should that be stale, the held events
+// are applied again on the stored state); with mayHold, a transition that
+// implies live progress only is not stored but returned to be held.
+func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldState, batch []*job, mayHold bool) (*heldState, error) {
 	unlock := d.locks.Lock(runID)
 	defer unlock()
 	var span trace.Span
@@ -595,12 +672,24 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			span.End()
 		}
 	}()
+	all := batch
+	if held != nil {
+		all = append(slices.Clip(held.jobs), batch...)
+	}
 	for attempt := 0; attempt < 20; attempt++ {
 		// A cached state is one whose outbox was published; its revision
 		// makes a stale copy (another dispatcher wrote since) fail the
 		// update and be reloaded. Taken out of the cache, it is this
-		// transition's to change.
-		st, revision, cached := d.cache.take(runID)
+		// transition's to change. A held state is taken the same way.
+		var st *run.State
+		var revision uint64
+		var cached bool
+		apply := all
+		if held != nil && attempt == 0 {
+			st, revision, cached, apply = held.st, held.revision, true, batch
+		} else {
+			st, revision, cached = d.cache.take(runID)
+		}
 		fresh := !cached || attempt > 0
 		var stored []byte // the state as read from the bucket, when fresh
 		if fresh {
@@ -611,14 +700,14 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 				// An event for a run we do not know (yet): the
 				// run.requested may still be on its way; retry with
 				// backoff, bounded by MaxDeliver.
-				return fmt.Errorf("dispatch: run %s not found", runID)
+				return nil, fmt.Errorf("dispatch: run %s not found", runID)
 			}
 			if err != nil {
-				return err
+				return nil, err
 			}
 			decoded, err := decodeState(runID, entry.Value())
 			if err != nil {
-				return err
+				return nil, err
 			}
 			st, revision, stored = &decoded, entry.Revision(), entry.Value()
 		}
@@ -634,13 +723,13 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		st.Outbox = nil
 		wasTerminal := st.IsTerminal()
 		var out []run.Effect
-		for _, j := range batch {
+		for _, j := range apply {
 			if j.refused = st.CheckTenant(j.tenant); j.refused != nil {
 				continue
 			}
 			effects, err := d.machine.Apply(ctx, st, j.ev)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			out = append(out, effects...)
 		}
@@ -648,6 +737,20 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		// changes nothing to write.
 		out, wakes := run.Stored(out)
 		d.wakes.schedule(st, wakes)
+		if mayHold && len(carried) == 0 && !st.IsTerminal() && run.LiveOnly(out) && d.held.Load()+int64(len(batch)) <= d.maxHeld() {
+			// Progress is live: it goes out now, the state with the
+			// run's next write.
+			if err := d.publish(ctx, st, out); err != nil {
+				return nil, err
+			}
+			return &heldState{st: st, revision: revision, jobs: all}, nil
+		}
+		if len(out) == 0 && held != nil && attempt == 0 {
+			// The held events changed the state: it is written (should
+			// the held state be stale, the write fails and all is applied
+			// again on the stored state).
+			out = []run.Effect{run.Saved(st, time.Now())}
+		}
 		if len(out) == 0 {
 			if !fresh {
 				// "Nothing to do" is only trusted on the stored state: a
@@ -659,14 +762,14 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			// st (applying may have touched it without effects).
 			unchanged, err := decodeState(runID, stored)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if len(carried) > 0 {
 				unchanged.Outbox = carried
-				return d.flush(ctx, &unchanged, revision)
+				return nil, d.flush(ctx, &unchanged, revision)
 			}
 			d.cache.put(&unchanged, revision)
-			return nil
+			return nil, nil
 		}
 		// The transition's timers become pending timers of the state,
 		// under one armed schedule (the alarm).
@@ -674,7 +777,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 		st.UpdatedAt = time.Now().UTC()
 		after, err := st.Encode()
 		if err != nil {
-			return events.Permanent(err)
+			return nil, events.Permanent(err)
 		}
 		if tooLarge := d.stateTooLarge(after); tooLarge != nil {
 			// The new state could never be stored: the run fails from the
@@ -682,13 +785,13 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			d.log.Warn("run state over the server's max payload; failing the run", "run_id", runID, "bytes", len(after))
 			current, entry, err := d.loadStored(ctx, runID)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			st, revision = current, entry.Revision()
 			st.Outbox = run.Dedupe(append(d.carriedOutbox(st, revision), run.Arm(st, d.machine.FailWith(st, tooLarge), time.Now())...))
 			st.UpdatedAt = time.Now().UTC()
 			if after, err = st.Encode(); err != nil {
-				return events.Permanent(err)
+				return nil, events.Permanent(err)
 			}
 		}
 		uctx, cancel := events.Bounded(ctx)
@@ -699,14 +802,14 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, batch []*job)
 			if events.IsRevisionConflict(err) {
 				continue
 			}
-			return err
+			return nil, err
 		}
 		if !wasTerminal && st.IsTerminal() {
 			d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), st.UpdatedAt.Sub(st.CreatedAt))
 		}
-		return d.flush(ctx, st, rev)
+		return nil, d.flush(ctx, st, rev)
 	}
-	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
+	return nil, fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
 }
 
 // traceTransition starts the span of one transition of a run: a child of

@@ -38,7 +38,8 @@ const (
 	// at At. It is not stored: the capacity timer is its durable backstop.
 	EffectWake EffectKind = "wake"
 	// EffectSave publishes nothing: the state changed (the alarm fired
-	// only stale timers) and is to be written.
+	// only stale timers, or events were applied without being stored:
+	// [Saved]) and is to be written.
 	EffectSave EffectKind = "save"
 )
 
@@ -83,6 +84,10 @@ type Timer struct {
 	Fired events.TimerFired `json:"fired"`
 }
 
+// live reports whether a step effect is progress (run.progress, live
+// only) rather than a recorded run.step.
+func (e Effect) live() bool { return e.Progress || !StepName(e.Step.Name).Recorded() }
+
 // Render returns the event an effect publishes, rendered from st, the
 // state stored with it. ok is false for an effect that no longer applies
 // (a reference to a request the run has moved past: its answer arrived,
@@ -98,7 +103,7 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 		em.Type, em.Data = e.Type, e.Data
 	case EffectStep:
 		em.Type, em.Data = events.TypeRunStep, e.Step
-		if e.Progress || !StepName(e.Step.Name).Recorded() {
+		if e.live() {
 			em.Type = events.TypeRunProgress
 		}
 	case EffectDecide:
@@ -196,6 +201,27 @@ func Stored(effects []Effect) (stored, wakes []Effect) {
 		}
 	}
 	return stored, wakes
+}
+
+// LiveOnly reports whether effects are all progress steps: live events,
+// which no one recovers from the stream, so publishing them needs no
+// stored state. A transition that implies nothing else (a result of a
+// plan or workflow whose other calls are still out) changes the state
+// without changing what the run waits for.
+func LiveOnly(effects []Effect) bool {
+	for _, e := range effects {
+		if e.Kind != EffectStep || !e.live() {
+			return false
+		}
+	}
+	return len(effects) > 0
+}
+
+// Saved is the effect of writing st as it is: events applied to it
+// changed it without implying anything to publish yet (a held state, see
+// [LiveOnly]).
+func Saved(st *State, now time.Time) Effect {
+	return Effect{Kind: EffectSave, ID: st.derive("saved", now.UnixNano())}
 }
 
 func endEffect(st *State) Effect {

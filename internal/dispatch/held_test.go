@@ -1,0 +1,168 @@
+package dispatch_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/dispatch"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/run"
+)
+
+// startDispatcher runs a dispatcher with cfg until the test ends or the
+// returned stop is called (which waits for it to return).
+func startDispatcher(t *testing.T, srv *actionbustest.Server, cfg dispatch.Config) (stop func()) {
+	t.Helper()
+	d, err := dispatch.New(srv.Connect(t), cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var stopped bool
+	stop = func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			<-done
+		}
+	}
+	t.Cleanup(stop)
+	select {
+	case <-d.Ready():
+	case err := <-done:
+		t.Fatalf("dispatcher: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("dispatcher not ready")
+	}
+	return stop
+}
+
+// fanOut starts a workflow of five independent gated steps and waits until
+// all five run.
+func fanOut(t *testing.T, ctx context.Context, st *actionbustest.Stack, w *wfActions) string {
+	t.Helper()
+	b := client.NewWorkflow("fan-out")
+	for _, id := range []string{"s1", "s2", "s3", "s4", "s5"} {
+		b.Step(id, "wf.gated", map[string]any{"id": id})
+	}
+	runID, err := st.Client.Start(ctx, client.RunRequest{Workflow: b.Build()})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.inFlight == 5
+	}, 10*time.Second, time.Millisecond)
+	return runID
+}
+
+// completedSteps waits for n action-completed progress steps of runID. The
+// dispatcher publishes a result's progress after it stored the result, or
+// decided to hold it: once they are seen, no write for them is pending.
+func completedSteps(t *testing.T, rec *actionbustest.Recorder, runID string, n int) {
+	t.Helper()
+	rec.WaitForN(t, 10*time.Second, n, func(r actionbustest.Recorded) bool {
+		var s events.RunStep
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == string(run.StepActionCompleted)
+	})
+}
+
+// TestResultsOfAFanOutAreStoredWithTheRunsNextWrite: four of five parallel
+// steps finish; their results change only the state (the fifth is still
+// out), so they are held, unacknowledged, instead of written one by one:
+// the stored state is still the admission's. The fifth result ends the
+// run in one write that holds all five.
+func TestResultsOfAFanOutAreStoredWithTheRunsNextWrite(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	rec := srv.Record(t, "")
+	w := &wfActions{gate: make(chan struct{})}
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, Register: w.register, Slots: 8})
+	startDispatcher(t, srv, dispatch.Config{MaxPlanParallel: 5, ResultLinger: time.Minute, InstanceID: "holding"})
+	ctx := ctxT(t)
+	js, err := jetstream.New(srv.Connect(t))
+	require.NoError(t, err)
+	kv, err := js.KeyValue(ctx, "ab_runs")
+	require.NoError(t, err)
+
+	runID := fanOut(t, ctx, st, w)
+	admitted, err := kv.Get(ctx, runID)
+	require.NoError(t, err)
+	for range 4 {
+		w.gate <- struct{}{}
+	}
+	completedSteps(t, rec, runID, 4)
+	now, err := kv.Get(ctx, runID)
+	require.NoError(t, err)
+	assert.Equal(t, admitted.Revision(), now.Revision(), "four results held, none written")
+
+	w.gate <- struct{}{}
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	_, steps := output(res)
+	require.Len(t, steps, 5)
+	for i, s := range steps {
+		assert.Equal(t, []string{"s1", "s2", "s3", "s4", "s5"}[i], s.(map[string]any)["id"])
+	}
+	final, err := kv.Get(ctx, runID)
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "KV_ab_runs")
+	require.NoError(t, err)
+	// The run's writes after admission: one (the key's revisions are
+	// stream sequences; nothing else writes the bucket in this test).
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter("$KV.ab_runs."+runID))
+	require.NoError(t, err)
+	assert.Equal(t, info.State.LastSeq, final.Revision())
+	writes := 0
+	for seq := admitted.Revision() + 1; seq <= final.Revision(); seq++ {
+		if m, err := stream.GetMsg(ctx, seq); err == nil && m.Subject == "$KV.ab_runs."+runID {
+			writes++
+		}
+	}
+	assert.Equal(t, 1, writes, "the five results and the end in one write")
+}
+
+// TestHeldResultsSurviveTheirDispatcher: the dispatcher holding four
+// results stops before writing them; they were never acknowledged, so
+// another dispatcher gets them again and the run ends with all five, each
+// step run once.
+func TestHeldResultsSurviveTheirDispatcher(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	rec := srv.Record(t, "")
+	w := &wfActions{gate: make(chan struct{})}
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, Register: w.register, Slots: 8})
+	stop := startDispatcher(t, srv, dispatch.Config{MaxPlanParallel: 5, ResultLinger: time.Minute, InstanceID: "first"})
+	ctx := ctxT(t)
+
+	runID := fanOut(t, ctx, st, w)
+	for range 4 {
+		w.gate <- struct{}{}
+	}
+	completedSteps(t, rec, runID, 4)
+	stop()
+	startDispatcher(t, srv, dispatch.Config{MaxPlanParallel: 5, InstanceID: "second"})
+	w.gate <- struct{}{}
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	outputs, steps := output(res)
+	require.Len(t, steps, 5)
+	for _, id := range []string{"s1", "s2", "s3", "s4", "s5"} {
+		assert.Equal(t, map[string]any{"id": id}, outputs[id])
+	}
+	// The second dispatcher sends the admission's outbox again (it cannot
+	// know it was sent); the stream keeps each work item once.
+	js, err := jetstream.New(srv.Connect(t))
+	require.NoError(t, err)
+	work, err := js.Stream(ctx, "AB_WORK")
+	require.NoError(t, err)
+	info, err := work.Info(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(5), info.State.Msgs, "each step was requested once")
+}
