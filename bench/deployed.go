@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -207,6 +209,36 @@ func (d *deployment) logs() string {
 		fmt.Fprintf(&b, "--- %s\n%s\n", p.name, out)
 	}
 	return b.String()
+}
+
+// cpu returns the CPU time (user and system) each process of the
+// deployment has used so far, the bench's own (the client) as "client"
+// (Linux: /proc; empty elsewhere).
+func (d *deployment) cpu() map[string]time.Duration {
+	out := map[string]time.Duration{}
+	read := func(name string, pid int) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return
+		}
+		// Fields after the command's closing parenthesis; utime and
+		// stime are the 14th and 15th of the line, in clock ticks
+		// (100 per second on Linux).
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 13 {
+			return
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		out[name] = time.Duration(u+s) * 10 * time.Millisecond
+	}
+	for _, p := range append([]*proc{d.server}, d.services...) {
+		if p != nil && p.cmd.Process != nil {
+			read(p.name, p.cmd.Process.Pid)
+		}
+	}
+	read("client", os.Getpid())
+	return out
 }
 
 // profile records a CPU profile of every service for the duration of fn

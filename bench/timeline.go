@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -61,6 +62,7 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 		}
 		since := time.Now()
 		var done []timedRun
+		cpu0 := d.cpu()
 		for i := range runs {
 			req := u.req(i)
 			t0 := time.Now()
@@ -68,6 +70,7 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 			must(err)
 			done = append(done, timedRun{id: res.RunID, start: t0, done: time.Now()})
 		}
+		cpu1 := d.cpu()
 		if profileDir != "" {
 			// The services' CPU profiles while this workload's units run
 			// one after another (9 s, the profile's 8 s inside).
@@ -81,7 +84,23 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 		byRun := storedSince(ctx, d.adminJS, since)
 		fmt.Fprintf(w, "\n%s: median offset of every stored write from the client's submit, %d runs\n", u.name, runs)
 		printTimeline(w, done, byRun)
+		printCPU(w, cpu0, cpu1, runs)
 	}
+}
+
+// printCPU prints the CPU time each process used per run between two
+// readings ([deployment.cpu]). Unlike latency, it hardly moves with what
+// else the machine runs, so it shows what a change saves.
+func printCPU(w io.Writer, before, after map[string]time.Duration, runs int) {
+	names := slices.Sorted(maps.Keys(after))
+	var total time.Duration
+	fmt.Fprintf(w, "CPU per run:")
+	for _, n := range names {
+		used := after[n] - before[n]
+		total += used
+		fmt.Fprintf(w, " %s %.2f ms,", n, ms(used)/float64(runs))
+	}
+	fmt.Fprintf(w, " total %.2f ms\n", ms(total)/float64(runs))
 }
 
 // storedSince reads every message stored since t in the deployment's
