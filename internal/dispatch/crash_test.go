@@ -23,23 +23,8 @@ import (
 // a state write and its publishes whenever crash returns true.
 func startCrashingDispatcher(t *testing.T, srv *actionbustest.Server, crash func(runID string) bool) {
 	t.Helper()
-	d, err := dispatch.New(srv.Connect(t), dispatch.Config{ApprovalKeys: policy.Keys{"k1": approvalKey}, InstanceID: "crashing"})
-	require.NoError(t, err)
-	dispatch.SetCrashAfterWrite(d, crash)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	select {
-	case <-d.Ready():
-	case err := <-done:
-		t.Fatalf("dispatcher: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("dispatcher not ready")
-	}
+	startDispatcher(t, srv, dispatch.Config{ApprovalKeys: policy.Keys{"k1": approvalKey}, InstanceID: "crashing"},
+		func(d *dispatch.Dispatcher) { dispatch.SetCrashAfterWrite(d, crash) })
 }
 
 // onceEach crashes the first write of every run, and never again.

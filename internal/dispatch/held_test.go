@@ -16,12 +16,16 @@ import (
 	"github.com/actionbus/actionbus/internal/run"
 )
 
-// startDispatcher runs a dispatcher with cfg until the test ends or the
-// returned stop is called (which waits for it to return).
-func startDispatcher(t *testing.T, srv *actionbustest.Server, cfg dispatch.Config) (stop func()) {
+// startDispatcher runs a dispatcher with cfg (prepared by prepare, when
+// given) until the test ends or the returned stop is called (which waits
+// for it to return).
+func startDispatcher(t *testing.T, srv *actionbustest.Server, cfg dispatch.Config, prepare ...func(*dispatch.Dispatcher)) (stop func()) {
 	t.Helper()
 	d, err := dispatch.New(srv.Connect(t), cfg)
 	require.NoError(t, err)
+	for _, p := range prepare {
+		p(d)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
@@ -42,6 +46,19 @@ func startDispatcher(t *testing.T, srv *actionbustest.Server, cfg dispatch.Confi
 		t.Fatal("dispatcher not ready")
 	}
 	return stop
+}
+
+// startHolding starts a server, the recorder, a stack of gated actions
+// without dispatcher, and a dispatcher that runs five calls at once and
+// holds results for up to a minute.
+func startHolding(t *testing.T) (*actionbustest.Server, *actionbustest.Recorder, *actionbustest.Stack, *wfActions, func()) {
+	t.Helper()
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	rec := srv.Record(t, "")
+	w := &wfActions{gate: make(chan struct{})}
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, Register: w.register, Slots: 8})
+	stop := startDispatcher(t, srv, dispatch.Config{MaxPlanParallel: 5, ResultLinger: time.Minute, InstanceID: "holding"})
+	return srv, rec, st, w, stop
 }
 
 // fanOut starts a workflow of five independent gated steps and waits until
@@ -79,11 +96,7 @@ func completedSteps(t *testing.T, rec *actionbustest.Recorder, runID string, n i
 // the stored state is still the admission's. The fifth result ends the
 // run in one write that holds all five.
 func TestResultsOfAFanOutAreStoredWithTheRunsNextWrite(t *testing.T) {
-	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	rec := srv.Record(t, "")
-	w := &wfActions{gate: make(chan struct{})}
-	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, Register: w.register, Slots: 8})
-	startDispatcher(t, srv, dispatch.Config{MaxPlanParallel: 5, ResultLinger: time.Minute, InstanceID: "holding"})
+	srv, rec, st, w, _ := startHolding(t)
 	ctx := ctxT(t)
 	js, err := jetstream.New(srv.Connect(t))
 	require.NoError(t, err)
@@ -133,11 +146,7 @@ func TestResultsOfAFanOutAreStoredWithTheRunsNextWrite(t *testing.T) {
 // another dispatcher gets them again and the run ends with all five, each
 // step run once.
 func TestHeldResultsSurviveTheirDispatcher(t *testing.T) {
-	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	rec := srv.Record(t, "")
-	w := &wfActions{gate: make(chan struct{})}
-	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, Register: w.register, Slots: 8})
-	stop := startDispatcher(t, srv, dispatch.Config{MaxPlanParallel: 5, ResultLinger: time.Minute, InstanceID: "first"})
+	srv, rec, st, w, stop := startHolding(t)
 	ctx := ctxT(t)
 
 	runID := fanOut(t, ctx, st, w)

@@ -51,6 +51,7 @@ func NewSet() *Set {
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.UseLoader(denyLoader{})
+	c.UseRegexpEngine(compileRegexp)
 	return &Set{c: c, loaded: map[string]bool{}}
 }
 
