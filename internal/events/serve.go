@@ -90,6 +90,14 @@ type ServeObserver interface {
 	Rejected(consumer string)
 }
 
+// pullExpiry is how long each pull request of Serve lives. The server
+// sends heartbeats for a pull at half of it; two missed (10 s) tell the
+// client that the server holds no pull of its (a restart, a consumer
+// leader that moved, a request lost), and it asks again. At nats.go's
+// default (30 s) a consumer could sit idle that long with messages to
+// deliver; a handler's nak then waited as long for its redelivery.
+const pullExpiry = 10 * time.Second
+
 // Serve pulls messages from cons and runs h on each, at most
 // opts.Concurrency at a time, until ctx ends; then it stops pulling and
 // waits for running handlers (which see ctx canceled) before returning.
@@ -107,7 +115,7 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 	}
 	log := b.log.With("consumer", opts.Name)
 	open := func() (jetstream.MessagesContext, error) {
-		return cons.Messages(jetstream.PullMaxMessages(opts.Concurrency))
+		return cons.Messages(jetstream.PullMaxMessages(opts.Concurrency), jetstream.PullExpiry(pullExpiry))
 	}
 	iter, err := open()
 	if err != nil {
