@@ -79,6 +79,19 @@ func fanOut(t *testing.T, ctx context.Context, st *actionbustest.Stack, w *wfAct
 	return runID
 }
 
+// finishFanOut lets the fifth step of runID finish and returns the run's
+// outputs by step and its steps, once it completed.
+func finishFanOut(t *testing.T, ctx context.Context, st *actionbustest.Stack, w *wfActions, runID string) (map[string]any, []any) {
+	t.Helper()
+	w.gate <- struct{}{}
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	outputs, steps := output(res)
+	require.Len(t, steps, 5)
+	return outputs, steps
+}
+
 // completedSteps waits for n action-completed progress steps of runID. The
 // dispatcher publishes a result's progress after it stored the result, or
 // decided to hold it: once they are seen, no write for them is pending.
@@ -114,12 +127,7 @@ func TestResultsOfAFanOutAreStoredWithTheRunsNextWrite(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, admitted.Revision(), now.Revision(), "four results held, none written")
 
-	w.gate <- struct{}{}
-	res, err := st.Client.Wait(ctx, runID)
-	require.NoError(t, err)
-	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
-	_, steps := output(res)
-	require.Len(t, steps, 5)
+	_, steps := finishFanOut(t, ctx, st, w, runID)
 	for i, s := range steps {
 		assert.Equal(t, []string{"s1", "s2", "s3", "s4", "s5"}[i], s.(map[string]any)["id"])
 	}
@@ -156,12 +164,7 @@ func TestHeldResultsSurviveTheirDispatcher(t *testing.T) {
 	completedSteps(t, rec, runID, 4)
 	stop()
 	startDispatcher(t, srv, dispatch.Config{MaxPlanParallel: 5, InstanceID: "second"})
-	w.gate <- struct{}{}
-	res, err := st.Client.Wait(ctx, runID)
-	require.NoError(t, err)
-	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
-	outputs, steps := output(res)
-	require.Len(t, steps, 5)
+	outputs, _ := finishFanOut(t, ctx, st, w, runID)
 	for _, id := range []string{"s1", "s2", "s3", "s4", "s5"} {
 		assert.Equal(t, map[string]any{"id": id}, outputs[id])
 	}
