@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -44,7 +45,10 @@ const (
 type batch struct {
 	chain, tenant, runID string
 	records              []events.AuditRecorded
-	done                 []chan<- error
+	// stored is when each record's event was stored (its stream's
+	// timestamp), by which the batch is ordered before it is appended.
+	stored []time.Time
+	done   []chan<- error
 	// trace is the run's starting trace context (its append's span joins
 	// the run's trace).
 	trace *tracing.Run
@@ -95,9 +99,10 @@ func newChains(flushAfter time.Duration, maxBatch int, appendFn func(context.Con
 		locks: keymutex.New(256), pending: map[string]*batch{}, heads: map[string]head{}}
 }
 
-// add queues rec on its chain and returns where the outcome of its append
-// is sent. A full batch is appended before add returns.
-func (c *chains) add(chain, tenant string, rec events.AuditRecorded, tr *tracing.Run) <-chan error {
+// add queues rec, whose event was stored at stored, on its chain and
+// returns where the outcome of its append is sent. A full batch is
+// appended before add returns.
+func (c *chains) add(chain, tenant string, rec events.AuditRecorded, stored time.Time, tr *tracing.Run) <-chan error {
 	done := make(chan error, 1)
 	c.mu.Lock()
 	b := c.pending[chain]
@@ -107,6 +112,7 @@ func (c *chains) add(chain, tenant string, rec events.AuditRecorded, tr *tracing
 		b.timer = time.AfterFunc(c.flushAfter, func() { c.flush(chain) })
 	}
 	b.records = append(b.records, rec)
+	b.stored = append(b.stored, stored)
 	b.done = append(b.done, done)
 	now := len(b.records) >= c.maxBatch || c.stopping
 	c.mu.Unlock()
@@ -147,6 +153,7 @@ func (c *chains) flush(chain string) {
 		return // appended by an earlier flush
 	}
 	b.timer.Stop()
+	b.inStoredOrder()
 	ctx, cancel := context.WithTimeout(c.ctx, appendTimeout)
 	defer cancel()
 	var err error
@@ -157,6 +164,25 @@ func (c *chains) flush(chain string) {
 	for _, d := range b.done {
 		d <- err
 	}
+}
+
+// inStoredOrder orders the batch's records by when their events were
+// stored, keeping arrival order among equal times. A run's events come to
+// the auditor through one consumer per stream, each in its stream's
+// order, but the consumers do not wait for each other: an executor's
+// result (runs stream) may arrive before the work item it answers (work
+// stream). The chain then reads in the order things happened.
+func (b *batch) inStoredOrder() {
+	idx := make([]int, len(b.records))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(i, j int) int { return b.stored[i].Compare(b.stored[j]) })
+	recs := make([]events.AuditRecorded, len(idx))
+	for k, i := range idx {
+		recs[k] = b.records[i]
+	}
+	b.records = recs
 }
 
 // head returns chain's cached head.
@@ -200,10 +226,16 @@ func (c *chains) forget(chain string) {
 
 // handle builds an event's record and queues it on its run's chain; the
 // event is acknowledged once the record is stored.
-func (s *Service) handle(_ context.Context, r *events.Received, _ jetstream.Msg) error {
+func (s *Service) handle(_ context.Context, r *events.Received, msg jetstream.Msg) error {
 	rec := s.build.Record(r)
 	tenant := events.TenantOr(rec.Tenant)
-	return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, r.TraceRun()))
+	var stored time.Time
+	if msg != nil {
+		if md, err := msg.Metadata(); err == nil {
+			stored = md.Timestamp
+		}
+	}
+	return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, stored, r.TraceRun()))
 }
 
 // append stores one batch at the end of its chain.

@@ -74,7 +74,7 @@ func appendsOf(t *testing.T, srv *actionbustest.Server, runID string) [][]events
 // FlushAfter has passed since the first — not one message per event. The
 // auditor reads each stream apart, so the run's terminal record may reach
 // it before its request's: the window, not the terminal record, ends the
-// batch.
+// batch, and the batch is ordered by when each event was stored.
 func TestARunsRecordsAreAppendedTogether(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "ab.audit.>")
@@ -93,8 +93,8 @@ func TestARunsRecordsAreAppendedTogether(t *testing.T) {
 	for _, r := range appends[0] {
 		types = append(types, r.EventType)
 	}
-	assert.ElementsMatch(t, []string{events.TypeRunRequested, events.TypeActionRequested, events.TypeActionCompleted, events.TypeRunCompleted}, types,
-		"one record per stored event of the run")
+	assert.Equal(t, []string{events.TypeRunRequested, events.TypeActionRequested, events.TypeActionCompleted, events.TypeRunCompleted}, types,
+		"one record per stored event of the run, in the order they were stored")
 	assert.Equal(t, -1, audit.Verify(appends[0]))
 }
 
