@@ -178,11 +178,11 @@ func (b *batch) inStoredOrder() {
 		idx[i] = i
 	}
 	slices.SortStableFunc(idx, func(i, j int) int { return b.stored[i].Compare(b.stored[j]) })
-	recs := make([]events.AuditRecorded, len(idx))
+	recs, stored := make([]events.AuditRecorded, len(idx)), make([]time.Time, len(idx))
 	for k, i := range idx {
-		recs[k] = b.records[i]
+		recs[k], stored[k] = b.records[i], b.stored[i]
 	}
-	b.records = recs
+	b.records, b.stored = recs, stored
 }
 
 // head returns chain's cached head.
