@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,6 +70,7 @@ type deployment struct {
 	adminJS    jetstream.JetStream
 	c          *client.Client
 	debug      map[string]string // service -> pprof address
+	monitor    string            // host:port of the server's monitoring endpoint
 }
 
 // url is the server's URL with user's credentials.
@@ -115,13 +117,15 @@ func (d *deployment) spawn(name, bin, user string, extraEnv []string, args ...st
 func deploy(ctx context.Context, bins string) *deployment {
 	dir, err := os.MkdirTemp("", "actionbus-bench-")
 	must(err)
-	d := &deployment{dir: dir, addr: freePort(), debug: map[string]string{}}
+	d := &deployment{dir: dir, addr: freePort(), debug: map[string]string{}, monitor: freePort()}
 	must(os.WriteFile(filepath.Join(dir, "accounts.conf"), []byte(natsconf.Accounts), 0o600))
 	// The server serves its own pprof (prof_port), so -profile covers it.
 	d.debug["nats-server"] = freePort()
 	_, profPort, err := net.SplitHostPort(d.debug["nats-server"])
 	must(err)
-	conf := fmt.Sprintf("listen: %s\nprof_port: %s\njetstream { store_dir: %q }\ninclude ./accounts.conf\n", d.addr, profPort, filepath.Join(dir, "js"))
+	// Its monitoring endpoint (http) gives -timeline the messages each
+	// connection sent and received.
+	conf := fmt.Sprintf("listen: %s\nprof_port: %s\nhttp: %s\njetstream { store_dir: %q }\ninclude ./accounts.conf\n", d.addr, profPort, d.monitor, filepath.Join(dir, "js"))
 	must(os.WriteFile(filepath.Join(dir, "server.conf"), []byte(conf), 0o600))
 	var pw []string
 	for _, u := range natsconf.Users {
@@ -238,6 +242,44 @@ func (d *deployment) cpu() map[string]time.Duration {
 		}
 	}
 	read("client", os.Getpid())
+	return out
+}
+
+// msgCount is what one process's connections sent to the server
+// (publishes, acknowledgements, pull requests) and received from it.
+type msgCount struct{ in, out int64 }
+
+// msgs reads the server's connections (its /connz) and sums their message
+// counts by process: a service's connection is named actionbus-<service>
+// (both executors share a name), the bench's own connections are "client"
+// (the admin connection that reads streams back is left out).
+func (d *deployment) msgs() map[string]msgCount {
+	resp, err := http.Get("http://" + d.monitor + "/connz?auth=true&limit=1024")
+	must(err)
+	defer resp.Body.Close()
+	var connz struct {
+		Connections []struct {
+			Name    string `json:"name"`
+			User    string `json:"authorized_user"`
+			InMsgs  int64  `json:"in_msgs"`
+			OutMsgs int64  `json:"out_msgs"`
+		} `json:"connections"`
+	}
+	must(json.NewDecoder(resp.Body).Decode(&connz))
+	out := map[string]msgCount{}
+	for _, c := range connz.Connections {
+		name := strings.TrimPrefix(c.Name, "actionbus-")
+		switch {
+		case c.User == "admin":
+			continue
+		case name == "":
+			name = c.User
+		}
+		m := out[name]
+		m.in += c.InMsgs
+		m.out += c.OutMsgs
+		out[name] = m
+	}
 	return out
 }
 

@@ -21,6 +21,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -84,12 +85,35 @@ func measureRep(ctx context.Context, rep int, s system, agent func(context.Conte
 	lat("W3", w3Runs, w3(ctx, s, name+"w3"))
 	_, err := closedLoop(w4Warmup, w4Workers, w1(ctx, s, name+"w4warm"))
 	must(err)
+	busy0, all0 := machineCPU()
 	rps, err := closedLoop(w4Runs, w4Workers, w1(ctx, s, name+"w4"))
 	must(err)
+	busy1, all1 := machineCPU()
 	out.add("W4 runs/s", rps)
+	// Whether W4 is bound by the machine's CPU or by something else
+	// (a bound on what is in flight, a wait): printed, not tabled.
+	fmt.Fprintf(os.Stderr, "%s W4: %.0f runs/s, the machine's CPU %.0f %% busy\n", name, rps, 100*float64(busy1-busy0)/float64(max(all1-all0, 1)))
 	if agent != nil {
 		lat("A1", a1Runs, func(int) error { return agent(ctx) })
 	}
+}
+
+// machineCPU reads the machine's busy and total CPU time (in clock ticks)
+// from /proc/stat; zeros where there is none.
+func machineCPU() (busy, total int64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	for i, f := range strings.Fields(line)[1:] {
+		v, _ := strconv.ParseInt(f, 10, 64)
+		total += v
+		if i != 3 && i != 4 { // idle and iowait
+			busy += v
+		}
+	}
+	return busy, total
 }
 
 // storedWrites counts messages stored per stream (KV buckets and the

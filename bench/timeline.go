@@ -10,8 +10,10 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus/client"
@@ -62,7 +64,10 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 		}
 		since := time.Now()
 		var done []timedRun
-		cpu0 := d.cpu()
+		var live atomic.Int64
+		sub, err := d.admin.Subscribe("ab.run.*.*.progress", func(*nats.Msg) { live.Add(1) })
+		must(err)
+		cpu0, msgs0 := d.cpu(), d.msgs()
 		for i := range runs {
 			req := u.req(i)
 			t0 := time.Now()
@@ -70,7 +75,8 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 			must(err)
 			done = append(done, timedRun{id: res.RunID, start: t0, done: time.Now()})
 		}
-		cpu1 := d.cpu()
+		cpu1, msgs1 := d.cpu(), d.msgs()
+		must(sub.Unsubscribe())
 		if profileDir != "" {
 			// The services' CPU profiles while this workload's units run
 			// one after another (9 s, the profile's 8 s inside).
@@ -85,7 +91,23 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 		fmt.Fprintf(w, "\n%s: median offset of every stored write from the client's submit, %d runs\n", u.name, runs)
 		printTimeline(w, done, byRun)
 		printCPU(w, cpu0, cpu1, runs)
+		printMsgs(w, msgs0, msgs1, runs)
+		fmt.Fprintf(w, "progress messages per run: %.1f\n", float64(live.Load())/float64(runs))
 	}
+}
+
+// printMsgs prints the messages each process sent to the server and
+// received from it per run, between two readings ([deployment.msgs]):
+// what the server routes for a run, besides what it stores.
+func printMsgs(w io.Writer, before, after map[string]msgCount, runs int) {
+	var in, out int64
+	fmt.Fprintf(w, "messages per run, sent/received:")
+	for _, n := range slices.Sorted(maps.Keys(after)) {
+		di, do := after[n].in-before[n].in, after[n].out-before[n].out
+		in, out = in+di, out+do
+		fmt.Fprintf(w, " %s %.1f/%.1f,", n, float64(di)/float64(runs), float64(do)/float64(runs))
+	}
+	fmt.Fprintf(w, " total %.1f/%.1f\n", float64(in)/float64(runs), float64(out)/float64(runs))
 }
 
 // printCPU prints the CPU time each process used per run between two
