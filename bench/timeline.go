@@ -9,8 +9,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"sync/atomic"
+	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/nats.go"
