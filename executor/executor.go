@@ -151,6 +151,8 @@ type Executor struct {
 	ended endedRuns
 
 	heartbeat time.Duration
+	// handlers runs the handlers (set while ex runs).
+	handlers  *runners
 	idem      jetstream.KeyValue
 	artifacts jetstream.ObjectStore
 
@@ -460,6 +462,8 @@ func (e *Executor) Run(ctx context.Context) error {
 		ackWait = info.Config.AckWait
 	}
 	e.heartbeat = ackWait / 3
+	e.handlers = newRunners()
+	defer e.handlers.stop()
 
 	var wg sync.WaitGroup
 	wg.Add(1)

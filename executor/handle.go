@@ -353,10 +353,10 @@ func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, reg *actions.
 	}
 	done := make(chan result, 1)
 	start := time.Now()
-	go func() {
+	e.handlers.run(func() {
 		res, err := runHandler(hctx, reg.Handler, call)
 		done <- result{res, err}
-	}()
+	})
 	beat := time.NewTicker(e.heartbeatInterval())
 	defer beat.Stop()
 	for {
