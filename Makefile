@@ -62,6 +62,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzMarshalMatchesTheReference$$' -fuzztime $(FUZZTIME) ./internal/canonical
 	$(GO) test -run '^$$' -fuzz '^FuzzClassRunsMatchAsRegexpDoes$$' -fuzztime $(FUZZTIME) ./internal/schema
 	$(GO) test -run '^$$' -fuzz '^FuzzScannedPatternsMatchAsRegexpDoes$$' -fuzztime $(FUZZTIME) ./internal/schema
+	$(GO) test -run '^$$' -fuzz '^FuzzGenericMatchesTheLibrary$$' -fuzztime $(FUZZTIME) ./internal/jsoncodec
 
 clean:
 	rm -rf bin bench/results

@@ -19,6 +19,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/jsoncodec"
 )
 
 // Issue is one schema violation.
@@ -114,7 +115,7 @@ func CompileDocument(url string, doc []byte) (*Compiled, error) {
 // *actionbus.Error with code schema_validation whose details hold "issues"
 // ([]Issue, sorted by path).
 func (c *Compiled) ValidateJSON(doc []byte) error {
-	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	v, err := jsoncodec.Generic(doc)
 	if err != nil {
 		return actionbus.Errorf(actionbus.CodeSchemaValidation, "not a JSON document: %w", err)
 	}
