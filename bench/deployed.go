@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -283,10 +284,16 @@ func (d *deployment) msgs() map[string]msgCount {
 	return out
 }
 
-// profile records a CPU profile of every service for the duration of fn
-// and writes them to dir as <service>.pprof.
+// profile records a CPU profile of every service, and of the bench's own
+// process (the client: client.pprof), for the duration of fn and writes
+// them to dir as <service>.pprof.
 func (d *deployment) profile(dir string, fn func()) {
 	must(os.MkdirAll(dir, 0o755))
+	self, err := os.Create(filepath.Join(dir, "client.pprof"))
+	must(err)
+	defer self.Close()
+	must(pprof.StartCPUProfile(self))
+	defer pprof.StopCPUProfile()
 	done := make(chan struct{})
 	errs := make(chan error, len(d.debug))
 	for name, addr := range d.debug {

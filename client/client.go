@@ -574,16 +574,14 @@ func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 func (c *Client) wait(ctx context.Context, runID string, start func() error) (*Result, error) {
 	subjects := c.topo.Subjects()
 	// One subscription per terminal subject, not one for the run's every
-	// event: its results, steps and progress are not sent here. The
-	// callback never blocks (one terminal event is published per run).
-	terminals := make(chan *nats.Msg, 4)
+	// event: its results, steps and progress are not sent here. Channel
+	// subscriptions, not callbacks: nats.go starts a goroutine for every
+	// callback subscription, three per run waited on. The channel has
+	// room for every terminal event a run can have (one is stored per run;
+	// a republished one is a rare duplicate).
+	terminals := make(chan *nats.Msg, 8)
 	for _, verb := range terminalVerbs {
-		sub, err := c.nc.Subscribe(subjects.Run(c.tenant, runID, verb), func(m *nats.Msg) {
-			select {
-			case terminals <- m:
-			default:
-			}
-		})
+		sub, err := c.nc.ChanSubscribe(subjects.Run(c.tenant, runID, verb), terminals)
 		if err != nil {
 			return nil, fmt.Errorf("client: wait %s: %w", runID, err)
 		}
