@@ -9,11 +9,9 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus/client"
@@ -64,9 +62,6 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 		}
 		since := time.Now()
 		var done []timedRun
-		var live atomic.Int64
-		sub, err := d.admin.Subscribe("ab.run.*.*.progress", func(*nats.Msg) { live.Add(1) })
-		must(err)
 		cpu0, msgs0 := d.cpu(), d.msgs()
 		for i := range runs {
 			req := u.req(i)
@@ -76,7 +71,6 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 			done = append(done, timedRun{id: res.RunID, start: t0, done: time.Now()})
 		}
 		cpu1, msgs1 := d.cpu(), d.msgs()
-		must(sub.Unsubscribe())
 		if profileDir != "" {
 			// The services' CPU profiles while this workload's units run
 			// one after another (9 s, the profile's 8 s inside).
@@ -92,7 +86,6 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 		printTimeline(w, done, byRun)
 		printCPU(w, cpu0, cpu1, runs)
 		printMsgs(w, msgs0, msgs1, runs)
-		fmt.Fprintf(w, "progress messages per run: %.1f\n", float64(live.Load())/float64(runs))
 	}
 }
 
