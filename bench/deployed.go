@@ -284,6 +284,20 @@ func (d *deployment) msgs() map[string]msgCount {
 	return out
 }
 
+// serverMsgs reads the messages the server received from its clients and
+// sent to them so far (its /varz in_msgs + out_msgs).
+func (d *deployment) serverMsgs() int64 {
+	resp, err := http.Get("http://" + d.monitor + "/varz")
+	must(err)
+	defer resp.Body.Close()
+	var varz struct {
+		InMsgs  int64 `json:"in_msgs"`
+		OutMsgs int64 `json:"out_msgs"`
+	}
+	must(json.NewDecoder(resp.Body).Decode(&varz))
+	return varz.InMsgs + varz.OutMsgs
+}
+
 // profile records a CPU profile of every service, and of the bench's own
 // process (the client: client.pprof), for the duration of fn and writes
 // them to dir as <service>.pprof.
