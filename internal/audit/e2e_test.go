@@ -37,24 +37,6 @@ const (
 
 var approvalSecret = []byte("0123456789abcdef0123456789abcdef")
 
-// syncBuffer collects the services' logs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type loginIn struct {
 	User     string `json:"user"`
 	Password string `json:"password"`
@@ -105,7 +87,7 @@ func registerSecretActions(flaky *atomic.Int32) func(*executor.Executor) error {
 func TestSecretsNeverReachTheAuditStreamSinksOrLogs(t *testing.T) {
 	dir := t.TempDir()
 	jsonl, db := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "audit.db")
-	var logs syncBuffer
+	var logs actionbustest.LogBuffer
 	var flaky atomic.Int32
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	runs := srv.Record(t, "ab.run.>")

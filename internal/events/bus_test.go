@@ -3,9 +3,11 @@ package events_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -419,6 +421,98 @@ func TestServeOrderByKeepsEachRunInOrder(t *testing.T) {
 // of the same ordered key are handled while the earlier ones wait, and
 // each is settled by what its channel receives — nil acks, an error
 // redelivers.
+// A handler that keeps failing transiently — a stream leader being
+// elected for longer than its first naks last — keeps its event: it is
+// delivered again until the handler succeeds. Consumers allowed five
+// deliveries (naks of 0.1 to 0.8 s, 1.5 s in all), and the server then
+// dropped the event.
+func TestServeRetriesATransientFailureUntilItPasses(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	bus := newBus(t, srv, events.ModeBinary, "")
+	ctx := ctxT(t)
+	runID := events.NewID()
+	_, err := bus.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
+		&events.RunRequested{RunID: runID, Prompt: "through a failover"})
+	require.NoError(t, err)
+	cons, err := srv.JS.Consumer(ctx, events.Topology{}.StreamRequests(), events.ConsumerDispatcherRequests)
+	require.NoError(t, err)
+	const failures = 8
+	handled := make(chan uint64, 1)
+	sctx, cancel := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() {
+		served <- bus.Serve(sctx, cons, events.ServeOptions{Name: "failover", Concurrency: 1, NakDelay: time.Millisecond},
+			func(_ context.Context, _ *events.Received, msg jetstream.Msg) error {
+				md, err := msg.Metadata()
+				if err != nil {
+					return err
+				}
+				if md.NumDelivered <= failures {
+					return errors.New("stream leader being elected")
+				}
+				handled <- md.NumDelivered
+				return nil
+			})
+	}()
+	select {
+	case n := <-handled:
+		assert.Equal(t, uint64(failures+1), n)
+	case <-ctx.Done():
+		info, _ := cons.Info(context.Background())
+		t.Fatalf("the event was dropped after failed deliveries; consumer: %+v", info)
+	}
+	require.Eventually(t, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	}, 10*time.Second, 5*time.Millisecond, "acked")
+	cancel()
+	require.NoError(t, <-served)
+}
+
+// An event whose last allowed delivery fails is not dropped in silence:
+// Serve says so once, at error level, naming it.
+func TestServeLogsAnEventItsServerWillNotDeliverAgain(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	var logs actionbustest.LogBuffer
+	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/actionbus/test", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	ctx := ctxT(t)
+	runID := events.NewID()
+	id := events.NewID()
+	_, err = bus.Emit(ctx, events.TypeRunRequested, id, events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID})
+	require.NoError(t, err)
+	cons, err := srv.JS.CreateConsumer(ctx, events.Topology{}.StreamRequests(), jetstream.ConsumerConfig{
+		Durable: "twice", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 2})
+	require.NoError(t, err)
+	deliveries := make(chan uint64, 4)
+	sctx, cancel := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() {
+		served <- bus.Serve(sctx, cons, events.ServeOptions{Name: "twice", NakDelay: time.Millisecond},
+			func(_ context.Context, _ *events.Received, msg jetstream.Msg) error {
+				md, _ := msg.Metadata()
+				deliveries <- md.NumDelivered
+				return errors.New("unreachable bucket")
+			})
+	}()
+	for want := uint64(1); want <= 2; want++ {
+		select {
+		case n := <-deliveries:
+			require.Equal(t, want, n)
+		case <-ctx.Done():
+			t.Fatal("not delivered")
+		}
+	}
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "will not be delivered again") }, 10*time.Second, 5*time.Millisecond)
+	cancel()
+	require.NoError(t, <-served)
+	line := logs.String()
+	assert.Equal(t, 1, strings.Count(line, "will not be delivered again"), line)
+	assert.Contains(t, line, "level=ERROR")
+	assert.Contains(t, line, "id="+id)
+	assert.Contains(t, line, "deliveries=2")
+}
+
 func TestServeSettlesLaterAnswersByWhatTheyReceive(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	bus := newBus(t, srv, events.ModeBinary, "")

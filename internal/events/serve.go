@@ -76,6 +76,9 @@ type ServeOptions struct {
 	// they were pulled (a run's events, for the auditor's chain); others
 	// run concurrently.
 	OrderBy func(subject string) string
+
+	// maxDeliver is the consumer's MaxDeliver (0: unknown or unbounded).
+	maxDeliver int
 }
 
 // ServeObserver sees what [Bus.Serve] does with each message.
@@ -114,6 +117,9 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 		opts.NakDelay = 100 * time.Millisecond
 	}
 	log := b.log.With("consumer", opts.Name)
+	if info := cons.CachedInfo(); info != nil {
+		opts.maxDeliver = info.Config.MaxDeliver
+	}
 	open := func() (jetstream.MessagesContext, error) {
 		return cons.Messages(jetstream.PullMaxMessages(opts.Concurrency), jetstream.PullExpiry(pullExpiry))
 	}
@@ -284,12 +290,19 @@ func (b *Bus) settle(ctx context.Context, log *slog.Logger, opts ServeOptions, m
 	default:
 		outcome = "retry"
 		delay := opts.NakDelay
-		if md, err := msg.Metadata(); err == nil {
+		md, err := msg.Metadata()
+		if err == nil {
 			for i := uint64(1); i < md.NumDelivered && delay < 30*time.Second; i++ {
 				delay *= 2
 			}
 		}
-		if ctx.Err() == nil {
+		switch {
+		case ctx.Err() != nil:
+		case err == nil && opts.maxDeliver > 0 && md.NumDelivered >= uint64(opts.maxDeliver):
+			// The server delivers it no more: said once, loudly.
+			log.Error("event handling failed on its last delivery; it will not be delivered again", "subject", msg.Subject(),
+				"type", rec.Event.Type(), "id", rec.Event.ID(), "deliveries", md.NumDelivered, "err", herr)
+		default:
 			log.Debug("event handling failed; will retry", "subject", msg.Subject(), "type", rec.Event.Type(), "delay", delay, "err", herr)
 		}
 		_ = msg.NakWithDelay(delay)

@@ -250,8 +250,18 @@ type ConsumerSpec struct {
 }
 
 const (
-	// DefaultMaxDeliver bounds redeliveries of one message.
+	// DefaultMaxDeliver bounds the deliveries of one action request (the
+	// pools' work consumers): an executor answers the last one with
+	// delivery_exhausted instead of running the action again.
 	DefaultMaxDeliver = 5
+	// HandlerMaxDeliver bounds the deliveries of one event to the
+	// services' own consumers (dispatcher, planner, auditor). Their
+	// handlers are idempotent and nak a transient failure (a stream
+	// leader being elected, a server going away) with a delay of 100 ms
+	// doubling to 30 s: 20 deliveries keep an event for about six minutes
+	// of failures. At 5 the naks spanned 1.5 s, shorter than a failover,
+	// and the server then dropped the event.
+	HandlerMaxDeliver = 20
 	// DefaultMaxAckPending caps in-flight messages of one consumer.
 	DefaultMaxAckPending = 1000
 	// AuditorMaxAckPending caps the auditor's in-flight messages per
@@ -273,7 +283,7 @@ func (t Topology) durable(name, desc string, filters ...string) jetstream.Consum
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		AckWait:        t.withDefaults().AckWait,
-		MaxDeliver:     DefaultMaxDeliver,
+		MaxDeliver:     HandlerMaxDeliver,
 		MaxAckPending:  DefaultMaxAckPending,
 	}
 }
@@ -294,6 +304,12 @@ func (t Topology) leaderReads(ctx context.Context, js jetstream.JetStream, strea
 		return fmt.Errorf("events: provision %s: %w", stream, err)
 	}
 	return nil
+}
+
+// work sets what a pool's work consumer needs beyond the defaults.
+func work(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+	c.MaxDeliver = DefaultMaxDeliver
+	return c
 }
 
 // auditor sets what the auditor's consumers need beyond the defaults.
@@ -320,7 +336,7 @@ func (t Topology) Consumers() []ConsumerSpec {
 		{t.StreamRejected(), t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected())},
 	}
 	for _, p := range t.Pools {
-		out = append(out, ConsumerSpec{t.StreamWork(), t.durable(PoolConsumer(p), "executors of pool "+p, s.PoolRequest(p))})
+		out = append(out, ConsumerSpec{t.StreamWork(), work(t.durable(PoolConsumer(p), "executors of pool "+p, s.PoolRequest(p)))})
 	}
 	return out
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/cli"
 	"github.com/actionbus/actionbus/internal/events"
@@ -164,7 +165,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 	bin := buildServices(t)
 	dir := t.TempDir()
 	jsonl := filepath.Join(dir, "audit.jsonl")
-	logs := map[string]*syncBuffer{
+	logs := map[string]*actionbustest.LogBuffer{
 		"dispatcher": startService(t, filepath.Join(bin, "dispatcher"), url("dispatcher")),
 		"planner":    startService(t, filepath.Join(bin, "planner"), url("planner")),
 		"auditor":    startService(t, filepath.Join(bin, "auditor"), url("auditor"), "--sink-jsonl", jsonl),

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/events"
@@ -34,12 +35,12 @@ import (
 type clusterNode struct {
 	name, conf, url string
 	cmd             *exec.Cmd
-	out             *syncBuffer
+	out             *actionbustest.LogBuffer
 }
 
 func (n *clusterNode) start(t *testing.T, bin string) {
 	t.Helper()
-	n.out = &syncBuffer{}
+	n.out = &actionbustest.LogBuffer{}
 	n.cmd = exec.Command(bin, "-c", n.conf)
 	n.cmd.Stdout, n.cmd.Stderr = n.out, n.out
 	require.NoError(t, n.cmd.Start())
@@ -154,7 +155,7 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 		{Type: events.DecisionFinal, Answer: `{{ index .Results "t.echo" "v" }}`},
 	}}})
 	require.NoError(t, err)
-	logs := &syncBuffer{}
+	logs := &actionbustest.LogBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("service logs (warnings and errors):\n%s", logs.String())

@@ -27,7 +27,7 @@ func dispatcherProcess(t *testing.T, bin, url, id string) (kill func()) {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(bin, "dispatcher"))
 	cmd.Env = append(cmd.Environ(), "NATS_URL="+url, "ACTIONBUS_INSTANCE="+id)
-	out := &syncBuffer{}
+	out := &actionbustest.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	exited := make(chan struct{})

@@ -22,7 +22,7 @@ import (
 // testExecutor is a running test executor process.
 type testExecutor struct {
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *actionbustest.LogBuffer
 	exited chan struct{} // closed when the process has exited
 	err    error         // its exit status, once exited is closed
 }
@@ -42,7 +42,7 @@ func startTestExecutor(t *testing.T, bin, url, dir, id string, env ...string) *t
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "NATS_URL="+url, "TEST_DIR="+dir, "ACTIONBUS_EXECUTOR_ID="+id)
 	cmd.Env = append(cmd.Env, env...)
-	out := &syncBuffer{}
+	out := &actionbustest.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	te := &testExecutor{cmd: cmd, out: out, exited: make(chan struct{})}

@@ -39,7 +39,7 @@ func TestMCPServeOverStdio(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var stderr syncBuffer
+	var stderr actionbustest.LogBuffer
 	cmd := exec.Command(filepath.Join(dir, "actionbus"), "--nats", srv.URL, "mcp", "serve", "--user", "mcp-test")
 	cmd.Stderr = &stderr
 	c := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)

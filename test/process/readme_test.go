@@ -4,7 +4,6 @@
 package process
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -12,7 +11,6 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -44,31 +42,13 @@ func buildServices(t *testing.T) string {
 	return dir
 }
 
-// syncBuffer collects a process's output for the failure message.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startService starts a service binary; it is stopped with SIGTERM (and
 // must exit 0) in t.Cleanup.
-func startService(t *testing.T, bin, natsURL string, args ...string) *syncBuffer {
+func startService(t *testing.T, bin, natsURL string, args ...string) *actionbustest.LogBuffer {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL)
-	out := &syncBuffer{}
+	out := &actionbustest.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {

@@ -30,7 +30,7 @@ import (
 type service struct {
 	name string
 	cmd  func() *exec.Cmd
-	out  *syncBuffer
+	out  *actionbustest.LogBuffer
 
 	mu     sync.Mutex
 	proc   *exec.Cmd
@@ -115,7 +115,7 @@ func TestChaosSoak(t *testing.T) {
 	env := func(extra ...string) []string { return append(append(os.Environ(), "NATS_URL="+srv.URL), extra...) }
 	var services []*service
 	add := func(name string, cmd func() *exec.Cmd) {
-		services = append(services, &service{name: name, cmd: cmd, out: &syncBuffer{}})
+		services = append(services, &service{name: name, cmd: cmd, out: &actionbustest.LogBuffer{}})
 	}
 	for _, id := range []string{"d1", "d2"} {
 		add("dispatcher "+id, func() *exec.Cmd {
