@@ -237,6 +237,7 @@ type Dispatcher struct {
 	machine   *run.Machine
 	limits    *limits.Store
 	wakes     *wakeups
+	alarms    *endedAlarms
 	unsent    *unpublished
 	// outboxFresh is how long a stored outbox may still be unsent (half
 	// the streams' duplicate window); see carriedOutbox.
@@ -275,6 +276,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 		ready: make(chan struct{}), cache: newStateCache(stateCacheEntries), checkers: newCheckerCache(), queues: map[string]*runQueue{}}
 	d.policy.Store(&policy.Evaluator{Config: cfg.Policy})
 	d.wakes = newWakeups(d)
+	d.alarms = newEndedAlarms(log)
 	d.unsent = newUnpublished()
 	d.machine = run.New(env{d}, run.Limits{MaxCycles: cfg.MaxCycles, MaxPlanActions: cfg.MaxPlanActions, MaxPlanParallel: cfg.MaxPlanParallel,
 		MaxSectionParallel: cfg.MaxSectionParallel, MaxFailedRounds: cfg.MaxFailedRounds, RunDeadline: cfg.RunDeadline,
@@ -312,6 +314,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return err
 	}
 	d.wakes.start(ctx)
+	timers, err := d.js.Stream(ctx, d.topo.StreamTimers())
+	if err != nil {
+		return err
+	}
+	d.alarms.start(ctx, timers)
 	go d.republish(ctx)
 	// Two consumers: what services write (decisions, results, timers)
 	// and what clients and approvers write (requests, cancels, inputs,
@@ -525,6 +532,10 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev uint64) error
 			d.unsent.add(st.RunID)
 		}
 		return err
+	}
+	if st.IsTerminal() {
+		// Its end is published: its alarm has nothing left to watch.
+		d.alarms.cancel(d.bus.Subjects().Schedule(st.TenantOrDefault(), st.RunID, "*"))
 	}
 	d.cache.put(st, rev)
 	return nil

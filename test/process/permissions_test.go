@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -228,4 +229,65 @@ func TestNoUserButTheDispatcherCanScheduleOrPurgeOnRunSubjects(t *testing.T) {
 			require.ErrorIs(t, err, jetstream.ErrMsgNotFound, "nothing was written on the target")
 		})
 	}
+}
+
+// An ended run's alarm is canceled by the dispatcher, which purges the
+// run's schedule from the timers stream — as the deployed dispatcher user,
+// whose permissions allow exactly that purge. No other user may purge
+// timers: one that could would silence any run's deadlines.
+func TestOnlyTheDispatcherPurgesTimersAndItCancelsAnEndedRunsAlarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server process and a service")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	url, adminJS := deployedServer(t, ctx)
+	bin := buildServices(t)
+	// No planner: the run waits for its decision, its alarm minutes away.
+	startService(t, filepath.Join(bin, "dispatcher"), url("dispatcher"))
+	timers, err := adminJS.Stream(ctx, "AB_TIMERS")
+	require.NoError(t, err)
+	stored := func(subject string) int {
+		info, err := timers.Info(ctx, jetstream.WithSubjectFilter(subject))
+		require.NoError(t, err)
+		n := 0
+		for _, c := range info.State.Subjects {
+			n += int(c)
+		}
+		return n
+	}
+
+	// A victim's schedule, an hour away; each other user tries to purge it.
+	victim := events.NewID()
+	schedule := &nats.Msg{Subject: "ab.run.default." + victim + ".sched.alarm", Header: nats.Header{}, Data: []byte(`{}`)}
+	schedule.Header.Set(events.HeaderSchedule, "@at "+time.Now().UTC().Add(time.Hour).Truncate(time.Second).Format(time.RFC3339))
+	schedule.Header.Set(events.HeaderScheduleTarget, "ab.run.default."+victim+".timer")
+	_, err = adminJS.PublishMsg(ctx, schedule)
+	require.NoError(t, err)
+	for _, user := range []struct{ name, inbox string }{
+		{"client", "_INBOX_default"}, {"executor", "_INBOX_executor"}, {"planner", "_INBOX_planner"}, {"auditor", "_INBOX_auditor"},
+	} {
+		t.Run(user.name, func(t *testing.T) {
+			nc, refused := connectAs(t, url(user.name), user.inbox)
+			_, err := nc.Request("$JS.API.STREAM.PURGE.AB_TIMERS", []byte(`{"filter":"ab.run.default.`+victim+`.sched.*"}`), 2*time.Second)
+			require.Error(t, err, "a purge of the timers stream as %s", user.name)
+			refused.waitFor(t, "Permissions Violation for Publish")
+			assert.Equal(t, 1, stored("ab.run.default."+victim+".sched.*"), "the victim's alarm is still armed")
+		})
+	}
+
+	nc, _ := connectAs(t, url("client"), "_INBOX_default")
+	c, err := client.New(nc, client.Options{})
+	require.NoError(t, err)
+	runID, err := c.Start(ctx, client.RunRequest{Prompt: "canceled while waiting for its decision"})
+	require.NoError(t, err)
+	alarm := "ab.run.default." + runID + ".sched.*"
+	require.Eventually(t, func() bool { return stored(alarm) == 1 }, 10*time.Second, 10*time.Millisecond, "the alarm is armed")
+	require.NoError(t, c.Cancel(ctx, runID, "test"))
+	res, err := c.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCanceled, res.Status)
+	// Due in minutes: gone now, it was purged, not fired.
+	require.Eventually(t, func() bool { return stored(alarm) == 0 }, 10*time.Second, 10*time.Millisecond, "the ended run's alarm is canceled")
+	assert.Zero(t, stored("ab.run.default."+runID+".timer"), "no timer fired")
 }

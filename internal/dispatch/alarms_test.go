@@ -1,0 +1,40 @@
+package dispatch_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// A run's alarm watches its deadlines while it runs; once its end is
+// published, the dispatcher purges the run's schedule, so the alarm never
+// fires half a minute later for a run that is over.
+func TestAnEndedRunsAlarmIsCanceledARunningOnesIsKept(t *testing.T) {
+	srv, _, st, w, _ := startHolding(t)
+	ctx := ctxT(t)
+	topo := events.Topology{}
+	timers, err := srv.JS.Stream(ctx, topo.StreamTimers())
+	require.NoError(t, err)
+	schedules := func(runID string) int {
+		info, err := timers.Info(ctx, jetstream.WithSubjectFilter(topo.Subjects().Schedule(events.DefaultTenant, runID, "*")))
+		require.NoError(t, err)
+		n := 0
+		for _, c := range info.State.Subjects {
+			n += int(c)
+		}
+		return n
+	}
+	runID := fanOut(t, ctx, st, w)
+	assert.Equal(t, 1, schedules(runID), "a running run's alarm is armed")
+	for range 4 {
+		w.gate <- struct{}{}
+	}
+	finishFanOut(t, ctx, st, w, runID)
+	require.Eventually(t, func() bool { return schedules(runID) == 0 }, 10*time.Second, 5*time.Millisecond,
+		"the ended run's alarm is canceled")
+}
