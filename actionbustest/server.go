@@ -168,3 +168,25 @@ func (s *Server) Connect(t testing.TB) *nats.Conn {
 	t.Cleanup(nc.Close)
 	return nc
 }
+
+// Stored returns how many messages stream holds on the subjects that
+// filter matches (a subject or a wildcard): what a test reads to see that
+// something was written, or removed, without consuming it.
+func (s *Server) Stored(t testing.TB, stream, filter string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := s.JS.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("actionbustest: stream %s: %v", stream, err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		t.Fatalf("actionbustest: stream %s, subjects %s: %v", stream, filter, err)
+	}
+	n := 0
+	for _, c := range info.State.Subjects {
+		n += int(c)
+	}
+	return n
+}

@@ -161,9 +161,16 @@ var deployApprovalKey = []byte("0123456789abcdef0123456789abcdef")
 // context.
 func deployedServer(t *testing.T, _ context.Context, tenants ...string) (url func(user string) string, adminJS jetstream.JetStream) {
 	t.Helper()
-	t.Setenv("ACTIONBUS_APPROVAL_KEYS", "k1:"+base64.StdEncoding.EncodeToString(deployApprovalKey))
-	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: tenants})
+	srv := deployed(t, tenants...)
 	return srv.UserURL, srv.JS
+}
+
+// deployed starts a server with the repository's deploy/nats users (and
+// tenants' users) and the approval keys the deployed services read.
+func deployed(t *testing.T, tenants ...string) *actionbustest.Server {
+	t.Helper()
+	t.Setenv("ACTIONBUS_APPROVAL_KEYS", "k1:"+base64.StdEncoding.EncodeToString(deployApprovalKey))
+	return actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: tenants})
 }
 
 // A stream that allows message schedules lets whoever publishes into it
@@ -241,28 +248,19 @@ func TestOnlyTheDispatcherPurgesTimersAndItCancelsAnEndedRunsAlarm(t *testing.T)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	url, adminJS := deployedServer(t, ctx)
+	srv := deployed(t)
+	url, adminJS := srv.UserURL, srv.JS
 	bin := buildServices(t)
 	// No planner: the run waits for its decision, its alarm minutes away.
 	startService(t, filepath.Join(bin, "dispatcher"), url("dispatcher"))
-	timers, err := adminJS.Stream(ctx, "AB_TIMERS")
-	require.NoError(t, err)
-	stored := func(subject string) int {
-		info, err := timers.Info(ctx, jetstream.WithSubjectFilter(subject))
-		require.NoError(t, err)
-		n := 0
-		for _, c := range info.State.Subjects {
-			n += int(c)
-		}
-		return n
-	}
+	stored := func(subject string) int { return srv.Stored(t, "AB_TIMERS", subject) }
 
 	// A victim's schedule, an hour away; each other user tries to purge it.
 	victim := events.NewID()
 	schedule := &nats.Msg{Subject: "ab.run.default." + victim + ".sched.alarm", Header: nats.Header{}, Data: []byte(`{}`)}
 	schedule.Header.Set(events.HeaderSchedule, "@at "+time.Now().UTC().Add(time.Hour).Truncate(time.Second).Format(time.RFC3339))
 	schedule.Header.Set(events.HeaderScheduleTarget, "ab.run.default."+victim+".timer")
-	_, err = adminJS.PublishMsg(ctx, schedule)
+	_, err := adminJS.PublishMsg(ctx, schedule)
 	require.NoError(t, err)
 	for _, user := range []struct{ name, inbox string }{
 		{"client", "_INBOX_default"}, {"executor", "_INBOX_executor"}, {"planner", "_INBOX_planner"}, {"auditor", "_INBOX_auditor"},
