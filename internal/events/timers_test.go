@@ -32,7 +32,9 @@ func TestAPurgedScheduleNeverFires(t *testing.T) {
 		_, err := srv.JS.PublishMsg(ctx, m)
 		require.NoError(t, err)
 	}
-	fired := func(runID string) int { return srv.Stored(t, topo.StreamTimers(), s.Run(events.DefaultTenant, runID, "timer")) }
+	fired := func(runID string) int {
+		return srv.Stored(t, topo.StreamTimers(), s.Run(events.DefaultTenant, runID, "timer"))
+	}
 	canceled, control := events.NewID(), events.NewID()
 	schedule(canceled, due)
 	schedule(control, due.Add(time.Second))
