@@ -47,7 +47,7 @@ func measureInProcess(ctx context.Context, reps int) []Figure {
 	ab := actionbusSystem{c: c}
 	s := series{}
 	for r := 0; r < reps; r++ {
-		measureRep(ctx, r, ab, ab.agent, s, nil, nil)
+		measureRep(ctx, r, ab, ab.agent, s, nil, probes{})
 	}
 	var figs []Figure
 	for _, n := range []string{"W1 p50", "W2 p50", "W3 p50", "W4 runs/s", "A1 p50"} {

@@ -59,11 +59,19 @@ func median(xs []float64) (med, lo, hi float64) {
 	return s[len(s)/2], s[0], s[len(s)-1]
 }
 
+// probes read a deployment while W4 runs, for the lines it prints: the
+// messages through the server so far, and the CPU each process used so
+// far (nil: not read).
+type probes struct {
+	serverMsgs func() int64
+	cpu        func() map[string]time.Duration
+}
+
 // measureRep runs one repetition of W1–W4 (and A1 when agent is set)
 // against s, in the order BENCHMARKS.md fixes, into out. writes, when set,
 // counts the messages stored per run around each measured latency
 // workload.
-func measureRep(ctx context.Context, rep int, s system, agent func(context.Context) error, out series, writes func(workload string, runs int, fn func()), serverMsgs func() int64) {
+func measureRep(ctx context.Context, rep int, s system, agent func(context.Context) error, out series, writes func(workload string, runs int, fn func()), p probes) {
 	name := fmt.Sprintf("r%d", rep)
 	lat := func(workload string, n int, unit func(int) error) {
 		_, err := latencies(0, warmupRuns, unit)
@@ -86,22 +94,29 @@ func measureRep(ctx context.Context, rep int, s system, agent func(context.Conte
 	_, err := closedLoop(w4Warmup, w4Workers, w1(ctx, s, name+"w4warm"))
 	must(err)
 	busy0, all0 := machineCPU()
-	count := func() int64 { return 0 } // in process: not counted
-	if serverMsgs != nil {
-		count = serverMsgs
+	msgs, cpu := p.serverMsgs, p.cpu
+	if msgs == nil {
+		msgs = func() int64 { return 0 } // in process: not counted
 	}
-	msgs0 := count()
+	if cpu == nil {
+		cpu = func() map[string]time.Duration { return nil }
+	}
+	msgs0, cpu0 := msgs(), cpu()
 	rps, err := closedLoop(w4Runs, w4Workers, w1(ctx, s, name+"w4"))
 	must(err)
 	busy1, all1 := machineCPU()
-	msgs1 := count()
+	msgs1, cpu1 := msgs(), cpu()
 	out.add("W4 runs/s", rps)
 	// Whether W4 is bound by the machine's CPU or by something else
-	// (a bound on what is in flight, a wait), and the messages a run
-	// crosses the server with (sent to it and sent by it): printed, not
-	// tabled.
+	// (a bound on what is in flight, a wait), the messages a run crosses
+	// the server with (sent to it and sent by it), and where the CPU went:
+	// printed, not tabled.
 	fmt.Fprintf(os.Stderr, "%s W4: %.0f runs/s, the machine's CPU %.0f %% busy, %.1f messages through the server per run\n",
 		name, rps, 100*float64(busy1-busy0)/float64(max(all1-all0, 1)), float64(msgs1-msgs0)/w4Runs)
+	if cpu1 != nil {
+		fmt.Fprintf(os.Stderr, "%s W4 ", name)
+		printCPU(os.Stderr, cpu0, cpu1, w4Runs)
+	}
 	if agent != nil {
 		lat("A1", a1Runs, func(int) error { return agent(ctx) })
 	}
@@ -228,13 +243,13 @@ func main() {
 	floorS, abS, offS := series{}, series{}, series{}
 	for r := 0; r < *reps; r++ {
 		fmt.Fprintf(os.Stderr, "repetition %d/%d: floor\n", r+1, *reps)
-		measureRep(ctx, r, fl, nil, floorS, nil, d.serverMsgs)
+		measureRep(ctx, r, fl, nil, floorS, nil, probes{serverMsgs: d.serverMsgs, cpu: d.cpu})
 		fmt.Fprintf(os.Stderr, "repetition %d/%d: actionbus deployed\n", r+1, *reps)
 		var count func(string, int, func())
 		if r == 0 {
 			count = w.around(ctx)
 		}
-		measureRep(ctx, r, ab, ab.agent, abS, count, d.serverMsgs)
+		measureRep(ctx, r, ab, ab.agent, abS, count, probes{serverMsgs: d.serverMsgs, cpu: d.cpu})
 		// The auditor's share: W1 with the auditor and, right after, W1
 		// with it stopped, so that both see the same machine (its load
 		// moves by tens of percent within minutes); the auditor catches up
