@@ -49,30 +49,58 @@ const (
 	outcomePublishFailed
 )
 
-// pullWait bounds one pull of an idle slot.
+// pullWait is how long one pull request of an idle slot lives on the
+// server: a request parked on a server that died (or a consumer leader
+// that moved) is renewed at the latest then. Missed heartbeats (half of
+// it) and reconnects renew it sooner.
 const pullWait = 10 * time.Second
 
-// work is one slot: it pulls one message only when it is free, so no
-// message waits in a buffer while slots are busy.
+// work is one slot: it asks the server for one message only when it is
+// free, so no message waits in a buffer while slots are busy. Each slot
+// keeps one pull subscription for its life (a pull request per message,
+// on the same inbox): a subscription per pull cost the server a
+// subscribe and an unsubscribe for every call.
 func (e *Executor) work(ctx, handlerCtx context.Context, cons jetstream.Consumer) {
+	var pulls jetstream.MessagesContext
+	defer func() {
+		if pulls != nil {
+			pulls.Stop()
+		}
+	}()
 	for ctx.Err() == nil {
-		// Each pull expires on the server: a pull request parked on a
-		// server that died (or a consumer leader that moved) would
-		// otherwise hold the slot forever.
-		pullCtx, cancel := context.WithTimeout(ctx, pullWait)
-		msg, err := cons.Next(jetstream.FetchContext(pullCtx))
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-				e.log.Warn("pull failed", "err", err)
-				select {
-				case <-ctx.Done():
-				case <-time.After(200 * time.Millisecond):
-				}
+		if pulls == nil {
+			var err error
+			if pulls, err = cons.Messages(jetstream.PullMaxMessages(1), jetstream.PullExpiry(pullWait)); err != nil {
+				pulls = nil
+				e.pullFailed(ctx, err)
+				continue
 			}
+		}
+		msg, err := pulls.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrBadRequest) {
+				// A pull subscription that ended without being stopped
+				// is replaced.
+				pulls.Stop()
+				pulls = nil
+			}
+			e.pullFailed(ctx, err)
 			continue
 		}
 		e.handle(handlerCtx, msg)
+	}
+}
+
+// pullFailed logs a failed pull and pauses the slot briefly, so that a
+// lasting failure (a server gone, a consumer deleted) does not spin.
+func (e *Executor) pullFailed(ctx context.Context, err error) {
+	e.log.Warn("pull failed", "err", err)
+	select {
+	case <-ctx.Done():
+	case <-time.After(200 * time.Millisecond):
 	}
 }
 

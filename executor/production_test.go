@@ -325,3 +325,56 @@ func TestIdempotencyKeysAreScopedToTheTenant(t *testing.T) {
 	assert.Equal(t, other.Output, again.Output, "acme replays its own first result")
 	assert.Equal(t, int32(2), runs.Load())
 }
+
+// TestABusyExecutorLeavesQueuedWorkToAFreeOne: a slot asks the server for
+// a message only when it is free, so a busy executor holds no queued work
+// back in a buffer: with one executor's only slot held, every other call
+// runs on the other executor while the hold lasts.
+func TestABusyExecutorLeavesQueuedWorkToAFreeOne(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	release := make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	holding := make(chan struct{}, 1)
+	st := srv.StartStack(t, actionbustest.StackOptions{Executors: 2, Slots: 1, Register: func(ex *executor.Executor) error {
+		return errors.Join(
+			executor.Register(ex, executor.Action{Name: "test.hold"},
+				func(ctx context.Context, _ struct{}, _ executor.Call) (executor.Result[blobOut], error) {
+					holding <- struct{}{}
+					select {
+					case <-release:
+					case <-ctx.Done():
+					}
+					return executor.Result[blobOut]{Output: blobOut{Blob: "held"}}, nil
+				}),
+			executor.Register(ex, executor.Action{Name: "test.quick"},
+				func(context.Context, struct{}, executor.Call) (executor.Result[blobOut], error) {
+					return executor.Result[blobOut]{Output: blobOut{Blob: "done"}}, nil
+				}))
+	}})
+	t.Cleanup(letGo)
+	ctx := ctxT(t)
+	holder, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.hold"}})
+	require.NoError(t, err)
+	select {
+	case <-holding:
+	case <-ctx.Done():
+		t.Fatal("the holder's handler never ran")
+	}
+	// Every quick run must finish while the hold lasts: one waiting in
+	// the busy executor's buffer would wait for the release, which only
+	// comes after them.
+	for i := range 8 {
+		runID, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.quick"}})
+		require.NoError(t, err)
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		res, err := st.Client.Wait(wctx, runID)
+		cancel()
+		require.NoError(t, err, "quick run %d did not finish while the other executor was busy", i)
+		require.Equal(t, client.StatusCompleted, res.Status, "quick run %d", i)
+	}
+	letGo()
+	done, err := st.Client.Wait(ctx, holder)
+	require.NoError(t, err)
+	assert.Equal(t, client.StatusCompleted, done.Status)
+}

@@ -848,11 +848,12 @@ func (d *Dispatcher) traceTransition(ctx context.Context, st *run.State, batch [
 			tracing.CycleKey.Int(st.Cycle), attribute.Int("actionbus.events", len(batch))))
 }
 
-// publish renders effects from st and publishes them in one batch.
+// publish renders effects from st and publishes them in one batch, work
+// for other services first (run.WorkFirst).
 func (d *Dispatcher) publish(ctx context.Context, st *run.State, effects []run.Effect) error {
 	ctx = tracing.WithRun(ctx, st.Trace)
 	batch := make([]events.Emission, 0, len(effects))
-	for _, e := range effects {
+	for _, e := range run.WorkFirst(effects) {
 		if e.Kind == run.EffectRelease {
 			if err := d.release(ctx, e); err != nil {
 				return err

@@ -279,3 +279,52 @@ func (m *Machine) timer(st *State, f events.TimerFired, name string, after time.
 	id := st.derive("timer", name, st.Cycle, f.CallID+f.ApprovalID+f.StepID)
 	return Effect{Kind: EffectTimer, ID: id, Timer: &Timer{Name: name, At: at, Fired: f}}
 }
+
+// WorkFirst orders effects for publishing: a request that hands work to
+// another service (an action, decision or synthesis request) goes out
+// ahead of the live progress and timer schedules before it, so that the
+// work starts while the rest is still being rendered and published —
+// rendering a transition's progress took as long as a round trip to the
+// executor. Everything else keeps its order: events that are stored
+// (recorded steps, approvals, the run's end; the audit trail records them
+// in the order they were stored) stay in order with the requests and
+// after what preceded them, and live progress stays ahead of the stored
+// events that followed it, so that a follower sees every step before the
+// run's end.
+func WorkFirst(effects []Effect) []Effect {
+	out := make([]Effect, 0, len(effects))
+	var deferred []Effect // live progress and timers waiting for the next stored event
+	for _, e := range effects {
+		switch {
+		case e.handsOutWork():
+			out = append(out, e)
+		case e.deferrable():
+			deferred = append(deferred, e)
+		default:
+			out = append(append(out, deferred...), e)
+			deferred = deferred[:0]
+		}
+	}
+	return append(out, deferred...)
+}
+
+// handsOutWork reports whether e is a request another service works on.
+func (e Effect) handsOutWork() bool {
+	return e.Kind == EffectAct || e.Kind == EffectDecide || e.Kind == EffectSynthesize
+}
+
+// deferrable reports whether e may be published after a work request that
+// followed it: live progress (which nothing stores) and timer schedules
+// (which only the dispatcher reads, when they fire).
+func (e Effect) deferrable() bool {
+	switch e.Kind {
+	case EffectStep:
+		return e.live()
+	case EffectTimer:
+		return true
+	case EffectEvent:
+		entry, ok := events.Lookup(e.Type)
+		return ok && entry.Live
+	}
+	return false
+}
