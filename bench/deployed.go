@@ -284,6 +284,21 @@ func (d *deployment) msgs() map[string]msgCount {
 	return out
 }
 
+// subChanges reads how many subscriptions the server has added and
+// removed so far (its /subsz inserts + removes): each costs it an update
+// of its subject index, as a pull that opens its own inbox does.
+func (d *deployment) subChanges() int64 {
+	resp, err := http.Get("http://" + d.monitor + "/subsz")
+	must(err)
+	defer resp.Body.Close()
+	var subsz struct {
+		Inserts int64 `json:"num_inserts"`
+		Removes int64 `json:"num_removes"`
+	}
+	must(json.NewDecoder(resp.Body).Decode(&subsz))
+	return subsz.Inserts + subsz.Removes
+}
+
 // serverMsgs reads the messages the server received from its clients and
 // sent to them so far (its /varz in_msgs + out_msgs).
 func (d *deployment) serverMsgs() int64 {

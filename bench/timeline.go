@@ -62,7 +62,7 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 		}
 		since := time.Now()
 		var done []timedRun
-		cpu0, msgs0 := d.cpu(), d.msgs()
+		cpu0, msgs0, subs0 := d.cpu(), d.msgs(), d.subChanges()
 		for i := range runs {
 			req := u.req(i)
 			t0 := time.Now()
@@ -70,7 +70,7 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 			must(err)
 			done = append(done, timedRun{id: res.RunID, start: t0, done: time.Now()})
 		}
-		cpu1, msgs1 := d.cpu(), d.msgs()
+		cpu1, msgs1, subs1 := d.cpu(), d.msgs(), d.subChanges()
 		if profileDir != "" {
 			// The services' CPU profiles while this workload's units run
 			// one after another (9 s, the profile's 8 s inside).
@@ -86,6 +86,7 @@ func timeline(ctx context.Context, w io.Writer, d *deployment, runs int, profile
 		printTimeline(w, done, byRun)
 		printCPU(w, cpu0, cpu1, runs)
 		printMsgs(w, msgs0, msgs1, runs)
+		fmt.Fprintf(w, "subscriptions the server added or removed per run: %.1f\n", float64(subs1-subs0)/float64(runs))
 	}
 }
 

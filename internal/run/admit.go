@@ -142,8 +142,7 @@ func (m *Machine) admit(ctx context.Context, st *State, s callSpec) ([]Effect, a
 	}
 	snap := m.env.Evaluate(ctx, policy.Request{Action: entry.Name, Mode: entry.Mode, Tier: entry.Tier,
 		Permission: entry.Permission, Origin: s.Origin, UserID: st.UserID, Metadata: st.Metadata, Via: s.Via})
-	st.PolicySnapshots = append(st.PolicySnapshots, snap)
-	call.Policy = len(st.PolicySnapshots)
+	call.Policy = st.recordPolicy(snap)
 	evaluated := stepWith(st, StepPolicyEvaluated, pi, s.Action, snap.Action+": "+snap.Reason, "", map[string]any{"snapshot": snap})
 	// An allowed call's evaluation travels on its work item, which the
 	// auditor records: its step is progress. A denial or a question for an
@@ -266,7 +265,7 @@ func (m *Machine) startCalls(ctx context.Context, st *State, decs []events.Decis
 		st.Agent.Plan = plan
 	}
 	if !isPlan && calls[0].NeedsApproval {
-		return append(out, m.requestApproval(st, 0, st.PolicySnapshots[len(st.PolicySnapshots)-1])...), nil
+		return append(out, m.requestApproval(st, 0, st.PolicySnapshots[calls[0].Policy-1])...), nil
 	}
 	if isPlan {
 		out = append(out, step(st, StepPlanExecuting, nil, "", fmt.Sprintf("%d actions, at most %d at once", len(calls), m.lim.MaxPlanParallel), ""))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
 )
 
 var allModes = []string{"read", "draft", "dryRun", "mutate"}
@@ -151,6 +152,31 @@ func TestPlanResultsAreObservedInDeclarationOrder(t *testing.T) {
 		assert.Equal(t, map[string]any{"i": float64(i)}, o.Output)
 	}
 	assert.Equal(t, 2, h.st.Cycle, "the planner is asked again")
+}
+
+func TestAPlanKeepsEachDistinctPolicyVerdictOnceAndEveryWorkItemItsOwn(t *testing.T) {
+	h := newHarness(t, Limits{}).agent()
+	h.decide(plan(action("t.read", map[string]any{"n": 0}), action("t.other", nil), action("t.read", map[string]any{"n": 2})))
+	calls := h.dispatched()
+	require.Len(t, calls, 3)
+	require.Len(t, h.st.PolicySnapshots, 2, "two actions, two verdicts: the second t.read shares the first's")
+	assert.Equal(t, calls[0].Policy, calls[2].Policy)
+	assert.NotEqual(t, calls[0].Policy, calls[1].Policy)
+	for _, c := range calls {
+		var req *events.ActionRequested
+		for _, e := range h.all {
+			if e.Kind == EffectAct && e.CallID == c.CallID {
+				em, ok := Render(h.st, e)
+				require.True(t, ok)
+				req = em.Data.(*events.ActionRequested)
+			}
+		}
+		require.NotNil(t, req, "call %s was dispatched", c.CallID)
+		snap, ok := req.Policy.(policy.Snapshot)
+		require.True(t, ok, "the work item of %s carries a verdict", c.CallID)
+		assert.Equal(t, c.Action, snap.ActionName, "the work item of %s carries its own verdict", c.CallID)
+		assert.Equal(t, policy.Allow, snap.Action)
+	}
 }
 
 func TestPlanParallelismIsBounded(t *testing.T) {

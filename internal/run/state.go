@@ -113,7 +113,9 @@ type State struct {
 	// ApprovalsExpired are the ids of approvals that expired unanswered
 	// (a late grant is refused as expired, not as a replay).
 	ApprovalsExpired []string `json:"approvalsExpired,omitempty"`
-	// PolicySnapshots record every policy evaluation of the run.
+	// PolicySnapshots are the run's distinct policy evaluations (see
+	// recordPolicy); a call names the one that admitted it
+	// (CallState.Policy).
 	PolicySnapshots []policy.Snapshot `json:"policySnapshots,omitempty"`
 	// CallsDueAt is when the run's calls timer is armed (zero: none), the
 	// earliest DueAt of its calls in flight or earlier.
@@ -396,4 +398,20 @@ func LimitCall(st *State, c CallState) limits.Call {
 func LimitRequest(st *State, c CallState, grace time.Duration) limits.Request {
 	return limits.Request{CallID: c.CallID, RunID: st.RunID, Tenant: st.TenantOrDefault(),
 		Lease: time.Duration(c.TimeoutMs)*time.Millisecond + grace}
+}
+
+// recordPolicy keeps snap among the run's policy evaluations and returns
+// the reference a call holds to it (1 + its index). An evaluation equal
+// to one kept already — the same action allowed on the same grounds, as
+// for every step of a fan-out — shares it: a plan's state holds each
+// distinct verdict once, not once per call (a tenth of a ten-wide
+// workflow's state was ten copies of one verdict).
+func (st *State) recordPolicy(snap policy.Snapshot) int {
+	for i := len(st.PolicySnapshots) - 1; i >= 0; i-- {
+		if st.PolicySnapshots[i] == snap {
+			return i + 1
+		}
+	}
+	st.PolicySnapshots = append(st.PolicySnapshots, snap)
+	return len(st.PolicySnapshots)
 }
