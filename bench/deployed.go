@@ -255,9 +255,6 @@ type msgCount struct{ in, out int64 }
 // (both executors share a name), the bench's own connections are "client"
 // (the admin connection that reads streams back is left out).
 func (d *deployment) msgs() map[string]msgCount {
-	resp, err := http.Get("http://" + d.monitor + "/connz?auth=true&limit=1024")
-	must(err)
-	defer resp.Body.Close()
 	var connz struct {
 		Connections []struct {
 			Name    string `json:"name"`
@@ -266,7 +263,7 @@ func (d *deployment) msgs() map[string]msgCount {
 			OutMsgs int64  `json:"out_msgs"`
 		} `json:"connections"`
 	}
-	must(json.NewDecoder(resp.Body).Decode(&connz))
+	d.monitorJSON("/connz?auth=true&limit=1024", &connz)
 	out := map[string]msgCount{}
 	for _, c := range connz.Connections {
 		name := strings.TrimPrefix(c.Name, "actionbus-")
@@ -288,29 +285,32 @@ func (d *deployment) msgs() map[string]msgCount {
 // removed so far (its /subsz inserts + removes): each costs it an update
 // of its subject index, as a pull that opens its own inbox does.
 func (d *deployment) subChanges() int64 {
-	resp, err := http.Get("http://" + d.monitor + "/subsz")
-	must(err)
-	defer resp.Body.Close()
 	var subsz struct {
 		Inserts int64 `json:"num_inserts"`
 		Removes int64 `json:"num_removes"`
 	}
-	must(json.NewDecoder(resp.Body).Decode(&subsz))
+	d.monitorJSON("/subsz", &subsz)
 	return subsz.Inserts + subsz.Removes
 }
 
 // serverMsgs reads the messages the server received from its clients and
 // sent to them so far (its /varz in_msgs + out_msgs).
 func (d *deployment) serverMsgs() int64 {
-	resp, err := http.Get("http://" + d.monitor + "/varz")
-	must(err)
-	defer resp.Body.Close()
 	var varz struct {
 		InMsgs  int64 `json:"in_msgs"`
 		OutMsgs int64 `json:"out_msgs"`
 	}
-	must(json.NewDecoder(resp.Body).Decode(&varz))
+	d.monitorJSON("/varz", &varz)
 	return varz.InMsgs + varz.OutMsgs
+}
+
+// monitorJSON decodes what the server's monitoring endpoint path (with
+// its query) answers into v.
+func (d *deployment) monitorJSON(path string, v any) {
+	resp, err := http.Get("http://" + d.monitor + path)
+	must(err)
+	defer resp.Body.Close()
+	must(json.NewDecoder(resp.Body).Decode(v))
 }
 
 // profile records a CPU profile of every service, and of the bench's own

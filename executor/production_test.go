@@ -181,43 +181,24 @@ func TestAnIdempotencyKeyReplaysTheFirstResult(t *testing.T) {
 // effect follows a cancel.
 func TestQueuedWorkOfACanceledRunNeverRuns(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	release := make(chan struct{})
-	var once sync.Once
-	letGo := func() { once.Do(func() { close(release) }) }
+	hold := newHold(t)
 	var effects atomic.Int32
-	holding := make(chan struct{}, 1)
 	st := srv.StartStack(t, actionbustest.StackOptions{Slots: 1, Register: func(ex *executor.Executor) error {
 		return errors.Join(
-			executor.Register(ex, executor.Action{Name: "test.hold"},
-				func(ctx context.Context, _ struct{}, _ executor.Call) (executor.Result[blobOut], error) {
-					select {
-					case holding <- struct{}{}:
-					default:
-					}
-					select {
-					case <-release:
-					case <-ctx.Done():
-					}
-					return executor.Result[blobOut]{Output: blobOut{Blob: "held"}}, nil
-				}),
+			hold.register(ex),
 			executor.Register(ex, executor.Action{Name: "test.effect"},
 				func(context.Context, struct{}, executor.Call) (executor.Result[blobOut], error) {
 					effects.Add(1)
 					return executor.Result[blobOut]{Output: blobOut{Blob: "done"}}, nil
 				}))
 	}})
-	t.Cleanup(letGo)
 	ctx := ctxT(t)
 	rec := srv.Record(t, "ab.>")
 	holder, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.hold"}})
 	require.NoError(t, err)
 	// The only slot is taken once the holder's handler runs (its
 	// dispatch step can be seen before its work item is stored).
-	select {
-	case <-holding:
-	case <-ctx.Done():
-		t.Fatal("the holder's handler never ran")
-	}
+	hold.started(ctx, t)
 	queued, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.effect"}})
 	require.NoError(t, err)
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
@@ -227,7 +208,7 @@ func TestQueuedWorkOfACanceledRunNeverRuns(t *testing.T) {
 	res, err := st.Client.Wait(ctx, queued)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusCanceled, res.Status)
-	letGo()
+	hold.letGo()
 	r := rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		return r.Type() == events.TypeActionFailed && r.Event.Extensions()[events.ExtRunID] == queued
 	})
@@ -332,35 +313,19 @@ func TestIdempotencyKeysAreScopedToTheTenant(t *testing.T) {
 // runs on the other executor while the hold lasts.
 func TestABusyExecutorLeavesQueuedWorkToAFreeOne(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	release := make(chan struct{})
-	var once sync.Once
-	letGo := func() { once.Do(func() { close(release) }) }
-	holding := make(chan struct{}, 1)
+	hold := newHold(t)
 	st := srv.StartStack(t, actionbustest.StackOptions{Executors: 2, Slots: 1, Register: func(ex *executor.Executor) error {
 		return errors.Join(
-			executor.Register(ex, executor.Action{Name: "test.hold"},
-				func(ctx context.Context, _ struct{}, _ executor.Call) (executor.Result[blobOut], error) {
-					holding <- struct{}{}
-					select {
-					case <-release:
-					case <-ctx.Done():
-					}
-					return executor.Result[blobOut]{Output: blobOut{Blob: "held"}}, nil
-				}),
+			hold.register(ex),
 			executor.Register(ex, executor.Action{Name: "test.quick"},
 				func(context.Context, struct{}, executor.Call) (executor.Result[blobOut], error) {
 					return executor.Result[blobOut]{Output: blobOut{Blob: "done"}}, nil
 				}))
 	}})
-	t.Cleanup(letGo)
 	ctx := ctxT(t)
 	holder, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.hold"}})
 	require.NoError(t, err)
-	select {
-	case <-holding:
-	case <-ctx.Done():
-		t.Fatal("the holder's handler never ran")
-	}
+	hold.started(ctx, t)
 	// Every quick run must finish while the hold lasts: one waiting in
 	// the busy executor's buffer would wait for the release, which only
 	// comes after them.
@@ -373,8 +338,49 @@ func TestABusyExecutorLeavesQueuedWorkToAFreeOne(t *testing.T) {
 		require.NoError(t, err, "quick run %d did not finish while the other executor was busy", i)
 		require.Equal(t, client.StatusCompleted, res.Status, "quick run %d", i)
 	}
-	letGo()
+	hold.letGo()
 	done, err := st.Client.Wait(ctx, holder)
 	require.NoError(t, err)
 	assert.Equal(t, client.StatusCompleted, done.Status)
+}
+
+// holdAction is the action test.hold: its handler takes its slot until
+// letGo (or its context ends).
+type holdAction struct {
+	holding, release chan struct{}
+	once             sync.Once
+}
+
+// newHold returns a holdAction let go when the test ends.
+func newHold(t *testing.T) *holdAction {
+	h := &holdAction{holding: make(chan struct{}, 1), release: make(chan struct{})}
+	t.Cleanup(h.letGo)
+	return h
+}
+
+func (h *holdAction) letGo() { h.once.Do(func() { close(h.release) }) }
+
+func (h *holdAction) register(ex *executor.Executor) error {
+	return executor.Register(ex, executor.Action{Name: "test.hold"},
+		func(ctx context.Context, _ struct{}, _ executor.Call) (executor.Result[blobOut], error) {
+			select {
+			case h.holding <- struct{}{}:
+			default:
+			}
+			select {
+			case <-h.release:
+			case <-ctx.Done():
+			}
+			return executor.Result[blobOut]{Output: blobOut{Blob: "held"}}, nil
+		})
+}
+
+// started waits for a handler of test.hold to run.
+func (h *holdAction) started(ctx context.Context, t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.holding:
+	case <-ctx.Done():
+		t.Fatal("the holder's handler never ran")
+	}
 }
