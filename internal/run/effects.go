@@ -283,9 +283,8 @@ func (m *Machine) timer(st *State, f events.TimerFired, name string, after time.
 // WorkFirst orders effects for publishing: a request that hands work to
 // another service (an action, decision or synthesis request) goes out
 // ahead of the live progress and timer schedules before it, so that the
-// work starts while the rest is still being rendered and published —
-// rendering a transition's progress took as long as a round trip to the
-// executor. Everything else keeps its order: events that are stored
+// work starts while the rest is still being rendered and published.
+// Everything else keeps its order: events that are stored
 // (recorded steps, approvals, the run's end; the audit trail records them
 // in the order they were stored) stay in order with the requests and
 // after what preceded them, and live progress stays ahead of the stored
