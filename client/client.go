@@ -130,6 +130,23 @@ type RunRequest struct {
 	// documents (path → markdown; at most 32, 1 MiB each), which the
 	// planner reads, grows, patches and publishes (docs/workspace.md).
 	Workspace map[string]string
+	// Principal, set by a gateway (an HTTP API, an MCP server) that
+	// authenticated its caller, makes the run act for that user with the
+	// roles and scopes the gateway grants it; the dispatcher believes it
+	// only when signed with a gateway's approval key. Without it the run
+	// holds what the policy grants the tenant's NATS clients.
+	Principal *Principal
+}
+
+// Principal is a user a gateway authenticated and what the gateway grants
+// it, with the gateway's approval key (kid:secret:* in the dispatcher's
+// keys) that signs the statement.
+type Principal struct {
+	User   string
+	Roles  []string
+	Scopes []string
+	KeyID  string
+	Key    []byte
 }
 
 // Start publishes a run.requested event and returns the run id.
@@ -144,6 +161,15 @@ func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 		AllowedModes: req.AllowedModes, Metadata: req.Metadata, DeadlineMs: req.Deadline.Milliseconds(), RetryOf: req.RetryOf,
 		Workspace: req.Workspace}
 	data.Workflow = req.Workflow
+	if p := req.Principal; p != nil {
+		token, err := policy.SignPrincipal(p.KeyID, p.Key, policy.PrincipalClaim{RunID: req.RunID, Tenant: events.TenantOr(c.tenant),
+			User: p.User, Roles: p.Roles, Scopes: p.Scopes})
+		if err != nil {
+			return "", fmt.Errorf("client: start run: %w", err)
+		}
+		data.Principal = &events.Principal{User: p.User, Roles: p.Roles, Scopes: p.Scopes, Token: token}
+		data.UserID = p.User
+	}
 	if req.Action != nil {
 		data.Action = &events.ActionCall{Name: req.Action.Name, Args: req.Action.Args, IdempotencyKey: req.Action.IdempotencyKey}
 	}
@@ -273,25 +299,42 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingAppro
 	return found, nil
 }
 
-// Approve signs the approval context of approvalID with the key, publishes
+// Approve signs the approval context of approvalID with the approver's own
+// key (the dispatcher names the key's holder as the approver), publishes
 // the grant and waits, as long as ctx allows, for the dispatcher's answer.
 // It returns nil once the dispatcher granted the approval, and an
 // *actionbus.Error otherwise: approval_invalid (a token for another
 // context, an unknown key, no such pending approval), approval_replayed or
 // approval_expired.
-func (c *Client) Approve(ctx context.Context, approvalID, keyID string, key []byte, approver string) error {
+func (c *Client) Approve(ctx context.Context, approvalID, keyID string, key []byte) error {
+	return c.grant(ctx, approvalID, keyID, func(pc policy.ApprovalContext) (string, error) {
+		return policy.Sign(keyID, key, pc)
+	})
+}
+
+// ApproveAs is Approve for a gateway (an HTTP API, a console) that
+// authenticated approver itself: it signs the approver's name with the
+// context, with a gateway's key (kid:secret:* in the dispatcher's keys).
+func (c *Client) ApproveAs(ctx context.Context, approvalID, keyID string, key []byte, approver string) error {
+	return c.grant(ctx, approvalID, approver, func(pc policy.ApprovalContext) (string, error) {
+		return policy.SignAs(keyID, key, pc, approver)
+	})
+}
+
+// grant publishes a grant naming named, signed by sign.
+func (c *Client) grant(ctx context.Context, approvalID, named string, sign func(policy.ApprovalContext) (string, error)) error {
 	p, err := c.Approval(ctx, approvalID)
 	if err != nil {
 		return err
 	}
-	token, err := policy.Sign(keyID, key, policy.ApprovalContext(p.Context))
+	token, err := sign(policy.ApprovalContext(p.Context))
 	if err != nil {
 		return err
 	}
 	id := events.NewID()
 	return c.answer(ctx, p.Context.RunID, id, func() error {
 		_, err := c.bus.Emit(ctx, events.TypeApprovalGranted, id, c.tenant, p.Context.RunID, "",
-			&events.ApprovalGranted{RunID: p.Context.RunID, ApprovalID: approvalID, Token: token, Approver: approver})
+			&events.ApprovalGranted{RunID: p.Context.RunID, ApprovalID: approvalID, Token: token, Approver: named})
 		return err
 	})
 }

@@ -129,7 +129,7 @@ func ExampleClient_Approve() {
 			func(_ context.Context, x in, call executor.Call) (executor.Result[in], error) {
 				return executor.Result[in]{Output: x, Summary: "restarted " + x.Service + ", approved by " + call.Approval.Approver}, nil
 			})
-	}, dispatch.Config{ApprovalKeys: policy.Keys{"k1": key}})
+	}, dispatch.Config{ApprovalKeys: policy.Keys{"ann": {Secret: key}}})
 	defer stop()
 
 	c, _ := client.New(nc, client.Options{})
@@ -145,7 +145,7 @@ func ExampleClient_Approve() {
 			panic(err)
 		}
 		fmt.Println("approving", p.Context.Action, "with input", p.Input)
-		if err := c.Approve(ctx, id, "k1", key, "ann"); err != nil {
+		if err := c.Approve(ctx, id, "ann", key); err != nil {
 			panic(err)
 		}
 	})

@@ -113,7 +113,7 @@ func TestSecretsNeverReachTheAuditStreamSinksOrLogs(t *testing.T) {
 		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &step) == nil && step.RunID == runID && step.Name == "awaiting-approval"
 	})
 	approvalID := step.Details["approvalId"].(string)
-	require.NoError(t, st.Client.Approve(ctx, approvalID, approvalKid, approvalSecret, "ops"))
+	require.NoError(t, st.Client.Approve(ctx, approvalID, approvalKid, approvalSecret))
 	res, err := st.Client.Wait(ctx, runID)
 	if err != nil {
 		for _, r := range runs.All() {

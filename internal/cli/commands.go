@@ -171,12 +171,16 @@ func inputCmd(g *globals) *cobra.Command {
 const approvalKeyEnv = "ACTIONBUS_APPROVAL_KEY"
 
 func approveCmd(g *globals) *cobra.Command {
-	var keySpec, approver string
+	var keySpec string
 	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   "approve APPROVAL_ID",
-		Short: "Show what an approval signs, sign it with an approval key and wait for the dispatcher's answer (exit 1 when refused)",
-		Args:  cobra.ExactArgs(1),
+		Short: "Show what an approval signs, sign it with your approval key and wait for the dispatcher's answer (exit 1 when refused)",
+		Long: `Show what an approval signs, sign it with your own approval key and wait
+for the dispatcher's answer (exit 1 when refused). The approver the run
+records is the key's holder, as the dispatcher's keys name it (the key id,
+or the user of "kid:secret:user"): never a name typed here.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if keySpec == "" {
 				keySpec = os.Getenv(approvalKeyEnv)
@@ -203,16 +207,18 @@ func approveCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(g.out, "approving %s\n  action:     %s\n  for user:   %s\n  input hash: %s\n  expires:    %s\n  reason:     %s\n  input:      %s\n",
 				args[0], p.Context.Action, orNone(p.Context.UserID), p.Context.InputHash, p.Context.ExpiresAt.Format(time.RFC3339), p.Reason, input)
 			for kid, key := range keys {
-				if err := c.Approve(ctx, args[0], kid, key, approver); err != nil {
+				if key.Gateway || key.Holder != "" {
+					return fmt.Errorf("approve takes kid:base64secret, your own key; a holder or gateway mark belongs in the dispatcher's keys")
+				}
+				if err := c.Approve(ctx, args[0], kid, key.Secret); err != nil {
 					return fmt.Errorf("approval %s refused: %w", args[0], err)
 				}
+				fmt.Fprintf(g.out, "approved %s with key %s\n", args[0], kid)
 			}
-			fmt.Fprintf(g.out, "approved %s as %s\n", args[0], approver)
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&keySpec, "key", "", "approval key kid:base64secret (default: $"+approvalKeyEnv+")")
-	cmd.Flags().StringVar(&approver, "as", os.Getenv("USER"), "who approves")
+	cmd.Flags().StringVar(&keySpec, "key", "", "your approval key kid:base64secret (default: $"+approvalKeyEnv+")")
 	cmd.Flags().DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the dispatcher's answer")
 	return cmd
 }

@@ -150,10 +150,10 @@ or --insecure-http: bearer tokens must not cross a network in the clear.`,
 					return err
 				}
 				if len(keys) != 1 {
-					return fmt.Errorf("console: approvals need exactly one key (kid:base64secret)")
+					return fmt.Errorf("console: approvals need exactly one key (kid:base64secret, a gateway's key: kid:base64secret:* among the dispatcher's keys)")
 				}
 				for kid, key := range keys {
-					cfg.ApprovalKeyID, cfg.ApprovalKey = kid, key
+					cfg.ApprovalKeyID, cfg.ApprovalKey = kid, key.Secret
 				}
 			}
 			ctx := cmd.Context()

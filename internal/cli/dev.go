@@ -27,8 +27,12 @@ import (
 	"github.com/actionbus/actionbus/internal/stack"
 )
 
-// devKeyID names dev mode's approval key.
-const devKeyID = "dev"
+// devKeyID names dev mode's operator key: the approver it authenticates
+// is dev-operator. devConsoleKeyID names the console's gateway key.
+const (
+	devKeyID        = "dev-operator"
+	devConsoleKeyID = "dev-console"
+)
 
 type devFlags struct {
 	host          string
@@ -125,10 +129,14 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 		}
 		plannerDesc = fmt.Sprintf("openai: %s at %s, %s", f.openAIModel, f.openAIURL, f.plannerMode)
 	}
-	// Dev mode signs and checks approvals with a key made for this
-	// process; the demo approves as dev-operator with it.
-	approvalKey := make([]byte, 32)
+	// Dev mode signs and checks approvals with keys made for this
+	// process: dev-operator's own (the demo and actionbus approve use it)
+	// and the console's gateway key (it signs for its token's user).
+	approvalKey, consoleKey := make([]byte, 32), make([]byte, 32)
 	if _, err := rand.Read(approvalKey); err != nil {
+		return err
+	}
+	if _, err := rand.Read(consoleKey); err != nil {
 		return err
 	}
 	store := demo.NewStore()
@@ -141,7 +149,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 			return demo.Register(ex, demo.Options{Latency: f.latency, Store: store})
 		},
 		Logger:     g.logger(),
-		Dispatcher: dispatch.Config{ApprovalKeys: policy.Keys{devKeyID: approvalKey}},
+		Dispatcher: dispatch.Config{ApprovalKeys: policy.Keys{devKeyID: {Secret: approvalKey}, devConsoleKeyID: {Secret: consoleKey, Gateway: true}}},
 	})
 	if err != nil {
 		return err
@@ -150,7 +158,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	fmt.Fprintf(g.out, "actionbus dev: NATS with JetStream at %s (store %s)\n", url, f.store)
 	fmt.Fprintf(g.out, "  services: dispatcher, planner (%s), auditor, %d executors × %d slots\n", plannerDesc, f.executors, f.slots)
 	if f.console != "off" {
-		srv, addr, err := devConsole(ctx, g, nc, f.console, approvalKey)
+		srv, addr, err := devConsole(ctx, g, nc, f.console, consoleKey)
 		if err != nil {
 			return err
 		}
@@ -173,7 +181,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 			// the dev demo approves at once so it runs unattended.
 			id, _ := s.Details["approvalId"].(string)
 			fmt.Fprintf(g.out, "         ⚑ approval %s requested; dev mode approves it as dev-operator (in production: actionbus approve %s)\n", id, id)
-			if err := c.Approve(ctx, id, devKeyID, approvalKey, "dev-operator"); err != nil {
+			if err := c.Approve(ctx, id, devKeyID, approvalKey); err != nil {
 				fmt.Fprintf(g.errOut, "actionbus: approving %s: %v\n", id, err)
 			}
 		}
@@ -207,7 +215,7 @@ func devConsole(ctx context.Context, g *globals, nc *nats.Conn, addr string, app
 	if err != nil {
 		return nil, "", err
 	}
-	cfg := httpapi.Config{Client: c, Approver: c, ApprovalKeyID: devKeyID, ApprovalKey: approvalKey, Tokens: httpapi.Tokens{Tokens: []httpapi.Token{entry}}}
+	cfg := httpapi.Config{Client: c, Approver: c, ApprovalKeyID: devConsoleKeyID, ApprovalKey: approvalKey, Tokens: httpapi.Tokens{Tokens: []httpapi.Token{entry}}}
 	srv, err := startConsole(ctx, g, cfg, addr, "", "")
 	if err != nil {
 		// The default port is taken (another dev server): any free one.

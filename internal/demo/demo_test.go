@@ -39,7 +39,7 @@ func TestExecuteRetryIsBoundToTheDryRun(t *testing.T) {
 		rec.WaitFor(t, 20*time.Second, func(r actionbustest.Recorded) bool {
 			return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == id && s.Name == "awaiting-approval"
 		})
-		require.NoError(t, st.Client.Approve(ctx, s.Details["approvalId"].(string), "k1", key, "ops"))
+		require.NoError(t, st.Client.Approve(ctx, s.Details["approvalId"].(string), "k1", key))
 		res, err := st.Client.Wait(ctx, id)
 		require.NoError(t, err)
 		return res
@@ -64,7 +64,7 @@ func TestExecuteRetryIsBoundToTheDryRun(t *testing.T) {
 	rec.WaitFor(t, 20*time.Second, func(r actionbustest.Recorded) bool {
 		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == id && s.Name == "awaiting-approval"
 	})
-	require.NoError(t, st.Client.Approve(ctx, s.Details["approvalId"].(string), "k1", key, "ops"))
+	require.NoError(t, st.Client.Approve(ctx, s.Details["approvalId"].(string), "k1", key))
 	res, err = st.Client.Wait(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusFailed, res.Status)

@@ -17,12 +17,14 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/planner"
+	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/stack"
 )
 
 var approvalKey = []byte("0123456789abcdef0123456789abcdef")
 
-func approvalKeys() string { return "k1:" + base64.StdEncoding.EncodeToString(approvalKey) }
+// approvalKeys holds key k1, held by alice: the approver of its grants.
+func approvalKeys() string { return "k1:" + base64.StdEncoding.EncodeToString(approvalKey) + ":alice" }
 
 // opsActions records the calls that ran, with the approval they carried.
 type opsActions struct {
@@ -113,7 +115,7 @@ func TestMutateNeedsAllowanceThenApproval(t *testing.T) {
 	assert.Equal(t, "operator_1", p.Context.UserID)
 	assert.Equal(t, map[string]any{"service": "api"}, p.Input)
 
-	require.NoError(t, st.Client.Approve(ctx, id, "k1", approvalKey, "alice"))
+	require.NoError(t, st.Client.Approve(ctx, id, "k1", approvalKey))
 	res, err = st.Client.Wait(ctx, runID)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
@@ -124,7 +126,7 @@ func TestMutateNeedsAllowanceThenApproval(t *testing.T) {
 	assert.Equal(t, "alice", calls[0].Approval.Approver)
 
 	// The same grant again is a replay: Approve reports the refusal.
-	assert.ErrorIs(t, st.Client.Approve(ctx, id, "k1", approvalKey, "alice"), &actionbus.Error{Code: actionbus.CodeApprovalReplayed})
+	assert.ErrorIs(t, st.Client.Approve(ctx, id, "k1", approvalKey), &actionbus.Error{Code: actionbus.CodeApprovalReplayed})
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
 		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "approval-refused" &&
@@ -154,7 +156,7 @@ func TestDeniedAndExpiredApprovalsEndTheRun(t *testing.T) {
 	assert.Empty(t, ops.ran())
 	// A late grant is refused as expired (not as "already answered"), and
 	// denying what was already denied says so.
-	assert.ErrorIs(t, st.Client.Approve(ctx, expiredID, "k1", approvalKey, "alice"), &actionbus.Error{Code: actionbus.CodeApprovalExpired})
+	assert.ErrorIs(t, st.Client.Approve(ctx, expiredID, "k1", approvalKey), &actionbus.Error{Code: actionbus.CodeApprovalExpired})
 	assert.ErrorIs(t, st.Client.Deny(ctx, id, "bob", "again"), &actionbus.Error{Code: actionbus.CodeApprovalReplayed})
 }
 
@@ -168,7 +170,7 @@ func TestInvalidTokensAreRefusedAndTheApprovalStaysPending(t *testing.T) {
 	require.NoError(t, err)
 	// Signed with a key the dispatcher does not know: refused, and Approve
 	// says so.
-	assert.ErrorIs(t, st.Client.Approve(ctx, id, "k9", []byte("ffffffffffffffffffffffffffffffff"), "mallory"), &actionbus.Error{Code: actionbus.CodeApprovalInvalid})
+	assert.ErrorIs(t, st.Client.Approve(ctx, id, "k9", []byte("ffffffffffffffffffffffffffffffff")), &actionbus.Error{Code: actionbus.CodeApprovalInvalid})
 	// A token copied from elsewhere.
 	_, err = bus.Emit(ctx, events.TypeApprovalGranted, events.NewID(), events.DefaultTenant, runID, "", &events.ApprovalGranted{RunID: runID, ApprovalID: id, Token: "k1.AAAA"})
 	require.NoError(t, err)
@@ -177,7 +179,7 @@ func TestInvalidTokensAreRefusedAndTheApprovalStaysPending(t *testing.T) {
 		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "approval-refused" &&
 			s.Details["code"] == "approval_invalid"
 	})
-	require.NoError(t, st.Client.Approve(ctx, id, "k1", approvalKey, "alice"))
+	require.NoError(t, st.Client.Approve(ctx, id, "k1", approvalKey))
 	res, err := st.Client.Wait(ctx, runID)
 	require.NoError(t, err)
 	assert.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
@@ -232,6 +234,85 @@ func TestPolicyOutcomes(t *testing.T) {
 	})
 }
 
+// TestRolesComeFromAuthenticationNeverFromMetadata: a NATS client that
+// writes the role a policy requires into its run's metadata, or signs its
+// own principal with an approver's key, is refused; the tenant's grants in
+// the policy and a gateway's signed principal hold.
+func TestRolesComeFromAuthenticationNeverFromMetadata(t *testing.T) {
+	gatewayKey := []byte("fedcba9876543210fedcba9876543210")
+	srv, _, st, ops := startOps(t, actionbustest.StackOptions{
+		ApprovalKeys: approvalKeys() + ",console:" + base64.StdEncoding.EncodeToString(gatewayKey) + ":*",
+		Policy:       `{"requireRoles": {"ops.read": "finance"}, "tenants": {"finco": {"roles": ["finance"]}}}`})
+	ctx := ctxT(t)
+	read := func(req client.RunRequest) *client.Result {
+		t.Helper()
+		req.Action = &client.ActionCall{Name: "ops.read"}
+		res, err := st.Client.Run(ctx, req, nil)
+		require.NoError(t, err)
+		return res
+	}
+	forged := read(client.RunRequest{Metadata: map[string]any{"roles": "finance", "scopes": []any{"finance"}}})
+	require.NotNil(t, forged.Error, "roles written into metadata granted the action")
+	assert.Equal(t, actionbus.CodePolicyRejected, forged.Error.Code)
+
+	selfSigned := read(client.RunRequest{Principal: &client.Principal{User: "mallory", Roles: []string{"finance"}, KeyID: "k1", Key: approvalKey}})
+	require.NotNil(t, selfSigned.Error, "a principal signed with an approver's key granted the action")
+	assert.Equal(t, actionbus.CodeUnauthenticated, selfSigned.Error.Code)
+	assert.Empty(t, ops.ran(), "nothing ran for a forged role")
+
+	viaGateway := read(client.RunRequest{UserID: "someone-else", Principal: &client.Principal{User: "alice", Roles: []string{"finance"}, KeyID: "console", Key: gatewayKey}})
+	require.Nil(t, viaGateway.Error, "%+v", viaGateway.Error)
+	assert.Equal(t, client.StatusCompleted, viaGateway.Status)
+
+	finco, err := client.New(srv.Conn, client.Options{Tenant: "finco"})
+	require.NoError(t, err)
+	res, err := finco.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "ops.read"}}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, client.StatusCompleted, res.Status, "the policy's grant to tenant finco holds for its clients: %+v", res.Error)
+}
+
+// TestAGrantNamesTheKeysHolderNeverATypedName: a grant signed with an
+// approver's own key that names someone else is refused; an accepted
+// grant's step and the dispatcher's answer name the key's holder.
+func TestAGrantNamesTheKeysHolderNeverATypedName(t *testing.T) {
+	srv, rec, st, _ := startOps(t, actionbustest.StackOptions{})
+	ctx := ctxT(t)
+	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/approver"})
+	require.NoError(t, err)
+	runID, err := st.Client.Start(ctx, restart("read", "mutate"))
+	require.NoError(t, err)
+	id := awaitingApproval(t, rec, runID)
+	p, err := st.Client.Approval(ctx, id)
+	require.NoError(t, err)
+	token, err := policy.Sign("k1", approvalKey, policy.ApprovalContext(p.Context))
+	require.NoError(t, err)
+	answer := func(approver string) *events.ApprovalResolved {
+		t.Helper()
+		answerID := events.NewID()
+		_, err := bus.Emit(ctx, events.TypeApprovalGranted, answerID, events.DefaultTenant, runID, "",
+			&events.ApprovalGranted{RunID: runID, ApprovalID: id, Token: token, Approver: approver})
+		require.NoError(t, err)
+		r := rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
+			var res events.ApprovalResolved
+			return r.Type() == events.TypeApprovalResolved && events.DataAs(r.Event, &res) == nil && res.AnswerID == answerID
+		})
+		var res events.ApprovalResolved
+		require.NoError(t, events.DataAs(r.Event, &res))
+		return &res
+	}
+	typed := answer("the-cfo")
+	assert.Equal(t, events.ApprovalOutcomeRefused, typed.Outcome, "a grant naming someone other than the key's holder was accepted")
+	require.NotNil(t, typed.Error)
+	assert.Equal(t, actionbus.CodeApprovalInvalid, typed.Error.Code)
+
+	granted := answer("")
+	assert.Equal(t, events.ApprovalOutcomeGranted, granted.Outcome)
+	assert.Equal(t, "alice", granted.Approver, "the grant names k1's holder")
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	assert.Equal(t, client.StatusCompleted, res.Status)
+}
+
 func TestAPendingApprovalSurvivesADispatcherRestart(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
@@ -239,7 +320,7 @@ func TestAPendingApprovalSurvivesADispatcherRestart(t *testing.T) {
 	script, err := planner.NewScript(nil)
 	require.NoError(t, err)
 	cfg := func() stack.Config {
-		keys := map[string][]byte{"k1": approvalKey}
+		keys := policy.Keys{"k1": {Secret: approvalKey}}
 		c := stack.Config{Provider: script, Register: ops.register}
 		c.Dispatcher.ApprovalKeys = keys
 		return c
@@ -257,7 +338,7 @@ func TestAPendingApprovalSurvivesADispatcherRestart(t *testing.T) {
 	second, err := stack.Start(ctx, srv.Connect(t), cfg())
 	require.NoError(t, err)
 	defer second.Stop()
-	require.NoError(t, c.Approve(ctx, id, "k1", approvalKey, "alice"))
+	require.NoError(t, c.Approve(ctx, id, "k1", approvalKey))
 	res, err := c.Wait(ctx, runID)
 	require.NoError(t, err)
 	assert.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)

@@ -23,7 +23,7 @@ import (
 // a state write and its publishes whenever crash returns true.
 func startCrashingDispatcher(t *testing.T, srv *actionbustest.Server, crash func(runID string) bool) {
 	t.Helper()
-	startDispatcher(t, srv, dispatch.Config{ApprovalKeys: policy.Keys{"k1": approvalKey}, InstanceID: "crashing"},
+	startDispatcher(t, srv, dispatch.Config{ApprovalKeys: policy.Keys{"k1": {Secret: approvalKey, Holder: "alice"}}, InstanceID: "crashing"},
 		func(d *dispatch.Dispatcher) { dispatch.SetCrashAfterWrite(d, crash) })
 }
 

@@ -44,8 +44,12 @@ func (e env) Evaluate(ctx context.Context, r policy.Request) policy.Snapshot {
 	return e.d.policy.Load().Evaluate(ctx, r)
 }
 
-func (e env) VerifyApproval(token string, c policy.ApprovalContext, now time.Time) error {
-	return e.d.cfg.ApprovalKeys.Verify(token, c, now)
+func (e env) VerifyApproval(token string, c policy.ApprovalContext, claimed string, now time.Time) (string, error) {
+	return e.d.cfg.ApprovalKeys.Verify(token, c, claimed, now)
+}
+
+func (e env) VerifyPrincipal(token string, c policy.PrincipalClaim) (policy.Principal, error) {
+	return e.d.cfg.ApprovalKeys.VerifyPrincipal(token, c)
 }
 
 func (e env) PutArtifact(ctx context.Context, id string, data []byte) (events.ArtifactRef, error) {

@@ -214,11 +214,11 @@ func TestARetriedMutateStepIsApprovedAgain(t *testing.T) {
 		return s.Details["approvalId"].(string)
 	}
 	first := awaiting(1)
-	require.NoError(t, st.Client.Approve(ctx, first, "k1", approvalKey, "alice"))
+	require.NoError(t, st.Client.Approve(ctx, first, "k1", approvalKey))
 	second := awaiting(2)
 	assert.NotEqual(t, first, second, "the retry has its own approval")
-	assert.ErrorIs(t, st.Client.Approve(ctx, first, "k1", approvalKey, "alice"), &actionbus.Error{Code: actionbus.CodeApprovalReplayed})
-	require.NoError(t, st.Client.Approve(ctx, second, "k1", approvalKey, "alice"))
+	assert.ErrorIs(t, st.Client.Approve(ctx, first, "k1", approvalKey), &actionbus.Error{Code: actionbus.CodeApprovalReplayed})
+	require.NoError(t, st.Client.Approve(ctx, second, "k1", approvalKey))
 	res, err := st.Client.Wait(ctx, runID)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
@@ -246,7 +246,7 @@ func TestTwoPendingApprovalsAnsweredInEitherOrder(t *testing.T) {
 			require.Len(t, ids, 2)
 			assert.NotEqual(t, ids[0], ids[1], "each approval has its own id")
 			for _, i := range order {
-				require.NoError(t, st.Client.Approve(ctx, ids[i], "k1", approvalKey, "alice"))
+				require.NoError(t, st.Client.Approve(ctx, ids[i], "k1", approvalKey))
 			}
 			res, err := st.Client.Wait(ctx, runID)
 			require.NoError(t, err)

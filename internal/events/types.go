@@ -89,6 +89,20 @@ type RunRequested struct {
 	// documents (path → markdown), which the workspace actions read,
 	// grow, patch and publish.
 	Workspace map[string]string `json:"workspace,omitempty"`
+	// Principal is the user a gateway (the HTTP API, the MCP server)
+	// authenticated, signed with the gateway's key: the run holds its
+	// roles and scopes. Without it the run holds what the policy grants
+	// the tenant's NATS clients.
+	Principal *Principal `json:"principal,omitempty"`
+}
+
+// Principal is a gateway's signed statement of the user it authenticated
+// (docs/approvals.md, "Roles and scopes").
+type Principal struct {
+	User   string   `json:"user"`
+	Roles  []string `json:"roles,omitempty"`
+	Scopes []string `json:"scopes,omitempty"`
+	Token  string   `json:"token"`
 }
 
 // Replay is a recorded run's decisions, fed back to the planner by

@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+
+	"github.com/actionbus/actionbus/internal/policy"
 )
 
 // Roles a token may hold.
@@ -27,11 +29,14 @@ const (
 
 // Token is one caller of the API: the SHA-256 of its bearer token (the
 // token itself is never stored), the user it acts as (the user of the runs
-// it starts, the approver of its answers) and its roles.
+// it starts, the approver of its answers), its roles in the API and its
+// grants: the policy roles and scopes its runs hold (the policy's
+// requireRoles and requireScopes read them, docs/approvals.md).
 type Token struct {
-	SHA256 string   `json:"sha256"`
-	User   string   `json:"user"`
-	Roles  []string `json:"roles"`
+	SHA256 string        `json:"sha256"`
+	User   string        `json:"user"`
+	Roles  []string      `json:"roles"`
+	Grants policy.Grants `json:"grants,omitzero"`
 }
 
 // Tokens are the API's callers.
@@ -40,7 +45,8 @@ type Tokens struct {
 }
 
 // ParseTokens reads a tokens document:
-// {"tokens": [{"sha256": "<hex>", "user": "alice", "roles": ["read", "run", "approve"]}]}.
+// {"tokens": [{"sha256": "<hex>", "user": "alice", "roles": ["read", "run", "approve"],
+// "grants": {"roles": ["finance"], "scopes": ["actions:run"]}}]}.
 func ParseTokens(data []byte) (Tokens, error) {
 	var t Tokens
 	dec := json.NewDecoder(strings.NewReader(string(data)))
@@ -58,8 +64,8 @@ func (t Tokens) Validate() error {
 		if b, err := hex.DecodeString(tok.SHA256); err != nil || len(b) != sha256.Size {
 			return fmt.Errorf("tokens[%d]: sha256 must be 64 hex digits", i)
 		}
-		if tok.User == "" {
-			return fmt.Errorf("tokens[%d]: user is required", i)
+		if !policy.ValidApprover(tok.User) {
+			return fmt.Errorf("tokens[%d]: user must be a user name (1 to 128 characters, no spaces or separators)", i)
 		}
 		for _, r := range tok.Roles {
 			if r != RoleRead && r != RoleRun && r != RoleApprove {

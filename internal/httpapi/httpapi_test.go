@@ -21,6 +21,7 @@ import (
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/httpapi"
+	"github.com/actionbus/actionbus/internal/policy"
 )
 
 var approvalKey = []byte("0123456789abcdef0123456789abcdef")
@@ -53,6 +54,12 @@ func register(ex *executor.Executor) error {
 		}); err != nil {
 		return err
 	}
+	if err := executor.Register(ex, executor.Action{Name: "inv.refund", Description: "Refund a SKU's last order (the policy requires role finance).", InputSchema: schema},
+		func(_ context.Context, in skuIn, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: map[string]any{"refunded": in.SKU}}, nil
+		}); err != nil {
+		return err
+	}
 	return executor.Register(ex, executor.Action{Name: "inv.wait", Timeout: time.Minute},
 		func(ctx context.Context, _ map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
 			<-ctx.Done()
@@ -61,8 +68,10 @@ func register(ex *executor.Executor) error {
 }
 
 // api is an HTTP API server over a real stack, connected to NATS as the
-// deployed client and approver users of tenant default, with three
-// callers: a reader, a runner and an approver.
+// deployed client and approver users of tenant default, with four
+// callers: a reader, a runner, an approver and a runner whose token grants
+// the policy role finance, which inv.refund requires. The server's key k1
+// is a gateway's: it signs its callers' grants and approvals.
 type api struct {
 	t      *testing.T
 	url    string
@@ -73,7 +82,8 @@ type api struct {
 func newAPI(t *testing.T) *api {
 	t.Helper()
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: []string{"acme"}})
-	srv.StartStack(t, actionbustest.StackOptions{Register: register, ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey),
+	srv.StartStack(t, actionbustest.StackOptions{Register: register, ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey) + ":*",
+		Policy: `{"requireRoles": {"inv.refund": "finance"}}`,
 		Scenarios: `
 scenarios:
   ask:
@@ -95,6 +105,11 @@ scenarios:
 		a.tokens[name] = tok
 		entries = append(entries, entry)
 	}
+	tok, entry, err := httpapi.NewToken("fin", httpapi.RoleRun)
+	require.NoError(t, err)
+	entry.Grants = policy.Grants{Roles: []string{"finance"}}
+	a.tokens["finance"] = tok
+	entries = append(entries, entry)
 	s, err := httpapi.New(httpapi.Config{Client: c, Approver: ap, ApprovalKeyID: "k1", ApprovalKey: approvalKey,
 		Tokens: httpapi.Tokens{Tokens: entries}, MaxWait: 20 * time.Second})
 	require.NoError(t, err)
@@ -421,6 +436,58 @@ func TestApprovalsAreListedApprovedAndDenied(t *testing.T) {
 	_, result = a.followToEnd(denied)
 	assert.Equal(t, "failed", result["status"])
 	assert.Equal(t, string(actionbus.CodeApprovalDenied), result["error"].(map[string]any)["code"])
+}
+
+// TestRolesComeFromTheTokenNotTheRequest: a run-only token that writes
+// the role a policy requires into its run's metadata is still refused; a
+// token whose entry grants the role runs the action, as its own user.
+func TestRolesComeFromTheTokenNotTheRequest(t *testing.T) {
+	a := newAPI(t)
+	refund := func(caller string, metadata map[string]any) map[string]any {
+		status, resp := a.do(http.MethodPost, "/v1/runs?wait=20s", caller, map[string]any{
+			"action": map[string]any{"name": "inv.refund", "args": map[string]any{"sku": "A-1"}}, "metadata": metadata})
+		require.Contains(t, []int{http.StatusOK, http.StatusForbidden}, status, resp)
+		return resp
+	}
+	forged := refund("runner", map[string]any{"roles": "finance", "scopes": []any{"finance"}})
+	assert.Equal(t, "failed", forged["status"], forged)
+	assert.Equal(t, string(actionbus.CodePolicyRejected), forged["error"].(map[string]any)["code"], "roles the caller wrote granted the action")
+
+	granted := refund("finance", nil)
+	assert.Equal(t, "completed", granted["status"], granted)
+	status, view := a.do(http.MethodGet, "/v1/runs/"+granted["runId"].(string), "reader", nil)
+	require.Equal(t, http.StatusOK, status)
+	assert.Equal(t, "fin", view["userId"], "the run acts for the token's user")
+}
+
+// TestAnApprovalNamesTheTokensUserInTheAudit: a grant through the API is
+// recorded, by the dispatcher's answer and in the audit, with the user of
+// the token that approved.
+func TestAnApprovalNamesTheTokensUserInTheAudit(t *testing.T) {
+	a := newAPI(t)
+	runID := a.start(reorder("A-1"))
+	ap := a.pendingApproval(runID)
+	require.NotNil(t, ap)
+	status, body := a.do(http.MethodPost, "/v1/approvals/"+ap["approvalId"].(string)+"/approve", "approver", nil)
+	require.Equal(t, http.StatusOK, status, body)
+	_, result := a.followToEnd(runID)
+	require.Equal(t, "completed", result["status"])
+	var answers []map[string]any
+	require.Eventually(t, func() bool {
+		_, audit := a.do(http.MethodGet, "/v1/runs/"+runID+"/audit", "reader", nil)
+		answers = nil
+		recs, _ := audit["records"].([]any)
+		for _, r := range recs {
+			rec := r.(map[string]any)
+			if rec["kind"] == "approval" && (rec["status"] == "granted" || rec["status"] == "answer_granted") {
+				answers = append(answers, rec)
+			}
+		}
+		return len(answers) == 2
+	}, 10*time.Second, 50*time.Millisecond)
+	for _, rec := range answers {
+		assert.Equal(t, "approver", rec["userId"], "%s names its approver", rec["status"])
+	}
 }
 
 func TestARunIsCanceled(t *testing.T) {

@@ -35,8 +35,12 @@ type Config struct {
 	// Approver answers approvals: connected as the tenant's approver
 	// user. Without it approve and deny answer forbidden.
 	Approver *client.Client
-	// ApprovalKeyID and ApprovalKey sign the grants of approve (the
-	// dispatcher verifies them). Without a key approve answers forbidden.
+	// ApprovalKeyID and ApprovalKey are the server's gateway key
+	// ("kid:secret:*" among the dispatcher's approval keys): it signs the
+	// grants of approve with the token's user as approver, and the user
+	// and grants (policy roles and scopes) of every run it starts. Without
+	// a key approve answers forbidden, and runs hold what the policy grants
+	// the tenant's NATS clients.
 	ApprovalKeyID string
 	ApprovalKey   []byte
 	// Tokens are the callers. A request without a known bearer token is
@@ -363,6 +367,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request, tok *Token) {
 	if b.Action != nil {
 		req.Action = &client.ActionCall{Name: b.Action.Name, Args: b.Action.Args, IdempotencyKey: b.Action.IdempotencyKey}
 	}
+	req.Principal = s.principal(tok)
 	if req.RunID == "" {
 		req.RunID = events.NewID()
 	}
@@ -564,6 +569,16 @@ func (s *Server) listApprovals(w http.ResponseWriter, _ *http.Request, _ *Token)
 	writeJSON(w, http.StatusOK, map[string]any{"approvals": list})
 }
 
+// principal is the token's user and grants, signed with the server's
+// gateway key; nil without a key.
+func (s *Server) principal(tok *Token) *client.Principal {
+	if len(s.cfg.ApprovalKey) == 0 {
+		return nil
+	}
+	return &client.Principal{User: tok.User, Roles: tok.Grants.Roles, Scopes: tok.Grants.Scopes,
+		KeyID: s.cfg.ApprovalKeyID, Key: s.cfg.ApprovalKey}
+}
+
 // approve is POST /v1/approvals/{id}/approve: signs the approval context
 // with the server's key as the token's user and waits for the
 // dispatcher's answer.
@@ -573,7 +588,7 @@ func (s *Server) approve(w http.ResponseWriter, r *http.Request, tok *Token) {
 		return
 	}
 	s.answerApproval(w, r, func(ctx context.Context, id string) error {
-		return s.cfg.Approver.Approve(ctx, id, s.cfg.ApprovalKeyID, s.cfg.ApprovalKey, tok.User)
+		return s.cfg.Approver.ApproveAs(ctx, id, s.cfg.ApprovalKeyID, s.cfg.ApprovalKey, tok.User)
 	})
 }
 

@@ -134,7 +134,7 @@ func TestAnMCPClientListsCallsAndIsToldAboutApprovals(t *testing.T) {
 	}
 	m := regexp.MustCompile(`awaiting approval (\S+) .*actionbus approve (\S+)`).FindStringSubmatch(msg)
 	require.NotNil(t, m, msg)
-	require.NoError(t, st.Client.Approve(ctx, m[1], "k1", key, "operator"))
+	require.NoError(t, st.Client.Approve(ctx, m[1], "k1", key))
 	out := <-done
 	require.NoError(t, out.err)
 	require.False(t, out.res.IsError, "%v", out.res.Content)

@@ -45,13 +45,38 @@ func (c ApprovalContext) canonical() ([]byte, error) {
 	return canonical.Marshal(c)
 }
 
-// Keys are the HMAC keys tokens are signed with, by key id. Several keys
-// can be valid at once, so keys rotate without invalidating pending
-// approvals signed with the previous key.
-type Keys map[string][]byte
+// Key is one approval key: its secret and who holds it.
+type Key struct {
+	// Secret is the HMAC-SHA256 key, at least 16 bytes.
+	Secret []byte
+	// Holder is the user the key authenticates as approver; empty means a
+	// user of the key id's name.
+	Holder string
+	// Gateway marks the key of a service that authenticates its own users
+	// (the HTTP API, the console): its tokens sign the approver's name
+	// along with the context, and must name one.
+	Gateway bool
+}
 
-// ParseKeys reads "kid:base64secret,kid2:base64secret" (standard or URL
-// base64). An empty string gives no keys.
+// Keys are the approval keys, by key id. Several keys can be valid at
+// once, so keys rotate without invalidating pending approvals signed with
+// the previous key. Each approver holds a key of their own: the key id
+// names who approved, never a name the approver typed.
+type Keys map[string]Key
+
+// holder is who a key authenticates.
+func (k Key) holder(kid string) string {
+	if k.Holder != "" {
+		return k.Holder
+	}
+	return kid
+}
+
+// ParseKeys reads comma-separated keys "kid:base64secret" (held by the
+// user named kid), "kid:base64secret:user" (held by user) or
+// "kid:base64secret:*" (a gateway's key, which names the approver it
+// authenticated); secrets in standard or URL base64. An empty string gives
+// no keys.
 func ParseKeys(s string) (Keys, error) {
 	k := Keys{}
 	for i, part := range strings.Split(s, ",") {
@@ -61,10 +86,11 @@ func ParseKeys(s string) (Keys, error) {
 		}
 		// An error names the key by position, never by content: a
 		// malformed entry may be nothing but the secret.
-		id, secret, ok := strings.Cut(part, ":")
+		id, rest, ok := strings.Cut(part, ":")
 		if !ok || id == "" || strings.ContainsAny(id, ". ") {
-			return nil, fmt.Errorf("policy: approval key %d: want kid:base64secret (a key id without dots or spaces)", i+1)
+			return nil, fmt.Errorf("policy: approval key %d: want kid:base64secret[:holder] (a key id without dots or spaces)", i+1)
 		}
+		secret, holder, _ := strings.Cut(rest, ":")
 		raw, err := base64.StdEncoding.DecodeString(secret)
 		if err != nil {
 			if raw, err = base64.RawURLEncoding.DecodeString(secret); err != nil {
@@ -74,45 +100,153 @@ func ParseKeys(s string) (Keys, error) {
 		if len(raw) < 16 {
 			return nil, fmt.Errorf("policy: approval key %s: secret must be at least 16 bytes", id)
 		}
-		k[id] = raw
+		key := Key{Secret: raw}
+		switch {
+		case holder == "*":
+			key.Gateway = true
+		case holder != "" && !ValidApprover(holder):
+			return nil, fmt.Errorf("policy: approval key %s: holder %q is not a user name", id, holder)
+		default:
+			key.Holder = holder
+		}
+		k[id] = key
 	}
 	return k, nil
 }
 
-// Sign returns the token of a context: "<kid>.<base64url HMAC-SHA256 of
-// the canonical context>".
+// ValidApprover reports whether a name can name an approver: 1 to 128
+// printable characters without spaces, dots at the ends or separators.
+func ValidApprover(name string) bool {
+	if name == "" || len(name) > 128 || strings.Trim(name, ".") != name {
+		return false
+	}
+	for _, r := range name {
+		if r <= ' ' || r == 0x7f || strings.ContainsRune(":,/\\", r) {
+			return false
+		}
+	}
+	return true
+}
+
+// Sign returns the token of a context signed with an approver's own key:
+// "<kid>.<base64url HMAC-SHA256 of the canonical context>".
 func Sign(kid string, key []byte, c ApprovalContext) (string, error) {
 	canon, err := c.canonical()
 	if err != nil {
 		return "", err
 	}
-	m := hmac.New(sha256.New, key)
-	m.Write(canon)
-	return kid + "." + base64.RawURLEncoding.EncodeToString(m.Sum(nil)), nil
+	return mac(kid, key, canon), nil
 }
 
-// Verify checks a token against the stored context: the key id must be
-// known, the signature must match the context exactly, and the context
-// must not have expired. Errors are *actionbus.Error with code
-// approval_invalid or approval_expired.
-func (k Keys) Verify(token string, c ApprovalContext, now time.Time) error {
-	kid, sig, ok := strings.Cut(token, ".")
+// SignAs returns the token a gateway signs for the approver it
+// authenticated: the HMAC covers the canonical context with the field
+// "approver" added.
+func SignAs(kid string, key []byte, c ApprovalContext, approver string) (string, error) {
+	c.ExpiresAt = c.ExpiresAt.UTC().Truncate(time.Second)
+	canon, err := canonical.Marshal(struct {
+		ApprovalContext
+		Approver string `json:"approver"`
+	}{c, approver})
+	if err != nil {
+		return "", err
+	}
+	return mac(kid, key, canon), nil
+}
+
+func mac(kid string, key, msg []byte) string {
+	m := hmac.New(sha256.New, key)
+	m.Write(msg)
+	return kid + "." + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// Verify checks a grant's token against the stored context and returns
+// the approver it authenticates. The key id must be known and the
+// signature must match the context exactly; the context must not have
+// expired. An approver's own key approves as its holder (a grant naming
+// someone else is refused); a gateway's key must name its approver, whose
+// name it signed. Errors are *actionbus.Error with code approval_invalid
+// or approval_expired.
+func (k Keys) Verify(token string, c ApprovalContext, claimed string, now time.Time) (string, error) {
+	kid, _, ok := strings.Cut(token, ".")
 	if !ok {
-		return actionbus.Errorf(actionbus.CodeApprovalInvalid, "malformed approval token")
+		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "malformed approval token")
 	}
 	key, known := k[kid]
 	if !known {
-		return actionbus.Errorf(actionbus.CodeApprovalInvalid, "approval token signed with unknown key %q", kid)
+		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "approval token signed with unknown key %q", kid)
 	}
-	want, err := Sign(kid, key, c)
+	approver, want := key.holder(kid), ""
+	var err error
+	switch {
+	case key.Gateway:
+		if !ValidApprover(claimed) {
+			return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "approval key %q is a gateway's: its grant must name the approver it authenticated", kid)
+		}
+		approver = claimed
+		want, err = SignAs(kid, key.Secret, c, claimed)
+	case claimed != "" && claimed != approver && claimed != kid:
+		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "the grant names %q but approval key %q is held by %q", claimed, kid, approver)
+	default:
+		want, err = Sign(kid, key.Secret, c)
+	}
 	if err != nil {
-		return err
+		return "", err
 	}
-	if !hmac.Equal([]byte(want), []byte(kid+"."+sig)) {
-		return actionbus.Errorf(actionbus.CodeApprovalInvalid, "approval token does not match the approval context")
+	if !hmac.Equal([]byte(want), []byte(token)) {
+		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "approval token does not match the approval context")
 	}
 	if !now.Before(c.ExpiresAt) {
-		return actionbus.Errorf(actionbus.CodeApprovalExpired, "approval expired at %s", c.ExpiresAt.UTC().Format(time.RFC3339))
+		return "", actionbus.Errorf(actionbus.CodeApprovalExpired, "approval expired at %s", c.ExpiresAt.UTC().Format(time.RFC3339))
 	}
-	return nil
+	return approver, nil
+}
+
+// PrincipalClaim is what a gateway signs for the user it authenticated
+// when it requests a run: the run, the user and the user's grants.
+type PrincipalClaim struct {
+	RunID  string   `json:"runId"`
+	Tenant string   `json:"tenant"`
+	User   string   `json:"user"`
+	Roles  []string `json:"roles"`
+	Scopes []string `json:"scopes"`
+}
+
+// SignPrincipal returns a gateway's token for a claim:
+// "<kid>.<base64url HMAC-SHA256 of the claim's RFC 8785 form>", with nil
+// role and scope lists signed as empty ones.
+func SignPrincipal(kid string, key []byte, c PrincipalClaim) (string, error) {
+	if c.Roles == nil {
+		c.Roles = []string{}
+	}
+	if c.Scopes == nil {
+		c.Scopes = []string{}
+	}
+	canon, err := canonical.Marshal(c)
+	if err != nil {
+		return "", err
+	}
+	return mac(kid, key, canon), nil
+}
+
+// VerifyPrincipal checks a gateway's token for a claim and returns the
+// principal it authenticates. Only a gateway's key signs principals (an
+// approver's own key cannot); errors are *actionbus.Error with code
+// unauthenticated.
+func (k Keys) VerifyPrincipal(token string, c PrincipalClaim) (Principal, error) {
+	kid, _, _ := strings.Cut(token, ".")
+	key, known := k[kid]
+	if !known || !key.Gateway {
+		return Principal{}, actionbus.Errorf(actionbus.CodeUnauthenticated, "a run's principal must be signed by a gateway's key; %q is not one", kid)
+	}
+	if !ValidApprover(c.User) {
+		return Principal{}, actionbus.Errorf(actionbus.CodeUnauthenticated, "a run's principal names no valid user")
+	}
+	want, err := SignPrincipal(kid, key.Secret, c)
+	if err != nil {
+		return Principal{}, err
+	}
+	if !hmac.Equal([]byte(want), []byte(token)) {
+		return Principal{}, actionbus.Errorf(actionbus.CodeUnauthenticated, "the run's principal does not match its gateway's signature")
+	}
+	return Principal{Tenant: c.Tenant, Gateway: kid, User: c.User, Grants: Grants{Roles: c.Roles, Scopes: c.Scopes}}, nil
 }

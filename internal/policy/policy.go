@@ -70,7 +70,11 @@ type Request struct {
 	Permission actions.NormalizedPermission
 	Origin     string
 	UserID     string
-	// Metadata is the run request's metadata (roles, scopes, tenant, ...).
+	// Principal is who the run acts for, as authentication established
+	// it: its roles and scopes are what RequireRole and RequireScope read.
+	Principal Principal
+	// Metadata is the run request's metadata, as its caller wrote it: it
+	// never grants a role or scope.
 	Metadata map[string]any
 	// Via is the generic action the call came through (execute_skill_tool
 	// for a skill tool): an explicit policy for Via applies when the
@@ -113,25 +117,23 @@ func Compose(ps ...Policy) Policy {
 	}
 }
 
-// RequireRole denies unless the run's metadata key (e.g. "roles") holds
-// role, as a string or in a list of strings.
-func RequireRole(key, role string) Policy {
+// RequireRole denies unless the authenticated principal holds role.
+func RequireRole(role string) Policy {
 	return func(_ context.Context, r Request) Verdict {
-		if metadataHas(r.Metadata, key, role) {
+		if slices.Contains(r.Principal.Roles, role) {
 			return Verdict{}
 		}
-		return Verdict{Effect: Deny, Reason: fmt.Sprintf("requires role %q in metadata %q", role, key)}
+		return Verdict{Effect: Deny, Reason: fmt.Sprintf("requires role %q, which %s does not hold", role, r.Principal)}
 	}
 }
 
-// RequireScope denies unless the run's metadata key (e.g. "scopes") holds
-// scope, as a string or in a list of strings.
-func RequireScope(key, scope string) Policy {
+// RequireScope denies unless the authenticated principal holds scope.
+func RequireScope(scope string) Policy {
 	return func(_ context.Context, r Request) Verdict {
-		if metadataHas(r.Metadata, key, scope) {
+		if slices.Contains(r.Principal.Scopes, scope) {
 			return Verdict{}
 		}
-		return Verdict{Effect: Deny, Reason: fmt.Sprintf("requires scope %q in metadata %q", scope, key)}
+		return Verdict{Effect: Deny, Reason: fmt.Sprintf("requires scope %q, which %s does not hold", scope, r.Principal)}
 	}
 }
 
@@ -143,26 +145,6 @@ func ForActions(p Policy, names ...string) Policy {
 		}
 		return Verdict{}
 	}
-}
-
-func metadataHas(md map[string]any, key, want string) bool {
-	switch v := md[key].(type) {
-	case string:
-		for _, part := range strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' }) {
-			if part == want {
-				return true
-			}
-		}
-	case []any:
-		for _, x := range v {
-			if s, ok := x.(string); ok && s == want {
-				return true
-			}
-		}
-	case []string:
-		return slices.Contains(v, want)
-	}
-	return false
 }
 
 // TierDefault is the seed's default: tier 0 allows, 1 and 2 ask, 3 denies.
@@ -219,19 +201,64 @@ func (e *Explicit) UnmarshalJSON(b []byte) error {
 type Config struct {
 	// Actions is explicit per-action policy; it wins over tiers.
 	Actions Explicit `json:"actions,omitempty"`
-	// RequireRoles maps an action name ("*" for all) to a role required in
-	// run metadata RoleKey.
+	// RequireRoles maps an action name ("*" for all) to a role the run's
+	// authenticated principal must hold.
 	RequireRoles map[string]string `json:"requireRoles,omitempty"`
-	// RequireScopes maps an action name ("*" for all) to a scope required
-	// in run metadata ScopeKey.
+	// RequireScopes maps an action name ("*" for all) to a scope the run's
+	// authenticated principal must hold.
 	RequireScopes map[string]string `json:"requireScopes,omitempty"`
-	// RoleKey and ScopeKey name the metadata keys; default "roles" and
-	// "scopes".
-	RoleKey  string `json:"roleKey,omitempty"`
-	ScopeKey string `json:"scopeKey,omitempty"`
+	// Tenants grants roles and scopes to the NATS client users of a tenant,
+	// by tenant: NATS confines each client user to its tenant's subjects,
+	// so the tenant of a request's subject is the identity NATS
+	// authenticated. A run requested through a gateway (the HTTP API, MCP)
+	// holds instead the roles and scopes of the gateway's authenticated
+	// user, which the gateway signs.
+	Tenants map[string]Grants `json:"tenants,omitempty"`
 	// Limits override actions' declared concurrency keys and rate limits,
 	// by action name (docs/limits.md).
 	Limits map[string]limits.Spec `json:"limits,omitempty"`
+}
+
+// Grants are the roles and scopes a principal holds.
+type Grants struct {
+	Roles  []string `json:"roles,omitempty"`
+	Scopes []string `json:"scopes,omitempty"`
+}
+
+// Principal is who a run acts for, as authentication established it.
+type Principal struct {
+	// Tenant is the tenant of the run's request subject, which NATS
+	// confines each client user to.
+	Tenant string `json:"tenant,omitempty"`
+	// Gateway names the key of the gateway that authenticated User and
+	// signed its grants; empty when the run came straight from a NATS
+	// client of Tenant.
+	Gateway string `json:"gateway,omitempty"`
+	// User is the gateway's authenticated user.
+	User string `json:"user,omitempty"`
+	Grants
+}
+
+// String names the principal for a refusal's reason.
+func (p Principal) String() string {
+	if p.Gateway != "" {
+		return fmt.Sprintf("user %q (authenticated by %s)", p.User, p.Gateway)
+	}
+	return fmt.Sprintf("the NATS clients of tenant %q", p.Tenant)
+}
+
+// Resolve gives a principal the grants in force: a gateway's user keeps
+// the grants its gateway signed; a tenant's NATS clients hold what
+// Tenants grants their tenant now (so a reloaded policy applies).
+func (c *Config) Resolve(p Principal) Principal {
+	if p.Gateway != "" {
+		return p
+	}
+	p.Grants = Grants{}
+	if c != nil {
+		p.Grants = c.Tenants[p.Tenant]
+	}
+	return p
 }
 
 // LimitFor returns the limit in force for an action: the policy's, else
@@ -255,6 +282,9 @@ func ParseConfig(b []byte) (*Config, error) {
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
+		if strings.Contains(err.Error(), `"roleKey"`) || strings.Contains(err.Error(), `"scopeKey"`) {
+			return nil, fmt.Errorf("policy: roleKey and scopeKey are gone: roles and scopes come from authentication (tenants, gateway tokens), never from run metadata (docs/approvals.md): %w", err)
+		}
 		return nil, fmt.Errorf("policy: %w", err)
 	}
 	for name, l := range c.Limits {
@@ -271,13 +301,6 @@ func (c *Config) Policies() []Policy {
 	if c == nil {
 		return nil
 	}
-	roleKey, scopeKey := c.RoleKey, c.ScopeKey
-	if roleKey == "" {
-		roleKey = "roles"
-	}
-	if scopeKey == "" {
-		scopeKey = "scopes"
-	}
 	var out []Policy
 	add := func(m map[string]string, mk func(string) Policy) {
 		names := make([]string, 0, len(m))
@@ -293,8 +316,8 @@ func (c *Config) Policies() []Policy {
 			out = append(out, p)
 		}
 	}
-	add(c.RequireRoles, func(v string) Policy { return RequireRole(roleKey, v) })
-	add(c.RequireScopes, func(v string) Policy { return RequireScope(scopeKey, v) })
+	add(c.RequireRoles, RequireRole)
+	add(c.RequireScopes, RequireScope)
 	return out
 }
 
@@ -338,6 +361,7 @@ func (ev *Evaluator) Evaluate(ctx context.Context, r Request) Snapshot {
 	var restrictions []Policy
 	if ev != nil {
 		restrictions = append(ev.Config.Policies(), ev.Extra...)
+		r.Principal = ev.Config.Resolve(r.Principal)
 	}
 	restricted := Compose(restrictions...)(ctx, r)
 	if restricted.Effect == Deny {

@@ -52,32 +52,42 @@ func TestEvaluate(t *testing.T) {
 	  "actions": {"ops.restart": "allow", "ops.wipe": {"action": "deny", "reason": "never from agents"}, "ops.peek": {"action": "ask", "reason": "sensitive"}},
 	  "requireRoles": {"billing.refund": "finance"},
 	  "requireScopes": {"*": "actions:run"},
-	  "roleKey": "roles"
+	  "tenants": {"acme": {"scopes": ["actions:run"]}, "finco": {"roles": ["finance"], "scopes": ["actions:run"]}}
 	}`))
 	require.NoError(t, err)
 	ev := &policy.Evaluator{Config: cfg}
-	scoped := map[string]any{"scopes": []any{"actions:run"}}
+	scoped := policy.Principal{Tenant: "acme"}
+	gateway := func(g policy.Grants) policy.Principal {
+		return policy.Principal{Tenant: "acme", Gateway: "console", User: "alice", Grants: g}
+	}
 	cases := []struct {
 		name   string
 		req    policy.Request
 		effect string
 		source string
 	}{
-		{"tier 0 allows", policy.Request{Action: "a", Tier: 0, Permission: readPerm("fallback"), Metadata: scoped}, policy.Allow, "tier"},
-		{"tier 1 asks", policy.Request{Action: "a", Tier: 1, Permission: readPerm("fallback"), Metadata: scoped}, policy.Ask, "tier"},
-		{"tier 2 asks", policy.Request{Action: "a", Tier: 2, Permission: readPerm("fallback"), Metadata: scoped}, policy.Ask, "tier"},
-		{"tier 3 denies", policy.Request{Action: "a", Tier: 3, Permission: readPerm("fallback"), Metadata: scoped}, policy.Deny, "tier"},
-		{"explicit string wins over tier", policy.Request{Action: "ops.restart", Tier: 2, Permission: readPerm("host_metadata"), Metadata: scoped}, policy.Allow, "explicit"},
-		{"explicit object with reason", policy.Request{Action: "ops.wipe", Tier: 0, Permission: readPerm("host_metadata"), Metadata: scoped}, policy.Deny, "explicit"},
-		{"explicit ask", policy.Request{Action: "ops.peek", Tier: 0, Permission: readPerm("host_metadata"), Metadata: scoped}, policy.Ask, "explicit"},
+		{"tier 0 allows", policy.Request{Action: "a", Tier: 0, Permission: readPerm("fallback"), Principal: scoped}, policy.Allow, "tier"},
+		{"tier 1 asks", policy.Request{Action: "a", Tier: 1, Permission: readPerm("fallback"), Principal: scoped}, policy.Ask, "tier"},
+		{"tier 2 asks", policy.Request{Action: "a", Tier: 2, Permission: readPerm("fallback"), Principal: scoped}, policy.Ask, "tier"},
+		{"tier 3 denies", policy.Request{Action: "a", Tier: 3, Permission: readPerm("fallback"), Principal: scoped}, policy.Deny, "tier"},
+		{"explicit string wins over tier", policy.Request{Action: "ops.restart", Tier: 2, Permission: readPerm("host_metadata"), Principal: scoped}, policy.Allow, "explicit"},
+		{"explicit object with reason", policy.Request{Action: "ops.wipe", Tier: 0, Permission: readPerm("host_metadata"), Principal: scoped}, policy.Deny, "explicit"},
+		{"explicit ask", policy.Request{Action: "ops.peek", Tier: 0, Permission: readPerm("host_metadata"), Principal: scoped}, policy.Ask, "explicit"},
 		{"missing scope denies", policy.Request{Action: "a", Tier: 0, Permission: readPerm("fallback")}, policy.Deny, "policy"},
-		{"scope as a string", policy.Request{Action: "a", Permission: readPerm("fallback"), Metadata: map[string]any{"scopes": "x actions:run"}}, policy.Allow, "tier"},
-		{"role required and missing", policy.Request{Action: "billing.refund", Permission: readPerm("fallback"), Metadata: scoped}, policy.Deny, "policy"},
-		{"role present in a list", policy.Request{Action: "billing.refund", Permission: readPerm("fallback"),
-			Metadata: map[string]any{"scopes": "actions:run", "roles": []any{"ops", "finance"}}}, policy.Allow, "tier"},
-		{"untrusted metadata fails closed to ask", policy.Request{Action: "mcp.tool", Permission: readPerm("dynamic"), Metadata: scoped}, policy.Ask, "judge"},
-		{"mutate always asks", policy.Request{Action: "ops.restart", Mode: actions.ModeMutate, Permission: (*actions.Permission)(nil).Normalize(actions.ModeMutate), Metadata: scoped}, policy.Ask, "permission"},
-		{"a deny beats mutate's ask", policy.Request{Action: "ops.wipe", Mode: actions.ModeMutate, Permission: (*actions.Permission)(nil).Normalize(actions.ModeMutate), Metadata: scoped}, policy.Deny, "explicit"},
+		{"role required and missing", policy.Request{Action: "billing.refund", Permission: readPerm("fallback"), Principal: scoped}, policy.Deny, "policy"},
+		{"a tenant's grants hold for its NATS clients", policy.Request{Action: "billing.refund", Permission: readPerm("fallback"),
+			Principal: policy.Principal{Tenant: "finco"}}, policy.Allow, "tier"},
+		{"a gateway's user holds the grants it signed", policy.Request{Action: "billing.refund", Permission: readPerm("fallback"),
+			Principal: gateway(policy.Grants{Roles: []string{"ops", "finance"}, Scopes: []string{"actions:run"}})}, policy.Allow, "tier"},
+		{"a gateway's user does not inherit the tenant's grants", policy.Request{Action: "a", Permission: readPerm("fallback"),
+			Principal: policy.Principal{Tenant: "finco", Gateway: "console", User: "bob"}}, policy.Deny, "policy"},
+		{"roles the caller wrote into metadata grant nothing", policy.Request{Action: "billing.refund", Permission: readPerm("fallback"), Principal: scoped,
+			Metadata: map[string]any{"scopes": "actions:run", "roles": []any{"ops", "finance"}}}, policy.Deny, "policy"},
+		{"a principal's own unsigned roles grant nothing", policy.Request{Action: "billing.refund", Permission: readPerm("fallback"),
+			Principal: policy.Principal{Tenant: "acme", Grants: policy.Grants{Roles: []string{"finance"}, Scopes: []string{"actions:run"}}}}, policy.Deny, "policy"},
+		{"untrusted metadata fails closed to ask", policy.Request{Action: "mcp.tool", Permission: readPerm("dynamic"), Principal: scoped}, policy.Ask, "judge"},
+		{"mutate always asks", policy.Request{Action: "ops.restart", Mode: actions.ModeMutate, Permission: (*actions.Permission)(nil).Normalize(actions.ModeMutate), Principal: scoped}, policy.Ask, "permission"},
+		{"a deny beats mutate's ask", policy.Request{Action: "ops.wipe", Mode: actions.ModeMutate, Permission: (*actions.Permission)(nil).Normalize(actions.ModeMutate), Principal: scoped}, policy.Deny, "explicit"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -97,6 +107,7 @@ func TestUnknownPolicyValuesAreRefused(t *testing.T) {
 		`{"actions": {"a": {"action": "allow", "because": "x"}}}`,
 		`{"actions": {"a": 3}}`,
 		`{"actionz": {}}`,
+		`{"roleKey": "roles"}`,
 	} {
 		_, err := policy.ParseConfig([]byte(doc))
 		assert.Error(t, err, doc)

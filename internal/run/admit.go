@@ -141,7 +141,7 @@ func (m *Machine) admit(ctx context.Context, st *State, s callSpec) ([]Effect, a
 		return out, admission{Verdict: argsInvalid, Call: call, Err: abErr}, nil
 	}
 	snap := m.env.Evaluate(ctx, policy.Request{Action: entry.Name, Mode: entry.Mode, Tier: entry.Tier,
-		Permission: entry.Permission, Origin: s.Origin, UserID: st.UserID, Metadata: st.Metadata, Via: s.Via})
+		Permission: entry.Permission, Origin: s.Origin, UserID: st.UserID, Principal: st.Principal, Metadata: st.Metadata, Via: s.Via})
 	call.Policy = st.recordPolicy(snap)
 	evaluated := stepWith(st, StepPolicyEvaluated, pi, s.Action, snap.Action+": "+snap.Reason, "", map[string]any{"snapshot": snap})
 	// An allowed call's evaluation travels on its work item, which the

@@ -92,7 +92,8 @@ func (m *Machine) onApprovalGranted(ctx context.Context, st *State, g *events.Ap
 	if !ok || st.IsTerminal() {
 		return refuse(actionbus.Errorf(actionbus.CodeApprovalInvalid, "no pending approval %s", g.ApprovalID))
 	}
-	if err := m.env.VerifyApproval(g.Token, toPolicyContext(p.Context), m.env.Now()); err != nil {
+	approver, err := m.env.VerifyApproval(g.Token, toPolicyContext(p.Context), g.Approver, m.env.Now())
+	if err != nil {
 		var abErr *actionbus.Error
 		if errors.As(err, &abErr) && abErr.Code == actionbus.CodeApprovalExpired {
 			delete(st.Approvals, g.ApprovalID)
@@ -109,10 +110,10 @@ func (m *Machine) onApprovalGranted(ctx context.Context, st *State, g *events.Ap
 	st.ApprovalsDone = append(st.ApprovalsDone, g.ApprovalID)
 	c := &st.Calls[p.CallIndex]
 	c.NeedsApproval = false
-	c.Approval = &events.ApprovalGrant{Context: p.Context, Token: g.Token, Approver: g.Approver}
+	c.Approval = &events.ApprovalGrant{Context: p.Context, Token: g.Token, Approver: approver}
 	pi := c.PlanIndex
-	out := []Effect{stepWith(st, StepApprovalGranted, &pi, c.Action, "approved by "+g.Approver, "ok", map[string]any{"approvalId": g.ApprovalID}),
-		resolved(st, g.ApprovalID, answerID, events.ApprovalOutcomeGranted, g.Approver, nil)}
+	out := []Effect{stepWith(st, StepApprovalGranted, &pi, c.Action, "approved by "+approver, "ok", map[string]any{"approvalId": g.ApprovalID, "approver": approver}),
+		resolved(st, g.ApprovalID, answerID, events.ApprovalOutcomeGranted, approver, nil)}
 	if len(st.Approvals) == 0 {
 		st.Phase, st.Status = PhaseActing, StatusRunning
 	}

@@ -103,7 +103,7 @@ var testKey = []byte("0123456789abcdef0123456789abcdef")
 
 func newMemEnv(t testing.TB) *memEnv {
 	e := &memEnv{catalog: map[string]*actions.Entry{}, checkers: map[string]*actions.ArgsChecker{}, policy: &policy.Evaluator{},
-		keys: policy.Keys{"k1": testKey}, artifacts: map[string][]byte{}, runs: map[string]*State{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+		keys: policy.Keys{"k1": {Secret: testKey}}, artifacts: map[string][]byte{}, runs: map[string]*State{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
 	add := func(name string, mode actions.Mode, tier int, schema string) {
 		d := actions.Definition{Name: name, Description: name, Mode: mode, Tier: tier, Pool: "default", Version: "1"}
 		if schema == "" {
@@ -151,8 +151,12 @@ func (e *memEnv) Evaluate(ctx context.Context, r policy.Request) policy.Snapshot
 	return e.policy.Evaluate(ctx, r)
 }
 
-func (e *memEnv) VerifyApproval(token string, c policy.ApprovalContext, now time.Time) error {
-	return e.keys.Verify(token, c, now)
+func (e *memEnv) VerifyApproval(token string, c policy.ApprovalContext, claimed string, now time.Time) (string, error) {
+	return e.keys.Verify(token, c, claimed, now)
+}
+
+func (e *memEnv) VerifyPrincipal(token string, c policy.PrincipalClaim) (policy.Principal, error) {
+	return e.keys.VerifyPrincipal(token, c)
 }
 
 func (e *memEnv) PutArtifact(_ context.Context, id string, data []byte) (events.ArtifactRef, error) {

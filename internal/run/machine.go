@@ -41,8 +41,12 @@ type Env interface {
 	// Evaluate judges one call by the policy in force.
 	Evaluate(ctx context.Context, r policy.Request) policy.Snapshot
 	// VerifyApproval checks an approval token against the context it must
-	// sign, at time now.
-	VerifyApproval(token string, c policy.ApprovalContext, now time.Time) error
+	// sign, at time now, and returns the approver it authenticates
+	// (claimed is the name the grant carries).
+	VerifyApproval(token string, c policy.ApprovalContext, claimed string, now time.Time) (string, error)
+	// VerifyPrincipal checks a gateway's signed statement of the user a
+	// run acts for.
+	VerifyPrincipal(token string, c policy.PrincipalClaim) (policy.Principal, error)
 	// PutArtifact stores data under id in the artifact store and returns
 	// its reference; ids are deterministic, so storing again is harmless.
 	PutArtifact(ctx context.Context, id string, data []byte) (events.ArtifactRef, error)
@@ -190,6 +194,21 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 	now := m.env.Now().UTC()
 	st := &State{RunID: req.RunID, IDKey: idKey, Tenant: events.TenantOr(req.Tenant), Status: StatusRunning, Kind: KindAgent, UserID: req.UserID,
 		AllowedModes: req.AllowedModes, Metadata: req.Metadata, CreatedAt: now, UpdatedAt: now}
+	st.Principal = policy.Principal{Tenant: st.TenantOrDefault()}
+	var unauthenticated *actionbus.Error
+	if p := req.Principal; p != nil {
+		var err error
+		st.Principal, err = m.env.VerifyPrincipal(p.Token, policy.PrincipalClaim{RunID: req.RunID, Tenant: st.TenantOrDefault(),
+			User: p.User, Roles: p.Roles, Scopes: p.Scopes})
+		if err != nil {
+			st.Principal = policy.Principal{Tenant: st.TenantOrDefault()}
+			if !errors.As(err, &unauthenticated) {
+				unauthenticated = actionbus.Errorf(actionbus.CodeUnauthenticated, "%v", err)
+			}
+		} else {
+			st.UserID = st.Principal.User // the gateway's user is who the run acts for
+		}
+	}
 	switch {
 	case req.Action != nil:
 		st.Kind = KindExec
@@ -220,6 +239,9 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 		{Kind: EffectEvent, ID: st.derive("started"), Type: events.TypeRunStarted,
 			Data: &events.RunStarted{RunID: req.RunID, Kind: string(st.Kind), Scenario: req.Scenario, Prompt: req.Prompt, RetryOf: req.RetryOf}},
 		m.timer(st, events.TimerFired{Kind: events.TimerRunDeadline, Stage: "run"}, "run", deadline),
+	}
+	if unauthenticated != nil {
+		return st, append(out, m.fail(st, unauthenticated)...), nil
 	}
 	if badWorkspace != nil {
 		return st, append(out, m.fail(st, badWorkspace)...), nil

@@ -74,16 +74,20 @@ type State struct {
 	// Tenant is the run's tenant, from the subject of its request: every
 	// event of the run is published under it, and an event that names the
 	// run under another tenant is rejected.
-	Tenant       string         `json:"tenant,omitempty"`
-	Kind         Kind           `json:"kind"`
-	Status       Status         `json:"status"`
-	Phase        Phase          `json:"phase,omitempty"`
-	Cycle        int            `json:"cycle"`
-	UserID       string         `json:"userId,omitempty"`
-	AllowedModes []string       `json:"allowedModes,omitempty"`
-	Metadata     map[string]any `json:"metadata,omitempty"`
-	CreatedAt    time.Time      `json:"createdAt"`
-	UpdatedAt    time.Time      `json:"updatedAt"`
+	Tenant string `json:"tenant,omitempty"`
+	Kind   Kind   `json:"kind"`
+	Status Status `json:"status"`
+	Phase  Phase  `json:"phase,omitempty"`
+	Cycle  int    `json:"cycle"`
+	UserID string `json:"userId,omitempty"`
+	// Principal is who the run acts for as authentication established it
+	// (a gateway's signed user, else the tenant's NATS clients): the
+	// policy's required roles and scopes read it, never Metadata.
+	Principal    policy.Principal `json:"principal"`
+	AllowedModes []string         `json:"allowedModes,omitempty"`
+	Metadata     map[string]any   `json:"metadata,omitempty"`
+	CreatedAt    time.Time        `json:"createdAt"`
+	UpdatedAt    time.Time        `json:"updatedAt"`
 	// Deadline is when the whole run times out.
 	Deadline time.Time `json:"deadline"`
 	// Terminal holds the run's terminal event once it has one.

@@ -237,7 +237,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 
 		// The real approval still completes the run, and its terminal
 		// event arrives (nothing suppressed it).
-		require.NoError(t, approver.Approve(ctx, approvalID, "k1", approvalKey, "ops-lead"))
+		require.NoError(t, approver.Approve(ctx, approvalID, "k1", approvalKey))
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		res, err := c.Wait(wctx, live)

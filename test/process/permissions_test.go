@@ -73,7 +73,7 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 	_, err = c.Follow(ctx, runID, func(e client.Event) {
 		if s, ok := e.Step(); ok && s.Name == "awaiting-approval" && approvalID == "" {
 			approvalID = s.Details["approvalId"].(string)
-			assert.NoError(t, ac.Approve(ctx, approvalID, "k1", deployApprovalKey, "ops"))
+			assert.NoError(t, ac.Approve(ctx, approvalID, "k1", deployApprovalKey))
 		}
 	})
 	require.NoError(t, err)

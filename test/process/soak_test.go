@@ -190,7 +190,7 @@ func TestChaosSoak(t *testing.T) {
 			// the stream; the answer comes when another serves it.
 			for attempt := 0; attempt < 5 && ctx.Err() == nil; attempt++ {
 				actx, cancel := context.WithTimeout(ctx, 20*time.Second)
-				err := c.Approve(actx, id, "k1", deployApprovalKey, "soak-operator")
+				err := c.Approve(actx, id, "k1", deployApprovalKey)
 				cancel()
 				if err == nil || actionbus.CodeOf(err) == actionbus.CodeApprovalReplayed {
 					approvalsMu.Lock()

@@ -122,7 +122,7 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 		anc, approverRefused := connectAs(t, url(natsconf.ApproverUser("acme")), client.InboxPrefix("acme"))
 		acmeApprover, err := client.New(anc, client.Options{Tenant: "globex"})
 		require.NoError(t, err)
-		assert.Error(t, acmeApprover.Approve(short(), approvalID, "k1", deployApprovalKey, "mallory"), "acme approved globex's call")
+		assert.Error(t, acmeApprover.Approve(short(), approvalID, "k1", deployApprovalKey), "acme approved globex's call")
 		approverRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.CONSUMER.CREATE.AB_RUNS.`)
 		require.NoError(t, anc.Publish("ab.run.globex."+waiting+".approve", []byte("{}")))
 		approverRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.globex.`+waiting+`.approve"`)
@@ -149,7 +149,7 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 
 	// Globex's runs are unaffected: its approver approves, the run
 	// completes, and its audit trail is intact.
-	require.NoError(t, globex.approver.Approve(ctx, approvalID, "k1", deployApprovalKey, "g-lead"))
+	require.NoError(t, globex.approver.Approve(ctx, approvalID, "k1", deployApprovalKey))
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer wcancel()
 	res, err := globex.c.Wait(wctx, waiting)
