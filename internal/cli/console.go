@@ -200,14 +200,15 @@ or --insecure-http: bearer tokens must not cross a network in the clear.`,
 	return cmd
 }
 
-// checkListen refuses plain HTTP beyond loopback unless insecure is set.
+// checkListen refuses plain HTTP beyond loopback unless insecure is set:
+// bearer tokens must not cross a network in the clear.
 func checkListen(addr string, tls, insecure bool) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("console: --listen %q: %w", addr, err)
+		return fmt.Errorf("listen address %q: %w", addr, err)
 	}
 	if !isLoopback(host) && !tls && !insecure {
-		return fmt.Errorf("console: %s is not a loopback address: serve TLS (--tls-cert, --tls-key) or pass --insecure-http", addr)
+		return fmt.Errorf("%s is not a loopback address: serve TLS (--tls-cert, --tls-key) or pass --insecure-http", addr)
 	}
 	return nil
 }

@@ -99,15 +99,19 @@ var (
 	errBadToken = errors.New("the bearer token is not known")
 )
 
-// authenticate returns the token entry of a request's bearer token. Every
-// entry is compared (in constant time), so timing tells nothing about
-// which hash is near.
+// authenticate returns the token entry of a request's bearer token.
 func (t Tokens) authenticate(r *http.Request) (*Token, error) {
 	h := r.Header.Get("Authorization")
 	scheme, token, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
 		return nil, errNoToken
 	}
+	return t.Lookup(token)
+}
+
+// Lookup returns the entry of a bearer token. Every entry is compared (in
+// constant time), so timing tells nothing about which hash is near.
+func (t Tokens) Lookup(token string) (*Token, error) {
 	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
 	var found *Token
 	for i := range t.Tokens {
@@ -122,8 +126,8 @@ func (t Tokens) authenticate(r *http.Request) (*Token, error) {
 	return found, nil
 }
 
-// may reports whether the token holds role; run and approve include read.
-func (t *Token) may(role string) bool {
+// May reports whether the token holds role; run and approve include read.
+func (t *Token) May(role string) bool {
 	if role == RoleRead {
 		return len(t.Roles) > 0
 	}

@@ -141,7 +141,7 @@ func (s *Server) route(pattern, role string, h func(http.ResponseWriter, *http.R
 			writeError(w, actionbus.Errorf(actionbus.CodeUnauthenticated, "%v", err))
 			return
 		}
-		if !tok.may(role) {
+		if !tok.May(role) {
 			writeError(w, actionbus.Errorf(actionbus.CodeForbidden, "user %s lacks the %s role", tok.User, role))
 			return
 		}

@@ -12,17 +12,21 @@ package mcpserve
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/httpapi"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
 
@@ -45,6 +49,22 @@ type Config struct {
 	Refresh time.Duration
 	// Logger receives the server's logs; nil discards them.
 	Logger *slog.Logger
+	// Gateway, when set, is how [Server.HTTPHandler] authenticates
+	// callers; stdio serves the one local user UserID.
+	Gateway *Gateway
+}
+
+// Gateway authenticates the callers of the streamable HTTP transport with
+// the HTTP API's bearer tokens: the read role lists tools, run calls them,
+// and each call's run acts for the token's user with its grants, signed
+// with the gateway's approval key (a "kid:secret:*" key of the
+// dispatcher's).
+type Gateway struct {
+	Tokens httpapi.Tokens
+	// KeyID and Key sign each call's principal; without a key, calls'
+	// runs hold what the policy grants the tenant's NATS clients.
+	KeyID string
+	Key   []byte
 }
 
 func (c *Config) setDefaults() {
@@ -167,13 +187,24 @@ func (s *Server) call(name string) mcp.ToolHandler {
 		}
 		// A caller's trace context in params._meta: the run joins its trace.
 		ctx = tracing.FromMeta(ctx, req.Params.GetMeta())
+		run := client.RunRequest{Action: &client.ActionCall{Name: name, Args: args}, UserID: s.cfg.UserID, AllowedModes: s.cfg.AllowedModes}
+		if s.cfg.Gateway != nil {
+			tok, err := s.caller(req)
+			if err != nil {
+				return failure(err), nil
+			}
+			run.UserID = tok.User
+			if len(s.cfg.Gateway.Key) > 0 {
+				run.Principal = &client.Principal{User: tok.User, Roles: tok.Grants.Roles, Scopes: tok.Grants.Scopes,
+					KeyID: s.cfg.Gateway.KeyID, Key: s.cfg.Gateway.Key}
+			}
+		}
 		ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 		defer cancel()
 		token := req.Params.GetProgressToken()
 		var approvalID, runID string
 		var mu sync.Mutex
-		res, err := s.cfg.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: name, Args: args},
-			UserID: s.cfg.UserID, AllowedModes: s.cfg.AllowedModes}, func(e client.Event) {
+		res, err := s.cfg.Client.Run(ctx, run, func(e client.Event) {
 			mu.Lock()
 			runID = e.RunID
 			mu.Unlock()
@@ -219,6 +250,44 @@ func (s *Server) call(name string) mcp.ToolHandler {
 		out.Meta = meta
 		return out, nil
 	}
+}
+
+// HTTPHandler serves MCP's streamable HTTP transport to callers the
+// gateway authenticates: a request without a known bearer token is
+// answered 401 before MCP sees it. It needs Config.Gateway.
+func (s *Server) HTTPHandler() (http.Handler, error) {
+	gw := s.cfg.Gateway
+	if gw == nil {
+		return nil, errors.New("mcpserve: serving HTTP needs a gateway (bearer tokens)")
+	}
+	verify := func(_ context.Context, bearer string, _ *http.Request) (*auth.TokenInfo, error) {
+		tok, err := gw.Tokens.Lookup(bearer)
+		if err != nil || !tok.May(httpapi.RoleRead) {
+			return nil, auth.ErrInvalidToken
+		}
+		return &auth.TokenInfo{UserID: tok.User, Scopes: tok.Roles, Extra: map[string]any{tokenKey: tok}}, nil
+	}
+	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.server }, nil)
+	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(mcpHandler), nil
+}
+
+// tokenKey holds a caller's token entry in its TokenInfo.
+const tokenKey = "actionbus/token"
+
+// caller is the authenticated token of an HTTP call, which must hold the
+// run role.
+func (s *Server) caller(req *mcp.CallToolRequest) (*httpapi.Token, *actionbus.Error) {
+	var tok *httpapi.Token
+	if req.Extra != nil && req.Extra.TokenInfo != nil {
+		tok, _ = req.Extra.TokenInfo.Extra[tokenKey].(*httpapi.Token)
+	}
+	if tok == nil {
+		return nil, actionbus.Errorf(actionbus.CodeUnauthenticated, "a call needs a bearer token")
+	}
+	if !tok.May(httpapi.RoleRun) {
+		return nil, actionbus.Errorf(actionbus.CodeForbidden, "user %s lacks the %s role", tok.User, httpapi.RoleRun)
+	}
+	return tok, nil
 }
 
 func awaiting(approvalID, runID string) string {
