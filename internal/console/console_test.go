@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -50,7 +51,7 @@ func register(ex *executor.Executor) error {
 func serve(t *testing.T) (string, string) {
 	t.Helper()
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true})
-	srv.StartStack(t, actionbustest.StackOptions{Register: register, ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey)})
+	srv.StartStack(t, actionbustest.StackOptions{Register: register, ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey) + ":*"})
 	c, err := client.New(srv.TenantConnect(t, "client", "default"), client.Options{})
 	require.NoError(t, err)
 	ap, err := client.New(srv.TenantConnect(t, "approver", "default"), client.Options{})
@@ -90,6 +91,20 @@ func TestThePageHoldsNoDataAndForbidsForeignScripts(t *testing.T) {
 }
 
 // chromium finds Debian's chromium (installed by .ci/run).
+// apiGet reads an API path as the token's user.
+func apiGet(t *testing.T, url, token, path string) map[string]any {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url+path, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	var out map[string]any
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
+	return out
+}
+
 func chromium(t *testing.T) string {
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
@@ -212,6 +227,25 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		chromedp.Click(css(`nav a[data-view="approvals"]`)),
 		shows(`#approvals tr[data-approval^="`+mutation+`"] button.approve`),
 	))
+	approvalID, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('#approvals tr[data-approval^="`+mutation+`"]').dataset.approval`))
+	require.NoError(t, err)
+
+	// A crafted link: the run id of #run/<id> names the approval's approve
+	// endpoint with "\" (which a URL reads as "/"). Its Cancel button shows
+	// an error and sends nothing; the approval stays pending.
+	require.NoError(t, do(
+		chromedp.Navigate("about:blank"),
+		chromedp.Navigate(url+`/#run/..\approvals\`+approvalID+`\approve?`),
+		poll(`document.getElementById("message").textContent.startsWith("invalid_run_id")`),
+		poll(`(() => { document.getElementById("message").textContent = ""; return true; })()`),
+		chromedp.Click(css(`#run-cancel`)),
+		poll(`document.getElementById("message").textContent.startsWith("invalid_run_id")`),
+		chromedp.Click(css(`nav a[data-view="approvals"]`)),
+		shows(`#approvals tr[data-approval="`+approvalID+`"] button.approve`),
+	))
+	pending := apiGet(t, url, token, "/v1/runs/"+mutation)
+	assert.Equal(t, "awaiting_approval", pending["status"], "the crafted link's Cancel answered the approval")
+
 	inboxAction, err := chromedp.Run(ctx, chromedp.Text(css(`#approvals tbody tr td:nth-child(3)`)))
 	require.NoError(t, err)
 	assert.Equal(t, "inv.reorder", inboxAction)

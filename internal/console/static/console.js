@@ -23,6 +23,25 @@ function say(text, ok) {
   m.className = ok ? "ok" : "";
 }
 
+// Ids that go into a URL are checked against their documented shape first
+// and encoded as path segments: a crafted fragment (a "\\" the browser
+// reads as "/", a "..") shows an error, never makes a request.
+const RUN_ID = /^[0-7][0-9A-HJKMNP-TV-Z]{25}$/; // a canonical ULID
+const APPROVAL_ID = /^[0-7][0-9A-HJKMNP-TV-Z]{25}-\d{1,9}-\d{1,9}(-\d{1,9})?$/; // <runId>-<cycle>-<planIndex>[-<attempt>]
+
+// runPath is /v1/runs/<id>[/more], refusing an id that is not a run id.
+function runPath(id, more) {
+  if (!RUN_ID.test(id)) throw new Error("invalid_run_id: " + JSON.stringify(String(id).slice(0, 80)) + " is not a run id");
+  return "/v1/runs/" + encodeURIComponent(id) + (more ? "/" + more : "");
+}
+
+// approvalPath is /v1/approvals/<id>/<verb>, refusing an id that is not an
+// approval id.
+function approvalPath(id, verb) {
+  if (!APPROVAL_ID.test(id)) throw new Error("approval_not_found: " + JSON.stringify(String(id).slice(0, 80)) + " is not an approval id");
+  return "/v1/approvals/" + encodeURIComponent(id) + "/" + verb;
+}
+
 async function api(method, path, body) {
   const opts = { method, headers: auth() };
   if (body !== undefined) { opts.headers["Content-Type"] = "application/json"; opts.body = JSON.stringify(body); }
@@ -117,7 +136,7 @@ async function answer(id, verb) {
   if (verb === "deny") body.reason = prompt("Why deny " + id + "?") || "";
   say("");
   try {
-    await api("POST", "/v1/approvals/" + encodeURIComponent(id) + "/" + verb, verb === "deny" ? body : undefined);
+    await api("POST", approvalPath(id, verb), verb === "deny" ? body : undefined);
     say(verb === "approve" ? "approved " + id : "denied " + id, true);
   } catch (e) { say(e.message); }
 }
@@ -199,7 +218,7 @@ function describe(type, d) {
 }
 
 async function showRun(id) {
-  state.runId = id;
+  state.runId = RUN_ID.test(id) ? id : "";
   document.getElementById("run-id").textContent = id;
   document.getElementById("run-audit").textContent = "";
   const body = document.querySelector("#timeline tbody");
@@ -210,13 +229,13 @@ async function showRun(id) {
   try {
     // The index's stream may have brought a newer state of the run while
     // this read was on its way: the newer one is shown.
-    const got = await api("GET", "/v1/runs/" + id);
+    const got = await api("GET", runPath(id));
     const live = state.runs.get(id);
     renderRunHeader(live && Date.parse(live.updatedAt) > Date.parse(got.updatedAt) ? live : got);
   } catch (e) { say(e.message); return; }
   let first = 0;
   try {
-    await stream("/v1/runs/" + id + "/events", (ev, e) => {
+    await stream(runPath(id, "events"), (ev, e) => {
       if (ev === "end") {
         renderRunHeader(Object.assign({}, state.runs.get(id) || {}, e, { waiting: "" }));
         return;
@@ -234,7 +253,7 @@ async function showRun(id) {
 async function verifyAudit() {
   const out = document.getElementById("run-audit");
   try {
-    const a = await api("GET", "/v1/runs/" + state.runId + "/audit");
+    const a = await api("GET", runPath(state.runId, "audit"));
     out.textContent = a.verified
       ? "chain verified: " + a.records.length + " records" + (a.complete ? ", complete" : ", not ended yet")
       : "chain BROKEN at record " + a.brokenAt;
@@ -269,7 +288,7 @@ async function startRun() {
   }
   try {
     const r = await api("POST", "/v1/runs", body);
-    location.hash = "#run/" + r.runId;
+    location.hash = "#run/" + encodeURIComponent(r.runId);
   } catch (e) { say(e.message); }
 }
 
@@ -305,7 +324,7 @@ function init() {
   document.getElementById("start-submit").addEventListener("click", startRun);
   document.getElementById("run-verify").addEventListener("click", verifyAudit);
   document.getElementById("run-cancel").addEventListener("click", async () => {
-    try { await api("POST", "/v1/runs/" + state.runId + "/cancel", { reason: "canceled from the console" }); } catch (e) { say(e.message); }
+    try { await api("POST", runPath(state.runId, "cancel"), { reason: "canceled from the console" }); } catch (e) { say(e.message); }
   });
   window.addEventListener("hashchange", route);
   if (!token()) showLogin(); else followIndex();
