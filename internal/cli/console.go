@@ -2,12 +2,12 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -168,7 +168,7 @@ or --insecure-http: bearer tokens must not cross a network in the clear.`,
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8642", "address to serve on")
-	cmd.Flags().StringVar(&tokensFile, "tokens", "", "tokens document: {\"tokens\": [{\"sha256\", \"user\", \"roles\"}]}")
+	cmd.Flags().StringVar(&tokensFile, "tokens", "", "tokens document: {\"tokens\": [{\"sha256\", \"user\", \"roles\", \"grants\"}]}")
 	cmd.Flags().StringVar(&approverURL, "approver-nats", "", "NATS URL of the tenant's approver user (default: the --nats connection)")
 	cmd.Flags().StringVar(&keySpec, "approval-key", "", "approval key kid:base64secret (default: $"+approvalKeyEnv+"; without one, approve is refused)")
 	cmd.Flags().StringVar(&certFile, "tls-cert", "", "TLS certificate file")
@@ -176,7 +176,7 @@ or --insecure-http: bearer tokens must not cross a network in the clear.`,
 	cmd.Flags().BoolVar(&insecure, "insecure-http", false, "allow plain HTTP on a non-loopback address")
 
 	var user string
-	var roles []string
+	var roles, grantRoles, grantScopes []string
 	token := &cobra.Command{
 		Use:   "token",
 		Short: "Make a bearer token: prints the token (give it to the caller) and its tokens-document entry (keep it in --tokens)",
@@ -186,15 +186,22 @@ or --insecure-http: bearer tokens must not cross a network in the clear.`,
 			if err != nil {
 				return err
 			}
+			entry.Grants = policy.Grants{Roles: grantRoles, Scopes: grantScopes}
 			if err := (httpapi.Tokens{Tokens: []httpapi.Token{entry}}).Validate(); err != nil {
 				return err
 			}
-			fmt.Fprintf(g.out, "token: %s\nentry: {\"sha256\": %q, \"user\": %q, \"roles\": [\"%s\"]}\n", tok, entry.SHA256, entry.User, strings.Join(entry.Roles, `", "`))
+			doc, err := json.Marshal(entry)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.out, "token: %s\nentry: %s\n", tok, doc)
 			return nil
 		},
 	}
 	token.Flags().StringVar(&user, "user", "", "the user the token acts as (required)")
 	token.Flags().StringSliceVar(&roles, "roles", []string{httpapi.RoleRead, httpapi.RoleRun}, "roles: read, run, approve")
+	token.Flags().StringSliceVar(&grantRoles, "grant-roles", nil, "policy roles the token's runs hold (requireRoles)")
+	token.Flags().StringSliceVar(&grantScopes, "grant-scopes", nil, "policy scopes the token's runs hold (requireScopes)")
 	_ = token.MarkFlagRequired("user")
 	cmd.AddCommand(token)
 	return cmd
