@@ -54,9 +54,9 @@ func register(ex *executor.Executor) error {
 		}); err != nil {
 		return err
 	}
-	if err := executor.Register(ex, executor.Action{Name: "inv.refund", Description: "Refund a SKU's last order (the policy requires role finance).", InputSchema: schema},
+	if err := executor.Register(ex, executor.Action{Name: "inv.writeoff", Description: "Write off a SKU (the policy requires role finance).", InputSchema: schema},
 		func(_ context.Context, in skuIn, _ executor.Call) (executor.Result[map[string]any], error) {
-			return executor.Result[map[string]any]{Output: map[string]any{"refunded": in.SKU}}, nil
+			return executor.Result[map[string]any]{Output: map[string]any{"writtenOff": in.SKU}}, nil
 		}); err != nil {
 		return err
 	}
@@ -70,7 +70,7 @@ func register(ex *executor.Executor) error {
 // api is an HTTP API server over a real stack, connected to NATS as the
 // deployed client and approver users of tenant default, with four
 // callers: a reader, a runner, an approver and a runner whose token grants
-// the policy role finance, which inv.refund requires. The server's key k1
+// the policy role finance, which inv.writeoff requires. The server's key k1
 // is a gateway's: it signs its callers' grants and approvals.
 type api struct {
 	t      *testing.T
@@ -83,7 +83,7 @@ func newAPI(t *testing.T) *api {
 	t.Helper()
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: []string{"acme"}})
 	srv.StartStack(t, actionbustest.StackOptions{Register: register, ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey) + ":*",
-		Policy: `{"requireRoles": {"inv.refund": "finance"}}`,
+		Policy: `{"requireRoles": {"inv.writeoff": "finance"}}`,
 		Scenarios: `
 scenarios:
   ask:
@@ -445,7 +445,7 @@ func TestRolesComeFromTheTokenNotTheRequest(t *testing.T) {
 	a := newAPI(t)
 	refund := func(caller string, metadata map[string]any) map[string]any {
 		status, resp := a.do(http.MethodPost, "/v1/runs?wait=20s", caller, map[string]any{
-			"action": map[string]any{"name": "inv.refund", "args": map[string]any{"sku": "A-1"}}, "metadata": metadata})
+			"action": map[string]any{"name": "inv.writeoff", "args": map[string]any{"sku": "A-1"}}, "metadata": metadata})
 		require.Contains(t, []int{http.StatusOK, http.StatusForbidden}, status, resp)
 		return resp
 	}

@@ -126,8 +126,8 @@ func TestTokensAreParsedAndChecked(t *testing.T) {
 	got, err := parsed.authenticate(r)
 	require.NoError(t, err)
 	assert.Equal(t, "alice", got.User)
-	assert.True(t, got.may(RoleRead))
-	assert.False(t, got.may(RoleApprove))
+	assert.True(t, got.May(RoleRead))
+	assert.False(t, got.May(RoleApprove))
 	for _, bad := range []string{
 		`{"tokens":[{"sha256":"abc","user":"a","roles":["read"]}]}`,
 		`{"tokens":[{"sha256":"` + entry.SHA256 + `","user":"","roles":["read"]}]}`,
