@@ -415,7 +415,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 			return code, out.String() + errOut.String()
 		}
 		wrongKey := "k1:" + base64.StdEncoding.EncodeToString([]byte("ffffffffffffffffffffffffffffffff"))
-		code, out := run("approve", approvalID, "--key", wrongKey, "--as", "mallory")
+		code, out := run("approve", approvalID, "--key", wrongKey)
 		assert.Equal(t, 1, code, out)
 		assert.Contains(t, out, "approval_invalid")
 		assert.Contains(t, out, "input hash:", "approve shows what it signs")
