@@ -339,11 +339,31 @@ func (c *Client) grant(ctx context.Context, approvalID, named string, sign func(
 	})
 }
 
-// Deny refuses an approval, so that the run ends with approval_denied, and
-// waits, as long as ctx allows, for the dispatcher's answer: nil when the
-// denial took effect, an *actionbus.Error (approval_invalid,
-// approval_replayed, approval_expired) when there was nothing to deny.
-func (c *Client) Deny(ctx context.Context, approvalID, approver, reason string) error {
+// Deny refuses an approval, signed with the approver's own key (the
+// dispatcher names the key's holder as who denied), so that the run ends
+// with approval_denied, and waits, as long as ctx allows, for the
+// dispatcher's answer: nil when the denial took effect, an
+// *actionbus.Error (approval_invalid, approval_replayed, approval_expired)
+// when there was nothing to deny or the key is not known.
+func (c *Client) Deny(ctx context.Context, approvalID, keyID string, key []byte, reason string) error {
+	token, err := policy.SignDenial(keyID, key, approvalID, reason)
+	if err != nil {
+		return err
+	}
+	return c.deny(ctx, approvalID, keyID, token, reason)
+}
+
+// DenyAs is Deny for a gateway that authenticated approver itself, with a
+// gateway's key.
+func (c *Client) DenyAs(ctx context.Context, approvalID, keyID string, key []byte, approver, reason string) error {
+	token, err := policy.SignDenialAs(keyID, key, approvalID, reason, approver)
+	if err != nil {
+		return err
+	}
+	return c.deny(ctx, approvalID, approver, token, reason)
+}
+
+func (c *Client) deny(ctx context.Context, approvalID, named, token, reason string) error {
 	runID, err := approvalRun(approvalID)
 	if err != nil {
 		return err
@@ -351,7 +371,7 @@ func (c *Client) Deny(ctx context.Context, approvalID, approver, reason string) 
 	id := events.NewID()
 	return c.answer(ctx, runID, id, func() error {
 		_, err := c.bus.Emit(ctx, events.TypeApprovalDenied, id, c.tenant, runID, "",
-			&events.ApprovalDenied{RunID: runID, ApprovalID: approvalID, Approver: approver, Reason: reason})
+			&events.ApprovalDenied{RunID: runID, ApprovalID: approvalID, Token: token, Approver: named, Reason: reason})
 		return err
 	})
 }

@@ -170,6 +170,28 @@ func inputCmd(g *globals) *cobra.Command {
 // flag default (help text would print it).
 const approvalKeyEnv = "ACTIONBUS_APPROVAL_KEY"
 
+// ownKey reads the approver's own key: --key, else $ACTIONBUS_APPROVAL_KEY.
+func ownKey(keySpec string) (string, []byte, error) {
+	if keySpec == "" {
+		keySpec = os.Getenv(approvalKeyEnv)
+	}
+	keys, err := policy.ParseKeys(keySpec)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(keys) != 1 {
+		return "", nil, fmt.Errorf("exactly one key is needed (--key kid:base64secret or %s)", approvalKeyEnv)
+	}
+	var kid string
+	for id := range keys {
+		kid = id
+	}
+	if key := keys[kid]; key.Gateway || key.Holder != "" {
+		return "", nil, fmt.Errorf("--key takes kid:base64secret, your own key; a holder or gateway mark belongs in the dispatcher's keys")
+	}
+	return kid, keys[kid].Secret, nil
+}
+
 func approveCmd(g *globals) *cobra.Command {
 	var keySpec string
 	var wait time.Duration
@@ -182,15 +204,9 @@ records is the key's holder, as the dispatcher's keys name it (the key id,
 or the user of "kid:secret:user"): never a name typed here.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if keySpec == "" {
-				keySpec = os.Getenv(approvalKeyEnv)
-			}
-			keys, err := policy.ParseKeys(keySpec)
+			kid, key, err := ownKey(keySpec)
 			if err != nil {
-				return err
-			}
-			if len(keys) != 1 {
-				return fmt.Errorf("approve needs exactly one key (--key kid:base64secret or %s)", approvalKeyEnv)
+				return fmt.Errorf("approve: %w", err)
 			}
 			c, done, err := g.client()
 			if err != nil {
@@ -206,15 +222,10 @@ or the user of "kid:secret:user"): never a name typed here.`,
 			input, _ := json.MarshalIndent(p.Input, "  ", "  ")
 			fmt.Fprintf(g.out, "approving %s\n  action:     %s\n  for user:   %s\n  input hash: %s\n  expires:    %s\n  reason:     %s\n  input:      %s\n",
 				args[0], p.Context.Action, orNone(p.Context.UserID), p.Context.InputHash, p.Context.ExpiresAt.Format(time.RFC3339), p.Reason, input)
-			for kid, key := range keys {
-				if key.Gateway || key.Holder != "" {
-					return fmt.Errorf("approve takes kid:base64secret, your own key; a holder or gateway mark belongs in the dispatcher's keys")
-				}
-				if err := c.Approve(ctx, args[0], kid, key.Secret); err != nil {
-					return fmt.Errorf("approval %s refused: %w", args[0], err)
-				}
-				fmt.Fprintf(g.out, "approved %s with key %s\n", args[0], kid)
+			if err := c.Approve(ctx, args[0], kid, key); err != nil {
+				return fmt.Errorf("approval %s refused: %w", args[0], err)
 			}
+			fmt.Fprintf(g.out, "approved %s with key %s\n", args[0], kid)
 			return nil
 		},
 	}
@@ -224,23 +235,32 @@ or the user of "kid:secret:user"): never a name typed here.`,
 }
 
 func denyCmd(g *globals) *cobra.Command {
-	var approver, reason string
+	var keySpec, reason string
 	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   "deny APPROVAL_ID",
-		Short: "Deny a pending action (its run ends with approval_denied) and wait for the dispatcher's answer (exit 1 when refused)",
+		Short: "Deny a pending action with your approval key (its run ends with approval_denied) and wait for the dispatcher's answer (exit 1 when refused)",
 		Args:  cobra.ExactArgs(1),
-		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+		RunE: func(cmd *cobra.Command, args []string) error {
+			kid, key, err := ownKey(keySpec)
+			if err != nil {
+				return fmt.Errorf("deny: %w", err)
+			}
+			c, done, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer done()
 			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
 			defer cancel()
-			if err := c.Deny(ctx, args[0], approver, reason); err != nil {
+			if err := c.Deny(ctx, args[0], kid, key, reason); err != nil {
 				return fmt.Errorf("denial of %s refused: %w", args[0], err)
 			}
-			fmt.Fprintf(g.out, "denied %s as %s\n", args[0], approver)
+			fmt.Fprintf(g.out, "denied %s with key %s\n", args[0], kid)
 			return nil
-		}),
+		},
 	}
-	cmd.Flags().StringVar(&approver, "as", os.Getenv("USER"), "who denies")
+	cmd.Flags().StringVar(&keySpec, "key", "", "your approval key kid:base64secret (default: $"+approvalKeyEnv+")")
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
 	cmd.Flags().DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the dispatcher's answer")
 	return cmd

@@ -141,7 +141,7 @@ func TestDeniedAndExpiredApprovalsEndTheRun(t *testing.T) {
 	runID, err := st.Client.Start(ctx, restart("mutate"))
 	require.NoError(t, err)
 	id := awaitingApproval(t, rec, runID)
-	require.NoError(t, st.Client.Deny(ctx, id, "bob", "not during the sale"))
+	require.NoError(t, st.Client.Deny(ctx, id, "k1", approvalKey, "not during the sale"))
 	res, err := st.Client.Wait(ctx, runID)
 	require.NoError(t, err)
 	assert.Equal(t, actionbus.CodeApprovalDenied, res.Error.Code)
@@ -157,7 +157,7 @@ func TestDeniedAndExpiredApprovalsEndTheRun(t *testing.T) {
 	// A late grant is refused as expired (not as "already answered"), and
 	// denying what was already denied says so.
 	assert.ErrorIs(t, st.Client.Approve(ctx, expiredID, "k1", approvalKey), &actionbus.Error{Code: actionbus.CodeApprovalExpired})
-	assert.ErrorIs(t, st.Client.Deny(ctx, id, "bob", "again"), &actionbus.Error{Code: actionbus.CodeApprovalReplayed})
+	assert.ErrorIs(t, st.Client.Deny(ctx, id, "k1", approvalKey, "again"), &actionbus.Error{Code: actionbus.CodeApprovalReplayed})
 }
 
 func TestInvalidTokensAreRefusedAndTheApprovalStaysPending(t *testing.T) {
@@ -207,7 +207,7 @@ func TestPolicyOutcomes(t *testing.T) {
 		p, err := st.Client.Approval(ctx, id)
 		require.NoError(t, err)
 		assert.Equal(t, map[string]any{"service": "api"}, p.Input, "the grant attempt was stripped")
-		require.NoError(t, st.Client.Deny(ctx, id, "bob", "no"))
+		require.NoError(t, st.Client.Deny(ctx, id, "k1", approvalKey, "no"))
 	})
 	t.Run("a non-allow action rejects the whole plan", func(t *testing.T) {
 		res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "peek-in-plan"}, nil)

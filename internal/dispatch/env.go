@@ -48,6 +48,10 @@ func (e env) VerifyApproval(token string, c policy.ApprovalContext, claimed stri
 	return e.d.cfg.ApprovalKeys.Verify(token, c, claimed, now)
 }
 
+func (e env) VerifyDenial(token, approvalID, reason, claimed string) (string, error) {
+	return e.d.cfg.ApprovalKeys.VerifyDenial(token, approvalID, reason, claimed)
+}
+
 func (e env) VerifyPrincipal(token string, c policy.PrincipalClaim) (policy.Principal, error) {
 	return e.d.cfg.ApprovalKeys.VerifyPrincipal(token, c)
 }

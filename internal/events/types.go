@@ -465,8 +465,11 @@ type ApprovalGranted struct {
 type ApprovalDenied struct {
 	RunID      string `json:"runId"`
 	ApprovalID string `json:"approvalId"`
-	Approver   string `json:"approver,omitempty"`
-	Reason     string `json:"reason,omitempty"`
+	// Token authenticates the approver who denies (docs/approvals.md):
+	// a denial without a valid one is refused.
+	Token    string `json:"token,omitempty"`
+	Approver string `json:"approver,omitempty"`
+	Reason   string `json:"reason,omitempty"`
 }
 
 // Approval outcomes of [ApprovalResolved].

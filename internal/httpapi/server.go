@@ -603,8 +603,12 @@ func (s *Server) deny(w http.ResponseWriter, r *http.Request, tok *Token) {
 			return
 		}
 	}
+	if len(s.cfg.ApprovalKey) == 0 {
+		writeError(w, actionbus.Errorf(actionbus.CodeForbidden, "this server holds no approval key"))
+		return
+	}
 	s.answerApproval(w, r, func(ctx context.Context, id string) error {
-		return s.cfg.Approver.Deny(ctx, id, tok.User, b.Reason)
+		return s.cfg.Approver.DenyAs(ctx, id, s.cfg.ApprovalKeyID, s.cfg.ApprovalKey, tok.User, b.Reason)
 	})
 }
 

@@ -167,6 +167,66 @@ func mac(kid string, key, msg []byte) string {
 // name it signed. Errors are *actionbus.Error with code approval_invalid
 // or approval_expired.
 func (k Keys) Verify(token string, c ApprovalContext, claimed string, now time.Time) (string, error) {
+	approver, err := k.answerer(token, claimed, func(kid string, key []byte, gateway bool) (string, error) {
+		if gateway {
+			return SignAs(kid, key, c, claimed)
+		}
+		return Sign(kid, key, c)
+	})
+	if err != nil {
+		return "", err
+	}
+	if !now.Before(c.ExpiresAt) {
+		return "", actionbus.Errorf(actionbus.CodeApprovalExpired, "approval expired at %s", c.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	return approver, nil
+}
+
+// denial is what a denial's token signs.
+type denial struct {
+	ApprovalID string `json:"approvalId"`
+	Outcome    string `json:"outcome"`
+	Reason     string `json:"reason"`
+	Approver   string `json:"approver,omitempty"`
+}
+
+// SignDenial returns the token of a denial with an approver's own key:
+// "<kid>.<base64url HMAC-SHA256 of the RFC 8785 form of {approvalId,
+// outcome: "denied", reason}>".
+func SignDenial(kid string, key []byte, approvalID, reason string) (string, error) {
+	return signDenial(kid, key, denial{ApprovalID: approvalID, Outcome: "denied", Reason: reason})
+}
+
+// SignDenialAs is SignDenial for a gateway's key: the signed object also
+// holds "approver", the user the gateway authenticated.
+func SignDenialAs(kid string, key []byte, approvalID, reason, approver string) (string, error) {
+	return signDenial(kid, key, denial{ApprovalID: approvalID, Outcome: "denied", Reason: reason, Approver: approver})
+}
+
+func signDenial(kid string, key []byte, d denial) (string, error) {
+	canon, err := canonical.Marshal(d)
+	if err != nil {
+		return "", err
+	}
+	return mac(kid, key, canon), nil
+}
+
+// VerifyDenial checks a denial's token and returns the approver it
+// authenticates, by the rules of Verify.
+func (k Keys) VerifyDenial(token, approvalID, reason, claimed string) (string, error) {
+	return k.answerer(token, claimed, func(kid string, key []byte, gateway bool) (string, error) {
+		if gateway {
+			return SignDenialAs(kid, key, approvalID, reason, claimed)
+		}
+		return SignDenial(kid, key, approvalID, reason)
+	})
+}
+
+// answerer authenticates who signed an answer's token: sign recomputes the
+// token the key would give. An approver's own key answers as its holder
+// (an answer naming someone else is refused); a gateway's key must name
+// the user it authenticated, whose name it signed.
+func (k Keys) answerer(token, claimed string, sign func(kid string, key []byte, gateway bool) (string, error)) (string, error) {
 	kid, _, ok := strings.Cut(token, ".")
 	if !ok {
 		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "malformed approval token")
@@ -175,28 +235,22 @@ func (k Keys) Verify(token string, c ApprovalContext, claimed string, now time.T
 	if !known {
 		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "approval token signed with unknown key %q", kid)
 	}
-	approver, want := key.holder(kid), ""
-	var err error
+	approver := key.holder(kid)
 	switch {
 	case key.Gateway:
 		if !ValidApprover(claimed) {
-			return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "approval key %q is a gateway's: its grant must name the approver it authenticated", kid)
+			return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "approval key %q is a gateway's: its answer must name the approver it authenticated", kid)
 		}
 		approver = claimed
-		want, err = SignAs(kid, key.Secret, c, claimed)
 	case claimed != "" && claimed != approver && claimed != kid:
-		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "the grant names %q but approval key %q is held by %q", claimed, kid, approver)
-	default:
-		want, err = Sign(kid, key.Secret, c)
+		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "the answer names %q but approval key %q is held by %q", claimed, kid, approver)
 	}
+	want, err := sign(kid, key.Secret, key.Gateway)
 	if err != nil {
 		return "", err
 	}
 	if !hmac.Equal([]byte(want), []byte(token)) {
-		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "approval token does not match the approval context")
-	}
-	if !now.Before(c.ExpiresAt) {
-		return "", actionbus.Errorf(actionbus.CodeApprovalExpired, "approval expired at %s", c.ExpiresAt.UTC().Format(time.RFC3339))
+		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "approval token does not match what it answers")
 	}
 	return approver, nil
 }

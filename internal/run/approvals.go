@@ -135,10 +135,21 @@ func (m *Machine) onApprovalDenied(st *State, dn *events.ApprovalDenied, answerI
 		err := (&actionbus.Error{Code: code, Message: msg}).WithDetail("approvalId", dn.ApprovalID)
 		return []Effect{resolved(st, dn.ApprovalID, answerID, events.ApprovalOutcomeRefused, dn.Approver, err)}
 	}
+	approver, verr := m.env.VerifyDenial(dn.Token, dn.ApprovalID, dn.Reason, dn.Approver)
+	if verr != nil {
+		var abErr *actionbus.Error
+		if !errors.As(verr, &abErr) {
+			abErr = &actionbus.Error{Code: actionbus.CodeApprovalInvalid, Message: verr.Error()}
+		}
+		abErr = abErr.WithDetail("approvalId", dn.ApprovalID)
+		return []Effect{stepWith(st, StepApprovalRefused, nil, "", abErr.Error(), "failed",
+			map[string]any{"approvalId": dn.ApprovalID, "code": string(abErr.Code)}),
+			resolved(st, dn.ApprovalID, answerID, events.ApprovalOutcomeRefused, dn.Approver, abErr)}
+	}
 	delete(st.Approvals, dn.ApprovalID)
 	st.ApprovalsDone = append(st.ApprovalsDone, dn.ApprovalID)
-	err := actionbus.Errorf(actionbus.CodeApprovalDenied, "approval %s denied by %s: %s", dn.ApprovalID, dn.Approver, dn.Reason).
-		WithDetail("approvalId", dn.ApprovalID).WithDetail("approver", dn.Approver)
+	err := actionbus.Errorf(actionbus.CodeApprovalDenied, "approval %s denied by %s: %s", dn.ApprovalID, approver, dn.Reason).
+		WithDetail("approvalId", dn.ApprovalID).WithDetail("approver", approver)
 	return append([]Effect{step(st, StepApprovalDenied, nil, "", err.Message, "failed"),
-		resolved(st, dn.ApprovalID, answerID, events.ApprovalOutcomeDenied, dn.Approver, nil)}, m.fail(st, err)...)
+		resolved(st, dn.ApprovalID, answerID, events.ApprovalOutcomeDenied, approver, nil)}, m.fail(st, err)...)
 }

@@ -155,6 +155,10 @@ func (e *memEnv) VerifyApproval(token string, c policy.ApprovalContext, claimed 
 	return e.keys.Verify(token, c, claimed, now)
 }
 
+func (e *memEnv) VerifyDenial(token, approvalID, reason, claimed string) (string, error) {
+	return e.keys.VerifyDenial(token, approvalID, reason, claimed)
+}
+
 func (e *memEnv) VerifyPrincipal(token string, c policy.PrincipalClaim) (policy.Principal, error) {
 	return e.keys.VerifyPrincipal(token, c)
 }
@@ -213,6 +217,13 @@ func (e *memEnv) advance(d time.Duration) {
 // sign returns a valid approval token for a pending approval.
 func sign(t testing.TB, c events.ApprovalContext) string {
 	tok, err := policy.Sign("k1", testKey, policy.ApprovalContext(c))
+	require.NoError(t, err)
+	return tok
+}
+
+// signDenial is ann's denial of an approval, with key k1.
+func signDenial(t testing.TB, approvalID, reason string) string {
+	tok, err := policy.SignDenial("k1", testKey, approvalID, reason)
 	require.NoError(t, err)
 	return tok
 }

@@ -44,6 +44,9 @@ type Env interface {
 	// sign, at time now, and returns the approver it authenticates
 	// (claimed is the name the grant carries).
 	VerifyApproval(token string, c policy.ApprovalContext, claimed string, now time.Time) (string, error)
+	// VerifyDenial checks a denial's token and returns the approver it
+	// authenticates.
+	VerifyDenial(token, approvalID, reason, claimed string) (string, error)
 	// VerifyPrincipal checks a gateway's signed statement of the user a
 	// run acts for.
 	VerifyPrincipal(token string, c policy.PrincipalClaim) (policy.Principal, error)

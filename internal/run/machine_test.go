@@ -456,11 +456,25 @@ func TestApprovals(t *testing.T) {
 		assert.False(t, has(out, EffectAct))
 		assert.Equal(t, StatusAwaitingApproval, h.st.Status)
 	})
-	t.Run("a denial fails the run", func(t *testing.T) {
+	t.Run("a denial fails the run, naming the key's holder", func(t *testing.T) {
 		h, p := start(t)
-		out := h.apply(&events.ApprovalDenied{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Approver: "ann", Reason: "no"})
+		out := h.apply(&events.ApprovalDenied{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: signDenial(t, p.Context.ApprovalID, "no"), Reason: "no"})
 		assert.Equal(t, events.ApprovalOutcomeDenied, resolution(out).Outcome)
+		assert.Equal(t, "ann", resolution(out).Approver)
 		assert.Equal(t, actionbus.CodeApprovalDenied, h.code())
+	})
+	t.Run("a denial without a valid token is refused and the run waits on", func(t *testing.T) {
+		h, p := start(t)
+		for _, dn := range []*events.ApprovalDenied{
+			{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Approver: "the-cfo", Reason: "no"},
+			{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: signDenial(t, p.Context.ApprovalID, "other reason"), Reason: "no"},
+			{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: signDenial(t, p.Context.ApprovalID, "no"), Approver: "the-cfo", Reason: "no"},
+		} {
+			out := h.apply(dn)
+			assert.Equal(t, events.ApprovalOutcomeRefused, resolution(out).Outcome)
+			assert.Equal(t, actionbus.CodeApprovalInvalid, resolution(out).Error.Code)
+			assert.Equal(t, StatusAwaitingApproval, h.st.Status)
+		}
 	})
 	t.Run("an approval that expires fails the run; a late grant is refused as expired", func(t *testing.T) {
 		h, p := start(t)

@@ -171,7 +171,7 @@ func nextEvent(t *testing.T, h *harness, s *script, history []any) any {
 			case 1:
 				return &events.ApprovalGranted{RunID: testRunID, ApprovalID: id, Token: "k1.forged"}
 			}
-			return &events.ApprovalDenied{RunID: testRunID, ApprovalID: id, Reason: "no"}
+			return &events.ApprovalDenied{RunID: testRunID, ApprovalID: id, Token: signDenial(t, id, "no"), Reason: "no"}
 		}
 		return &events.ApprovalGranted{RunID: testRunID, ApprovalID: testRunID + "-1-0", Token: "k1.x"}
 	case 7: // a synthesis part
