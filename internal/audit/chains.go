@@ -325,12 +325,19 @@ func (s *Service) append(ctx context.Context, b *batch) error {
 	return fmt.Errorf("audit: run %s: too many concurrent appends", b.runID)
 }
 
-// appendID names an append by the events it records, so that publishing
-// the same batch again is deduplicated by JetStream.
+// appendID names an append by the stored events it records (their ids
+// and stream positions), so that publishing the same batch again is
+// deduplicated by JetStream, and a copy of an event stored again (under
+// the same id, at another position) is not.
 func appendID(recs []events.AuditRecorded) string {
-	parts := make([]any, 0, len(recs))
-	for _, r := range recs[1:] {
-		parts = append(parts, r.EventID)
+	parts := make([]any, 0, 3*len(recs))
+	for i, r := range recs {
+		if i > 0 {
+			parts = append(parts, r.EventID)
+		}
+		if r.Source != nil {
+			parts = append(parts, r.Source.Stream, r.Source.Seq)
+		}
 	}
 	return events.DerivedID(recs[0].EventID, append(parts, "audit")...)
 }
