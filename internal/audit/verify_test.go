@@ -1,6 +1,9 @@
 package audit_test
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -169,4 +172,54 @@ func TestMarkDuplicates(t *testing.T) {
 			assert.Equal(t, c.status, got)
 		})
 	}
+}
+
+// Check reads sink files anyone may have written: whatever the records
+// hold, it answers without panicking, and a chain it accepts links up.
+func FuzzCheck(f *testing.F) {
+	s, _ := audit.NewKey()
+	good := signedChain(s, chain(2), 2, 1)
+	for _, r := range good {
+		b, _ := json.Marshal(r)
+		f.Add(b, uint8(1))
+	}
+	f.Add([]byte(`{"v":2,"n":1,"sig":"!!","signer":"Ax"}`), uint8(0))
+	f.Fuzz(func(t *testing.T, data []byte, at uint8) {
+		var r events.AuditRecorded
+		if json.Unmarshal(data, &r) != nil {
+			return
+		}
+		recs := append([]events.AuditRecorded(nil), good...)
+		recs[int(at)%len(recs)] = r
+		v := audit.Check(recs)
+		if v.Broken == nil {
+			assert.Equal(t, -1, audit.Verify(recs))
+		}
+		_, _ = audit.ParsePublicKey(string(data))
+	})
+}
+
+func TestLoadOrCreateKeyKeepsTheKey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "auditor.nk")
+	seed, created, err := audit.LoadOrCreateKey(path)
+	require.NoError(t, err)
+	assert.True(t, created)
+	again, created, err := audit.LoadOrCreateKey(path)
+	require.NoError(t, err)
+	assert.False(t, created)
+	assert.Equal(t, seed, again)
+	kp, err := nkeys.FromSeed(seed)
+	require.NoError(t, err)
+	pub, _ := kp.PublicKey()
+	b, err := os.ReadFile(path + ".pub")
+	require.NoError(t, err)
+	got, err := audit.ParsePublicKey(string(b))
+	require.NoError(t, err)
+	assert.Equal(t, pub, got)
+	info, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+	require.NoError(t, os.WriteFile(path, []byte("SUnotaseed"), 0o600))
+	_, _, err = audit.LoadOrCreateKey(path)
+	assert.Error(t, err)
 }
