@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -73,13 +74,25 @@ type head struct {
 	full     bool
 }
 
+// storedKey names the stored event a record records: its stream and
+// sequence (format 2), else (and for a rejection) its event id. A copy of an event stored again
+// (the same id at another position) is another stored event.
+func storedKey(r events.AuditRecorded) string {
+	// A rejection names the rejected event, which may have its own record
+	// (and other rejections): it is known by its own id.
+	if r.Source != nil && r.Kind != KindRejected {
+		return r.Source.Stream + "/" + strconv.FormatUint(r.Source.Seq, 10)
+	}
+	return r.EventID
+}
+
 // unseen returns the records whose events the chain does not hold yet: a
 // redelivered event (its ack was lost, or its append's ack was) is not
 // recorded twice.
 func (h head) unseen(recs []events.AuditRecorded) []events.AuditRecorded {
 	out := make([]events.AuditRecorded, 0, len(recs))
 	for _, r := range recs {
-		if _, dup := h.ids[r.EventID]; !dup {
+		if _, dup := h.ids[storedKey(r)]; !dup {
 			out = append(out, r)
 		}
 	}
@@ -213,7 +226,7 @@ func (c *chains) advance(chain string, h head, recs []events.AuditRecorded, seq 
 		ids = map[string]struct{}{} // past the bound, only the newest are checked
 	}
 	for _, r := range recs {
-		ids[r.EventID] = struct{}{}
+		ids[storedKey(r)] = struct{}{}
 	}
 	outcomes := h.outcomes
 	if outcomes == nil {
@@ -250,7 +263,9 @@ func (s *Service) handle(_ context.Context, r *events.Received, msg jetstream.Ms
 	if msg != nil {
 		if md, err := msg.Metadata(); err == nil {
 			stored = md.Timestamp
-			rec.Source = &events.AuditSource{Stream: md.Stream, Seq: md.Sequence.Stream}
+			if rec.Source == nil {
+				rec.Source = &events.AuditSource{Stream: md.Stream, Seq: md.Sequence.Stream}
+			}
 		}
 	}
 	return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, stored, r.TraceRun()))
@@ -365,7 +380,7 @@ func (s *Service) last(ctx context.Context, chain string) (head, error) {
 	}
 	h := head{hash: recs[len(recs)-1].Hash, seq: msg.Sequence, ids: map[string]struct{}{}, n: recs[len(recs)-1].N, outcomes: map[string]string{}}
 	for _, rec := range recs {
-		h.ids[rec.EventID] = struct{}{}
+		h.ids[storedKey(rec)] = struct{}{}
 		if k, ok := outcomeKey(rec); ok && rec.Status != StatusDuplicate {
 			h.outcomes[k] = rec.EventID
 		}

@@ -128,3 +128,56 @@ func signedBy(r events.AuditRecorded, keys []string) bool {
 	}
 	return false
 }
+
+// Stored is where one of a run's events is stored.
+type Stored struct {
+	Stream string
+	Seq    uint64
+	Type   string
+}
+
+// SourceGap is a stored event of a run that no record names, although the
+// chain covers its stream past it.
+type SourceGap struct {
+	Stored
+	// Before is the index of the first record naming a later event of the
+	// same stream.
+	Before int
+}
+
+// SourceGaps checks the continuity of the events a chain covers: for each
+// stream, every stored event of the run (stored, as far as the stream
+// still holds them) from the first to the last one the chain's records
+// name must be named by a record. Events before the first (a format-1
+// prefix, events the stream dropped) or after the last (not audited yet,
+// or a cut tail, which [HasTerminal] sees for an ended run) are not
+// judged. It returns the gaps in stored order.
+func SourceGaps(records []events.AuditRecorded, stored []Stored) []SourceGap {
+	type span struct{ lo, hi uint64 }
+	spans := map[string]span{}
+	named := map[Stored]bool{}
+	for _, r := range records {
+		if r.Source == nil {
+			continue
+		}
+		named[Stored{Stream: r.Source.Stream, Seq: r.Source.Seq}] = true
+		sp, ok := spans[r.Source.Stream]
+		if !ok {
+			sp = span{r.Source.Seq, r.Source.Seq}
+		}
+		sp.lo, sp.hi = min(sp.lo, r.Source.Seq), max(sp.hi, r.Source.Seq)
+		spans[r.Source.Stream] = sp
+	}
+	var gaps []SourceGap
+	for _, e := range stored {
+		sp, ok := spans[e.Stream]
+		if !ok || e.Seq < sp.lo || e.Seq > sp.hi || named[Stored{Stream: e.Stream, Seq: e.Seq}] {
+			continue
+		}
+		before := slices.IndexFunc(records, func(r events.AuditRecorded) bool {
+			return r.Source != nil && r.Source.Stream == e.Stream && r.Source.Seq > e.Seq
+		})
+		gaps = append(gaps, SourceGap{Stored: e, Before: before})
+	}
+	return gaps
+}

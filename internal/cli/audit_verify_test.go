@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -229,4 +230,78 @@ func TestAuditVerifyReadsAFormat1ChainAsUnsigned(t *testing.T) {
 	code, out = verify(ctx, run, "--jsonl="+old, "--auditor-key="+pub, "--require-signed")
 	assert.Equal(t, 1, code, out)
 	assert.Contains(t, out, "3 of 3 records in "+old+" are format 1 (unsigned)")
+}
+
+// An event of the run stored in the source stream that the auditor never
+// recorded (here its consumer was moved past it while the auditor was
+// down) is a gap in the source sequences the chain covers: every record
+// still verifies, but verify fails and names the event's stream sequence.
+func TestAuditVerifyNamesAStoredEventWithoutARecord(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{NoAuditor: true, Scenarios: `
+scenarios:
+  echo:
+    decisions:
+      - {type: action, name: t.echo, args: {}}
+      - {type: final, answer: ok}
+`, Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "t.echo"}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: in}, nil
+		})
+	}})
+	seed, err := audit.NewKey()
+	require.NoError(t, err)
+	kp, _ := nkeys.FromSeed(seed)
+	pub, _ := kp.PublicKey()
+	runAuditor := func() (stop func()) {
+		a, err := audit.New(srv.Connect(t), audit.Config{Seed: seed, FlushAfter: 10 * time.Millisecond})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- a.Run(ctx) }()
+		return func() { cancel(); require.NoError(t, <-done) }
+	}
+	stop := runAuditor()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "echo"}, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		recs, err := st.Client.AuditRecords(ctx, res.RunID)
+		return err == nil && audit.HasTerminal(recs) && len(recs) >= 8
+	}, 20*time.Second, 20*time.Millisecond)
+	stop()
+
+	// Two events for the run while the auditor is down; the first is
+	// taken off its consumer unrecorded.
+	bus, err := events.Open(srv.Connect(t), events.BusConfig{Source: "/test"})
+	require.NoError(t, err)
+	note := func() {
+		step := &events.RunStep{RunID: res.RunID, Name: "note", Status: "info", Message: "late note"}
+		_, err := bus.Emit(ctx, events.TypeRunStep, events.NewID(), events.DefaultTenant, res.RunID, "", step)
+		require.NoError(t, err)
+	}
+	note()
+	cons, err := srv.JS.Consumer(ctx, "AB_RUNS", "auditor-runs")
+	require.NoError(t, err)
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	require.NoError(t, err)
+	var lost uint64
+	for m := range batch.Messages() {
+		md, _ := m.Metadata()
+		require.Equal(t, events.TypeRunStep, m.Headers().Get("ce-type"), "the next event the auditor would read is the note")
+		lost = md.Sequence.Stream
+		require.NoError(t, m.DoubleAck(ctx))
+	}
+	require.NotZero(t, lost)
+	note()
+	runAuditor()
+	require.Eventually(t, func() bool {
+		recs, err := st.Client.AuditRecords(ctx, res.RunID)
+		return err == nil && slices.ContainsFunc(recs, func(r client.AuditRecord) bool { return r.Summary == "note" })
+	}, 20*time.Second, 20*time.Millisecond)
+
+	code, out := verify(ctx, "--nats", srv.URL, "--auditor-key="+pub, res.RunID)
+	assert.Equal(t, 1, code, out)
+	assert.Contains(t, out, fmt.Sprintf("gap: the event at AB_RUNS sequence %d (%s) has no record in the audit stream", lost, events.TypeRunStep))
 }

@@ -542,6 +542,25 @@ func (g *globals) runEnded(ctx context.Context, runID string) (status, why strin
 	return res.Status, ""
 }
 
+// sourceGaps reads where the run's events are stored and returns those
+// the chain covers without a record; why says when it could not look.
+func (g *globals) sourceGaps(ctx context.Context, runID string, chain []events.AuditRecorded) ([]audit.SourceGap, string) {
+	c, done, err := g.client()
+	if err != nil {
+		return nil, "the source streams were not read (NATS unreachable), so events without a record cannot be seen"
+	}
+	defer done()
+	stored, err := c.StoredEvents(ctx, runID)
+	if err != nil {
+		return nil, "the source streams were not read (" + err.Error() + "), so events without a record cannot be seen"
+	}
+	in := make([]audit.Stored, len(stored))
+	for i, e := range stored {
+		in[i] = audit.Stored{Stream: e.Stream, Seq: e.Seq, Type: e.Type}
+	}
+	return audit.SourceGaps(chain, in), ""
+}
+
 func auditCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "audit", Short: "The audit stream: verify, tail, export"}
 	var jsonl, sqlitePath string
@@ -604,6 +623,23 @@ func auditCmd(g *globals) *cobra.Command {
 			if requireSigned && v.Format1 > 0 {
 				fmt.Fprintf(g.out, "unsigned: %d of %d records in %s are format 1 (unsigned) and --require-signed is set\n", v.Format1, len(recs), source)
 				return exitError{1}
+			}
+			if v.Format1 < v.Records {
+				// Every stored event the chain covers has its record.
+				gaps, why := g.sourceGaps(cmd.Context(), runID, chain)
+				if len(gaps) > 0 {
+					gp := gaps[0]
+					where := "after its last record"
+					if gp.Before >= 0 {
+						where = fmt.Sprintf("before record %d", gp.Before+1)
+					}
+					fmt.Fprintf(g.out, "gap: the event at %s sequence %d (%s) has no record in %s (%s); %d such events\n",
+						gp.Stream, gp.Seq, gp.Type, source, where, len(gaps))
+					return exitError{1}
+				}
+				if why != "" {
+					fmt.Fprintf(g.out, "note: %s\n", why)
+				}
 			}
 			if keyFrom != "" && v.Format1 < v.Records {
 				fmt.Fprintf(g.out, "auditor key from %s\n", keyFrom)
