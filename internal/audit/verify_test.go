@@ -223,3 +223,40 @@ func TestLoadOrCreateKeyKeepsTheKey(t *testing.T) {
 	_, _, err = audit.LoadOrCreateKey(path)
 	assert.Error(t, err)
 }
+
+func TestSourceGaps(t *testing.T) {
+	rec := func(stream string, seq uint64) events.AuditRecorded {
+		return events.AuditRecorded{Source: &events.AuditSource{Stream: stream, Seq: seq}}
+	}
+	st := func(stream string, seq uint64) audit.Stored { return audit.Stored{Stream: stream, Seq: seq, Type: "t"} }
+	cases := []struct {
+		name    string
+		records []events.AuditRecorded
+		stored  []audit.Stored
+		gaps    []uint64 // sequences
+		before  []int
+	}{
+		{name: "every event recorded", records: []events.AuditRecorded{rec("R", 3), rec("Q", 1), rec("R", 7)},
+			stored: []audit.Stored{st("R", 3), st("R", 7), st("Q", 1)}},
+		{name: "an event between two recorded ones", records: []events.AuditRecorded{rec("R", 3), rec("R", 9)},
+			stored: []audit.Stored{st("R", 3), st("R", 5), st("R", 9)}, gaps: []uint64{5}, before: []int{1}},
+		{name: "events before and after the span are not judged", records: []events.AuditRecorded{rec("R", 3), rec("R", 9)},
+			stored: []audit.Stored{st("R", 1), st("R", 3), st("R", 9), st("R", 12)}},
+		{name: "a stream the chain does not name", records: []events.AuditRecorded{rec("R", 3)}, stored: []audit.Stored{st("Q", 2)}},
+		{name: "format-1 records name nothing", records: []events.AuditRecorded{{}, {}}, stored: []audit.Stored{st("R", 2)}},
+		{name: "gaps in two streams", records: []events.AuditRecorded{rec("R", 3), rec("Q", 1), rec("R", 6), rec("Q", 4)},
+			stored: []audit.Stored{st("R", 3), st("R", 4), st("R", 6), st("Q", 1), st("Q", 2), st("Q", 4)}, gaps: []uint64{4, 2}, before: []int{2, 3}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			gaps := audit.SourceGaps(c.records, c.stored)
+			var seqs []uint64
+			var before []int
+			for _, g := range gaps {
+				seqs, before = append(seqs, g.Seq), append(before, g.Before)
+			}
+			assert.Equal(t, c.gaps, seqs)
+			assert.Equal(t, c.before, before)
+		})
+	}
+}
