@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -258,5 +259,38 @@ func TestSourceGaps(t *testing.T) {
 			assert.Equal(t, c.gaps, seqs)
 			assert.Equal(t, c.before, before)
 		})
+	}
+}
+
+// BenchmarkSeal is one append of eight records: numbering, hashing and
+// one signature (plus decoding the seed, which the auditor does once).
+func BenchmarkSeal(b *testing.B) {
+	s, _ := audit.NewKey()
+	recs := unsealed(0, 8)
+	for b.Loop() {
+		audit.SealForTest(s, "", 0, recs)
+	}
+}
+
+// BenchmarkHashOnly is the same append's hashing alone, as format 1 did.
+func BenchmarkHashOnly(b *testing.B) {
+	recs := unsealed(0, 8)
+	for b.Loop() {
+		prev := ""
+		for i := range recs {
+			r := recs[i]
+			r.PrevHash = prev
+			prev = audit.ChainHash(r)
+		}
+	}
+}
+
+// BenchmarkSign is the one signature of an append.
+func BenchmarkSign(b *testing.B) {
+	s, _ := audit.NewKey()
+	kp, _ := nkeys.FromSeed(s)
+	msg := []byte("actionbus.audit.v2:" + strings.Repeat("ab", 32))
+	for b.Loop() {
+		_, _ = kp.Sign(msg)
 	}
 }
