@@ -100,6 +100,9 @@ type Stack struct {
 	Client *client.Client
 	// Executors are the executor instances, in start order.
 	Executors []*executor.Executor
+	// AuditorKey is the auditor's public key, which audit verification
+	// pins ("" without an auditor).
+	AuditorKey string
 }
 
 // StartStack starts the dispatcher, the script planner, the auditor and
@@ -181,5 +184,5 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 	if err != nil {
 		t.Fatalf("actionbustest: client: %v", err)
 	}
-	return &Stack{Client: c, Executors: st.Executors}
+	return &Stack{Client: c, Executors: st.Executors, AuditorKey: st.AuditorKey()}
 }

@@ -986,3 +986,49 @@ func (c *Client) AuditStream(ctx context.Context, q AuditQuery, fn func(seq uint
 		}
 	}
 }
+
+// StoredEvent is where a run's event is stored: its stream, stream
+// sequence and type.
+type StoredEvent struct {
+	Stream string
+	Seq    uint64
+	Type   string
+}
+
+// StoredEvents lists where the events of a run that the auditor records
+// are stored (the runs and requests streams, each in stream order), as far
+// as the streams still hold them; `audit verify` checks that every one
+// has its record.
+func (c *Client) StoredEvents(ctx context.Context, runID string) ([]StoredEvent, error) {
+	var out []StoredEvent
+	for _, name := range []string{c.topo.StreamRuns(), c.topo.StreamRequests()} {
+		cons, err := c.js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{c.topo.Subjects().Run(c.tenant, runID, "*")}, DeliverPolicy: jetstream.DeliverAllPolicy, HeadersOnly: true,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("client: events of %s: %w", runID, err)
+		}
+		for done := false; !done; {
+			batch, err := cons.Fetch(500, jetstream.FetchMaxWait(500*time.Millisecond))
+			if err != nil {
+				c.dropConsumer(ctx, name, cons)
+				return nil, err
+			}
+			n := 0
+			for msg := range batch.Messages() {
+				n++
+				md, err := msg.Metadata()
+				if err != nil {
+					continue
+				}
+				out = append(out, StoredEvent{Stream: name, Seq: md.Sequence.Stream, Type: msg.Headers().Get("ce-type")})
+				done = md.NumPending == 0
+			}
+			if n == 0 {
+				done = true
+			}
+		}
+		c.dropConsumer(ctx, name, cons)
+	}
+	return out, nil
+}

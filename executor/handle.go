@@ -487,7 +487,7 @@ func (e *Executor) publishResult(ctx context.Context, req *events.ActionRequeste
 }
 
 func (e *Executor) emitResult(ctx context.Context, req *events.ActionRequested, res actions.Result, herr error, took time.Duration, deliveries int, replayed bool) error {
-	id := events.DerivedID(req.CallID, "result")
+	id := events.ResultID(req.CallID, req.Attempt)
 	ext := []events.Extension{{Name: events.ExtCycle, Value: req.Cycle}, {Name: events.ExtPlanIndex, Value: req.PlanIndex},
 		{Name: events.ExtAttempt, Value: req.Attempt}}
 	if herr != nil {

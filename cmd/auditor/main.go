@@ -26,11 +26,25 @@ func main() {
 	redact := flag.String("redact-paths", service.Env("ACTIONBUS_REDACT_PATHS", ""), "comma-separated JSON Pointers redacted in every payload, e.g. /password,/token (env ACTIONBUS_REDACT_PATHS)")
 	jsonl := flag.String("sink-jsonl", service.Env("ACTIONBUS_SINK_JSONL", ""), "copy the audit stream to this JSON-lines file (env ACTIONBUS_SINK_JSONL)")
 	sqlitePath := flag.String("sink-sqlite", service.Env("ACTIONBUS_SINK_SQLITE", ""), "copy the audit stream to this SQLite database (env ACTIONBUS_SINK_SQLITE)")
+	keyFile := flag.String("key-file", service.Env("ACTIONBUS_AUDITOR_KEY_FILE", audit.DefaultKeyFile()), "the auditor's signing key, an nkeys account seed; created (with its public key in FILE.pub) when missing (env ACTIONBUS_AUDITOR_KEY_FILE)")
 	flag.Parse()
 	if *redact != "" {
 		pol.RedactPaths = strings.Split(*redact, ",")
 	}
 	os.Exit(service.Main("auditor", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {
+		var seed []byte
+		if *keyFile != "" {
+			var err error
+			var created bool
+			if seed, created, err = audit.LoadOrCreateKey(*keyFile); err != nil {
+				return nil, err
+			}
+			if created {
+				log.Info("auditor key created", "file", *keyFile)
+			}
+		} else {
+			log.Warn("no auditor key file: signing with a key for this process only, which verifiers cannot pin across a restart")
+		}
 		var sinks []audit.Sink
 		if *jsonl != "" {
 			s, err := audit.OpenJSONL(*jsonl)
@@ -48,6 +62,6 @@ func main() {
 		}
 		// The sinks stay open until the process exits; each write is
 		// synced before it is acknowledged.
-		return audit.New(nc, audit.Config{Prefix: c.Prefix, Concurrency: *concurrency, Logger: log, Payload: pol, Sinks: sinks, Metrics: m})
+		return audit.New(nc, audit.Config{Prefix: c.Prefix, Concurrency: *concurrency, Logger: log, Payload: pol, Sinks: sinks, Metrics: m, Seed: seed})
 	}))
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/actionbus/actionbus/internal/actions"
@@ -59,6 +60,11 @@ type Config struct {
 	// Sinks are fed from the audit stream while the auditor runs, each
 	// from its own durable consumer. The caller opens and closes them.
 	Sinks []Sink
+	// Seed is the auditor's signing key: an nkeys account seed ("SA...",
+	// see [LoadOrCreateKey]). The last record of every append is signed
+	// with it. Nil draws a key for this process only, which no verifier
+	// can pin across a restart: tests and throwaway stacks only.
+	Seed []byte
 }
 
 // Service is the auditor service.
@@ -71,6 +77,8 @@ type Service struct {
 	stream jetstream.Stream
 	build  *Builder
 	chains *chains
+	key    nkeys.KeyPair
+	pub    string
 }
 
 // New returns an auditor using nc.
@@ -135,8 +143,18 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Seed == nil {
+		if cfg.Seed, err = NewKey(); err != nil {
+			return nil, err
+		}
+	}
+	key, err := keyPair(cfg.Seed)
+	if err != nil {
+		return nil, fmt.Errorf("audit: auditor key: %w", err)
+	}
+	pub, _ := key.PublicKey()
 	js := bus.JetStream()
-	s := &Service{cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log,
+	s := &Service{key: key, pub: pub, cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log,
 		build: &Builder{Defaults: cfg.Payload, Prefix: cfg.Prefix}}
 	s.chains = newChains(cfg.FlushAfter, cfg.MaxBatch, s.append)
 	return s, nil
@@ -191,14 +209,15 @@ func (s *Service) Run(ctx context.Context) error {
 	for _, sink := range s.cfg.Sinks {
 		g.Go(func() error { return RunSink(gctx, s.bus, s.topo, sink) })
 	}
-	s.log.Info("auditor serving")
+	s.log.Info("auditor serving", "auditor_key", s.pub)
 	return g.Wait()
 }
 
 // ChainHash is the hash of a record: SHA-256 over the RFC 8785 canonical
-// JSON of the record with its hash field empty (prevHash included).
+// JSON of the record with its hash and sig fields empty (prevHash, and in
+// format 2 v, n, source and signer, included).
 func ChainHash(rec events.AuditRecorded) string {
-	rec.Hash = ""
+	rec.Hash, rec.Sig = "", ""
 	b, err := canonical.Marshal(rec)
 	if err != nil {
 		b, _ = json.Marshal(rec) // a record always has a canonical form
@@ -209,7 +228,7 @@ func ChainHash(rec events.AuditRecorded) string {
 
 // Verify checks a run's chain of records in order: each record's hash is
 // right and names its predecessor. It returns the index of the first broken
-// record, or -1.
+// record, or -1. It checks no signature: [Check] does.
 func Verify(records []events.AuditRecorded) int {
 	prev := ""
 	for i, r := range records {
@@ -233,6 +252,9 @@ func HasTerminal(records []events.AuditRecorded) bool {
 	}
 	return false
 }
+
+// PublicKey is the auditor's public key ("A..."), which verifiers pin.
+func (s *Service) PublicKey() string { return s.pub }
 
 // CheckReady reports whether the streams, consumers and buckets the
 // auditor needs exist (the /readyz probe).

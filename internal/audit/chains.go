@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -63,6 +64,26 @@ type head struct {
 	hash string
 	seq  uint64
 	ids  map[string]struct{}
+	// n is the last record's number (0 for an empty chain or a format-1
+	// record).
+	n uint64
+	// outcomes maps each call (id and attempt) that has an outcome record
+	// to the event id of that outcome; full says it covers the whole
+	// chain (else only the last message).
+	outcomes map[string]string
+	full     bool
+}
+
+// storedKey names the stored event a record records: its stream and
+// sequence (format 2), else (and for a rejection) its event id. A copy of an event stored again
+// (the same id at another position) is another stored event.
+func storedKey(r events.AuditRecorded) string {
+	// A rejection names the rejected event, which may have its own record
+	// (and other rejections): it is known by its own id.
+	if r.Source != nil && r.Kind != KindRejected {
+		return r.Source.Stream + "/" + strconv.FormatUint(r.Source.Seq, 10)
+	}
+	return r.EventID
 }
 
 // unseen returns the records whose events the chain does not hold yet: a
@@ -71,7 +92,7 @@ type head struct {
 func (h head) unseen(recs []events.AuditRecorded) []events.AuditRecorded {
 	out := make([]events.AuditRecorded, 0, len(recs))
 	for _, r := range recs {
-		if _, dup := h.ids[r.EventID]; !dup {
+		if _, dup := h.ids[storedKey(r)]; !dup {
 			out = append(out, r)
 		}
 	}
@@ -205,7 +226,16 @@ func (c *chains) advance(chain string, h head, recs []events.AuditRecorded, seq 
 		ids = map[string]struct{}{} // past the bound, only the newest are checked
 	}
 	for _, r := range recs {
-		ids[r.EventID] = struct{}{}
+		ids[storedKey(r)] = struct{}{}
+	}
+	outcomes := h.outcomes
+	if outcomes == nil {
+		outcomes = map[string]string{}
+	}
+	for _, r := range recs {
+		if k, ok := outcomeKey(r); ok && r.Status != StatusDuplicate {
+			outcomes[k] = r.EventID
+		}
 	}
 	if _, cached := c.heads[chain]; !cached && len(c.heads) >= maxHeads {
 		for k := range c.heads {
@@ -213,7 +243,7 @@ func (c *chains) advance(chain string, h head, recs []events.AuditRecorded, seq 
 			break
 		}
 	}
-	c.heads[chain] = head{hash: last.Hash, seq: seq, ids: ids}
+	c.heads[chain] = head{hash: last.Hash, seq: seq, ids: ids, n: last.N, outcomes: outcomes, full: h.full}
 }
 
 // forget drops chain's cached head: after a failed append, the chain may
@@ -233,6 +263,9 @@ func (s *Service) handle(_ context.Context, r *events.Received, msg jetstream.Ms
 	if msg != nil {
 		if md, err := msg.Metadata(); err == nil {
 			stored = md.Timestamp
+			if rec.Source == nil {
+				rec.Source = &events.AuditSource{Stream: md.Stream, Seq: md.Sequence.Stream}
+			}
 		}
 	}
 	return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, stored, r.TraceRun()))
@@ -251,6 +284,9 @@ func (s *Service) append(ctx context.Context, b *batch) error {
 		// taken to be empty without reading it (the expected sequence 0
 		// fails the append when it is not, and the chain is read then).
 		first := !cached && attempt == 0 && b.records[0].EventType == events.TypeRunRequested
+		if first {
+			h.full = true // an empty chain holds no outcome
+		}
 		if (!cached || attempt > 0) && !first {
 			var err error
 			if h, err = s.last(ctx, b.chain); err != nil {
@@ -261,11 +297,18 @@ func (s *Service) append(ctx context.Context, b *batch) error {
 		if len(recs) == 0 {
 			return nil // every record was stored before (redeliveries)
 		}
-		prev := h.hash
-		for i := range recs {
-			recs[i].PrevHash = prev
-			recs[i].Hash = ChainHash(recs[i])
-			prev = recs[i].Hash
+		if !h.full && slices.ContainsFunc(recs, isOutcome) {
+			// Which calls have their outcome recorded is read from the
+			// whole chain (after a restart, or when the head was evicted).
+			var err error
+			if h.outcomes, err = s.outcomes(ctx, b.chain, h.seq); err != nil {
+				return err
+			}
+			h.full = true
+		}
+		recs = markDuplicates(h.outcomes, recs)
+		if err := s.seal(&h, recs); err != nil {
+			return events.Permanent(err)
 		}
 		data := &events.AuditAppended{RunID: b.runID, Tenant: recs[0].Tenant, Records: recs}
 		e, err := s.bus.New(events.TypeAuditAppended, appendID(recs), b.tenant, b.runID, data)
@@ -297,12 +340,19 @@ func (s *Service) append(ctx context.Context, b *batch) error {
 	return fmt.Errorf("audit: run %s: too many concurrent appends", b.runID)
 }
 
-// appendID names an append by the events it records, so that publishing
-// the same batch again is deduplicated by JetStream.
+// appendID names an append by the stored events it records (their ids
+// and stream positions), so that publishing the same batch again is
+// deduplicated by JetStream, and a copy of an event stored again (under
+// the same id, at another position) is not.
 func appendID(recs []events.AuditRecorded) string {
-	parts := make([]any, 0, len(recs))
-	for _, r := range recs[1:] {
-		parts = append(parts, r.EventID)
+	parts := make([]any, 0, 3*len(recs))
+	for i, r := range recs {
+		if i > 0 {
+			parts = append(parts, r.EventID)
+		}
+		if r.Source != nil {
+			parts = append(parts, r.Source.Stream, r.Source.Seq)
+		}
 	}
 	return events.DerivedID(recs[0].EventID, append(parts, "audit")...)
 }
@@ -328,9 +378,63 @@ func (s *Service) last(ctx context.Context, chain string) (head, error) {
 	if len(recs) == 0 {
 		return head{}, fmt.Errorf("audit: last message of %s holds no record", chain)
 	}
-	h := head{hash: recs[len(recs)-1].Hash, seq: msg.Sequence, ids: map[string]struct{}{}}
+	h := head{hash: recs[len(recs)-1].Hash, seq: msg.Sequence, ids: map[string]struct{}{}, n: recs[len(recs)-1].N, outcomes: map[string]string{}}
 	for _, rec := range recs {
-		h.ids[rec.EventID] = struct{}{}
+		h.ids[storedKey(rec)] = struct{}{}
+		if k, ok := outcomeKey(rec); ok && rec.Status != StatusDuplicate {
+			h.outcomes[k] = rec.EventID
+		}
 	}
 	return h, nil
+}
+
+// outcomes reads the calls whose outcome chain holds, from its messages up
+// to stream sequence upto.
+func (s *Service) outcomes(ctx context.Context, chain string, upto uint64) (map[string]string, error) {
+	out := map[string]string{}
+	for seq := uint64(1); seq <= upto; {
+		msg, err := s.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(chain))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if msg.Sequence > upto {
+			break
+		}
+		seq = msg.Sequence + 1
+		r, err := s.bus.Receive(msg.Subject, msg.Header, msg.Data)
+		if err != nil {
+			continue // not a record; verify reports it
+		}
+		recs, err := events.AuditRecordsOf(r)
+		if err != nil {
+			continue
+		}
+		for _, rec := range recs {
+			if k, ok := outcomeKey(rec); ok && rec.Status != StatusDuplicate {
+				if _, seen := out[k]; !seen {
+					out[k] = rec.EventID
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// seal makes recs the next format-2 records after h: numbered on, linked
+// to h's hash and each other, the last one signed.
+func (s *Service) seal(h *head, recs []events.AuditRecorded) error {
+	prev, n := h.hash, h.n
+	for i := range recs {
+		n++
+		recs[i].V, recs[i].N, recs[i].PrevHash = FormatSigned, n, prev
+		if i == len(recs)-1 {
+			recs[i].Signer = s.pub
+		}
+		recs[i].Hash = ChainHash(recs[i])
+		prev = recs[i].Hash
+	}
+	return sign(s.key, &recs[len(recs)-1])
 }

@@ -230,6 +230,11 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		rec.Kind, rec.Status, rec.Summary = KindTimer, "fired", d.Kind+" "+d.Stage
 	case *events.EventRejected:
 		rec.Kind, rec.RunID, rec.Status, rec.Summary = KindRejected, d.RunID, "rejected", string(d.Reason.Code)
+		if d.Stream != "" && d.StreamSequence > 0 {
+			// The record names the event that was rejected, where it is
+			// stored: that event has its record.
+			rec.Source = &events.AuditSource{Stream: d.Stream, Seq: d.StreamSequence}
+		}
 		// A rejected event is audited with the run it names, under the
 		// tenant of the subject it was published on (which NATS
 		// permissions bound its publisher to).

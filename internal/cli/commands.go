@@ -568,12 +568,33 @@ func (g *globals) runEnded(ctx context.Context, runID string) (status, why strin
 	return res.Status, ""
 }
 
+// sourceGaps reads where the run's events are stored and returns those
+// the chain covers without a record; why says when it could not look.
+func (g *globals) sourceGaps(ctx context.Context, runID string, chain []events.AuditRecorded) ([]audit.SourceGap, string) {
+	c, done, err := g.client()
+	if err != nil {
+		return nil, "the source streams were not read (NATS unreachable), so events without a record cannot be seen"
+	}
+	defer done()
+	stored, err := c.StoredEvents(ctx, runID)
+	if err != nil {
+		return nil, "the source streams were not read (" + err.Error() + "), so events without a record cannot be seen"
+	}
+	in := make([]audit.Stored, len(stored))
+	for i, e := range stored {
+		in[i] = audit.Stored{Stream: e.Stream, Seq: e.Seq, Type: e.Type}
+	}
+	return audit.SourceGaps(chain, in), ""
+}
+
 func auditCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "audit", Short: "The audit stream: verify, tail, export"}
 	var jsonl, sqlitePath string
+	var auditorKey []string
+	var requireSigned bool
 	verify := &cobra.Command{
 		Use:   "verify RUN_ID",
-		Short: "Recompute a run's audit hash chain over the stream (or a sink); exit 1 and name the first broken link if it is not intact",
+		Short: "Check a run's audit chain over the stream (or a sink): hashes, links, record numbers and the auditor's signatures; exit 1 and name the first bad record if it is not intact",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			runID := args[0]
@@ -614,11 +635,40 @@ func auditCmd(g *globals) *cobra.Command {
 			for i, r := range recs {
 				chain[i] = r.AuditRecorded
 			}
-			if i := audit.Verify(chain); i >= 0 {
-				r := recs[i]
-				fmt.Fprintf(g.out, "broken at record %d of %d in %s (stream sequence %d, event %s, %s %s): its hash or its link to the previous record does not match\n",
-					i+1, len(recs), source, r.StreamSeq, r.EventID, r.Kind, r.EventType)
+			keys, keyFrom, err := auditorKeys(auditorKey)
+			if err != nil {
+				return err
+			}
+			v := audit.Check(chain, keys...)
+			if b := v.Broken; b != nil {
+				r := recs[b.At]
+				fmt.Fprintf(g.out, "broken at record %d of %d in %s (stream sequence %d, event %s, %s %s): %s\n",
+					b.At+1, len(recs), source, r.StreamSeq, r.EventID, r.Kind, r.EventType, b.Message)
 				return exitError{1}
+			}
+			if requireSigned && v.Format1 > 0 {
+				fmt.Fprintf(g.out, "unsigned: %d of %d records in %s are format 1 (unsigned) and --require-signed is set\n", v.Format1, len(recs), source)
+				return exitError{1}
+			}
+			if v.Format1 < v.Records {
+				// Every stored event the chain covers has its record.
+				gaps, why := g.sourceGaps(cmd.Context(), runID, chain)
+				if len(gaps) > 0 {
+					gp := gaps[0]
+					where := "after its last record"
+					if gp.Before >= 0 {
+						where = fmt.Sprintf("before record %d", gp.Before+1)
+					}
+					fmt.Fprintf(g.out, "gap: the event at %s sequence %d (%s) has no record in %s (%s); %d such events\n",
+						gp.Stream, gp.Seq, gp.Type, source, where, len(gaps))
+					return exitError{1}
+				}
+				if why != "" {
+					fmt.Fprintf(g.out, "note: %s\n", why)
+				}
+			}
+			if keyFrom != "" && v.Format1 < v.Records {
+				fmt.Fprintf(g.out, "auditor key from %s\n", keyFrom)
 			}
 			// A chain cut off at its tail is intact link by link: when the
 			// run has ended, its terminal record must be there.
@@ -630,12 +680,14 @@ func auditCmd(g *globals) *cobra.Command {
 			case ended == "":
 				fmt.Fprintf(g.out, "note: %s\n", why)
 			}
-			fmt.Fprintf(g.out, "intact: %d records in %s, head %s\n", len(recs), source, recs[len(recs)-1].Hash)
+			fmt.Fprintf(g.out, "intact: %d records in %s, %s, head %s\n", len(recs), source, v.Format(), recs[len(recs)-1].Hash)
 			return nil
 		},
 	}
 	verify.Flags().StringVar(&jsonl, "jsonl", "", "verify a JSON-lines sink file instead of the stream")
 	verify.Flags().StringVar(&sqlitePath, "sqlite", "", "verify a SQLite sink database instead of the stream")
+	verify.Flags().StringSliceVar(&auditorKey, "auditor-key", nil, "the auditor's public key (A..., or @FILE), repeatable for rotated keys; default $ACTIONBUS_AUDITOR_KEY, else the .pub file beside the default auditor key file; none: each signature is checked against the key its record names, which proves no author")
+	verify.Flags().BoolVar(&requireSigned, "require-signed", false, "fail on format-1 (unsigned) records, written before chains were signed")
 
 	var tf auditFilter
 	var asJSON, fromStart, allTenants bool
@@ -711,6 +763,42 @@ func auditCmd(g *globals) *cobra.Command {
 	export.Flags().StringVar(&until, "until", "", "last record time (RFC 3339)")
 	cmd.AddCommand(verify, tail, export)
 	return cmd
+}
+
+// auditorKeys returns the auditor public keys verification pins, and
+// where they came from: the flag's values (a key or @file), else
+// $ACTIONBUS_AUDITOR_KEY (comma-separated), else the public key file
+// beside the default auditor key file when there is one; none otherwise.
+func auditorKeys(flag []string) ([]string, string, error) {
+	from := "--auditor-key"
+	if len(flag) == 0 {
+		if env := os.Getenv("ACTIONBUS_AUDITOR_KEY"); env != "" {
+			flag, from = strings.Split(env, ","), "$ACTIONBUS_AUDITOR_KEY"
+		} else if def := audit.DefaultKeyFile(); def != "" {
+			if _, err := os.Stat(def + ".pub"); err == nil {
+				flag, from = []string{"@" + def + ".pub"}, def+".pub"
+			}
+		}
+	}
+	var keys []string
+	for _, k := range flag {
+		if file, ok := strings.CutPrefix(k, "@"); ok {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return nil, "", fmt.Errorf("--auditor-key: %w", err)
+			}
+			k = string(b)
+		}
+		pub, err := audit.ParsePublicKey(k)
+		if err != nil {
+			return nil, "", err
+		}
+		keys = append(keys, pub)
+	}
+	if len(keys) == 0 {
+		from = ""
+	}
+	return keys, from, nil
 }
 
 // auditFilter selects audit records by their fields.

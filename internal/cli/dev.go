@@ -15,6 +15,7 @@ import (
 
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/builtin"
 	"github.com/actionbus/actionbus/internal/demo"
 	"github.com/actionbus/actionbus/internal/dispatch"
@@ -50,6 +51,7 @@ type devFlags struct {
 	openAIModel   string
 	plannerMode   string
 	console       string
+	auditorKey    string
 }
 
 func devCmd(g *globals) *cobra.Command {
@@ -79,6 +81,7 @@ Other terminals can use the same server: actionbus --nats nats://HOST:PORT run .
 	cmd.Flags().StringVar(&f.openAIURL, "openai-base-url", "", "plan with the openai provider against this OpenAI-compatible endpoint instead of the script (key from ACTIONBUS_OPENAI_API_KEY or OPENAI_API_KEY)")
 	cmd.Flags().StringVar(&f.openAIModel, "openai-model", "gpt-4o-mini", "model of the openai provider")
 	cmd.Flags().StringVar(&f.plannerMode, "planner-mode", planner.ModeNativeTools, "openai provider mode: native_tools or envelope")
+	cmd.Flags().StringVar(&f.auditorKey, "auditor-key-file", audit.DefaultKeyFile(), "the auditor's signing key (nkeys seed), created with its public key in FILE.pub on first start; `audit verify` pins that public key")
 	cmd.Flags().StringVar(&f.console, "console", "127.0.0.1:8642", "serve the web console and HTTP API on this loopback address (a free port when it is taken; \"off\": none)")
 	return cmd
 }
@@ -139,8 +142,22 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	if _, err := rand.Read(consoleKey); err != nil {
 		return err
 	}
+	var auditCfg audit.Config
+	auditorKey := "a key for this process only"
+	if f.auditorKey != "" {
+		seed, created, err := audit.LoadOrCreateKey(f.auditorKey)
+		if err != nil {
+			return err
+		}
+		auditCfg.Seed = seed
+		auditorKey = f.auditorKey
+		if created {
+			auditorKey += " (created)"
+		}
+	}
 	store := demo.NewStore()
 	st, err := stack.Start(ctx, nc, stack.Config{
+		Audit:  auditCfg,
 		Prefix: g.prefix, Provider: provider, Executors: f.executors, Slots: f.slots,
 		Register: func(ex *executor.Executor) error {
 			if _, err := builtin.Register(ex, builtin.Config{}); err != nil {
@@ -157,6 +174,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	defer st.Stop()
 	fmt.Fprintf(g.out, "actionbus dev: NATS with JetStream at %s (store %s)\n", url, f.store)
 	fmt.Fprintf(g.out, "  services: dispatcher, planner (%s), auditor, %d executors × %d slots\n", plannerDesc, f.executors, f.slots)
+	fmt.Fprintf(g.out, "  auditor key: %s, public key %s\n", auditorKey, st.AuditorKey())
 	if f.console != "off" {
 		srv, addr, err := devConsole(ctx, g, nc, f.console, consoleKey)
 		if err != nil {

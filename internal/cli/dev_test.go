@@ -245,7 +245,7 @@ scenarios:
 	}
 
 	var out, errOut bytes.Buffer
-	code := cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", res.RunID}, nil, &out, &errOut)
+	code := cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", "--auditor-key=" + st.AuditorKey, res.RunID}, nil, &out, &errOut)
 	require.Equal(t, 0, code, out.String()+errOut.String())
 	assert.Contains(t, out.String(), "intact:")
 	n := 0
@@ -293,7 +293,7 @@ scenarios:
 	}, 20*time.Second, 10*time.Millisecond)
 	for _, flag := range []string{"--jsonl=" + jsonl, "--sqlite=" + db} {
 		out.Reset()
-		code = cli.Execute(ctx, []string{"audit", "verify", res.RunID, flag}, nil, &out, &errOut)
+		code = cli.Execute(ctx, []string{"audit", "verify", "--auditor-key=" + st.AuditorKey, res.RunID, flag}, nil, &out, &errOut)
 		require.Equal(t, 0, code, out.String()+errOut.String())
 		assert.Contains(t, out.String(), fmt.Sprintf("intact: %d records", n))
 	}
@@ -308,16 +308,23 @@ scenarios:
 		}
 	}
 	require.Positive(t, term, "the chain has a terminal record")
+	// The cut is at the start of the terminal record's append: a cut
+	// inside an append leaves records no signature covers, which fails
+	// before this check.
+	var termRec audit.SinkRecord
+	require.NoError(t, json.Unmarshal([]byte(lines[term]), &termRec))
+	term -= termRec.Index
+	require.Positive(t, term, "the terminal record is not in the first append")
 	require.NoError(t, os.WriteFile(jsonl, []byte(strings.Join(lines[:term], "\n")+"\n"), 0o600))
 	out.Reset()
-	code = cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", res.RunID, "--jsonl", jsonl}, nil, &out, &errOut)
+	code = cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", "--auditor-key=" + st.AuditorKey, res.RunID, "--jsonl", jsonl}, nil, &out, &errOut)
 	assert.Equal(t, 1, code, out.String())
 	assert.Contains(t, out.String(), "truncated: run "+res.RunID+" ended (completed)")
 	require.NoError(t, os.WriteFile(jsonl, []byte(full), 0o600))
 	lines[4] = strings.Replace(lines[4], `"kind":"`, `"kind":"tampered-`, 1)
 	require.NoError(t, os.WriteFile(jsonl, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
 	out.Reset()
-	code = cli.Execute(ctx, []string{"audit", "verify", res.RunID, "--jsonl", jsonl}, nil, &out, &errOut)
+	code = cli.Execute(ctx, []string{"audit", "verify", "--auditor-key=" + st.AuditorKey, res.RunID, "--jsonl", jsonl}, nil, &out, &errOut)
 	assert.Equal(t, 1, code)
 	var fifth audit.SinkRecord
 	require.NoError(t, json.Unmarshal([]byte(lines[4]), &fifth))
@@ -331,7 +338,7 @@ scenarios:
 	require.NoError(t, err)
 	require.NoError(t, sqlDB.Close())
 	out.Reset()
-	code = cli.Execute(ctx, []string{"audit", "verify", res.RunID, "--sqlite", db}, nil, &out, &errOut)
+	code = cli.Execute(ctx, []string{"audit", "verify", "--auditor-key=" + st.AuditorKey, res.RunID, "--sqlite", db}, nil, &out, &errOut)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, out.String(), fmt.Sprintf("broken at record 6 of %d in %s (stream sequence %d,", n, db, sixth.StreamSeq))
 
@@ -355,7 +362,7 @@ scenarios:
 	require.Greater(t, len(seqs), 2, "the run's records span at least three appends")
 	require.NoError(t, stream.DeleteMsg(ctx, seqs[1]))
 	out.Reset()
-	code = cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", res.RunID}, nil, &out, &errOut)
+	code = cli.Execute(ctx, []string{"--nats", srv.URL, "audit", "verify", "--auditor-key=" + st.AuditorKey, res.RunID}, nil, &out, &errOut)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, out.String(), fmt.Sprintf("broken at record %d of", first+1))
 }

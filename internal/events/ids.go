@@ -49,3 +49,18 @@ func DerivedID(cause string, parts ...any) string {
 	_ = id.SetEntropy(sum[:10])
 	return id.String()
 }
+
+// ResultID is the event id of an executor's result (action.completed or
+// action.failed) for the call callID at attempt: [DerivedID] of callID
+// with the parts "result" and the attempt. Every answer to the same call
+// and attempt (a redelivered or redispatched request, an idempotent
+// replay) carries this id, so JetStream stores one of them within the
+// duplicate window, and the auditor tells a copy beyond it from a forgery.
+//
+// In another language: the ULID whose 48-bit timestamp is callID's (when
+// callID is a ULID, else 0) and whose 80 bits of entropy are the first 10
+// bytes of SHA-256(callID || 0x00 || "result" || 0x00 || decimal attempt),
+// in Crockford base32 (26 upper-case characters).
+func ResultID(callID string, attempt int) string {
+	return DerivedID(callID, "result", attempt)
+}

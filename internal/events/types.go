@@ -642,6 +642,38 @@ type AuditRecorded struct {
 	// the evaluation that admitted an action record's call.
 	Policy      any    `json:"policy,omitempty"`
 	PayloadHash string `json:"payloadHash"`
-	PrevHash    string `json:"prevHash"`
-	Hash        string `json:"hash"`
+	// Duplicate names, on a record whose status is "duplicate", why a
+	// call's result came again after its outcome was recorded:
+	// "redispatch" (it carries the result id the protocol derives for the
+	// call, see [ResultID]: the call was answered again) or "forgery" (any
+	// other id: no conforming executor publishes it). DuplicateOf is the
+	// event id of the call's outcome.
+	Duplicate   string `json:"duplicate,omitempty"`
+	DuplicateOf string `json:"duplicateOf,omitempty"`
+	// V is the chain format: 0 (absent) for format 1, unsigned records
+	// written before chains were signed; 2 for signed records.
+	V int `json:"v,omitempty"`
+	// N is a format-2 record's place in its chain: 1 for the first
+	// format-2 record, each next record one more. A gap in N is records
+	// removed.
+	N uint64 `json:"n,omitempty"`
+	// Source is the stream and stream sequence of the audited event (format
+	// 2).
+	Source   *AuditSource `json:"source,omitempty"`
+	PrevHash string       `json:"prevHash"`
+	Hash     string       `json:"hash"`
+	// Signer and Sig sign a format-2 append: the last record of every
+	// append carries the auditor's public key (an nkeys account key,
+	// "A...") and its Ed25519 signature (base64url, unpadded) over
+	// "actionbus.audit.v2:" followed by the record's hash. The hash
+	// chains every record before it, so one signature covers the append
+	// and the chain up to it. Sig is not part of the hash.
+	Signer string `json:"signer,omitempty"`
+	Sig    string `json:"sig,omitempty"`
+}
+
+// AuditSource names the stored event an audit record records.
+type AuditSource struct {
+	Stream string `json:"stream"`
+	Seq    uint64 `json:"seq"`
 }

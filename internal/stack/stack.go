@@ -65,10 +65,19 @@ type Config struct {
 type Stack struct {
 	// Executors are the executor instances, in start order.
 	Executors []*executor.Executor
+	auditor   *audit.Service
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	mu        sync.Mutex
 	errs      []error
+}
+
+// AuditorKey is the auditor's public key ("" without an auditor).
+func (s *Stack) AuditorKey() string {
+	if s.auditor == nil {
+		return ""
+	}
+	return s.auditor.PublicKey()
 }
 
 type runner interface{ Run(context.Context) error }
@@ -106,6 +115,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 		}
 		services = append(services, plan)
 	}
+	var auditor *audit.Service
 	if !cfg.NoAuditor {
 		ac := cfg.Audit
 		ac.Prefix, ac.Logger, ac.Metrics = cfg.Prefix, cfg.Logger, cfg.Metrics
@@ -114,8 +124,9 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 			return nil, err
 		}
 		services = append(services, aud)
+		auditor = aud
 	}
-	s := &Stack{}
+	s := &Stack{auditor: auditor}
 	for i := 0; i < cfg.Executors; i++ {
 		ecfg := cfg.Executor
 		ecfg.Prefix, ecfg.Pool, ecfg.ID, ecfg.Logger = cfg.Prefix, cfg.Pool, fmt.Sprintf("executor-%d", i+1), cfg.Logger
