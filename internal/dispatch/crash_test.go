@@ -130,6 +130,9 @@ func TestRunsSurviveCrashesAtEveryStateWrite(t *testing.T) {
 		res, err := st.Client.Wait(ctx, id)
 		require.NoError(t, err)
 		require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+		// The recorder reads the stream on its own: it has the terminal
+		// event Wait saw before the count below.
+		rec.WaitForType(t, 10*time.Second, events.TypeRunCompleted, id)
 	}
 	terminals := map[string]map[string]bool{}
 	for _, r := range rec.All() {
