@@ -281,3 +281,55 @@ func gone(pid int) bool {
 	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
 }
+
+// Without bubblewrap a call fails closed: isolation_unavailable, and the
+// command did not run.
+func TestShellWithoutBubblewrapFailsClosed(t *testing.T) {
+	sh, root := shellIn(t, builtin.ShellConfig{Bwrap: "/nonexistent/bwrap"})
+	_, err := sh.Run(context.Background(), builtin.ShellArgs{Argv: []string{"mkdir", "made"}}, true, nil)
+	assert.ErrorIs(t, err, &actionbus.Error{Code: actionbus.CodeIsolationUnavailable})
+	assert.NoDirExists(t, filepath.Join(root, "made"), "nothing ran unsandboxed")
+	_, err = sh.Run(context.Background(), builtin.ShellArgs{Argv: []string{"pwd"}}, false, nil)
+	assert.ErrorIs(t, err, &actionbus.Error{Code: actionbus.CodeIsolationUnavailable}, "every call")
+}
+
+// When the kernel refuses the sandbox (here: bwrap given a binary that is
+// not bwrap and fails), calls fail closed too.
+func TestShellWhoseSandboxTheKernelRefusesFailsClosed(t *testing.T) {
+	sh, root := shellIn(t, builtin.ShellConfig{Bwrap: "/bin/false"})
+	_, err := sh.Run(context.Background(), builtin.ShellArgs{Argv: []string{"mkdir", "made"}}, true, nil)
+	assert.ErrorIs(t, err, &actionbus.Error{Code: actionbus.CodeIsolationUnavailable})
+	assert.NoDirExists(t, filepath.Join(root, "made"))
+}
+
+// The profile's commands see the workspace read-only and the host's
+// filesystem not at all beyond the system directories; /tmp is private.
+func TestShellFilesystemIsReadOnlyButForScratch(t *testing.T) {
+	outside := t.TempDir()
+	sh, root := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}}})
+	res, err := run(t, sh, "sh", "-c", "touch a.txt; touch "+outside+"/x; echo tmp > /tmp/t && cat /tmp/t; ls /root /home /work 2>&1; cat /etc/shadow | wc -c; id -u")
+	require.Nil(t, err)
+	assert.Contains(t, res.Stderr.Preview, "Read-only file system")
+	assert.Contains(t, res.Stdout.Preview, "tmp\n")
+	assert.Contains(t, res.Stdout.Preview, "No such file or directory", "the host's other directories do not exist in there")
+	assert.Contains(t, res.Stdout.Preview, "\n0\n65534\n", "shadow is empty, the uid is nobody")
+	assert.NoFileExists(t, filepath.Join(outside, "x"))
+	info, serr := os.Stat(filepath.Join(root, "a.txt"))
+	require.NoError(t, serr)
+	assert.Equal(t, int64(6), info.Size())
+}
+
+// A fork bomb ends the call with shell_limit_exceeded, promptly, and the
+// next call runs.
+func TestShellForkBombEndsTheCall(t *testing.T) {
+	sh, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}, {"pwd"}}, MaxProcesses: 64, Timeout: 20 * time.Second})
+	start := time.Now()
+	_, err := run(t, sh, "sh", "-c", "f() { f | f & }; f; wait")
+	require.NotNil(t, err)
+	assert.Equal(t, actionbus.CodeShellLimit, err.Code, "%v", err)
+	assert.Equal(t, "processes", err.Details["limit"])
+	assert.Less(t, time.Since(start), 10*time.Second, "ended by the bound, not the timeout")
+	res, err := run(t, sh, "pwd")
+	require.Nil(t, err)
+	assert.Equal(t, 0, res.ExitCode)
+}
