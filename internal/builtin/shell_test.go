@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -99,7 +98,7 @@ func TestShellNonZeroExitIsAStructuredFailure(t *testing.T) {
 // (setsid) and a double-forked one (reparented to the sandbox's init) die
 // with it. Both are seen alive on the host first, by a token in their argv.
 func TestShellTimeoutLeavesNoDescendant(t *testing.T) {
-	sh, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}}, Timeout: 3 * time.Second})
+	sh, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}}, Timeout: 5 * time.Second})
 	token := fmt.Sprintf("%d", 3600000+time.Now().UnixNano()%100000)
 	script := fmt.Sprintf(`setsid sleep %[1]s.1 & sh -c "sleep %[1]s.2 &"; sleep %[1]s.3`, token)
 	type outcome struct {
@@ -112,25 +111,36 @@ func TestShellTimeoutLeavesNoDescendant(t *testing.T) {
 		_, err := sh.Run(context.Background(), builtin.ShellArgs{Argv: []string{"sh", "-c", script}}, false, nil)
 		done <- outcome{err, time.Since(start)}
 	}()
-	require.Eventually(t, func() bool { return len(processesWith(token+".1")) == 1 && len(processesWith(token+".2")) == 1 },
-		3*time.Second, 10*time.Millisecond, "the setsid and double-forked children were started")
+	require.Eventually(t, func() bool { return len(sleeping(token+".1")) == 1 && len(sleeping(token+".2")) == 1 },
+		5*time.Second, 10*time.Millisecond, "the setsid and double-forked children were started")
 	o := <-done
 	assert.ErrorIs(t, o.err, &actionbus.Error{Code: actionbus.CodeTimeout})
 	assert.Less(t, o.took, 10*time.Second, "killed, not waited for")
-	assert.Empty(t, processesWith(token), "no descendant outlives the call")
+	for _, n := range []string{".1", ".2", ".3"} {
+		assert.Empty(t, sleeping(token+n), "no descendant outlives the call: sleep %s%s", token, n)
+	}
 }
 
-// processesWith lists the host pids whose command line has token.
-func processesWith(token string) []int {
+// sleeping lists the host pids of running `sleep ARG` processes.
+func sleeping(arg string) []int {
 	var out []int
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
+		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(b), token) && !gone(pid) {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		argv := strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
+		if err != nil || len(argv) != 2 || filepath.Base(argv[0]) != "sleep" || argv[1] != arg {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(fields) > 0 && fields[0] != "Z" && fields[0] != "X" {
 			out = append(out, pid)
 		}
 	}
@@ -266,20 +276,6 @@ func TestShellStreamsReachTheArtifactStore(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, big, string(data))
 	assert.Equal(t, ref["sha256"], sum)
-}
-
-// gone reports whether pid no longer runs (a zombie waiting for a reaper
-// counts as gone).
-func gone(pid int) bool {
-	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-		return true
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
 }
 
 // Without bubblewrap a call fails closed: isolation_unavailable, and the
