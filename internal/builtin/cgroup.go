@@ -66,6 +66,27 @@ func dirExists(p string) bool {
 
 var cgroupSeq atomic.Uint64
 
+// cgroupPrefix starts every call cgroup's name, followed by the executor's
+// pid and a sequence number.
+const cgroupPrefix = "actionbus-shell-"
+
+// removeStale removes call cgroups that an executor which is no longer
+// running (killed before it could remove them) left empty.
+func (r cgroupRoots) removeStale() {
+	for _, root := range []string{r.pids, r.memory} {
+		if root == "" {
+			continue
+		}
+		dirs, _ := filepath.Glob(filepath.Join(root, cgroupPrefix+"*"))
+		for _, d := range dirs {
+			pid, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(d), cgroupPrefix), "-")
+			if n, err := strconv.Atoi(pid); err == nil && n != os.Getpid() && syscall.Kill(n, 0) == syscall.ESRCH {
+				_ = os.Remove(d) // fails, harmlessly, when not empty
+			}
+		}
+	}
+}
+
 // callCgroup is one call's cgroups.
 type callCgroup struct {
 	dirs   []string // created, removed by remove
@@ -77,7 +98,7 @@ type callCgroup struct {
 // processes and memory bytes (the memory bound only where a memory
 // controller is at hand).
 func newCallCgroup(r cgroupRoots, pids, memory uint64) (*callCgroup, error) {
-	name := fmt.Sprintf("actionbus-shell-%d-%d", os.Getpid(), cgroupSeq.Add(1))
+	name := fmt.Sprintf("%s%d-%d", cgroupPrefix, os.Getpid(), cgroupSeq.Add(1))
 	c := &callCgroup{}
 	pdir, err := c.make(r.pids, name)
 	if err != nil {

@@ -118,3 +118,20 @@ func TestPidsLimitHit(t *testing.T) {
 		assert.Equal(t, want, pidsLimitHit(in), "%q", in)
 	}
 }
+
+// Whatever a model puts in argv, it reaches bwrap only after "--", as the
+// command's own arguments, and changes none of the sandbox's options.
+func FuzzBwrapArgsKeepsArgvAfterTheSeparator(f *testing.F) {
+	f.Add("git", "--output=/etc/x", "--bind")
+	f.Add("rg", "--pre", "--share-net")
+	f.Add("--", "--bind / /", "")
+	ref := bwrapArgs(sandboxSpec{Workspace: "/ws", Cwd: "/ws", TmpBytes: 1, Argv: []string{"/bin/true"}})
+	f.Fuzz(func(t *testing.T, a, b, c string) {
+		argv := []string{"/usr/bin/x", a, b, c}
+		got := bwrapArgs(sandboxSpec{Workspace: "/ws", Cwd: "/ws", TmpBytes: 1, Argv: argv})
+		i := slices.Index(got, "--")
+		if !slices.Equal(got[:i], ref[:len(ref)-2]) || !slices.Equal(got[i+1:], argv) {
+			t.Fatalf("argv %q changed the sandbox: %q", argv, got)
+		}
+	})
+}

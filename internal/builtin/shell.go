@@ -306,6 +306,7 @@ func (s *Shell) ready() error {
 			return
 		}
 		s.cgroups = roots
+		roots.removeStale()
 		t, err := lookPath("true")
 		if err != nil {
 			s.probeErr = isolationUnavailable("probe: %v", err)

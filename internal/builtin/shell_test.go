@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -328,4 +329,26 @@ func TestShellForkBombEndsTheCall(t *testing.T) {
 	res, err := run(t, sh, "pwd")
 	require.Nil(t, err)
 	assert.Equal(t, 0, res.ExitCode)
+}
+
+// Where a memory controller is at hand, the sandbox's processes share one
+// memory bound: four processes that each stay under the per-process
+// address-space limit cannot hold four times it between them.
+func TestShellMemoryBoundHoldsForTheWholeSandbox(t *testing.T) {
+	sh, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}, {"true"}}, MemoryBytes: 96 << 20})
+	probe, err := run(t, sh, "true")
+	require.Nil(t, err)
+	if !slices.Contains(probe.Isolation, "memory 96 MiB in all (memory cgroup)") {
+		t.Skip("no memory cgroup controller here: each process's address space is bounded, not their sum")
+	}
+	// Each tail holds a 60 MB line until its input ends a second later;
+	// four at once need 240 MB.
+	hog := "(head -c 60000000 /dev/zero; sleep 1) | tail -n 1 | wc -c"
+	res, err := run(t, sh, "sh", "-c", fmt.Sprintf("(%[1]s) & (%[1]s) & (%[1]s) & (%[1]s) & wait", hog))
+	require.Nil(t, err, "the hogs' pipelines end with wc, which exits 0")
+	assert.Less(t, strings.Count(res.Stdout.Preview, "60000000"), 4, "four 60 MB lines held at once under a 96 MiB bound: %q", res.Stdout.Preview)
+	assert.Contains(t, res.Stderr.Preview, "Killed", "the kernel's OOM killer, inside the sandbox's cgroup")
+	one, err := run(t, sh, "sh", "-c", hog)
+	require.Nil(t, err, "one hog fits")
+	assert.Equal(t, "60000000\n", one.Stdout.Preview)
 }
