@@ -318,6 +318,8 @@ func (s *Shell) ready() error {
 		switch {
 		case err != nil:
 			s.probeErr = err
+		case sb.exitCode == wrapperExit:
+			s.probeErr = isolationUnavailable("the sandbox could not join its cgroup or set its limits: %s", tail(sb.stderr.buf.Bytes(), 512))
 		case sb.err != nil:
 			s.probeErr = isolationUnavailable("the kernel refused the sandbox (%v): %s", sb.err, tail(sb.stderr.buf.Bytes(), 512))
 		}
