@@ -199,3 +199,45 @@ func sleeping(arg string) []int {
 	}
 	return out
 }
+
+// An executor killed (SIGKILL) in the middle of a shell call leaves nothing
+// of the call running: the sandbox dies with the process that started it.
+func TestAKilledExecutorLeavesNoSandboxBehind(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts an executor process")
+	}
+	ws := t.TempDir()
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{NoExecutors: true})
+	cmd := exec.Command(buildExecutor(t), "--id", "shell-killed", "--workspace", ws, "--shell", "--shell-test-command", "sh -c")
+	cmd.Env = append(os.Environ(), "NATS_URL="+srv.URL)
+	out := &actionbustest.LogBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("executor output:\n%s", out.String())
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	waitCatalog(t, ctx, st.Client, "shell")
+
+	token := strconv.FormatInt(3700000+time.Now().UnixNano()%100000, 10)
+	_, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "shell",
+		Args: map[string]any{"argv": []any{"sh", "-c", fmt.Sprintf(`setsid sleep %[1]s.1 & sleep %[1]s.2`, token)}}}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(sleeping(token+".1")) == 1 && len(sleeping(token+".2")) == 1 },
+		10*time.Second, 10*time.Millisecond, "the command and its setsid child run")
+	require.NoError(t, cmd.Process.Kill())
+	<-exited
+	require.Eventually(t, func() bool { return len(sleeping(token+".1")) == 0 && len(sleeping(token+".2")) == 0 },
+		5*time.Second, 10*time.Millisecond, "a process of the killed executor's sandbox still runs")
+}
