@@ -354,7 +354,10 @@ func (s *Shell) sandbox(ctx context.Context, spec sandboxSpec) (ran, error) {
 	cmd.Dir, cmd.Env = "/", []string{"PATH=" + shellPath}
 	cmd.Stdout, cmd.Stderr, cmd.Stdin = r.stdout, r.stderr, nil
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
-	kill := func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	// Killing bwrap is enough: the namespace's init dies with it, and every
+	// process of the namespace with that init. (os.Process signals through
+	// a pidfd: never a reused pid.)
+	kill := func() error { return cmd.Process.Kill() }
 	cmd.Cancel, cmd.WaitDelay = kill, 2*time.Second
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
