@@ -352,3 +352,12 @@ func TestShellMemoryBoundHoldsForTheWholeSandbox(t *testing.T) {
 	require.Nil(t, err, "one hog fits")
 	assert.Equal(t, "60000000\n", one.Stdout.Preview)
 }
+
+// Where no cgroup can bound the sandbox's processes (here: a directory
+// that is not a cgroup), calls fail closed too: nothing runs unbounded.
+func TestShellWithoutAProcessBoundFailsClosed(t *testing.T) {
+	sh, root := shellIn(t, builtin.ShellConfig{CgroupParent: t.TempDir()})
+	_, err := sh.Run(context.Background(), builtin.ShellArgs{Argv: []string{"mkdir", "made"}}, true, nil)
+	assert.ErrorIs(t, err, &actionbus.Error{Code: actionbus.CodeIsolationUnavailable})
+	assert.NoDirExists(t, filepath.Join(root, "made"))
+}
