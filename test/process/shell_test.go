@@ -49,7 +49,7 @@ func gitRepo(t *testing.T, dir string, files map[string]string) {
 // The shell escapes a security review found against the argv profile, and
 // a fork bomb, replayed against a real executor process with the shell on
 // (the safe profile, plus `sh -c` as the project's test command for the
-// process attacks). A model chooses the profile's commands; the sandbox,
+// process attacks), as the deployed executor user. A model chooses the profile's commands; the sandbox,
 // not the profile, is what stops them.
 func TestShellEscapesAreContainedByTheSandbox(t *testing.T) {
 	if testing.Short() {
@@ -77,9 +77,10 @@ func TestShellEscapesAreContainedByTheSandbox(t *testing.T) {
 		"  rg-pre-sh:\n" + decide("rg", "--pre", "sh", "-e", "x", "f.sh") +
 		"  rg-pre-rm:\n" + decide("rg", "--pre", "rm", "-e", "x", "a.txt", victim)
 
-	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	// The executor process connects as the deployed executor user.
+	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true})
 	st := srv.StartStack(t, actionbustest.StackOptions{NoExecutors: true, Scenarios: scenarios})
-	startService(t, buildExecutor(t), srv.URL, "--id", "shell-1", "--workspace", ws, "--shell",
+	startService(t, buildExecutor(t), srv.UserURL("executor"), "--id", "shell-1", "--workspace", ws, "--shell",
 		"--shell-test-command", "sh -c", "--shell-timeout", "5s", "--shell-max-processes", "64")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
