@@ -88,6 +88,8 @@ const (
 	CodeInvalidSkill         Code = "invalid_skill"
 	CodeShellRefused         Code = "shell_command_refused"
 	CodeShellExit            Code = "shell_exit_nonzero"
+	CodeShellLimit           Code = "shell_limit_exceeded"
+	CodeIsolationUnavailable Code = "isolation_unavailable"
 	CodeMCPToolError         Code = "mcp_tool_error"
 	CodeMCPUnavailable       Code = "mcp_server_unavailable"
 	CodeUnauthenticated      Code = "unauthenticated"
@@ -113,7 +115,7 @@ var Codes = []Code{
 	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge, CodeRunEnded,
 	CodeArtifactMismatch, CodeRetryRefused, CodeInvalidTenant, CodeTenantNotServed,
 	CodeSkillNotFound, CodeSkillNotActive, CodeSkillToolRefused, CodeHandoffRefused, CodeHandoffCycle, CodeInvalidSkill,
-	CodeShellRefused, CodeShellExit, CodeMCPToolError, CodeMCPUnavailable,
+	CodeShellRefused, CodeShellExit, CodeShellLimit, CodeIsolationUnavailable, CodeMCPToolError, CodeMCPUnavailable,
 	CodeUnauthenticated, CodeForbidden, CodeRunNotFound, CodeApprovalNotFound, CodeBadRequest,
 }
 

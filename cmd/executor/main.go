@@ -39,6 +39,9 @@ func main() {
 	shell := flag.Bool("shell", service.Env("ACTIONBUS_SHELL", "") == "1", "register shell over --workspace, with the safe command profile (env ACTIONBUS_SHELL=1)")
 	shellTest := flag.String("shell-test-command", service.Env("ACTIONBUS_SHELL_TEST_COMMAND", ""), "the project's test command, allowed to shell as an argv prefix, space-separated (env ACTIONBUS_SHELL_TEST_COMMAND)")
 	shellNet := flag.Bool("shell-allow-network", false, "let shell commands use the network (default: a network namespace of their own)")
+	shellTimeout := flag.Duration("shell-timeout", 30*time.Second, "bound of one shell command; its whole sandbox is killed then")
+	shellProcs := flag.Uint64("shell-max-processes", 128, "processes one shell command's sandbox may hold (a pids cgroup)")
+	shellRO := flag.String("shell-read-only", service.Env("ACTIONBUS_SHELL_READ_ONLY", ""), "comma-separated host paths shell commands may read besides the workspace and /usr, /etc, /bin, /lib (env ACTIONBUS_SHELL_READ_ONLY)")
 	shellUnlisted := flag.Bool("shell-approve-unlisted", false, "register shell_unlisted: commands outside the profile, each after an approval")
 	mcpFile := flag.String("mcp", service.Env("ACTIONBUS_MCP", ""), "JSON file of MCP servers to mount: [{name, command, env} or {name, url, headers}, trusted?] (env ACTIONBUS_MCP)")
 	allow := flag.String("net-allow", service.Env("ACTIONBUS_NET_ALLOW", ""), "comma-separated addresses or prefixes read_url and web_search may reach although private or loopback (env ACTIONBUS_NET_ALLOW)")
@@ -53,7 +56,11 @@ func main() {
 			return nil, err
 		}
 		if *shell {
-			bc.Shell = &builtin.ShellConfig{TestCommand: strings.Fields(*shellTest), AllowNetwork: *shellNet, ApproveUnlisted: *shellUnlisted}
+			bc.Shell = &builtin.ShellConfig{TestCommand: strings.Fields(*shellTest), AllowNetwork: *shellNet, ApproveUnlisted: *shellUnlisted,
+				Timeout: *shellTimeout, MaxProcesses: *shellProcs}
+			if *shellRO != "" {
+				bc.Shell.ReadOnlyPaths = strings.Split(*shellRO, ",")
+			}
 		}
 		ex, err := executor.New(nc, cfg)
 		if err != nil {

@@ -11,22 +11,24 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/executor"
 )
 
 // The shell action (seed 003's safe profile): commands from an allow-list,
-// run as argv (no shell interpreter) inside the workspace root, with a
-// scrubbed environment, in their own session and process group (all killed
-// on timeout or cancel), without network unless the host allows it (a
-// network namespace of their own, through an unprivileged user namespace),
-// under CPU-time and address-space limits; stdout and stderr come back as
-// bounded previews, the full streams as artifacts.
+// run as argv (no shell interpreter) in the workspace, each in a kernel
+// sandbox (sandbox.go): bubblewrap's user, mount, PID, network, IPC, UTS
+// and cgroup namespaces, a read-only filesystem but for the call's scratch
+// space, no network unless the host allows it, a cgroup bounding its
+// processes and memory, rlimits bounding each process's CPU time and
+// address space. The allow-list is what the planner is offered, not the
+// boundary: the sandbox is. Where the sandbox cannot be had, calls fail
+// with isolation_unavailable; nothing runs outside it. stdout and stderr
+// come back as bounded previews, the full streams as artifacts.
 
 // SafeCommands is the default profile: argv prefixes a command must start
 // with.
@@ -45,23 +47,44 @@ type ShellConfig struct {
 	// TestCommand, when set, is the project's test command, allowed as
 	// an argv prefix too (for example ["go", "test"]).
 	TestCommand []string
-	// AllowNetwork lets commands use the network; by default each runs in
-	// a network namespace of its own (no interface but a down loopback).
+	// AllowNetwork lets commands use the host's network; by default each
+	// runs in a network namespace of its own (no interface but a down
+	// loopback).
 	AllowNetwork bool
 	// Timeout bounds a command; default 30 s.
 	Timeout time.Duration
 	// CPUSeconds bounds a command's CPU time (RLIMIT_CPU); default 20.
 	CPUSeconds uint64
-	// MemoryBytes bounds a command's address space (RLIMIT_AS); default
-	// 2 GiB.
+	// MemoryBytes bounds each process's address space (RLIMIT_AS) and,
+	// where a memory cgroup controller is at hand, the memory of the whole
+	// sandbox; default 2 GiB.
 	MemoryBytes uint64
+	// MaxProcesses bounds the processes (and threads) of one sandbox, by a
+	// pids cgroup; default 128. A call that reaches it is killed and fails
+	// with shell_limit_exceeded.
+	MaxProcesses uint64
+	// TmpBytes bounds the sandbox's private /tmp (a tmpfs, also HOME);
+	// default 256 MiB.
+	TmpBytes uint64
+	// ReadOnlyPaths are host paths a command may read besides the
+	// workspace and the system directories (/usr, /etc, /bin, /lib…),
+	// for example a Go module cache; default none.
+	ReadOnlyPaths []string
+	// Bwrap is the bubblewrap binary; default bwrap found in
+	// /usr/local/bin:/usr/bin:/bin. Without it every call fails with
+	// isolation_unavailable.
+	Bwrap string
+	// CgroupParent is a cgroup v2 directory the executor may create
+	// cgroups in (a delegated subtree); default: the executor's own cgroup
+	// in the v1 pids and memory hierarchies, or in cgroup v2.
+	CgroupParent string
 	// PreviewBytes bounds each stream's preview; default 16 KiB. A
 	// longer stream is stored whole as an artifact (up to MaxStreamBytes).
 	PreviewBytes int
 	// MaxStreamBytes bounds what is kept of a stream; default 8 MiB.
 	MaxStreamBytes int
-	// Env is the environment commands see besides PATH, HOME, LANG and
-	// TERM; nothing of the executor's own environment is passed on.
+	// Env is the environment commands see besides PATH, HOME (/tmp), LANG
+	// and TERM; nothing of the executor's own environment is passed on.
 	Env map[string]string
 	// ApproveUnlisted registers shell_unlisted: any command, as a mutate
 	// action that waits for an approval.
@@ -83,6 +106,12 @@ func (c *ShellConfig) setDefaults() {
 	}
 	if c.MemoryBytes == 0 {
 		c.MemoryBytes = 2 << 30
+	}
+	if c.MaxProcesses == 0 {
+		c.MaxProcesses = 128
+	}
+	if c.TmpBytes == 0 {
+		c.TmpBytes = 256 << 20
 	}
 	if c.PreviewBytes <= 0 {
 		c.PreviewBytes = 16 << 10
@@ -124,8 +153,15 @@ type Stream struct {
 
 // Shell runs commands by a ShellConfig.
 type Shell struct {
-	cfg  ShellConfig
-	root string
+	cfg   ShellConfig
+	root  string
+	bwrap string // "" when not installed
+	// masked are the maskedFiles this host has.
+	masked []string
+
+	probeOnce sync.Once
+	probeErr  error
+	cgroups   cgroupRoots
 }
 
 // NewShell returns a shell over cfg.Root.
@@ -138,7 +174,18 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 	if root, err = filepath.Abs(root); err != nil {
 		return nil, err
 	}
-	return &Shell{cfg: cfg, root: root}, nil
+	sh := &Shell{cfg: cfg, root: root, bwrap: cfg.Bwrap}
+	for _, f := range maskedFiles {
+		if _, err := os.Lstat(f); err == nil {
+			sh.masked = append(sh.masked, f)
+		}
+	}
+	if sh.bwrap == "" {
+		sh.bwrap, _ = lookPath("bwrap")
+	} else if st, err := os.Stat(sh.bwrap); err != nil || st.IsDir() {
+		sh.bwrap = ""
+	}
+	return sh, nil
 }
 
 // Allowed reports whether argv starts with one of the allowed prefixes.
@@ -156,9 +203,10 @@ func refuse(format string, a ...any) *actionbus.Error {
 	return actionbus.Errorf(actionbus.CodeShellRefused, format, a...)
 }
 
-// Run runs one command. unlisted lets a command outside the profile run
-// (the host's allow_unsafe, or an approved shell_unlisted call). put
-// stores a stream that does not fit its preview (nil: previews only).
+// Run runs one command in its sandbox. unlisted lets a command outside
+// the profile run (the host's allow_unsafe, or an approved shell_unlisted
+// call), with the workspace writable. put stores a stream that does not
+// fit its preview (nil: previews only).
 func (s *Shell) Run(ctx context.Context, in ShellArgs, unlisted bool, put func(ctx context.Context, role string, data []byte) (executor.ArtifactRef, error)) (ShellResult, error) {
 	if len(in.Argv) == 0 || in.Argv[0] == "" {
 		return ShellResult{}, refuse("argv needs a command")
@@ -175,68 +223,169 @@ func (s *Shell) Run(ctx context.Context, in ShellArgs, unlisted bool, put func(c
 	if lerr != nil {
 		return ShellResult{}, refuse("command %q not found", in.Argv[0])
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, in.Argv[1:]...)
-	cmd.Dir, cmd.Env = dir, s.env()
-	stdout, stderr := &capped{max: s.cfg.MaxStreamBytes}, &capped{max: s.cfg.MaxStreamBytes}
-	cmd.Stdout, cmd.Stderr, cmd.Stdin = stdout, stderr, nil
-	isolation := []string{"argv (no shell)", "session and process group", "scrubbed environment", "cwd inside the workspace root"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if !s.cfg.AllowNetwork {
-		uid, gid := os.Getuid(), os.Getgid()
-		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNET
-		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}}
-		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}}
-		isolation = append(isolation, "no network (own network namespace)")
-	}
-	// Timeout and cancellation kill the whole group: a command's children
-	// go with it.
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 2 * time.Second
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		if !s.cfg.AllowNetwork && (errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOSPC)) {
-			return ShellResult{}, actionbus.Errorf(actionbus.CodeShellRefused,
-				"this host does not allow the unprivileged network namespace the shell runs commands in; the host may set AllowNetwork").
-				WithDetail("reason", "isolation_unavailable")
-		}
-		return ShellResult{}, actionbus.Errorf(actionbus.CodeHandlerFailed, "shell: start %s: %v", in.Argv[0], err)
-	}
-	// Limits apply from here: the child has only just exec'd.
-	for _, l := range []struct {
-		res int
-		val uint64
-	}{{unix.RLIMIT_CPU, s.cfg.CPUSeconds}, {unix.RLIMIT_AS, s.cfg.MemoryBytes}} {
-		lim := unix.Rlimit{Cur: l.val, Max: l.val}
-		if err := unix.Prlimit(cmd.Process.Pid, l.res, &lim, nil); err != nil {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			_ = cmd.Wait()
-			return ShellResult{}, actionbus.Errorf(actionbus.CodeHandlerFailed, "shell: setting limits: %v", err)
-		}
-	}
-	isolation = append(isolation, fmt.Sprintf("cpu %d s, address space %d MiB", s.cfg.CPUSeconds, s.cfg.MemoryBytes>>20))
-	werr := cmd.Wait()
-	res := ShellResult{Argv: in.Argv, ExitCode: cmd.ProcessState.ExitCode(), DurationMs: time.Since(start).Milliseconds(), Isolation: isolation}
-	if res.Stdout, err = s.stream(ctx, "stdout", stdout, put); err != nil {
+	if err := s.ready(); err != nil {
 		return ShellResult{}, err
 	}
-	if res.Stderr, err = s.stream(ctx, "stderr", stderr, put); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	spec := s.spec(dir, unlisted, append([]string{bin}, in.Argv[1:]...))
+	sb, err := s.sandbox(ctx, spec)
+	if err != nil {
+		return ShellResult{}, err
+	}
+	res := ShellResult{Argv: in.Argv, ExitCode: sb.exitCode, DurationMs: sb.duration.Milliseconds(), Isolation: s.isolation(spec, sb.memory)}
+	if res.Stdout, err = s.stream(ctx, "stdout", sb.stdout, put); err != nil {
+		return ShellResult{}, err
+	}
+	if res.Stderr, err = s.stream(ctx, "stderr", sb.stderr, put); err != nil {
 		return ShellResult{}, err
 	}
 	tails := func(e *actionbus.Error) *actionbus.Error {
-		return e.WithDetail("exitCode", res.ExitCode).WithDetail("stdoutTail", tail(stdout.buf.Bytes(), 2048)).
-			WithDetail("stderrTail", tail(stderr.buf.Bytes(), 2048))
+		return e.WithDetail("exitCode", res.ExitCode).WithDetail("stdoutTail", tail(sb.stdout.buf.Bytes(), 2048)).
+			WithDetail("stderrTail", tail(sb.stderr.buf.Bytes(), 2048))
 	}
 	switch {
+	case sb.pidsLimit:
+		return res, tails(actionbus.Errorf(actionbus.CodeShellLimit, "%s reached the sandbox's bound of %d processes; the sandbox was killed", in.Argv[0], s.cfg.MaxProcesses).
+			WithDetail("limit", "processes").WithDetail("max", s.cfg.MaxProcesses))
 	case ctx.Err() != nil:
-		return res, tails(actionbus.Errorf(actionbus.CodeTimeout, "%s: killed with its process group after %s", in.Argv[0], s.cfg.Timeout))
-	case werr != nil && res.ExitCode != 0:
+		return res, tails(actionbus.Errorf(actionbus.CodeTimeout, "%s: killed with its sandbox after %s", in.Argv[0], s.cfg.Timeout))
+	case sb.err != nil && res.ExitCode != 0:
 		return res, tails(actionbus.Errorf(actionbus.CodeShellExit, "%s exited with code %d", in.Argv[0], res.ExitCode))
-	case werr != nil:
-		return res, tails(actionbus.Errorf(actionbus.CodeShellExit, "%s: %v", in.Argv[0], werr))
+	case sb.err != nil:
+		return res, tails(actionbus.Errorf(actionbus.CodeShellExit, "%s: %v", in.Argv[0], sb.err))
 	}
 	return res, nil
+}
+
+// isolationUnavailable is the failure of a call that cannot run in its
+// sandbox: it never runs outside one.
+func isolationUnavailable(format string, a ...any) *actionbus.Error {
+	return actionbus.Errorf(actionbus.CodeIsolationUnavailable, "shell: "+format, a...)
+}
+
+// spec is the sandbox of a command run in dir; unlisted commands may write
+// the workspace, the profile's may not.
+func (s *Shell) spec(dir string, unlisted bool, argv []string) sandboxSpec {
+	return sandboxSpec{Workspace: s.root, Writable: unlisted, Cwd: dir, Network: s.cfg.AllowNetwork,
+		ReadOnly: s.cfg.ReadOnlyPaths, Masked: s.masked, TmpBytes: s.cfg.TmpBytes, Env: s.env(), Argv: argv}
+}
+
+// isolation says, in the result, what the command ran under.
+func (s *Shell) isolation(spec sandboxSpec, memory bool) []string {
+	out := []string{"argv (no shell)", "bubblewrap sandbox: own user, mount, pid, ipc, uts and cgroup namespaces",
+		"uid " + sandboxUID + " without capabilities", "scrubbed environment",
+		"read-only filesystem: " + strings.Join(append(slices.Clone(systemPaths), spec.ReadOnly...), " ")}
+	if spec.Writable {
+		out = append(out, "workspace writable")
+	} else {
+		out = append(out, "workspace read-only")
+	}
+	out = append(out, fmt.Sprintf("private /tmp of %d MiB", spec.TmpBytes>>20))
+	if !spec.Network {
+		out = append(out, "no network (own network namespace)")
+	}
+	out = append(out, fmt.Sprintf("at most %d processes (pids cgroup)", s.cfg.MaxProcesses))
+	if memory {
+		out = append(out, fmt.Sprintf("memory %d MiB in all (memory cgroup)", s.cfg.MemoryBytes>>20))
+	}
+	return append(out, fmt.Sprintf("cpu %d s, address space %d MiB per process", s.cfg.CPUSeconds, s.cfg.MemoryBytes>>20))
+}
+
+// ready probes, once, that this host runs the sandbox: bwrap is there, the
+// kernel lets it create its namespaces, and a call cgroup can be made.
+func (s *Shell) ready() error {
+	s.probeOnce.Do(func() {
+		if s.bwrap == "" {
+			s.probeErr = isolationUnavailable("bubblewrap (bwrap) is not installed; commands never run unsandboxed")
+			return
+		}
+		roots, err := findCgroups(s.cfg.CgroupParent)
+		if err != nil {
+			s.probeErr = isolationUnavailable("no cgroup to bound the sandbox's processes in: %v", err)
+			return
+		}
+		s.cgroups = roots
+		roots.removeStale()
+		t, err := lookPath("true")
+		if err != nil {
+			s.probeErr = isolationUnavailable("probe: %v", err)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		sb, err := s.sandbox(ctx, s.spec(s.root, false, []string{t}))
+		switch {
+		case err != nil:
+			s.probeErr = err
+		case sb.exitCode == wrapperExit:
+			s.probeErr = isolationUnavailable("the sandbox could not join its cgroup or set its limits: %s", tail(sb.stderr.buf.Bytes(), 512))
+		case sb.err != nil:
+			s.probeErr = isolationUnavailable("the kernel refused the sandbox (%v): %s", sb.err, tail(sb.stderr.buf.Bytes(), 512))
+		}
+	})
+	return s.probeErr
+}
+
+// ran is what happened to one sandboxed command.
+type ran struct {
+	stdout, stderr *capped
+	exitCode       int
+	err            error // from Wait
+	duration       time.Duration
+	pidsLimit      bool // a fork was refused by the process bound; killed
+	memory         bool // the memory cgroup bound applied
+}
+
+// sandbox runs spec under bwrap in a cgroup of its own, the one place a
+// command runs. Ending it (timeout, cancel, the process bound) kills bwrap;
+// its PID namespace's init dies with it (--die-with-parent), and with that
+// init the kernel kills every process of the namespace: nothing the command
+// started, in any session, survives the call.
+func (s *Shell) sandbox(ctx context.Context, spec sandboxSpec) (ran, error) {
+	cg, err := newCallCgroup(s.cgroups, s.cfg.MaxProcesses, s.cfg.MemoryBytes)
+	if err != nil {
+		return ran{}, isolationUnavailable("%v", err)
+	}
+	defer cg.remove()
+	r := ran{stdout: &capped{max: s.cfg.MaxStreamBytes}, stderr: &capped{max: s.cfg.MaxStreamBytes}, memory: cg.memory}
+	cmd := exec.CommandContext(ctx, "/bin/sh", wrapperArgs(cg.procs(), s.cfg.CPUSeconds, s.cfg.MemoryBytes, s.bwrap, bwrapArgs(spec))...)
+	// bwrap itself sees nothing of the executor's environment either.
+	cmd.Dir, cmd.Env = "/", []string{"PATH=" + shellPath}
+	cmd.Stdout, cmd.Stderr, cmd.Stdin = r.stdout, r.stderr, nil
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	// Killing bwrap is enough: the namespace's init dies with it, and every
+	// process of the namespace with that init. (os.Process signals through
+	// a pidfd: never a reused pid.)
+	kill := func() error { return cmd.Process.Kill() }
+	cmd.Cancel, cmd.WaitDelay = kill, 2*time.Second
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return ran{}, isolationUnavailable("starting the sandbox: %v", err)
+	}
+	done := make(chan struct{})
+	var hit atomic.Bool
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if cg.pidsLimitHit() {
+					hit.Store(true)
+					_ = kill()
+					return
+				}
+			}
+		}
+	}()
+	r.err = cmd.Wait()
+	close(done)
+	r.duration, r.exitCode = time.Since(start), cmd.ProcessState.ExitCode()
+	r.pidsLimit = hit.Load() || cg.pidsLimitHit()
+	return r, nil
 }
 
 func (s *Shell) profile() string {
@@ -282,7 +431,7 @@ func lookPath(name string) (string, error) {
 }
 
 func (s *Shell) env() []string {
-	env := []string{"PATH=" + shellPath, "HOME=" + s.root, "LANG=C.UTF-8", "TERM=dumb"}
+	env := []string{"PATH=" + shellPath, "HOME=/tmp", "LANG=C.UTF-8", "TERM=dumb"}
 	keys := make([]string, 0, len(s.cfg.Env))
 	for k := range s.cfg.Env {
 		keys = append(keys, k)
