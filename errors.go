@@ -41,6 +41,7 @@ const (
 	CodeMaxCycles            Code = "max_cycles_exceeded"
 	CodeRunDeadline          Code = "run_deadline_exceeded"
 	CodeCatalogConflict      Code = "catalog_conflict"
+	CodeCatalogUnavailable   Code = "catalog_unavailable"
 	CodeMalformedEvent       Code = "malformed_event"
 	CodeUnknownEventType     Code = "unknown_event_type"
 	CodeUnsupportedContent   Code = "unsupported_content_type"
@@ -102,7 +103,7 @@ var Codes = []Code{
 	CodeInternal, CodeActionNotFound, CodeActionAlreadyExists, CodeSchemaValidation,
 	CodeModeNotAllowed, CodePolicyRejected, CodeApprovalRequired, CodeTimeout,
 	CodeDeliveryExhausted, CodeCanceled, CodeHandlerFailed, CodeInvalidDecision,
-	CodePlanRejected, CodeMaxCycles, CodeRunDeadline, CodeCatalogConflict,
+	CodePlanRejected, CodeMaxCycles, CodeRunDeadline, CodeCatalogConflict, CodeCatalogUnavailable,
 	CodeMalformedEvent, CodeUnknownEventType, CodeUnsupportedContent, CodeEventRejected,
 	CodeInvalidStepReference, CodeDuplicateStep, CodeWorkflowValidation, CodeWorkflowAborted,
 	CodeScenarioNotFound, CodeMissingTopology, CodeActionArgsInvalid, CodeInvalidAuditPolicy,
@@ -121,6 +122,7 @@ var Codes = []Code{
 // matches its sentinel regardless of message or details.
 var (
 	ErrActionNotFound      = &Error{Code: CodeActionNotFound}
+	ErrCatalogConflict     = &Error{Code: CodeCatalogConflict}
 	ErrActionExists        = &Error{Code: CodeActionAlreadyExists}
 	ErrSchemaValidation    = &Error{Code: CodeSchemaValidation}
 	ErrModeNotAllowed      = &Error{Code: CodeModeNotAllowed}

@@ -243,7 +243,10 @@ func (m *Machine) resolveSkillTool(ctx context.Context, st *State, dec events.De
 	if _, err := m.env.Action(ctx, toolName); err == nil {
 		return dec, nil, nil, refuse("%s is an action, not a tool of skill %s; call it directly", toolName, active.Name).WithDetail("toolName", toolName), nil
 	} else if !errors.Is(err, actionbus.ErrActionNotFound) {
-		return dec, nil, nil, nil, err
+		if ctx.Err() != nil {
+			return dec, nil, nil, nil, err
+		}
+		return dec, nil, nil, lookupRefusal(toolName, err), nil
 	}
 	tool, ok := active.Tool(toolName)
 	if !ok {
