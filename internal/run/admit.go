@@ -101,6 +101,10 @@ func (m *Machine) admit(ctx context.Context, st *State, s callSpec) ([]Effect, a
 		}
 		return nil, admission{Verdict: unknownAction, Err: where(lookupRefusal(s.Action, err))}, nil
 	}
+	if !modelMayCall(s.Origin, s.Action, s.Via, st.activeSkill(), entry.PlannerVisible()) {
+		return nil, admission{Verdict: unknownAction, Err: where(actionbus.Errorf(actionbus.CodeActionNotFound,
+			"action %q is not one a planner may call", s.Action).WithDetail("action", s.Action).WithDetail("reason", "not_planner_visible"))}, nil
+	}
 	if !entry.ServesTenant(st.TenantOrDefault()) {
 		return nil, admission{Verdict: refused, Err: where(actionbus.Errorf(actionbus.CodeTenantNotServed,
 			"action %q is hosted by a pool dedicated to other tenants", s.Action).WithDetail("action", s.Action))}, nil
@@ -157,6 +161,23 @@ func (m *Machine) admit(ctx context.Context, st *State, s callSpec) ([]Effect, a
 		return out, admission{Verdict: needsApproval, Call: call, Snapshot: snap}, nil
 	}
 	return out, admission{Verdict: admitted, Call: call, Snapshot: snap}, nil
+}
+
+// modelMayCall reports whether a call of the given origin may run an
+// action: host input may run any action; model input only a
+// planner-visible one, or a hidden skill tool reached through
+// execute_skill_tool (via) as a tool of the active skill. The dispatcher
+// decides this, not the planner: a model that names a hidden action
+// directly (a skill tool around execute_skill_tool's rules and policy) is
+// refused.
+func modelMayCall(origin, action, via, activeSkill string, plannerVisible bool) bool {
+	switch {
+	case origin != events.OriginModel, plannerVisible:
+		return true
+	case via == skills.ExecuteTool && activeSkill != "":
+		return strings.HasPrefix(action, skills.ActionName(activeSkill, ""))
+	}
+	return false
 }
 
 // lookupRefusal is the refusal of a call whose action the catalog did not

@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/skills"
 )
 
 func TestLookupErrorsAreTypedRefusals(t *testing.T) {
@@ -29,6 +31,30 @@ func TestLookupErrorsAreTypedRefusals(t *testing.T) {
 			assert.Equal(t, tc.code, got.Code)
 			assert.Contains(t, got.Message, tc.message)
 			assert.Equal(t, "x", got.Details["action"])
+		})
+	}
+}
+
+func TestModelMayCallOnlyPlannerVisibleActionsOrTheActiveSkillsTools(t *testing.T) {
+	const tool = "skill.report.count_rows"
+	for _, tc := range []struct {
+		name                    string
+		origin, action, via, sk string
+		visible, want           bool
+	}{
+		{"host input runs a hidden action", events.OriginHost, tool, "", "", false, true},
+		{"model input runs a visible action", events.OriginModel, "demo.echo", "", "", true, true},
+		{"model names a hidden skill tool directly", events.OriginModel, tool, "", "", false, false},
+		{"model names it directly with the skill active", events.OriginModel, tool, "", "report", false, false},
+		{"model names a hidden action", events.OriginModel, "internal.reset", "", "", false, false},
+		{"through execute_skill_tool with the skill active", events.OriginModel, tool, skills.ExecuteTool, "report", false, true},
+		{"through execute_skill_tool, no active skill", events.OriginModel, tool, skills.ExecuteTool, "", false, false},
+		{"through execute_skill_tool, another skill active", events.OriginModel, tool, skills.ExecuteTool, "review", false, false},
+		{"through execute_skill_tool, a prefix of the skill's name", events.OriginModel, tool, skills.ExecuteTool, "rep", false, false},
+		{"through execute_skill_tool, a hidden non-skill action", events.OriginModel, "internal.reset", skills.ExecuteTool, "report", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, modelMayCall(tc.origin, tc.action, tc.via, tc.sk, tc.visible))
 		})
 	}
 }

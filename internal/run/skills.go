@@ -340,3 +340,11 @@ func skillContext(sk *SkillState) *events.SkillContext {
 	}
 	return out
 }
+
+// activeSkill names the run's active skill, or is empty.
+func (st *State) activeSkill() string {
+	if st.Agent == nil || st.Agent.Skills == nil || st.Agent.Skills.Active == nil {
+		return ""
+	}
+	return st.Agent.Skills.Active.Name
+}
