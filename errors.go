@@ -66,6 +66,7 @@ const (
 	CodeStaleFile            Code = "stale_file"
 	CodePatchRejected        Code = "patch_rejected"
 	CodeSQLRefused           Code = "sql_refused"
+	CodeSQLLimit             Code = "sql_limit_exceeded"
 	CodeStageStalled         Code = "stage_stalled"
 	CodeRepeatedFailure      Code = "repeated_failure"
 	CodeApprovalDenied       Code = "approval_denied"
@@ -110,7 +111,7 @@ var Codes = []Code{
 	CodeInvalidDefinition, CodeWorkflowExecution, CodePlannerFailed, CodeStageStalled, CodeRepeatedFailure,
 	CodeApprovalDenied, CodeApprovalExpired, CodeApprovalInvalid, CodeApprovalReplayed,
 	CodeProviderError, CodeNativeToolCallsEmpty, CodeToolsUnsupported, CodePlannerRepaired,
-	CodeReplayDiverged, CodeWorkspacePath, CodeStaleFile, CodePatchRejected, CodeSQLRefused,
+	CodeReplayDiverged, CodeWorkspacePath, CodeStaleFile, CodePatchRejected, CodeSQLRefused, CodeSQLLimit,
 	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge, CodeRunEnded,
 	CodeArtifactMismatch, CodeRetryRefused, CodeInvalidTenant, CodeTenantNotServed,
 	CodeSkillNotFound, CodeSkillNotActive, CodeSkillToolRefused, CodeHandoffRefused, CodeHandoffCycle, CodeInvalidSkill,
