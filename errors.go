@@ -41,6 +41,7 @@ const (
 	CodeMaxCycles            Code = "max_cycles_exceeded"
 	CodeRunDeadline          Code = "run_deadline_exceeded"
 	CodeCatalogConflict      Code = "catalog_conflict"
+	CodeCatalogUnavailable   Code = "catalog_unavailable"
 	CodeMalformedEvent       Code = "malformed_event"
 	CodeUnknownEventType     Code = "unknown_event_type"
 	CodeUnsupportedContent   Code = "unsupported_content_type"
@@ -65,6 +66,7 @@ const (
 	CodeStaleFile            Code = "stale_file"
 	CodePatchRejected        Code = "patch_rejected"
 	CodeSQLRefused           Code = "sql_refused"
+	CodeSQLLimit             Code = "sql_limit_exceeded"
 	CodeStageStalled         Code = "stage_stalled"
 	CodeRepeatedFailure      Code = "repeated_failure"
 	CodeApprovalDenied       Code = "approval_denied"
@@ -104,14 +106,14 @@ var Codes = []Code{
 	CodeInternal, CodeActionNotFound, CodeActionAlreadyExists, CodeSchemaValidation,
 	CodeModeNotAllowed, CodePolicyRejected, CodeApprovalRequired, CodeTimeout,
 	CodeDeliveryExhausted, CodeCanceled, CodeHandlerFailed, CodeInvalidDecision,
-	CodePlanRejected, CodeMaxCycles, CodeRunDeadline, CodeCatalogConflict,
+	CodePlanRejected, CodeMaxCycles, CodeRunDeadline, CodeCatalogConflict, CodeCatalogUnavailable,
 	CodeMalformedEvent, CodeUnknownEventType, CodeUnsupportedContent, CodeEventRejected,
 	CodeInvalidStepReference, CodeDuplicateStep, CodeWorkflowValidation, CodeWorkflowAborted,
 	CodeScenarioNotFound, CodeMissingTopology, CodeActionArgsInvalid, CodeInvalidAuditPolicy,
 	CodeInvalidDefinition, CodeWorkflowExecution, CodePlannerFailed, CodeStageStalled, CodeRepeatedFailure,
 	CodeApprovalDenied, CodeApprovalExpired, CodeApprovalInvalid, CodeApprovalReplayed,
 	CodeProviderError, CodeNativeToolCallsEmpty, CodeToolsUnsupported, CodePlannerRepaired,
-	CodeReplayDiverged, CodeWorkspacePath, CodeStaleFile, CodePatchRejected, CodeSQLRefused,
+	CodeReplayDiverged, CodeWorkspacePath, CodeStaleFile, CodePatchRejected, CodeSQLRefused, CodeSQLLimit,
 	CodeSubjectMismatch, CodeInvalidRunID, CodeIdempotencyConflict, CodePayloadTooLarge, CodeRunEnded,
 	CodeArtifactMismatch, CodeRetryRefused, CodeInvalidTenant, CodeTenantNotServed,
 	CodeSkillNotFound, CodeSkillNotActive, CodeSkillToolRefused, CodeHandoffRefused, CodeHandoffCycle, CodeInvalidSkill,
@@ -123,6 +125,7 @@ var Codes = []Code{
 // matches its sentinel regardless of message or details.
 var (
 	ErrActionNotFound      = &Error{Code: CodeActionNotFound}
+	ErrCatalogConflict     = &Error{Code: CodeCatalogConflict}
 	ErrActionExists        = &Error{Code: CodeActionAlreadyExists}
 	ErrSchemaValidation    = &Error{Code: CodeSchemaValidation}
 	ErrModeNotAllowed      = &Error{Code: CodeModeNotAllowed}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 
-	_ "modernc.org/sqlite" // the pure-Go SQLite driver "sqlite"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/actionbus/actionbus"
 )
@@ -30,12 +33,61 @@ type SQLiteResult struct {
 }
 
 // SQLiteQuery runs read-only queries on one database. It is read-only
-// twice over: the connection is opened read-only with query_only on, and
-// the statement is checked to be one SELECT before it runs.
+// by construction: the connection is opened read-only with query_only on,
+// and SQLite's authorizer admits only what a SELECT needs (reading
+// tables, calling functions, recursive CTEs), so a pragma, or a pragma
+// function such as pragma_database_list, is denied (sql_refused) however
+// it is spelled; the statement is also checked to be one SELECT before it
+// runs, for a clear message. Every query runs under SQLite's own bounds:
+// no value longer than SQLiteMaxValueBytes (SQLITE_LIMIT_LENGTH), SQLite's
+// heap under SQLiteHeapLimit, and the call's deadline, which interrupts the
+// statement (sql_limit_exceeded, timeout).
 type SQLiteQuery struct {
 	db       *sql.DB
 	maxRows  int
 	maxBytes int
+}
+
+const (
+	// SQLiteMaxValueBytes is the longest string or blob a sqlite_query may
+	// build or read (SQLITE_LIMIT_LENGTH on its connections): 4 MiB. A
+	// zeroblob(999999999) fails at once instead of allocating a gigabyte.
+	SQLiteMaxValueBytes = 4 << 20
+	// SQLiteHeapLimit is the hard heap limit sqlite_query sets for SQLite
+	// (PRAGMA hard_heap_limit): 256 MiB. It is process-wide, shared with
+	// any other SQLite database of the process (an audit SQLite sink), and
+	// only ever lowers a limit already set.
+	SQLiteHeapLimit = 256 << 20
+)
+
+// sqliteQueryDriver is the SQLite driver of sqlite_query's connections,
+// registered under a name of its own so that its connection hook (the
+// heap limit and the authorizer) applies to them alone.
+const sqliteQueryDriver = "actionbus-sqlite-query"
+
+var registerQueryDriver = sync.OnceFunc(func() {
+	drv := &sqlite.Driver{}
+	drv.RegisterConnectionHook(func(c sqlite.ExecQuerierContext, _ string) error {
+		if _, err := c.ExecContext(context.Background(), fmt.Sprintf("PRAGMA hard_heap_limit=%d", SQLiteHeapLimit), nil); err != nil {
+			return err
+		}
+		reg, ok := c.(sqlite.AuthorizerRegisterer)
+		if !ok {
+			return errors.New("the SQLite driver has no authorizer")
+		}
+		return reg.RegisterAuthorizer(authorizeRead)
+	})
+	sql.Register(sqliteQueryDriver, drv)
+})
+
+// authorizeRead is the authorizer of sqlite_query's connections: what a
+// read-only SELECT needs, and nothing else.
+func authorizeRead(action sqlite.AuthorizerActionCode, _, _, _, _ string) sqlite.AuthorizerReturnCode {
+	switch action {
+	case sqlite.AuthSelect, sqlite.AuthRead, sqlite.AuthFunction, sqlite.AuthRecursive:
+		return sqlite.AuthorizerOK
+	}
+	return sqlite.AuthorizerDeny
 }
 
 // OpenSQLiteQuery opens path read-only. maxRows and maxBytes bound every
@@ -47,8 +99,9 @@ func OpenSQLiteQuery(path string, maxRows, maxBytes int) (*SQLiteQuery, error) {
 	if maxBytes <= 0 {
 		maxBytes = 200000
 	}
+	registerQueryDriver()
 	dsn := "file:" + url.PathEscape(path) + "?mode=ro&_pragma=query_only(1)&_pragma=busy_timeout(5000)"
-	db, err := sql.Open("sqlite", dsn)
+	db, err := sql.Open(sqliteQueryDriver, dsn)
 	if err != nil {
 		return nil, err
 	}
@@ -137,9 +190,18 @@ func (q *SQLiteQuery) Query(ctx context.Context, in SQLiteArgs) (SQLiteResult, e
 	if in.MaxRows > 0 && in.MaxRows < limit {
 		limit = in.MaxRows
 	}
-	rows, err := q.db.QueryContext(ctx, in.SQL, in.Params...)
+	conn, err := q.db.Conn(ctx)
 	if err != nil {
-		return SQLiteResult{}, actionbus.Errorf(actionbus.CodeSQLRefused, "the query failed: %v", err)
+		return SQLiteResult{}, queryError(ctx, err)
+	}
+	defer conn.Close()
+	// The length limit is the connection's: set on the one this query runs on.
+	if _, err := sqlite.Limit(conn, sqlite3.SQLITE_LIMIT_LENGTH, SQLiteMaxValueBytes); err != nil {
+		return SQLiteResult{}, err
+	}
+	rows, err := conn.QueryContext(ctx, in.SQL, in.Params...)
+	if err != nil {
+		return SQLiteResult{}, queryError(ctx, err)
 	}
 	defer rows.Close()
 	cols, err := rows.Columns()
@@ -174,8 +236,35 @@ func (q *SQLiteQuery) Query(ctx context.Context, in SQLiteArgs) (SQLiteResult, e
 		out.Rows = append(out.Rows, vals)
 	}
 	if err := rows.Err(); err != nil {
-		return SQLiteResult{}, actionbus.Errorf(actionbus.CodeSQLRefused, "the query failed: %v", err)
+		return SQLiteResult{}, queryError(ctx, err)
 	}
 	out.RowCount = len(out.Rows)
 	return out, nil
+}
+
+// queryError is the typed error of a query SQLite refused or stopped: a
+// limit it hit (sql_limit_exceeded, naming the limit), a statement its
+// authorizer denied (sql_refused), the call's deadline or cancellation
+// (timeout, canceled), any other failure (sql_refused).
+func queryError(ctx context.Context, err error) *actionbus.Error {
+	var sqlErr *sqlite.Error
+	code := 0
+	if errors.As(err, &sqlErr) {
+		code = sqlErr.Code() & 0xff // the primary result code
+	}
+	switch {
+	case code == sqlite3.SQLITE_TOOBIG:
+		return actionbus.Errorf(actionbus.CodeSQLLimit, "a value would be longer than the %d-byte length limit (SQLITE_LIMIT_LENGTH)", SQLiteMaxValueBytes).
+			WithDetail("limit", "SQLITE_LIMIT_LENGTH").WithDetail("bytes", SQLiteMaxValueBytes)
+	case code == sqlite3.SQLITE_NOMEM:
+		return actionbus.Errorf(actionbus.CodeSQLLimit, "the query needs more than SQLite's %d-byte heap limit", SQLiteHeapLimit).
+			WithDetail("limit", "hard_heap_limit").WithDetail("bytes", SQLiteHeapLimit)
+	case code == sqlite3.SQLITE_AUTH:
+		return actionbus.Errorf(actionbus.CodeSQLRefused, "the query uses what a read-only query may not (a pragma or pragma function, a write): %v", err)
+	case errors.Is(err, context.DeadlineExceeded), code == sqlite3.SQLITE_INTERRUPT && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return actionbus.Errorf(actionbus.CodeTimeout, "the query ran past its deadline and was interrupted")
+	case errors.Is(err, context.Canceled), code == sqlite3.SQLITE_INTERRUPT:
+		return actionbus.Errorf(actionbus.CodeCanceled, "the query was canceled and interrupted")
+	}
+	return actionbus.Errorf(actionbus.CodeSQLRefused, "the query failed: %v", err)
 }

@@ -130,7 +130,8 @@ type RetryOut struct {
 // ExecuteIn is the input of delivery.executeRetry.
 type ExecuteIn struct {
 	JobIDs []string `json:"jobIds" jsonschema:"minItems=1"`
-	// DryRunHash is the hash delivery.dryRunRetry returned for these jobs.
+	// DryRunHash is the hash delivery.dryRunRetry returned for exactly
+	// these jobs.
 	DryRunHash string `json:"dryRunHash" jsonschema:"minLength=64,maxLength=64"`
 }
 
@@ -226,7 +227,7 @@ func Register(ex *executor.Executor, opts Options) error {
 	}
 	if err := executor.Register(ex, executor.Action{Name: "delivery.executeRetry", Description: "Retry failed delivery jobs (after a dry run and an approval).",
 		Mode: executor.ModeMutate, Tier: 2, ResourceType: "delivery_job", RiskLevel: "medium",
-		Planner: &executor.PlannerMeta{Guidance: "Only after delivery.dryRunRetry; pass its retryable jobIds and dryRunHash."}},
+		Planner: &executor.PlannerMeta{Guidance: "Only after delivery.dryRunRetry; pass exactly the jobIds it dry-ran and its dryRunHash (jobs that are not retryable are skipped)."}},
 		func(ctx context.Context, in ExecuteIn, call executor.Call) (executor.Result[ExecuteOut], error) {
 			if err := checkApproval(call, in); err != nil {
 				return executor.Result[ExecuteOut]{}, err
@@ -313,7 +314,8 @@ func registerSkills(ex *executor.Executor, store *Store) error {
 
 // checkApproval re-checks, at the mutation point, that the call carries an
 // approval of exactly this input that was given after a dry run with the
-// hash the input names.
+// hash the input names: the dispatcher names a dry run in the approval
+// context only when its input is this input without dryRunHash.
 func checkApproval(call executor.Call, in ExecuteIn) error {
 	a := call.Approval
 	switch {
@@ -323,7 +325,7 @@ func checkApproval(call executor.Call, in ExecuteIn) error {
 		return actionbus.Errorf(actionbus.CodeApprovalInvalid, "the approval is for another input")
 	case time.Now().After(a.Context.ExpiresAt):
 		return actionbus.Errorf(actionbus.CodeApprovalExpired, "the approval expired at %s", a.Context.ExpiresAt.Format(time.RFC3339))
-	case a.Context.DryRunHash == "" || a.Context.DryRunHash != in.DryRunHash:
+	case !a.Context.DryRunMatches || a.Context.DryRunHash != in.DryRunHash:
 		return actionbus.Errorf(actionbus.CodeApprovalInvalid, "the approval is not bound to the dry run %s (it names %q); dry-run again and ask for a new approval",
 			in.DryRunHash, a.Context.DryRunHash)
 	}

@@ -32,7 +32,7 @@ func TestExecuteRetryIsBoundToTheDryRun(t *testing.T) {
 	run := func(hash map[string]any) *client.Result {
 		wf := client.NewWorkflow("retry").
 			Step("dry", "delivery.dryRunRetry", map[string]any{"jobIds": []any{"job_1041", "job_1042"}}).
-			Step("retry", "delivery.executeRetry", map[string]any{"jobIds": client.FromStep("dry", "/retryable"), "dryRunHash": hash}).Build()
+			Step("retry", "delivery.executeRetry", map[string]any{"jobIds": []any{"job_1041", "job_1042"}, "dryRunHash": hash}).Build()
 		id, err := st.Client.Start(ctx, client.RunRequest{AllowedModes: []string{"read", "dryRun", "mutate"}, Workflow: wf})
 		require.NoError(t, err)
 		var s events.RunStep
@@ -75,4 +75,65 @@ func TestExecuteRetryIsBoundToTheDryRun(t *testing.T) {
 	assert.Contains(t, res.Error.Message, "not bound to the dry run")
 	j, _ = store.Job("job_1043")
 	assert.Equal(t, "FAILED", j.Status, "nothing changed")
+}
+
+// A model dry-runs one job, then asks to retry three naming that dry
+// run's hash: the approval context says the input to approve was not
+// dry-run (dryRunMatches false, no dryRunHash), and the handler's re-check
+// at the mutation point refuses even an approved call. The same retry of
+// exactly the dry-run jobs names the dry run and runs.
+func TestADryRunHashIsBoundToTheDryRunOfTheSameInput(t *testing.T) {
+	store := demo.NewStore()
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	rec := srv.Record(t, "ab.run.>")
+	st := srv.StartStack(t, actionbustest.StackOptions{ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(key),
+		Register: func(ex *executor.Executor) error { return demo.Register(ex, demo.Options{Store: store}) },
+		Scenarios: `
+scenarios:
+  widen:
+    decisions:
+      - {type: action, name: delivery.dryRunRetry, args: {jobIds: [job_1043]}}
+      - type: action
+        name: delivery.executeRetry
+        args: {jobIds: [job_1041, job_1043], dryRunHash: '{{ index .Results "delivery.dryRunRetry" "dryRunHash" }}'}
+      - {type: final, answer: '{{ range .Last }}{{ if .Error }}{{ .Error.Code }}{{ else }}retried{{ end }}{{ end }}'}
+  exact:
+    decisions:
+      - {type: action, name: delivery.dryRunRetry, args: {jobIds: [job_1041, job_1043]}}
+      - type: action
+        name: delivery.executeRetry
+        args: {jobIds: [job_1041, job_1043], dryRunHash: '{{ index .Results "delivery.dryRunRetry" "dryRunHash" }}'}
+      - {type: final, answer: '{{ range .Last }}{{ if .Error }}{{ .Error.Code }}{{ else }}retried{{ end }}{{ end }}'}
+`})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	run := func(scenario string) (events.ApprovalContext, *client.Result) {
+		id, err := st.Client.Start(ctx, client.RunRequest{Scenario: scenario, Prompt: "retry", AllowedModes: []string{"read", "dryRun", "mutate"}})
+		require.NoError(t, err)
+		var req events.ApprovalRequested
+		require.NoError(t, events.DataAs(rec.WaitForType(t, 20*time.Second, events.TypeApprovalRequested, id).Event, &req))
+		require.NoError(t, st.Client.Approve(ctx, req.Context.ApprovalID, "k1", key))
+		res, err := st.Client.Wait(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+		return req.Context, res
+	}
+
+	widened, res := run("widen")
+	assert.False(t, widened.DryRunMatches)
+	assert.Empty(t, widened.DryRunHash, "the approver is not shown a dry run of other input")
+	assert.Empty(t, widened.DryRunAction)
+	assert.Equal(t, "approval_invalid", res.Answer, "refused at the mutation point")
+	for _, id := range []string{"job_1041", "job_1043"} {
+		j, _ := store.Job(id)
+		assert.Equal(t, "FAILED", j.Status, "%s: nothing changed", id)
+	}
+
+	exact, res := run("exact")
+	assert.True(t, exact.DryRunMatches)
+	assert.Equal(t, "delivery.dryRunRetry", exact.DryRunAction)
+	assert.Len(t, exact.DryRunHash, 64)
+	assert.Equal(t, "retried", res.Answer)
+	j, _ := store.Job("job_1041")
+	assert.Equal(t, "RETRY_QUEUED", j.Status)
 }

@@ -182,3 +182,45 @@ func TestSkillsAreListedFromTheCatalog(t *testing.T) {
 		}
 	}
 }
+
+// A model that names a skill tool's hidden action directly (a decision, or
+// a plan of two) is refused at admission, with execute_skill_tool denied
+// by policy: nothing runs, and the run ends with action_not_found
+// (not_planner_visible). Security row 27.
+func TestAHiddenSkillToolNamedByTheModelIsRefused(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	var counted atomic.Int32
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: registerSkills(&counted),
+		Policy: `{"actions": {"execute_skill_tool": "deny"}}`, Scenarios: `
+scenarios:
+  decision:
+    decisions:
+      - {type: action, name: skill.report.count_rows, args: {table: jobs}}
+      - {type: final, answer: "ran"}
+  plan:
+    decisions:
+      - type: plan
+        actions:
+          - {type: action, name: skill.report.count_rows, args: {table: a}}
+          - {type: action, name: skill.report.count_rows, args: {table: b}}
+      - {type: final, answer: "ran"}
+  active:
+    decisions:
+      - {type: action, name: read_agent_skill, args: {skillName: report}}
+      - {type: action, name: use_agent_skill, args: {}}
+      - {type: action, name: skill.report.count_rows, args: {table: jobs}}
+      - {type: final, answer: "ran"}
+`})
+	ctx := ctxT(t)
+	for _, scenario := range []string{"decision", "plan", "active"} {
+		t.Run(scenario, func(t *testing.T) {
+			res, err := st.Client.Run(ctx, client.RunRequest{Scenario: scenario, Prompt: "count"}, nil)
+			require.NoError(t, err)
+			require.Equal(t, client.StatusFailed, res.Status, "answer %q", res.Answer)
+			assert.ErrorIs(t, res.Error, actionbus.ErrActionNotFound)
+			assert.Equal(t, "not_planner_visible", res.Error.Details["reason"])
+			assert.Equal(t, "skill.report.count_rows", res.Error.Details["action"])
+			assert.Zero(t, counted.Load(), "the hidden tool never ran")
+		})
+	}
+}

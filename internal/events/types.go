@@ -425,15 +425,21 @@ type ActionRequested struct {
 
 // ApprovalContext is what an approval is bound to (see internal/policy).
 type ApprovalContext struct {
-	ApprovalID  string    `json:"approvalId"`
-	RunID       string    `json:"runId"`
-	StepID      string    `json:"stepId"`
-	UserID      string    `json:"userId"`
-	Action      string    `json:"action"`
-	InputHash   string    `json:"inputHash"`
-	ResourceIDs []string  `json:"resourceIds,omitempty"`
-	DryRunHash  string    `json:"dryRunHash,omitempty"`
-	ExpiresAt   time.Time `json:"expiresAt"`
+	ApprovalID  string   `json:"approvalId"`
+	RunID       string   `json:"runId"`
+	StepID      string   `json:"stepId"`
+	UserID      string   `json:"userId"`
+	Action      string   `json:"action"`
+	InputHash   string   `json:"inputHash"`
+	ResourceIDs []string `json:"resourceIds,omitempty"`
+	DryRunHash  string   `json:"dryRunHash,omitempty"`
+	// DryRunAction is the action whose dry run DryRunHash names.
+	DryRunAction string `json:"dryRunAction,omitempty"`
+	// DryRunMatches says whether the input to approve, without its
+	// dryRunHash key, is the input of one of the run's successful dry
+	// runs; DryRunHash and DryRunAction are set only when it is.
+	DryRunMatches bool      `json:"dryRunMatches"`
+	ExpiresAt     time.Time `json:"expiresAt"`
 }
 
 // ApprovalGrant is a verified approval as the executor receives it.

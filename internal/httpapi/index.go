@@ -70,9 +70,13 @@ type ApprovalView struct {
 	Input       map[string]any `json:"input"`
 	ResourceIDs []string       `json:"resourceIds,omitempty"`
 	DryRunHash  string         `json:"dryRunHash,omitempty"`
-	Reason      string         `json:"reason,omitempty"`
-	RequestedAt time.Time      `json:"requestedAt"`
-	ExpiresAt   time.Time      `json:"expiresAt"`
+	// DryRunAction and DryRunMatches are the context's: the dry run whose
+	// input is the input to approve, and whether there is one.
+	DryRunAction  string    `json:"dryRunAction,omitempty"`
+	DryRunMatches bool      `json:"dryRunMatches"`
+	Reason        string    `json:"reason,omitempty"`
+	RequestedAt   time.Time `json:"requestedAt"`
+	ExpiresAt     time.Time `json:"expiresAt"`
 }
 
 // Index is the view of a tenant's runs and pending approvals, built by
@@ -159,7 +163,7 @@ func (x *Index) Apply(e client.Event) *RunView {
 		}
 		c := d.Context
 		x.approvals[c.ApprovalID] = &ApprovalView{ApprovalID: c.ApprovalID, RunID: e.RunID, StepID: c.StepID, Action: c.Action,
-			UserID: c.UserID, InputHash: c.InputHash, Input: d.Input, ResourceIDs: c.ResourceIDs, DryRunHash: c.DryRunHash,
+			UserID: c.UserID, InputHash: c.InputHash, Input: d.Input, ResourceIDs: c.ResourceIDs, DryRunHash: c.DryRunHash, DryRunAction: c.DryRunAction, DryRunMatches: c.DryRunMatches,
 			Reason: d.Reason, RequestedAt: e.Time, ExpiresAt: c.ExpiresAt}
 		x.syncApprovals(v)
 	case events.TypeApprovalResolved:

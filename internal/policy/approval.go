@@ -27,15 +27,21 @@ func InputHash(input any) (string, error) {
 // ApprovalContext is what an approval is bound to. A token signs all of it:
 // changing any field invalidates the token.
 type ApprovalContext struct {
-	ApprovalID  string    `json:"approvalId"`
-	RunID       string    `json:"runId"`
-	StepID      string    `json:"stepId"`
-	UserID      string    `json:"userId"`
-	Action      string    `json:"action"`
-	InputHash   string    `json:"inputHash"`
-	ResourceIDs []string  `json:"resourceIds,omitempty"`
-	DryRunHash  string    `json:"dryRunHash,omitempty"`
-	ExpiresAt   time.Time `json:"expiresAt"`
+	ApprovalID  string   `json:"approvalId"`
+	RunID       string   `json:"runId"`
+	StepID      string   `json:"stepId"`
+	UserID      string   `json:"userId"`
+	Action      string   `json:"action"`
+	InputHash   string   `json:"inputHash"`
+	ResourceIDs []string `json:"resourceIds,omitempty"`
+	DryRunHash  string   `json:"dryRunHash,omitempty"`
+	// DryRunAction is the action whose dry run DryRunHash names.
+	DryRunAction string `json:"dryRunAction,omitempty"`
+	// DryRunMatches says whether the input to approve, without its
+	// dryRunHash key, is the input of one of the run's successful dry
+	// runs; DryRunHash and DryRunAction are set only when it is.
+	DryRunMatches bool      `json:"dryRunMatches"`
+	ExpiresAt     time.Time `json:"expiresAt"`
 }
 
 // canonical is the signed form of the context: RFC 8785 JSON, with the

@@ -48,7 +48,8 @@ const (
 	admitted verdict = iota
 	// needsApproval: the policy asks for an approval first.
 	needsApproval
-	// unknownAction: the action is not in the catalog.
+	// unknownAction: the catalog does not resolve the action (not in it,
+	// published by several pools, or unreadable).
 	unknownAction
 	// refused: the call can never run in this run (a mode the run or step
 	// does not allow, a planner state mutator inside a plan).
@@ -95,11 +96,14 @@ func (m *Machine) admit(ctx context.Context, st *State, s callSpec) ([]Effect, a
 	}
 	entry, err := m.env.Action(ctx, s.Action)
 	if err != nil {
-		if errors.Is(err, actionbus.ErrActionNotFound) {
-			return nil, admission{Verdict: unknownAction, Err: where(actionbus.Errorf(actionbus.CodeActionNotFound,
-				"action %q is not in the catalog", s.Action).WithDetail("action", s.Action))}, nil
+		if ctx.Err() != nil {
+			return nil, admission{}, err // the service stops: the event is handled again
 		}
-		return nil, admission{}, err
+		return nil, admission{Verdict: unknownAction, Err: where(lookupRefusal(s.Action, err))}, nil
+	}
+	if !modelMayCall(s.Origin, s.Action, s.Via, st.activeSkill(), entry.PlannerVisible()) {
+		return nil, admission{Verdict: unknownAction, Err: where(actionbus.Errorf(actionbus.CodeActionNotFound,
+			"action %q is not one a planner may call", s.Action).WithDetail("action", s.Action).WithDetail("reason", "not_planner_visible"))}, nil
 	}
 	if !entry.ServesTenant(st.TenantOrDefault()) {
 		return nil, admission{Verdict: refused, Err: where(actionbus.Errorf(actionbus.CodeTenantNotServed,
@@ -157,6 +161,40 @@ func (m *Machine) admit(ctx context.Context, st *State, s callSpec) ([]Effect, a
 		return out, admission{Verdict: needsApproval, Call: call, Snapshot: snap}, nil
 	}
 	return out, admission{Verdict: admitted, Call: call, Snapshot: snap}, nil
+}
+
+// modelMayCall reports whether a call of the given origin may run an
+// action: host input may run any action; model input only a
+// planner-visible one, or a hidden skill tool reached through
+// execute_skill_tool (via) as a tool of the active skill. The dispatcher
+// decides this, not the planner: a model that names a hidden action
+// directly (a skill tool around execute_skill_tool's rules and policy) is
+// refused.
+func modelMayCall(origin, action, via, activeSkill string, plannerVisible bool) bool {
+	switch {
+	case origin != events.OriginModel, plannerVisible:
+		return true
+	case via == skills.ExecuteTool && activeSkill != "":
+		return strings.HasPrefix(action, skills.ActionName(activeSkill, ""))
+	}
+	return false
+}
+
+// lookupRefusal is the refusal of a call whose action the catalog did not
+// resolve: action_not_found when no pool publishes it, catalog_conflict
+// (naming the pools) when several do, catalog_unavailable when the catalog
+// could not be read. Every lookup error is a typed refusal, so a call is
+// always answered, never left to be redelivered until the run's deadline.
+func lookupRefusal(action string, err error) *actionbus.Error {
+	var abErr *actionbus.Error
+	switch {
+	case errors.Is(err, actionbus.ErrActionNotFound):
+		return actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not in the catalog", action).WithDetail("action", action)
+	case errors.Is(err, actionbus.ErrCatalogConflict) && errors.As(err, &abErr):
+		return abErr.WithDetail("action", action)
+	}
+	return actionbus.Errorf(actionbus.CodeCatalogUnavailable, "the catalog could not resolve action %q: %w", action, err).
+		WithDetail("action", action)
 }
 
 // recordArgsReport records alias rewrites, healed and stripped keys as

@@ -31,8 +31,11 @@ func (m *Machine) requestApproval(st *State, i int, snap policy.Snapshot) []Effe
 	hash, _ := policy.InputHash(c.Args)
 	ctx := events.ApprovalContext{
 		ApprovalID: approvalID(st.RunID, st.Cycle, c.PlanIndex, c.Attempt), RunID: st.RunID, StepID: c.CallID,
-		UserID: st.UserID, Action: c.Action, InputHash: hash, DryRunHash: st.DryRunHash,
+		UserID: st.UserID, Action: c.Action, InputHash: hash,
 		ExpiresAt: m.env.Now().Add(m.lim.ApprovalTTL).UTC().Truncate(time.Second),
+	}
+	if d, ok := matchDryRun(st.DryRuns, c.Args); ok {
+		ctx.DryRunHash, ctx.DryRunAction, ctx.DryRunMatches = d.InputHash, d.Action, true
 	}
 	if ids, ok := c.Args["resourceIds"].([]any); ok {
 		for _, id := range ids {
@@ -152,4 +155,58 @@ func (m *Machine) onApprovalDenied(st *State, dn *events.ApprovalDenied, answerI
 		WithDetail("approvalId", dn.ApprovalID).WithDetail("approver", approver)
 	return append([]Effect{step(st, StepApprovalDenied, nil, "", err.Message, "failed"),
 		resolved(st, dn.ApprovalID, answerID, events.ApprovalOutcomeDenied, approver, nil)}, m.fail(st, err)...)
+}
+
+// MaxDryRuns bounds the dry runs a run remembers (the newest are kept).
+const MaxDryRuns = 32
+
+// DryRun is a successful dryRun call: its action and the stable hash of
+// its input.
+type DryRun struct {
+	Action    string `json:"action"`
+	InputHash string `json:"inputHash"`
+}
+
+// recordDryRun adds d as the newest dry run (moved there if it was already
+// recorded) and keeps at most MaxDryRuns.
+func recordDryRun(runs []DryRun, d DryRun) []DryRun {
+	runs = slices.DeleteFunc(slices.Clone(runs), func(r DryRun) bool { return r == d })
+	runs = append(runs, d)
+	if len(runs) > MaxDryRuns {
+		runs = runs[len(runs)-MaxDryRuns:]
+	}
+	return runs
+}
+
+// dryRunHashKey is the input key by which a mutation names the dry run it
+// follows.
+const dryRunHashKey = "dryRunHash"
+
+// matchDryRun finds the dry run an approval of a call with input args is
+// bound to: the newest whose input is args without its dryRunHash key.
+// When args names a dryRunHash, it must be that dry run's hash. A model
+// that dry-runs {jobIds: [A]} and asks to run {jobIds: [A, B, C],
+// dryRunHash: H(A)} matches nothing.
+func matchDryRun(runs []DryRun, args map[string]any) (DryRun, bool) {
+	rest := make(map[string]any, len(args))
+	for k, v := range args {
+		if k != dryRunHashKey {
+			rest[k] = v
+		}
+	}
+	hash, err := policy.InputHash(rest)
+	if err != nil {
+		return DryRun{}, false
+	}
+	named, hasNamed := args[dryRunHashKey]
+	for i := len(runs) - 1; i >= 0; i-- {
+		if runs[i].InputHash != hash {
+			continue
+		}
+		if hasNamed && named != runs[i].InputHash {
+			return DryRun{}, false
+		}
+		return runs[i], true
+	}
+	return DryRun{}, false
 }

@@ -462,7 +462,7 @@ func (m *Machine) onResult(ctx context.Context, st *State, r result) ([]Effect, 
 	}
 	if ok && c.Mode == string(actions.ModeDryRun) {
 		if h, err := policy.InputHash(c.Args); err == nil {
-			st.DryRunHash = h
+			st.DryRuns = recordDryRun(st.DryRuns, DryRun{Action: c.Action, InputHash: h})
 		}
 	}
 	// Run state keeps full outputs only where they become the run's

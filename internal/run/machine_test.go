@@ -624,13 +624,16 @@ func TestExecRunCarriesTheHostsIdempotencyKey(t *testing.T) {
 	assert.Equal(t, map[string]any{"n": float64(1)}, h.st.Terminal.Output)
 }
 
-// TestACatalogThatCannotBeReadIsAnErrorNotADecision: the event is to be
-// retried; the run is not failed for the world's outage.
-func TestACatalogThatCannotBeReadIsAnErrorNotADecision(t *testing.T) {
+// TestACatalogThatCannotBeReadEndsTheCallTyped: a lookup the catalog
+// cannot answer is a typed failure (catalog_unavailable), never an event
+// left unanswered and redelivered until the run's deadline (issue 36).
+func TestACatalogThatCannotBeReadEndsTheCallTyped(t *testing.T) {
 	h := newHarness(t, Limits{}).agent()
 	h.env.catalogDown = true
-	_, err := h.m.Apply(context.Background(), h.st, Event{ID: "x", Data: &events.DecisionMade{RunID: testRunID, Cycle: 1, Decision: action("t.read", nil)}})
-	require.Error(t, err)
+	out, err := h.m.Apply(context.Background(), h.st, Event{ID: "x", Data: &events.DecisionMade{RunID: testRunID, Cycle: 1, Decision: action("t.read", nil)}})
+	require.NoError(t, err)
+	h.record(out)
+	assert.Equal(t, actionbus.CodeCatalogUnavailable, h.code())
 }
 
 // TestIdsAreDeterministic: the same transition from the same stored state

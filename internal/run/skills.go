@@ -243,7 +243,10 @@ func (m *Machine) resolveSkillTool(ctx context.Context, st *State, dec events.De
 	if _, err := m.env.Action(ctx, toolName); err == nil {
 		return dec, nil, nil, refuse("%s is an action, not a tool of skill %s; call it directly", toolName, active.Name).WithDetail("toolName", toolName), nil
 	} else if !errors.Is(err, actionbus.ErrActionNotFound) {
-		return dec, nil, nil, nil, err
+		if ctx.Err() != nil {
+			return dec, nil, nil, nil, err
+		}
+		return dec, nil, nil, lookupRefusal(toolName, err), nil
 	}
 	tool, ok := active.Tool(toolName)
 	if !ok {
@@ -336,4 +339,12 @@ func skillContext(sk *SkillState) *events.SkillContext {
 		out.Tools = append(out.Tools, events.SkillTool{Name: t.Name, Description: t.Description, Parameters: t.Parameters, ResultKind: t.ResultKind})
 	}
 	return out
+}
+
+// activeSkill names the run's active skill, or is empty.
+func (st *State) activeSkill() string {
+	if st.Agent == nil || st.Agent.Skills == nil || st.Agent.Skills.Active == nil {
+		return ""
+	}
+	return st.Agent.Skills.Active.Name
 }

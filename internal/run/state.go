@@ -132,9 +132,11 @@ type State struct {
 	// Diagnostics are facts recorded about the run's inputs (alias
 	// rewrites, stripped keys).
 	Diagnostics []Diagnostic `json:"diagnostics,omitempty"`
-	// DryRunHash is the input hash of the latest successful dryRun call,
-	// recorded in the approval context of a mutation that follows it.
-	DryRunHash string `json:"dryRunHash,omitempty"`
+	// DryRuns are the run's successful dryRun calls, by action and
+	// canonical input hash, oldest first, at most MaxDryRuns (the newest):
+	// an approval context names the one whose input is the input to
+	// approve.
+	DryRuns []DryRun `json:"dryRuns,omitempty"`
 
 	// Agent is set for agent runs.
 	Agent *AgentRun `json:"agent,omitempty"`

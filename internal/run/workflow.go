@@ -34,8 +34,10 @@ func (mm *Machine) startWorkflow(ctx context.Context, st *State, doc map[string]
 					switch {
 					case err == nil:
 						catalog[name] = string(e.Mode)
-					case !errors.Is(err, actionbus.ErrActionNotFound):
+					case ctx.Err() != nil:
 						return nil, err
+					case !errors.Is(err, actionbus.ErrActionNotFound):
+						return mm.fail(st, lookupRefusal(name, err).WithDetail("step", m["id"])), nil
 					}
 				}
 			}
