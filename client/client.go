@@ -162,12 +162,13 @@ func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 		Workspace: req.Workspace}
 	data.Workflow = req.Workflow
 	if p := req.Principal; p != nil {
+		expires := time.Now().Add(policy.PrincipalTTL).UTC().Truncate(time.Second)
 		token, err := policy.SignPrincipal(p.KeyID, p.Key, policy.PrincipalClaim{RunID: req.RunID, Tenant: events.TenantOr(c.tenant),
-			User: p.User, Roles: p.Roles, Scopes: p.Scopes})
+			User: p.User, Roles: p.Roles, Scopes: p.Scopes, ExpiresAt: expires})
 		if err != nil {
 			return "", fmt.Errorf("client: start run: %w", err)
 		}
-		data.Principal = &events.Principal{User: p.User, Roles: p.Roles, Scopes: p.Scopes, Token: token}
+		data.Principal = &events.Principal{User: p.User, Roles: p.Roles, Scopes: p.Scopes, ExpiresAt: expires, Token: token}
 		data.UserID = p.User
 	}
 	if req.Action != nil {

@@ -126,17 +126,37 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()),
 		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelTab := chromedp.NewContext(actx)
-	defer cancelTab()
+	// The browser starts with the test's context (a step's shorter one
+	// would stop it). Chromium under load sometimes crashes as it starts
+	// (crashpad, before any page): a start that failed is tried again, up
+	// to three times; a crash after it started fails the test.
+	var ctx context.Context
+	for attempt := 1; ; attempt++ {
+		actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+		defer cancelAlloc()
+		tctx, cancelTab := chromedp.NewContext(actx)
+		defer cancelTab()
+		err := chromedp.Do(tctx)
+		if err == nil {
+			ctx = tctx
+			break
+		}
+		require.Less(t, attempt, 3, "chromium did not start: %v", err)
+		t.Logf("chromium did not start (attempt %d): %v", attempt, err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 
 	poll := func(expr string) chromedp.Action[chromedp.Void] {
 		return chromedp.Steps(chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			_, err := chromedp.Poll[bool](expr)(ctx, tg)
-			return err
+			for {
+				_, err := chromedp.Poll[bool](expr)(ctx, tg)
+				// A poll set up while a navigation replaced the document
+				// names the old one's context: poll the new document.
+				if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "Cannot find context with specified id") {
+					return err
+				}
+			}
 		}))
 	}
 	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
@@ -182,9 +202,6 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		return nil
 	}
 
-	// The browser starts with the test's context (a step's shorter one
-	// would stop it).
-	require.NoError(t, chromedp.Do(ctx))
 
 	// A read: started from the form, its timeline live to completed.
 	require.NoError(t, do(
@@ -266,6 +283,17 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		shows(`#timeline tr[data-type="run.completed"]`),
 		shows(`#timeline tr[data-type="approval.resolved"]`),
 	))
+	// A link carrying someone else's token never replaces the one this
+	// tab is signed in with (its runs and approvals would be theirs).
+	require.NoError(t, do(
+		chromedp.Navigate("about:blank"),
+		chromedp.Navigate(url+"/#runs&token=mallorys-token"),
+		poll(`document.getElementById("message").textContent.startsWith("this link carries another token")`),
+		poll(`sessionStorage.getItem("actionbus-token") === `+fmt.Sprintf("%q", token)),
+		chromedp.Click(css(`#runs tr[data-run="`+mutation+`"] a`)),
+		shows(`#timeline tr[data-type="run.completed"]`),
+	))
+
 	injected, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.injected === 1 || document.querySelector("img") !== null`))
 	require.NoError(t, err)
 	assert.False(t, injected, "markup in an approval's input ran in the console")

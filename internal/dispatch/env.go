@@ -52,8 +52,8 @@ func (e env) VerifyDenial(token, approvalID, reason, claimed string) (string, er
 	return e.d.cfg.ApprovalKeys.VerifyDenial(token, approvalID, reason, claimed)
 }
 
-func (e env) VerifyPrincipal(token string, c policy.PrincipalClaim) (policy.Principal, error) {
-	return e.d.cfg.ApprovalKeys.VerifyPrincipal(token, c)
+func (e env) VerifyPrincipal(token string, c policy.PrincipalClaim, now time.Time) (policy.Principal, error) {
+	return e.d.cfg.ApprovalKeys.VerifyPrincipal(token, c, now)
 }
 
 func (e env) PutArtifact(ctx context.Context, id string, data []byte) (events.ArtifactRef, error) {

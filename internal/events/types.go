@@ -102,7 +102,9 @@ type Principal struct {
 	User   string   `json:"user"`
 	Roles  []string `json:"roles,omitempty"`
 	Scopes []string `json:"scopes,omitempty"`
-	Token  string   `json:"token"`
+	// ExpiresAt bounds the statement (RFC 3339, UTC, whole seconds).
+	ExpiresAt time.Time `json:"expiresAt"`
+	Token     string    `json:"token"`
 }
 
 // Replay is a recorded run's decisions, fed back to the planner by

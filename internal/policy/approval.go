@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/canonical"
@@ -121,13 +123,16 @@ func ParseKeys(s string) (Keys, error) {
 }
 
 // ValidApprover reports whether a name can name an approver: 1 to 128
-// printable characters without spaces, dots at the ends or separators.
+// bytes of visible characters — no spaces of any kind, no format
+// characters (zero-width, bidirectional overrides), no separators — and no
+// dot at either end: a name that renders blank or as another is refused.
 func ValidApprover(name string) bool {
-	if name == "" || len(name) > 128 || strings.Trim(name, ".") != name {
+	if name == "" || len(name) > 128 || strings.Trim(name, ".") != name || !utf8.ValidString(name) {
 		return false
 	}
 	for _, r := range name {
-		if r <= ' ' || r == 0x7f || strings.ContainsRune(":,/\\", r) {
+		if !unicode.IsGraphic(r) || unicode.IsSpace(r) || unicode.In(r, unicode.Cf, unicode.Zs, unicode.Zl, unicode.Zp) ||
+			strings.ContainsRune(":,/\\", r) {
 			return false
 		}
 	}
@@ -262,19 +267,29 @@ func (k Keys) answerer(token, claimed string, sign func(kid string, key []byte, 
 }
 
 // PrincipalClaim is what a gateway signs for the user it authenticated
-// when it requests a run: the run, the user and the user's grants.
+// when it requests a run: the run, the user, the user's grants and until
+// when the statement holds. The expiry is what keeps a statement from being
+// replayed once the run's state is gone (runs are kept far longer than a
+// statement lives, and a run id already stored is never started again).
 type PrincipalClaim struct {
-	RunID  string   `json:"runId"`
-	Tenant string   `json:"tenant"`
-	User   string   `json:"user"`
-	Roles  []string `json:"roles"`
-	Scopes []string `json:"scopes"`
+	RunID     string    `json:"runId"`
+	Tenant    string    `json:"tenant"`
+	User      string    `json:"user"`
+	Roles     []string  `json:"roles"`
+	Scopes    []string  `json:"scopes"`
+	ExpiresAt time.Time `json:"expiresAt"`
 }
+
+// PrincipalTTL is how long a gateway's statement of a run's principal
+// holds: a request the dispatcher first reads later fails unauthenticated.
+const PrincipalTTL = time.Hour
 
 // SignPrincipal returns a gateway's token for a claim:
 // "<kid>.<base64url HMAC-SHA256 of the claim's RFC 8785 form>", with nil
-// role and scope lists signed as empty ones.
+// role and scope lists signed as empty ones and the expiry in UTC RFC 3339
+// (seconds).
 func SignPrincipal(kid string, key []byte, c PrincipalClaim) (string, error) {
+	c.ExpiresAt = c.ExpiresAt.UTC().Truncate(time.Second)
 	if c.Roles == nil {
 		c.Roles = []string{}
 	}
@@ -288,11 +303,11 @@ func SignPrincipal(kid string, key []byte, c PrincipalClaim) (string, error) {
 	return mac(kid, key, canon), nil
 }
 
-// VerifyPrincipal checks a gateway's token for a claim and returns the
-// principal it authenticates. Only a gateway's key signs principals (an
-// approver's own key cannot); errors are *actionbus.Error with code
-// unauthenticated.
-func (k Keys) VerifyPrincipal(token string, c PrincipalClaim) (Principal, error) {
+// VerifyPrincipal checks a gateway's token for a claim at time now and
+// returns the principal it authenticates. Only a gateway's key signs
+// principals (an approver's own key cannot), and an expired statement is
+// refused; errors are *actionbus.Error with code unauthenticated.
+func (k Keys) VerifyPrincipal(token string, c PrincipalClaim, now time.Time) (Principal, error) {
 	kid, _, _ := strings.Cut(token, ".")
 	key, known := k[kid]
 	if !known || !key.Gateway {
@@ -307,6 +322,9 @@ func (k Keys) VerifyPrincipal(token string, c PrincipalClaim) (Principal, error)
 	}
 	if !hmac.Equal([]byte(want), []byte(token)) {
 		return Principal{}, actionbus.Errorf(actionbus.CodeUnauthenticated, "the run's principal does not match its gateway's signature")
+	}
+	if !now.Before(c.ExpiresAt) {
+		return Principal{}, actionbus.Errorf(actionbus.CodeUnauthenticated, "the run's principal expired at %s", c.ExpiresAt.UTC().Format(time.RFC3339))
 	}
 	return Principal{Tenant: c.Tenant, Gateway: kid, User: c.User, Grants: Grants{Roles: c.Roles, Scopes: c.Scopes}}, nil
 }

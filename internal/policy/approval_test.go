@@ -121,10 +121,11 @@ func TestAnApproverIsWhoTheKeyAuthenticates(t *testing.T) {
 func TestAPrincipalIsBelievedOnlyFromAGateway(t *testing.T) {
 	own, gw := []byte("0123456789abcdef0123456789abcdef"), []byte("fedcba9876543210fedcba9876543210")
 	keys := policy.Keys{"alice": {Secret: own}, "console": {Secret: gw, Gateway: true}}
-	claim := policy.PrincipalClaim{RunID: "R1", Tenant: "acme", User: "alice", Roles: []string{"finance"}}
+	now := time.Now()
+	claim := policy.PrincipalClaim{RunID: "R1", Tenant: "acme", User: "alice", Roles: []string{"finance"}, ExpiresAt: now.Add(time.Hour)}
 	token, err := policy.SignPrincipal("console", gw, claim)
 	require.NoError(t, err)
-	p, err := keys.VerifyPrincipal(token, claim)
+	p, err := keys.VerifyPrincipal(token, claim, now)
 	require.NoError(t, err)
 	assert.Equal(t, policy.Principal{Tenant: "acme", Gateway: "console", User: "alice", Grants: policy.Grants{Roles: []string{"finance"}}}, p)
 
@@ -136,19 +137,24 @@ func TestAPrincipalIsBelievedOnlyFromAGateway(t *testing.T) {
 		"user":   func(c *policy.PrincipalClaim) { c.User = "mallory" },
 		"roles":  func(c *policy.PrincipalClaim) { c.Roles = append(c.Roles, "admin") },
 		"scopes": func(c *policy.PrincipalClaim) { c.Scopes = []string{"actions:run"} },
+		"expiry": func(c *policy.PrincipalClaim) { c.ExpiresAt = c.ExpiresAt.Add(24 * time.Hour) },
 	}
 	for field, f := range tamper {
 		t.Run("tampered "+field, func(t *testing.T) {
 			c := claim
 			f(&c)
-			_, err := keys.VerifyPrincipal(token, c)
+			_, err := keys.VerifyPrincipal(token, c, now)
 			assert.Equal(t, actionbus.CodeUnauthenticated, actionbus.CodeOf(err))
 		})
 	}
-	_, err = keys.VerifyPrincipal(byApprover, claim)
+	_, err = keys.VerifyPrincipal(byApprover, claim, now)
 	assert.Equal(t, actionbus.CodeUnauthenticated, actionbus.CodeOf(err), "an approver's own key is not a gateway's")
-	_, err = keys.VerifyPrincipal("nodot", claim)
+	_, err = keys.VerifyPrincipal("nodot", claim, now)
 	assert.Equal(t, actionbus.CodeUnauthenticated, actionbus.CodeOf(err))
+	// Replayed once the run's state is gone (a week on), the statement
+	// has long expired.
+	_, err = keys.VerifyPrincipal(token, claim, now.Add(7*24*time.Hour))
+	assert.Equal(t, actionbus.CodeUnauthenticated, actionbus.CodeOf(err), "an expired principal was believed")
 }
 
 func TestParseKeys(t *testing.T) {
@@ -160,7 +166,8 @@ func TestParseKeys(t *testing.T) {
 	assert.Equal(t, "alice", k["k2"].Holder)
 	assert.True(t, k["gw"].Gateway)
 	for _, bad := range []string{"k1", "k1:!!!", "k1:" + base64.StdEncoding.EncodeToString([]byte("short")), "k.1:" + secret,
-		"k 1:" + secret, secret, "k1 " + secret, "k1:" + secret + ":al ice", "k1:" + secret + ":a/b"} {
+		"k 1:" + secret, secret, "k1 " + secret, "k1:" + secret + ":al ice", "k1:" + secret + ":a/b",
+		"k1:" + secret + ":al\u200bice", "k1:" + secret + ":\u202eecila", "k1:" + secret + ":al\u00a0ice", "k1:" + secret + ":a\u2028b"} {
 		_, err := policy.ParseKeys(bad)
 		if assert.Error(t, err, bad) {
 			assert.NotContains(t, err.Error(), secret, "a malformed key's error shows its secret")

@@ -103,7 +103,7 @@ var testKey = []byte("0123456789abcdef0123456789abcdef")
 
 func newMemEnv(t testing.TB) *memEnv {
 	e := &memEnv{catalog: map[string]*actions.Entry{}, checkers: map[string]*actions.ArgsChecker{}, policy: &policy.Evaluator{},
-		keys: policy.Keys{"k1": {Secret: testKey, Holder: "ann"}}, artifacts: map[string][]byte{}, runs: map[string]*State{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+		keys: policy.Keys{"k1": {Secret: testKey, Holder: "ann"}, "gw": {Secret: testKey, Gateway: true}}, artifacts: map[string][]byte{}, runs: map[string]*State{}, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
 	add := func(name string, mode actions.Mode, tier int, schema string) {
 		d := actions.Definition{Name: name, Description: name, Mode: mode, Tier: tier, Pool: "default", Version: "1"}
 		if schema == "" {
@@ -159,8 +159,8 @@ func (e *memEnv) VerifyDenial(token, approvalID, reason, claimed string) (string
 	return e.keys.VerifyDenial(token, approvalID, reason, claimed)
 }
 
-func (e *memEnv) VerifyPrincipal(token string, c policy.PrincipalClaim) (policy.Principal, error) {
-	return e.keys.VerifyPrincipal(token, c)
+func (e *memEnv) VerifyPrincipal(token string, c policy.PrincipalClaim, now time.Time) (policy.Principal, error) {
+	return e.keys.VerifyPrincipal(token, c, now)
 }
 
 func (e *memEnv) PutArtifact(_ context.Context, id string, data []byte) (events.ArtifactRef, error) {

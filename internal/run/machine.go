@@ -49,7 +49,7 @@ type Env interface {
 	VerifyDenial(token, approvalID, reason, claimed string) (string, error)
 	// VerifyPrincipal checks a gateway's signed statement of the user a
 	// run acts for.
-	VerifyPrincipal(token string, c policy.PrincipalClaim) (policy.Principal, error)
+	VerifyPrincipal(token string, c policy.PrincipalClaim, now time.Time) (policy.Principal, error)
 	// PutArtifact stores data under id in the artifact store and returns
 	// its reference; ids are deterministic, so storing again is harmless.
 	PutArtifact(ctx context.Context, id string, data []byte) (events.ArtifactRef, error)
@@ -202,7 +202,7 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 	if p := req.Principal; p != nil {
 		var err error
 		st.Principal, err = m.env.VerifyPrincipal(p.Token, policy.PrincipalClaim{RunID: req.RunID, Tenant: st.TenantOrDefault(),
-			User: p.User, Roles: p.Roles, Scopes: p.Scopes})
+			User: p.User, Roles: p.Roles, Scopes: p.Scopes, ExpiresAt: p.ExpiresAt}, now)
 		if err != nil {
 			st.Principal = policy.Principal{Tenant: st.TenantOrDefault()}
 			if !errors.As(err, &unauthenticated) {

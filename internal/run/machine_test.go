@@ -771,3 +771,31 @@ func TestCallsFromBeforeTheSharedTimerKeepTheirOwnSchedules(t *testing.T) {
 	assert.Contains(t, stepNames(out), string(StepActionRedispatched))
 	assert.False(t, call(0).DueAt.IsZero(), "and from then on the shared timer covers it")
 }
+
+// TestAGatewaysPrincipalHoldsUntilItExpires: a run acts for the user a
+// gateway signed for it; the same statement replayed after it expired
+// (a tenant's client can read the stored request, and a run's state is
+// gone after its retention) fails the run unauthenticated, holding no role.
+func TestAGatewaysPrincipalHoldsUntilItExpires(t *testing.T) {
+	request := func(h *harness) events.RunRequested {
+		claim := policy.PrincipalClaim{RunID: testRunID, Tenant: events.DefaultTenant, User: "alice", Roles: []string{"finance"},
+			ExpiresAt: h.env.Now().Add(policy.PrincipalTTL)}
+		token, err := policy.SignPrincipal("gw", testKey, claim)
+		require.NoError(t, err)
+		return events.RunRequested{Prompt: "help", UserID: "mallory", Principal: &events.Principal{User: "alice", Roles: claim.Roles,
+			ExpiresAt: claim.ExpiresAt, Token: token}}
+	}
+	h := newHarness(t, Limits{})
+	h.start(request(h))
+	assert.Equal(t, "alice", h.st.UserID, "the run acts for the gateway's user, not the userId written beside it")
+	assert.Equal(t, policy.Principal{Tenant: events.DefaultTenant, Gateway: "gw", User: "alice", Grants: policy.Grants{Roles: []string{"finance"}}}, h.st.Principal)
+	assert.False(t, h.st.IsTerminal())
+
+	replay := newHarness(t, Limits{})
+	req := request(replay)
+	replay.env.advance(7 * 24 * time.Hour)
+	replay.start(req)
+	require.True(t, replay.st.IsTerminal(), "an expired principal started a run")
+	assert.Equal(t, actionbus.CodeUnauthenticated, replay.code())
+	assert.Empty(t, replay.st.Principal.Roles, "the refused run holds no role")
+}

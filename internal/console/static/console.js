@@ -309,11 +309,15 @@ function showLogin() { document.getElementById("login").classList.remove("hidden
 
 function init() {
   // A console address may carry the token in its fragment (never sent to
-  // the server, not kept in history once read).
-  const m = location.hash.match(/token=([^&]+)/);
+  // the server, not kept in history once read). It signs in a tab that
+  // holds no token yet, never replaces the one a tab is signed in with: a
+  // link someone sent would otherwise make this tab act as them.
+  const m = location.hash.match(/(?:^#|&)token=([^&]+)/);
   if (m) {
-    sessionStorage.setItem("actionbus-token", decodeURIComponent(m[1]));
+    const given = decodeURIComponent(m[1]);
     history.replaceState(null, "", location.pathname + "#runs");
+    if (!token()) sessionStorage.setItem("actionbus-token", given);
+    else if (given !== token()) say("this link carries another token; it was not used (this tab stays signed in as before; open the link in a new tab to use it)");
   }
   document.getElementById("token-save").addEventListener("click", () => {
     sessionStorage.setItem("actionbus-token", document.getElementById("token").value.trim());
