@@ -76,7 +76,7 @@ func main() {
 		}
 		var ac client.ApprovalContext = p.Context
 		fmt.Printf("approving %s of %s (input %s)\n", ac.Action, orNone(ac.UserID), ac.InputHash)
-		if err := c.Approve(ctx, approvalID, keyID, key, "example-operator"); err != nil {
+		if err := c.Approve(ctx, approvalID, keyID, key); err != nil {
 			log.Printf("approval %s refused: %v", approvalID, err)
 		}
 	})
