@@ -202,7 +202,6 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		return nil
 	}
 
-
 	// A read: started from the form, its timeline live to completed.
 	require.NoError(t, do(
 		chromedp.Navigate(url+"/#token="+token),
