@@ -261,3 +261,34 @@ func (s *Service) PublicKey() string { return s.pub }
 func (s *Service) CheckReady(ctx context.Context) error {
 	return s.topo.Check(ctx, s.js, s.topo.Needs("auditor", ""))
 }
+
+// Behind compares a sink's copy of a run's chain with the chain on the
+// audit stream and says how the sink falls short: its last record is
+// followed on the stream by more (a tail cut back to an earlier signed
+// append, such as the duplicates a forgery left after the run's terminal
+// record), or is not on the stream although earlier ones are (a sink that
+// went its own way). Records are matched by hash, so a stream whose
+// oldest records aged out still matches. It returns "" when the sink's
+// last record is the stream's last, or when the two share no record.
+func Behind(sink, stream []events.AuditRecorded) string {
+	if len(sink) == 0 {
+		return ""
+	}
+	at := make(map[string]int, len(stream))
+	for i, r := range stream {
+		at[r.Hash] = i
+	}
+	last := sink[len(sink)-1]
+	if j, ok := at[last.Hash]; ok {
+		if more := len(stream) - 1 - j; more > 0 {
+			return fmt.Sprintf("truncated: the audit stream holds %d more record(s) after the sink's last (record %d)", more, len(sink))
+		}
+		return ""
+	}
+	for _, r := range sink {
+		if _, ok := at[r.Hash]; ok {
+			return fmt.Sprintf("diverges: the sink's last record (record %d) is not on the audit stream, which holds the records before it", len(sink))
+		}
+	}
+	return ""
+}

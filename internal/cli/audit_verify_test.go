@@ -305,3 +305,74 @@ scenarios:
 	assert.Equal(t, 1, code, out)
 	assert.Contains(t, out, fmt.Sprintf("gap: the event at AB_RUNS sequence %d (%s) has no record in the audit stream", lost, events.TypeRunStep))
 }
+
+// TestAuditVerifyHoldsASinkAgainstTheStream: a result forged after the run
+// ended is recorded as a duplicate after the terminal record. Cutting the
+// sink back to the terminal record's append leaves a chain intact link by
+// link and signed, ending in its terminal record; verify holds the sink
+// against the audit stream and says it was truncated.
+func TestAuditVerifyHoldsASinkAgainstTheStream(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	runs := srv.Record(t, "ab.run.>")
+	jsonl := filepath.Join(t.TempDir(), "audit.jsonl")
+	st := srv.StartStack(t, actionbustest.StackOptions{AuditJSONL: jsonl, Scenarios: `
+scenarios:
+  echo:
+    decisions:
+      - {type: action, name: t.echo, args: {}}
+      - {type: final, answer: ok}
+`, Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "t.echo"}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: in}, nil
+		})
+	}})
+	key := "--auditor-key=" + st.AuditorKey
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "echo"}, nil)
+	require.NoError(t, err)
+	var done events.ActionCompleted
+	runs.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
+		return r.Event != nil && r.Type() == events.TypeActionCompleted && events.DataAs(r.Event, &done) == nil && done.RunID == res.RunID
+	})
+	require.Eventually(t, func() bool {
+		recs, err := audit.ReadJSONL(jsonl, res.RunID)
+		return err == nil && audit.HasTerminal(sinkChain(recs))
+	}, 20*time.Second, 20*time.Millisecond)
+
+	// An executor answers the call again after the run ended: recorded
+	// as a duplicate, after the terminal record.
+	forger, err := events.Open(srv.Connect(t), events.BusConfig{Source: "/forger"})
+	require.NoError(t, err)
+	forged := done
+	forged.Output = map[string]any{"forged": true}
+	_, err = forger.Emit(ctx, events.TypeActionCompleted, events.NewID(), events.DefaultTenant, res.RunID, "", &forged)
+	require.NoError(t, err)
+	var recs []audit.SinkRecord
+	require.Eventually(t, func() bool {
+		recs, err = audit.ReadJSONL(jsonl, res.RunID)
+		return err == nil && slices.ContainsFunc(recs, func(r audit.SinkRecord) bool { return r.Status == "duplicate" })
+	}, 20*time.Second, 20*time.Millisecond)
+	code, out := verify(ctx, "--nats", srv.URL, res.RunID, "--jsonl="+jsonl, key)
+	require.Equal(t, 0, code, out)
+
+	// Cut the sink back to the end of the append holding the terminal
+	// record: every record left is signed and linked.
+	terminal := slices.IndexFunc(recs, func(r audit.SinkRecord) bool {
+		return r.Kind == audit.KindRun && r.Status == "completed"
+	})
+	require.GreaterOrEqual(t, terminal, 0)
+	var b strings.Builder
+	for _, r := range recs {
+		if r.StreamSeq > recs[terminal].StreamSeq {
+			break
+		}
+		line, err := json.Marshal(r)
+		require.NoError(t, err)
+		b.Write(append(line, '\n'))
+	}
+	require.NoError(t, os.WriteFile(jsonl, []byte(b.String()), 0o600))
+	code, out = verify(ctx, "--nats", srv.URL, res.RunID, "--jsonl="+jsonl, key)
+	assert.Equal(t, 1, code, "a sink cut back past a forgery's record verified: %s", out)
+	assert.Contains(t, out, "truncated: the audit stream holds")
+}

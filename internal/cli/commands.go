@@ -568,6 +568,27 @@ func (g *globals) runEnded(ctx context.Context, runID string) (status, why strin
 	return res.Status, ""
 }
 
+// behindStream holds a sink's chain against the run's chain on the audit
+// stream: short says how the sink falls short (a record that differs,
+// records the stream holds past the sink's last); why says when the
+// stream could not be read.
+func (g *globals) behindStream(ctx context.Context, runID string, sink []events.AuditRecorded) (short, why string) {
+	c, done, err := g.client()
+	if err != nil {
+		return "", "the audit stream was not read (NATS unreachable), so records cut from the sink's tail cannot be seen"
+	}
+	defer done()
+	var stream []events.AuditRecorded
+	err = c.AuditStream(ctx, client.AuditQuery{RunID: runID}, func(_ uint64, rec events.AuditRecorded) error {
+		stream = append(stream, rec)
+		return nil
+	})
+	if err != nil {
+		return "", "the audit stream was not read (" + err.Error() + "), so records cut from the sink's tail cannot be seen"
+	}
+	return audit.Behind(sink, stream), ""
+}
+
 // sourceGaps reads where the run's events are stored and returns those
 // the chain covers without a record; why says when it could not look.
 func (g *globals) sourceGaps(ctx context.Context, runID string, chain []events.AuditRecorded) ([]audit.SourceGap, string) {
@@ -679,6 +700,20 @@ func auditCmd(g *globals) *cobra.Command {
 				return exitError{1}
 			case ended == "":
 				fmt.Fprintf(g.out, "note: %s\n", why)
+			}
+			// A sink is a copy of the stream: cut back to an earlier
+			// signed append (the records after a run's terminal one, a
+			// forgery's duplicates) it is intact link by link, so it is
+			// held against the stream while that can be read.
+			if source != "the audit stream" {
+				short, why := g.behindStream(cmd.Context(), runID, chain)
+				if short != "" {
+					fmt.Fprintf(g.out, "%s in %s\n", short, source)
+					return exitError{1}
+				}
+				if why != "" {
+					fmt.Fprintf(g.out, "note: %s\n", why)
+				}
 			}
 			fmt.Fprintf(g.out, "intact: %d records in %s, %s, head %s\n", len(recs), source, v.Format(), recs[len(recs)-1].Hash)
 			return nil
