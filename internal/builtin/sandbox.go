@@ -15,6 +15,14 @@ import (
 // namespace (nobody): never root in there, so it holds no capability.
 const sandboxUID = "65534"
 
+// hostUID is the unprivileged host uid and gid (nobody) a root executor's
+// sandbox runs as. A user namespace maps its uids to its creator's: run
+// by host root, the sandbox's uid would be host uid 0, whose file
+// permissions in /proc (sysctls such as kernel.core_pattern, which the
+// kernel runs as root outside every namespace; /proc/sysrq-trigger) no
+// namespace takes away. So the sandbox is never created by host root.
+const hostUID = "65534"
+
 // systemPaths are the host directories a command sees, read-only; what is
 // not listed (home directories, /root, /var, /run, /srv, the executor's
 // own files and credentials) does not exist inside the sandbox.
@@ -85,15 +93,19 @@ func bwrapArgs(spec sandboxSpec) []string {
 
 // wrapperScript runs as the sandbox's first process on the host, before
 // bwrap: it joins the call's cgroups (every process the sandbox starts is
-// then counted there from its first fork), sets the per-process limits
-// and becomes bwrap. Its arguments: the cgroup.procs files to join, "--",
-// the CPU seconds, the address-space KiB, then bwrap's argv. Nothing of
-// the command is ever interpreted by it. Exit 125: the sandbox could not
-// be set up.
+// then counted there from its first fork), sets the per-process limits,
+// drops to an unprivileged host uid when it runs as root (setpriv, from
+// util-linux), and becomes bwrap. Its arguments: the cgroup.procs files to
+// join, "--", the CPU seconds, the address-space KiB, the host uid to
+// drop to ("" to stay), setpriv's path, then bwrap's argv. Nothing of the
+// command is ever interpreted by it. Exit 125: the sandbox could not be
+// set up.
 const wrapperScript = `while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift
 ulimit -t "$1" || exit 125
 ulimit -v "$2" || exit 125
-shift 2
+u=$3 setpriv=$4
+shift 4
+[ -z "$u" ] || exec "$setpriv" --reuid="$u" --regid="$u" --clear-groups --inh-caps=-all --bounding-set=-all -- "$@"
 exec "$@"`
 
 // wrapperExit is the wrapper's exit code when the sandbox could not be
@@ -101,10 +113,11 @@ exec "$@"`
 const wrapperExit = 125
 
 // wrapperArgs is the argv (after /bin/sh) that joins procs, sets the
-// limits and execs bwrap with bwrapArgv.
-func wrapperArgs(procs []string, cpuSeconds, memoryBytes uint64, bwrap string, bwrapArgv []string) []string {
+// limits, drops to host uid dropTo through setpriv (when dropTo is not
+// "") and execs bwrap with bwrapArgv.
+func wrapperArgs(procs []string, cpuSeconds, memoryBytes uint64, dropTo, setpriv, bwrap string, bwrapArgv []string) []string {
 	a := append([]string{"-c", wrapperScript, "actionbus-shell"}, procs...)
-	a = append(a, "--", strconv.FormatUint(cpuSeconds, 10), strconv.FormatUint(memoryBytes>>10, 10), bwrap)
+	a = append(a, "--", strconv.FormatUint(cpuSeconds, 10), strconv.FormatUint(memoryBytes>>10, 10), dropTo, setpriv, bwrap)
 	return append(a, bwrapArgv...)
 }
 

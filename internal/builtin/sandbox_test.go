@@ -90,9 +90,9 @@ func TestBwrapArgs(t *testing.T) {
 }
 
 func TestWrapperArgs(t *testing.T) {
-	a := wrapperArgs([]string{"/cg/pids/x/cgroup.procs", "/cg/memory/x/cgroup.procs"}, 20, 2<<30, "/usr/bin/bwrap", []string{"--unshare-all", "--", "/bin/true", "$(rm -rf /)"})
+	a := wrapperArgs([]string{"/cg/pids/x/cgroup.procs", "/cg/memory/x/cgroup.procs"}, 20, 2<<30, "65534", "/usr/bin/setpriv", "/usr/bin/bwrap", []string{"--unshare-all", "--", "/bin/true", "$(rm -rf /)"})
 	assert.Equal(t, []string{"-c", wrapperScript, "actionbus-shell", "/cg/pids/x/cgroup.procs", "/cg/memory/x/cgroup.procs", "--",
-		"20", "2097152", "/usr/bin/bwrap", "--unshare-all", "--", "/bin/true", "$(rm -rf /)"}, a)
+		"20", "2097152", "65534", "/usr/bin/setpriv", "/usr/bin/bwrap", "--unshare-all", "--", "/bin/true", "$(rm -rf /)"}, a)
 	assert.NotContains(t, wrapperScript, "eval", "the wrapper interprets none of its arguments")
 	assert.True(t, strings.HasSuffix(wrapperScript, `exec "$@"`))
 }

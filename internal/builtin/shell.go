@@ -156,6 +156,9 @@ type Shell struct {
 	cfg   ShellConfig
 	root  string
 	bwrap string // "" when not installed
+	// dropTo is the host uid the sandbox runs as ("" to stay: the
+	// executor is not root), setpriv the tool that drops to it.
+	dropTo, setpriv string
 	// masked are the maskedFiles this host has.
 	masked []string
 
@@ -312,6 +315,14 @@ func (s *Shell) ready() error {
 			s.probeErr = isolationUnavailable("probe: %v", err)
 			return
 		}
+		if os.Geteuid() == 0 {
+			// Run by root, the sandbox would be host uid 0 (see hostUID).
+			if s.setpriv, err = lookPath("setpriv"); err != nil {
+				s.probeErr = isolationUnavailable("the executor runs as root and setpriv (util-linux), which drops the sandbox to an unprivileged uid, is missing")
+				return
+			}
+			s.dropTo = hostUID
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		sb, err := s.sandbox(ctx, s.spec(s.root, false, []string{t}))
@@ -349,7 +360,7 @@ func (s *Shell) sandbox(ctx context.Context, spec sandboxSpec) (ran, error) {
 	}
 	defer cg.remove()
 	r := ran{stdout: &capped{max: s.cfg.MaxStreamBytes}, stderr: &capped{max: s.cfg.MaxStreamBytes}, memory: cg.memory}
-	cmd := exec.CommandContext(ctx, "/bin/sh", wrapperArgs(cg.procs(), s.cfg.CPUSeconds, s.cfg.MemoryBytes, s.bwrap, bwrapArgs(spec))...)
+	cmd := exec.CommandContext(ctx, "/bin/sh", wrapperArgs(cg.procs(), s.cfg.CPUSeconds, s.cfg.MemoryBytes, s.dropTo, s.setpriv, s.bwrap, bwrapArgs(spec))...)
 	// bwrap itself sees nothing of the executor's environment either.
 	cmd.Dir, cmd.Env = "/", []string{"PATH=" + shellPath}
 	cmd.Stdout, cmd.Stderr, cmd.Stdin = r.stdout, r.stderr, nil

@@ -25,14 +25,28 @@ import (
 
 func shellIn(t *testing.T, cfg builtin.ShellConfig) (*builtin.Shell, string) {
 	t.Helper()
-	root := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(root, "a.txt"), []byte("hello\n"), 0o600))
-	require.NoError(t, os.Mkdir(filepath.Join(root, "sub"), 0o700))
+	root := sandboxWorkspace(t)
+	require.NoError(t, os.WriteFile(filepath.Join(root, "a.txt"), []byte("hello\n"), 0o644))
+	require.NoError(t, os.Mkdir(filepath.Join(root, "sub"), 0o755))
+	// A command the host grants writes the workspace: a root executor's
+	// sandbox writes as host nobody (docs/architecture.md, "Shell").
+	require.NoError(t, os.Chmod(root, 0o777))
 	cfg.Root = root
 	sh, err := builtin.NewShell(cfg)
 	require.NoError(t, err)
 	root, _ = filepath.EvalSymlinks(root)
 	return sh, root
+}
+
+// sandboxWorkspace is a workspace a root executor's sandbox can read: the
+// sandbox runs as host uid nobody, and t.TempDir's own parent is private
+// to its owner.
+func sandboxWorkspace(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
+	require.NoError(t, os.Chmod(dir, 0o755))
+	return dir
 }
 
 func run(t *testing.T, sh *builtin.Shell, argv ...string) (builtin.ShellResult, *actionbus.Error) {
@@ -160,7 +174,7 @@ func TestShellCPULimitStopsABusyCommand(t *testing.T) {
 func TestShellOutputOverTheLimitBecomesAnArtifact(t *testing.T) {
 	sh, root := shellIn(t, builtin.ShellConfig{PreviewBytes: 100})
 	big := strings.Repeat("0123456789", 500)
-	require.NoError(t, os.WriteFile(filepath.Join(root, "big.txt"), []byte(big), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "big.txt"), []byte(big), 0o644))
 	stored := map[string][]byte{}
 	put := func(_ context.Context, role string, data []byte) (executor.ArtifactRef, error) {
 		stored[role] = append([]byte(nil), data...)
@@ -221,8 +235,11 @@ func TestShellHasNoNetworkUnlessTheHostAllowsIt(t *testing.T) {
 // so its command outside the profile is refused; the host's exec call may
 // grant it.
 func TestModelInputCannotSetAllowUnsafe(t *testing.T) {
-	root := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(root, "a.txt"), []byte("keep me"), 0o600))
+	root := sandboxWorkspace(t)
+	require.NoError(t, os.WriteFile(filepath.Join(root, "a.txt"), []byte("keep me"), 0o644))
+	// The host's allow_unsafe call writes its scratch space: a root
+	// executor's sandbox writes as host nobody, so the workspace lets it.
+	require.NoError(t, os.Chmod(root, 0o777))
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		_, err := builtin.Register(ex, builtin.Config{WorkspaceRoot: root, Shell: &builtin.ShellConfig{}})
@@ -257,9 +274,9 @@ scenarios:
 // Through an executor, a stream longer than its preview is in the
 // deployment's artifact store, whole.
 func TestShellStreamsReachTheArtifactStore(t *testing.T) {
-	root := t.TempDir()
+	root := sandboxWorkspace(t)
 	big := strings.Repeat("line of output\n", 400)
-	require.NoError(t, os.WriteFile(filepath.Join(root, "big.txt"), []byte(big), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "big.txt"), []byte(big), 0o644))
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		_, err := builtin.Register(ex, builtin.Config{WorkspaceRoot: root, Shell: &builtin.ShellConfig{PreviewBytes: 64}})
@@ -304,6 +321,8 @@ func TestShellWhoseSandboxTheKernelRefusesFailsClosed(t *testing.T) {
 func TestShellFilesystemIsReadOnlyButForScratch(t *testing.T) {
 	outside := t.TempDir()
 	sh, root := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}}})
+	// Writable by anyone on the host: only the read-only bind stops it.
+	require.NoError(t, os.Chmod(filepath.Join(root, "a.txt"), 0o666))
 	res, err := run(t, sh, "sh", "-c", "touch a.txt; touch "+outside+"/x; echo tmp > /tmp/t && cat /tmp/t; ls /root /home /work 2>&1; cat /etc/shadow | wc -c; id -u")
 	require.Nil(t, err)
 	assert.Contains(t, res.Stderr.Preview, "Read-only file system")
@@ -314,6 +333,28 @@ func TestShellFilesystemIsReadOnlyButForScratch(t *testing.T) {
 	info, serr := os.Stat(filepath.Join(root, "a.txt"))
 	require.NoError(t, serr)
 	assert.Equal(t, int64(6), info.Size())
+}
+
+// TestTheSandboxIsNeverHostRoot: a root executor's sandbox runs as an
+// unprivileged host uid, not as host root behind a user namespace (whose
+// file permissions let it write sysctls such as kernel.core_pattern, which
+// the kernel runs as root outside every namespace). The command sees its
+// uid mapped to host nobody, and writing a sysctl, even its own value
+// back, is refused.
+func TestTheSandboxIsNeverHostRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the executor is not root here: its sandbox is its own unprivileged uid")
+	}
+	sh, root := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}}})
+	require.NoError(t, os.WriteFile(filepath.Join(root, "root-only.txt"), []byte("ROOT-ONLY"), 0o600))
+	res, err := run(t, sh, "sh", "-c", "cat root-only.txt; v=$(cat /proc/sys/kernel/printk_ratelimit); "+
+		"if echo $v > /proc/sys/kernel/printk_ratelimit; then echo SYSCTL-WRITTEN; else echo sysctl-refused; fi; "+
+		"if echo h > /proc/sysrq-trigger 2>/dev/null; then echo SYSRQ-WRITTEN; else echo sysrq-refused; fi")
+	require.Nil(t, err)
+	assert.NotContains(t, res.Stdout.Preview, "ROOT-ONLY", "the sandbox read a file only host root may read")
+	assert.Contains(t, res.Stdout.Preview, "sysctl-refused")
+	assert.NotContains(t, res.Stdout.Preview, "SYSCTL-WRITTEN")
+	assert.NotContains(t, res.Stdout.Preview, "SYSRQ-WRITTEN")
 }
 
 // A fork bomb ends the call with shell_limit_exceeded, promptly, and the

@@ -51,6 +51,17 @@ func gitRepo(t *testing.T, dir string, files map[string]string) {
 // (the safe profile, plus `sh -c` as the project's test command for the
 // process attacks), as the deployed executor user. A model chooses the profile's commands; the sandbox,
 // not the profile, is what stops them.
+// sandboxWorkspace is a workspace a root executor's sandbox can read: the
+// sandbox runs as host uid nobody, and t.TempDir's own parent is private
+// to its owner.
+func sandboxWorkspace(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
+	require.NoError(t, os.Chmod(dir, 0o755))
+	return dir
+}
+
 func TestShellEscapesAreContainedByTheSandbox(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts an executor process")
@@ -58,7 +69,7 @@ func TestShellEscapesAreContainedByTheSandbox(t *testing.T) {
 	_, err := exec.LookPath("rg")
 	require.NoError(t, err, "ripgrep is needed for its --pre escape (.ci/run installs it)")
 
-	ws, outside := t.TempDir(), t.TempDir()
+	ws, outside := sandboxWorkspace(t), t.TempDir()
 	gitRepo(t, ws, map[string]string{"a.txt": "one\n", "b.txt": "two\n", "f.sh": fmt.Sprintf("touch %s/ran-by-rg\necho pwned > planted.txt\n", outside)})
 	victim := filepath.Join(outside, "victim.txt")
 	require.NoError(t, os.WriteFile(victim, []byte("keep me\n"), 0o644))
@@ -207,7 +218,7 @@ func TestAKilledExecutorLeavesNoSandboxBehind(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts an executor process")
 	}
-	ws := t.TempDir()
+	ws := sandboxWorkspace(t)
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{NoExecutors: true})
 	cmd := exec.Command(buildExecutor(t), "--id", "shell-killed", "--workspace", ws, "--shell", "--shell-test-command", "sh -c")
