@@ -229,6 +229,7 @@ func (s *Shell) Run(ctx context.Context, in ShellArgs, unlisted bool, put func(c
 	if err := s.ready(); err != nil {
 		return ShellResult{}, err
 	}
+	callCtx := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	spec := s.spec(dir, unlisted, append([]string{bin}, in.Argv[1:]...))
@@ -237,10 +238,12 @@ func (s *Shell) Run(ctx context.Context, in ShellArgs, unlisted bool, put func(c
 		return ShellResult{}, err
 	}
 	res := ShellResult{Argv: in.Argv, ExitCode: sb.exitCode, DurationMs: sb.duration.Milliseconds(), Isolation: s.isolation(spec, sb.memory)}
-	if res.Stdout, err = s.stream(ctx, "stdout", sb.stdout, put); err != nil {
+	// The streams are stored under the call's context, not the command's
+	// timeout: a command that timed out keeps its output and its code.
+	if res.Stdout, err = s.stream(callCtx, "stdout", sb.stdout, put); err != nil {
 		return ShellResult{}, err
 	}
-	if res.Stderr, err = s.stream(ctx, "stderr", sb.stderr, put); err != nil {
+	if res.Stderr, err = s.stream(callCtx, "stderr", sb.stderr, put); err != nil {
 		return ShellResult{}, err
 	}
 	tails := func(e *actionbus.Error) *actionbus.Error {

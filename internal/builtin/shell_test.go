@@ -402,3 +402,22 @@ func TestShellWithoutAProcessBoundFailsClosed(t *testing.T) {
 	assert.ErrorIs(t, err, &actionbus.Error{Code: actionbus.CodeIsolationUnavailable})
 	assert.NoDirExists(t, filepath.Join(root, "made"))
 }
+
+// A command that printed more than its preview and then ran past its
+// timeout fails with timeout, its output stored whole: the streams are
+// stored under the call's context, not the command's expired one.
+func TestATimedOutCommandKeepsItsOutputAndItsCode(t *testing.T) {
+	sh, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}}, Timeout: 2 * time.Second})
+	var stored []string
+	put := func(ctx context.Context, role string, _ []byte) (executor.ArtifactRef, error) {
+		if err := ctx.Err(); err != nil {
+			return executor.ArtifactRef{}, err // as the artifact store does
+		}
+		stored = append(stored, role)
+		return executor.ArtifactRef{ID: "art-" + role, Role: role}, nil
+	}
+	res, err := sh.Run(context.Background(), builtin.ShellArgs{Argv: []string{"sh", "-c", `head -c 100000 /dev/zero | tr '\0' x; sleep 30`}}, false, put)
+	assert.ErrorIs(t, err, &actionbus.Error{Code: actionbus.CodeTimeout}, "%v", err)
+	assert.Equal(t, []string{"stdout"}, stored)
+	require.NotNil(t, res.Stdout.Artifact)
+}

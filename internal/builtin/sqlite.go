@@ -58,6 +58,10 @@ const (
 	// any other SQLite database of the process (an audit SQLite sink), and
 	// only ever lowers a limit already set.
 	SQLiteHeapLimit = 256 << 20
+	// SQLiteMaxColumns is the most columns a sqlite_query's result may
+	// have (SQLITE_LIMIT_COLUMN): 128. With the length limit it bounds
+	// what one row can hold before the result's byte limit is checked.
+	SQLiteMaxColumns = 128
 )
 
 // sqliteQueryDriver is the SQLite driver of sqlite_query's connections,
@@ -190,18 +194,25 @@ func (q *SQLiteQuery) Query(ctx context.Context, in SQLiteArgs) (SQLiteResult, e
 	if in.MaxRows > 0 && in.MaxRows < limit {
 		limit = in.MaxRows
 	}
+	// No value may be longer than the result may be (a wide row of values
+	// each under 4 MiB would otherwise be built, copied and encoded before
+	// the result's byte limit saw it: gigabytes, past the deadline).
+	valueLimit := min(SQLiteMaxValueBytes, q.maxBytes)
 	conn, err := q.db.Conn(ctx)
 	if err != nil {
-		return SQLiteResult{}, queryError(ctx, err)
+		return SQLiteResult{}, queryError(ctx, err, valueLimit)
 	}
 	defer conn.Close()
-	// The length limit is the connection's: set on the one this query runs on.
-	if _, err := sqlite.Limit(conn, sqlite3.SQLITE_LIMIT_LENGTH, SQLiteMaxValueBytes); err != nil {
+	// The limits are the connection's: set on the one this query runs on.
+	if _, err := sqlite.Limit(conn, sqlite3.SQLITE_LIMIT_LENGTH, valueLimit); err != nil {
+		return SQLiteResult{}, err
+	}
+	if _, err := sqlite.Limit(conn, sqlite3.SQLITE_LIMIT_COLUMN, SQLiteMaxColumns); err != nil {
 		return SQLiteResult{}, err
 	}
 	rows, err := conn.QueryContext(ctx, in.SQL, in.Params...)
 	if err != nil {
-		return SQLiteResult{}, queryError(ctx, err)
+		return SQLiteResult{}, queryError(ctx, err, valueLimit)
 	}
 	defer rows.Close()
 	cols, err := rows.Columns()
@@ -223,6 +234,21 @@ func (q *SQLiteQuery) Query(ctx context.Context, in SQLiteArgs) (SQLiteResult, e
 		if err := rows.Scan(ptrs...); err != nil {
 			return SQLiteResult{}, err
 		}
+		// The row's text and blobs, counted before they are copied or
+		// encoded: a row over the result's budget ends it here.
+		raw := 0
+		for _, v := range vals {
+			switch v := v.(type) {
+			case []byte:
+				raw += len(v)
+			case string:
+				raw += len(v)
+			}
+		}
+		if size+raw > q.maxBytes {
+			out.Truncated = true
+			break
+		}
 		for i, v := range vals {
 			if b, ok := v.([]byte); ok {
 				vals[i] = string(b)
@@ -236,7 +262,7 @@ func (q *SQLiteQuery) Query(ctx context.Context, in SQLiteArgs) (SQLiteResult, e
 		out.Rows = append(out.Rows, vals)
 	}
 	if err := rows.Err(); err != nil {
-		return SQLiteResult{}, queryError(ctx, err)
+		return SQLiteResult{}, queryError(ctx, err, valueLimit)
 	}
 	out.RowCount = len(out.Rows)
 	return out, nil
@@ -246,7 +272,7 @@ func (q *SQLiteQuery) Query(ctx context.Context, in SQLiteArgs) (SQLiteResult, e
 // limit it hit (sql_limit_exceeded, naming the limit), a statement its
 // authorizer denied (sql_refused), the call's deadline or cancellation
 // (timeout, canceled), any other failure (sql_refused).
-func queryError(ctx context.Context, err error) *actionbus.Error {
+func queryError(ctx context.Context, err error, valueLimit int) *actionbus.Error {
 	var sqlErr *sqlite.Error
 	code := 0
 	if errors.As(err, &sqlErr) {
@@ -254,8 +280,8 @@ func queryError(ctx context.Context, err error) *actionbus.Error {
 	}
 	switch {
 	case code == sqlite3.SQLITE_TOOBIG:
-		return actionbus.Errorf(actionbus.CodeSQLLimit, "a value would be longer than the %d-byte length limit (SQLITE_LIMIT_LENGTH)", SQLiteMaxValueBytes).
-			WithDetail("limit", "SQLITE_LIMIT_LENGTH").WithDetail("bytes", SQLiteMaxValueBytes)
+		return actionbus.Errorf(actionbus.CodeSQLLimit, "a value would be longer than the %d-byte length limit (SQLITE_LIMIT_LENGTH)", valueLimit).
+			WithDetail("limit", "SQLITE_LIMIT_LENGTH").WithDetail("bytes", valueLimit)
 	case code == sqlite3.SQLITE_NOMEM:
 		return actionbus.Errorf(actionbus.CodeSQLLimit, "the query needs more than SQLite's %d-byte heap limit", SQLiteHeapLimit).
 			WithDetail("limit", "hard_heap_limit").WithDetail("bytes", SQLiteHeapLimit)

@@ -3,7 +3,9 @@ package builtin_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -75,6 +77,38 @@ func TestSQLiteBlobBombsHitTheLengthLimit(t *testing.T) {
 	res, err := q.Query(context.Background(), builtin.SQLiteArgs{SQL: "SELECT length(zeroblob(1000))"})
 	require.NoError(t, err, "values under the limit are fine")
 	assert.Equal(t, [][]any{{int64(1000)}}, res.Rows)
+}
+
+// TestASQLiteWideRowIsBoundedBeforeItIsCopied: a row of many values, each
+// under 4 MiB, was built, copied twice and JSON-encoded before the
+// result's byte limit saw it (60 columns: 5 GB, 17 s against a 1 s
+// deadline). No value may now be longer than the result may be, rows have
+// at most 128 columns, and a row's text and blobs are counted before they
+// are copied.
+func TestASQLiteWideRowIsBoundedBeforeItIsCopied(t *testing.T) {
+	q, err := builtin.OpenSQLiteQuery(shopDB(t), 0, 0)
+	require.NoError(t, err)
+	defer q.Close()
+	columns := func(n int, value string) string {
+		cols := make([]string, n)
+		for i := range cols {
+			cols[i] = fmt.Sprintf("%s AS c%d", value, i)
+		}
+		return "SELECT " + strings.Join(cols, ", ")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	_, err = q.Query(ctx, builtin.SQLiteArgs{SQL: columns(16, "zeroblob(4000000)")})
+	assert.ErrorIs(t, err, &actionbus.Error{Code: actionbus.CodeSQLLimit}, "values of 4 MB each were built for a 200 kB result")
+
+	res, err := q.Query(ctx, builtin.SQLiteArgs{SQL: columns(16, "zeroblob(150000)")})
+	require.NoError(t, err)
+	assert.True(t, res.Truncated, "a row over the result's byte limit ends the result")
+	assert.Zero(t, res.RowCount)
+
+	_, err = q.Query(ctx, builtin.SQLiteArgs{SQL: columns(200, "1")})
+	assert.Error(t, err, "a result of 200 columns")
 }
 
 // A query that runs long is interrupted at its deadline.
