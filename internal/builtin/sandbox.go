@@ -74,7 +74,10 @@ func bwrapArgs(spec sandboxSpec) []string {
 	for _, p := range spec.Masked {
 		a = append(a, "--ro-bind", "/dev/null", p)
 	}
+	// /dev is bubblewrap's own tmpfs, at the kernel's default size; its
+	// world-writable /dev/shm gets the private /tmp's bound.
 	a = append(a, "--proc", "/proc", "--dev", "/dev",
+		"--size", strconv.FormatUint(spec.TmpBytes, 10), "--tmpfs", "/dev/shm",
 		"--size", strconv.FormatUint(spec.TmpBytes, 10), "--tmpfs", "/tmp")
 	for _, p := range spec.ReadOnly {
 		a = append(a, "--ro-bind", p, p)

@@ -421,3 +421,17 @@ func TestATimedOutCommandKeepsItsOutputAndItsCode(t *testing.T) {
 	assert.Equal(t, []string{"stdout"}, stored)
 	require.NotNil(t, res.Stdout.Artifact)
 }
+
+// The sandbox's writable tmpfs, /dev/shm as well as /tmp, are bounded by
+// TmpBytes: a command cannot fill the host's memory through them.
+func TestShellScratchTmpfsAreBounded(t *testing.T) {
+	sh, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}}, TmpBytes: 8 << 20})
+	for _, dir := range []string{"/tmp", "/dev/shm"} {
+		res, err := run(t, sh, "sh", "-c", "head -c 20000000 /dev/zero > "+dir+"/fill; wc -c < "+dir+"/fill")
+		require.Nil(t, err, dir)
+		assert.Contains(t, res.Stderr.Preview, "No space left on device", dir)
+		size, perr := strconv.Atoi(strings.TrimSpace(res.Stdout.Preview))
+		require.NoError(t, perr, res.Stdout.Preview)
+		assert.LessOrEqual(t, size, 8<<20, "%s held more than its bound", dir)
+	}
+}
