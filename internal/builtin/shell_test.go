@@ -360,14 +360,16 @@ func TestTheSandboxIsNeverHostRoot(t *testing.T) {
 // A fork bomb ends the call with shell_limit_exceeded, promptly, and the
 // next call runs.
 func TestShellForkBombEndsTheCall(t *testing.T) {
-	sh, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}, {"pwd"}}, MaxProcesses: 64, Timeout: 20 * time.Second})
+	sh, _ := shellIn(t, builtin.ShellConfig{Commands: [][]string{{"sh", "-c"}, {"pwd"}}, MaxProcesses: 16, Timeout: 20 * time.Second})
 	start := time.Now()
-	_, err := run(t, sh, "sh", "-c", "f() { f | f & }; f; wait")
-	require.NotNil(t, err)
+	// Every process of this bomb stays alive until its children end, so it
+	// grows until a fork is refused and cannot end on its own before.
+	res, err := run(t, sh, "sh", "-c", "f() { f & f & wait; }; f")
+	require.NotNil(t, err, "the bomb ended by itself: %q %q", res.Stdout.Preview, res.Stderr.Preview)
 	assert.Equal(t, actionbus.CodeShellLimit, err.Code, "%v", err)
 	assert.Equal(t, "processes", err.Details["limit"])
 	assert.Less(t, time.Since(start), 10*time.Second, "ended by the bound, not the timeout")
-	res, err := run(t, sh, "pwd")
+	res, err = run(t, sh, "pwd")
 	require.Nil(t, err)
 	assert.Equal(t, 0, res.ExitCode)
 }

@@ -88,17 +88,7 @@ func TestAuditVerifyRefusesASinkRewrittenWithoutTheAuditorKey(t *testing.T) {
 	rec := srv.Record(t, "ab.audit.*.*.*")
 	dir := t.TempDir()
 	jsonl, db := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "audit.db")
-	st := srv.StartStack(t, actionbustest.StackOptions{AuditJSONL: jsonl, AuditSQLite: db, AuditMaxBatch: 3, Scenarios: `
-scenarios:
-  echo:
-    decisions:
-      - {type: action, name: t.echo, args: {}}
-      - {type: final, answer: ok}
-`, Register: func(ex *executor.Executor) error {
-		return executor.Register(ex, executor.Action{Name: "t.echo"}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
-			return executor.Result[map[string]any]{Output: in}, nil
-		})
-	}})
+	st := srv.StartStack(t, actionbustest.StackOptions{AuditJSONL: jsonl, AuditSQLite: db, AuditMaxBatch: 3, Scenarios: echoScenario, Register: registerEcho})
 	require.NotEmpty(t, st.AuditorKey)
 	key := "--auditor-key=" + st.AuditorKey
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -238,17 +228,7 @@ func TestAuditVerifyReadsAFormat1ChainAsUnsigned(t *testing.T) {
 // still verifies, but verify fails and names the event's stream sequence.
 func TestAuditVerifyNamesAStoredEventWithoutARecord(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	st := srv.StartStack(t, actionbustest.StackOptions{NoAuditor: true, Scenarios: `
-scenarios:
-  echo:
-    decisions:
-      - {type: action, name: t.echo, args: {}}
-      - {type: final, answer: ok}
-`, Register: func(ex *executor.Executor) error {
-		return executor.Register(ex, executor.Action{Name: "t.echo"}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
-			return executor.Result[map[string]any]{Output: in}, nil
-		})
-	}})
+	st := srv.StartStack(t, actionbustest.StackOptions{NoAuditor: true, Scenarios: echoScenario, Register: registerEcho})
 	seed, err := audit.NewKey()
 	require.NoError(t, err)
 	kp, _ := nkeys.FromSeed(seed)
@@ -315,17 +295,7 @@ func TestAuditVerifyHoldsASinkAgainstTheStream(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	runs := srv.Record(t, "ab.run.>")
 	jsonl := filepath.Join(t.TempDir(), "audit.jsonl")
-	st := srv.StartStack(t, actionbustest.StackOptions{AuditJSONL: jsonl, Scenarios: `
-scenarios:
-  echo:
-    decisions:
-      - {type: action, name: t.echo, args: {}}
-      - {type: final, answer: ok}
-`, Register: func(ex *executor.Executor) error {
-		return executor.Register(ex, executor.Action{Name: "t.echo"}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
-			return executor.Result[map[string]any]{Output: in}, nil
-		})
-	}})
+	st := srv.StartStack(t, actionbustest.StackOptions{AuditJSONL: jsonl, Scenarios: echoScenario, Register: registerEcho})
 	key := "--auditor-key=" + st.AuditorKey
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -375,4 +345,20 @@ scenarios:
 	code, out = verify(ctx, "--nats", srv.URL, res.RunID, "--jsonl="+jsonl, key)
 	assert.Equal(t, 1, code, "a sink cut back past a forgery's record verified: %s", out)
 	assert.Contains(t, out, "truncated: the audit stream holds")
+}
+
+// echoScenario is a run of one t.echo call, then a final answer.
+const echoScenario = `
+scenarios:
+  echo:
+    decisions:
+      - {type: action, name: t.echo, args: {}}
+      - {type: final, answer: ok}
+`
+
+// registerEcho registers t.echo, which answers its input.
+func registerEcho(ex *executor.Executor) error {
+	return executor.Register(ex, executor.Action{Name: "t.echo"}, func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+		return executor.Result[map[string]any]{Output: in}, nil
+	})
 }

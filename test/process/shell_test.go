@@ -174,7 +174,9 @@ func TestShellEscapesAreContainedByTheSandbox(t *testing.T) {
 	})
 	t.Run("a fork bomb ends the call, and the executor serves the next", func(t *testing.T) {
 		start := time.Now()
-		res := call("sh", "-c", "f() { f | f & }; f; wait")
+		// Every process stays alive until its children end: the bomb grows
+		// until a fork is refused and cannot end on its own before.
+		res := call("sh", "-c", "f() { f & f & wait; }; f")
 		require.Equal(t, client.StatusFailed, res.Status)
 		assert.Equal(t, actionbus.CodeShellLimit, res.Error.Code, "%+v", res.Error)
 		assert.Equal(t, "processes", res.Error.Details["limit"])
