@@ -21,11 +21,12 @@ import (
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/builtin"
+	"github.com/actionbus/actionbus/internal/shelltest"
 )
 
 func shellIn(t *testing.T, cfg builtin.ShellConfig) (*builtin.Shell, string) {
 	t.Helper()
-	root := sandboxWorkspace(t)
+	root := shelltest.Workspace(t)
 	require.NoError(t, os.WriteFile(filepath.Join(root, "a.txt"), []byte("hello\n"), 0o644))
 	require.NoError(t, os.Mkdir(filepath.Join(root, "sub"), 0o755))
 	// A command the host grants writes the workspace: a root executor's
@@ -36,17 +37,6 @@ func shellIn(t *testing.T, cfg builtin.ShellConfig) (*builtin.Shell, string) {
 	require.NoError(t, err)
 	root, _ = filepath.EvalSymlinks(root)
 	return sh, root
-}
-
-// sandboxWorkspace is a workspace a root executor's sandbox can read: the
-// sandbox runs as host uid nobody, and t.TempDir's own parent is private
-// to its owner.
-func sandboxWorkspace(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
-	require.NoError(t, os.Chmod(dir, 0o755))
-	return dir
 }
 
 func run(t *testing.T, sh *builtin.Shell, argv ...string) (builtin.ShellResult, *actionbus.Error) {
@@ -126,40 +116,16 @@ func TestShellTimeoutLeavesNoDescendant(t *testing.T) {
 		_, err := sh.Run(context.Background(), builtin.ShellArgs{Argv: []string{"sh", "-c", script}}, false, nil)
 		done <- outcome{err, time.Since(start)}
 	}()
-	require.Eventually(t, func() bool { return len(sleeping(token+".1")) == 1 && len(sleeping(token+".2")) == 1 },
+	require.Eventually(t, func() bool {
+		return len(shelltest.Sleeping(token+".1")) == 1 && len(shelltest.Sleeping(token+".2")) == 1
+	},
 		5*time.Second, 10*time.Millisecond, "the setsid and double-forked children were started")
 	o := <-done
 	assert.ErrorIs(t, o.err, &actionbus.Error{Code: actionbus.CodeTimeout})
 	assert.Less(t, o.took, 10*time.Second, "killed, not waited for")
 	for _, n := range []string{".1", ".2", ".3"} {
-		assert.Empty(t, sleeping(token+n), "no descendant outlives the call: sleep %s%s", token, n)
+		assert.Empty(t, shelltest.Sleeping(token+n), "no descendant outlives the call: sleep %s%s", token, n)
 	}
-}
-
-// sleeping lists the host pids of running `sleep ARG` processes.
-func sleeping(arg string) []int {
-	var out []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		argv := strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
-		if err != nil || len(argv) != 2 || filepath.Base(argv[0]) != "sleep" || argv[1] != arg {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		if len(fields) > 0 && fields[0] != "Z" && fields[0] != "X" {
-			out = append(out, pid)
-		}
-	}
-	return out
 }
 
 func TestShellCPULimitStopsABusyCommand(t *testing.T) {
@@ -235,7 +201,7 @@ func TestShellHasNoNetworkUnlessTheHostAllowsIt(t *testing.T) {
 // so its command outside the profile is refused; the host's exec call may
 // grant it.
 func TestModelInputCannotSetAllowUnsafe(t *testing.T) {
-	root := sandboxWorkspace(t)
+	root := shelltest.Workspace(t)
 	require.NoError(t, os.WriteFile(filepath.Join(root, "a.txt"), []byte("keep me"), 0o644))
 	// The host's allow_unsafe call writes its scratch space: a root
 	// executor's sandbox writes as host nobody, so the workspace lets it.
@@ -274,7 +240,7 @@ scenarios:
 // Through an executor, a stream longer than its preview is in the
 // deployment's artifact store, whole.
 func TestShellStreamsReachTheArtifactStore(t *testing.T) {
-	root := sandboxWorkspace(t)
+	root := shelltest.Workspace(t)
 	big := strings.Repeat("line of output\n", 400)
 	require.NoError(t, os.WriteFile(filepath.Join(root, "big.txt"), []byte(big), 0o644))
 	srv := actionbustest.NewServer(t, actionbustest.Options{})

@@ -552,12 +552,10 @@ func artifactsCmd(g *globals) *cobra.Command {
 
 // runEnded returns the status of a run that has ended ("" when it has not
 // or cannot be known), and why it is unknown.
-func (g *globals) runEnded(ctx context.Context, runID string) (status, why string) {
-	c, done, err := g.client()
-	if err != nil {
+func runEnded(ctx context.Context, c *client.Client, runID string) (status, why string) {
+	if c == nil {
 		return "", "whether the run ended was not checked (NATS unreachable), so a cut-off tail cannot be seen"
 	}
-	defer done()
 	res, err := c.Ended(ctx, runID)
 	switch {
 	case err != nil:
@@ -572,14 +570,12 @@ func (g *globals) runEnded(ctx context.Context, runID string) (status, why strin
 // stream: short says how the sink falls short (a record that differs,
 // records the stream holds past the sink's last); why says when the
 // stream could not be read.
-func (g *globals) behindStream(ctx context.Context, runID string, sink []events.AuditRecorded) (short, why string) {
-	c, done, err := g.client()
-	if err != nil {
+func behindStream(ctx context.Context, c *client.Client, runID string, sink []events.AuditRecorded) (short, why string) {
+	if c == nil {
 		return "", "the audit stream was not read (NATS unreachable), so records cut from the sink's tail cannot be seen"
 	}
-	defer done()
 	var stream []events.AuditRecorded
-	err = c.AuditStream(ctx, client.AuditQuery{RunID: runID}, func(_ uint64, rec events.AuditRecorded) error {
+	err := c.AuditStream(ctx, client.AuditQuery{RunID: runID}, func(_ uint64, rec events.AuditRecorded) error {
 		stream = append(stream, rec)
 		return nil
 	})
@@ -591,12 +587,10 @@ func (g *globals) behindStream(ctx context.Context, runID string, sink []events.
 
 // sourceGaps reads where the run's events are stored and returns those
 // the chain covers without a record; why says when it could not look.
-func (g *globals) sourceGaps(ctx context.Context, runID string, chain []events.AuditRecorded) ([]audit.SourceGap, string) {
-	c, done, err := g.client()
-	if err != nil {
+func sourceGaps(ctx context.Context, c *client.Client, runID string, chain []events.AuditRecorded) ([]audit.SourceGap, string) {
+	if c == nil {
 		return nil, "the source streams were not read (NATS unreachable), so events without a record cannot be seen"
 	}
-	defer done()
 	stored, err := c.StoredEvents(ctx, runID)
 	if err != nil {
 		return nil, "the source streams were not read (" + err.Error() + "), so events without a record cannot be seen"
@@ -619,6 +613,13 @@ func auditCmd(g *globals) *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			runID := args[0]
+			// One connection serves every check that reads the bus; a sink
+			// is verified without one too (c stays nil, and the checks
+			// that need NATS say they were not made).
+			c, done, connErr := g.client()
+			if connErr == nil {
+				defer done()
+			}
 			var recs []audit.SinkRecord
 			var source string
 			switch {
@@ -635,12 +636,10 @@ func auditCmd(g *globals) *cobra.Command {
 				}
 				source = sqlitePath
 			default:
-				c, done, err := g.client()
-				if err != nil {
-					return err
+				if connErr != nil {
+					return connErr
 				}
-				defer done()
-				err = c.AuditStream(cmd.Context(), client.AuditQuery{RunID: runID}, func(seq uint64, rec events.AuditRecorded) error {
+				err := c.AuditStream(cmd.Context(), client.AuditQuery{RunID: runID}, func(seq uint64, rec events.AuditRecorded) error {
 					recs = append(recs, audit.SinkRecord{StreamSeq: seq, AuditRecorded: rec})
 					return nil
 				})
@@ -673,7 +672,7 @@ func auditCmd(g *globals) *cobra.Command {
 			}
 			if v.Format1 < v.Records {
 				// Every stored event the chain covers has its record.
-				gaps, why := g.sourceGaps(cmd.Context(), runID, chain)
+				gaps, why := sourceGaps(cmd.Context(), c, runID, chain)
 				if len(gaps) > 0 {
 					gp := gaps[0]
 					where := "after its last record"
@@ -693,7 +692,7 @@ func auditCmd(g *globals) *cobra.Command {
 			}
 			// A chain cut off at its tail is intact link by link: when the
 			// run has ended, its terminal record must be there.
-			ended, why := g.runEnded(cmd.Context(), runID)
+			ended, why := runEnded(cmd.Context(), c, runID)
 			switch {
 			case ended != "" && !audit.HasTerminal(chain):
 				fmt.Fprintf(g.out, "truncated: run %s ended (%s) but its %d records in %s end before its terminal record\n", runID, ended, len(recs), source)
@@ -706,7 +705,7 @@ func auditCmd(g *globals) *cobra.Command {
 			// forgery's duplicates) it is intact link by link, so it is
 			// held against the stream while that can be read.
 			if source != "the audit stream" {
-				short, why := g.behindStream(cmd.Context(), runID, chain)
+				short, why := behindStream(cmd.Context(), c, runID, chain)
 				if short != "" {
 					fmt.Fprintf(g.out, "%s in %s\n", short, source)
 					return exitError{1}

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/policy"
 )
 
@@ -124,6 +125,16 @@ func (t Tokens) Lookup(token string) (*Token, error) {
 		return nil, errBadToken
 	}
 	return found, nil
+}
+
+// Principal is the token's user and grants as a run's principal, signed
+// with a gateway's key (keyID, key); nil without a key, so that the run
+// holds what the policy grants the tenant's NATS clients.
+func (t *Token) Principal(keyID string, key []byte) *client.Principal {
+	if len(key) == 0 {
+		return nil
+	}
+	return &client.Principal{User: t.User, Roles: t.Grants.Roles, Scopes: t.Grants.Scopes, KeyID: keyID, Key: key}
 }
 
 // May reports whether the token holds role; run and approve include read.

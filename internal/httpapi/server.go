@@ -367,7 +367,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request, tok *Token) {
 	if b.Action != nil {
 		req.Action = &client.ActionCall{Name: b.Action.Name, Args: b.Action.Args, IdempotencyKey: b.Action.IdempotencyKey}
 	}
-	req.Principal = s.principal(tok)
+	req.Principal = tok.Principal(s.cfg.ApprovalKeyID, s.cfg.ApprovalKey)
 	if req.RunID == "" {
 		req.RunID = events.NewID()
 	}
@@ -567,16 +567,6 @@ func (s *Server) listApprovals(w http.ResponseWriter, _ *http.Request, _ *Token)
 	list := s.idx.Approvals()
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]any{"approvals": list})
-}
-
-// principal is the token's user and grants, signed with the server's
-// gateway key; nil without a key.
-func (s *Server) principal(tok *Token) *client.Principal {
-	if len(s.cfg.ApprovalKey) == 0 {
-		return nil
-	}
-	return &client.Principal{User: tok.User, Roles: tok.Grants.Roles, Scopes: tok.Grants.Scopes,
-		KeyID: s.cfg.ApprovalKeyID, Key: s.cfg.ApprovalKey}
 }
 
 // approve is POST /v1/approvals/{id}/approve: signs the approval context

@@ -193,11 +193,7 @@ func (s *Server) call(name string) mcp.ToolHandler {
 			if err != nil {
 				return failure(err), nil
 			}
-			run.UserID = tok.User
-			if len(s.cfg.Gateway.Key) > 0 {
-				run.Principal = &client.Principal{User: tok.User, Roles: tok.Grants.Roles, Scopes: tok.Grants.Scopes,
-					KeyID: s.cfg.Gateway.KeyID, Key: s.cfg.Gateway.Key}
-			}
+			run.UserID, run.Principal = tok.User, tok.Principal(s.cfg.Gateway.KeyID, s.cfg.Gateway.Key)
 		}
 		ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 		defer cancel()

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/shelltest"
 )
 
 // buildExecutor compiles cmd/executor.
@@ -51,17 +51,6 @@ func gitRepo(t *testing.T, dir string, files map[string]string) {
 // (the safe profile, plus `sh -c` as the project's test command for the
 // process attacks), as the deployed executor user. A model chooses the profile's commands; the sandbox,
 // not the profile, is what stops them.
-// sandboxWorkspace is a workspace a root executor's sandbox can read: the
-// sandbox runs as host uid nobody, and t.TempDir's own parent is private
-// to its owner.
-func sandboxWorkspace(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
-	require.NoError(t, os.Chmod(dir, 0o755))
-	return dir
-}
-
 func TestShellEscapesAreContainedByTheSandbox(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts an executor process")
@@ -69,7 +58,7 @@ func TestShellEscapesAreContainedByTheSandbox(t *testing.T) {
 	_, err := exec.LookPath("rg")
 	require.NoError(t, err, "ripgrep is needed for its --pre escape (.ci/run installs it)")
 
-	ws, outside := sandboxWorkspace(t), t.TempDir()
+	ws, outside := shelltest.Workspace(t), t.TempDir()
 	gitRepo(t, ws, map[string]string{"a.txt": "one\n", "b.txt": "two\n", "f.sh": fmt.Sprintf("touch %s/ran-by-rg\necho pwned > planted.txt\n", outside)})
 	victim := filepath.Join(outside, "victim.txt")
 	require.NoError(t, os.WriteFile(victim, []byte("keep me\n"), 0o644))
@@ -163,13 +152,15 @@ func TestShellEscapesAreContainedByTheSandbox(t *testing.T) {
 		go func() {
 			done <- call("sh", "-c", fmt.Sprintf(`setsid sleep %[1]s.1 & sh -c "sleep %[1]s.2 &"; sleep %[1]s.3`, token))
 		}()
-		require.Eventually(t, func() bool { return len(sleeping(token+".1")) == 1 && len(sleeping(token+".2")) == 1 },
+		require.Eventually(t, func() bool {
+			return len(shelltest.Sleeping(token+".1")) == 1 && len(shelltest.Sleeping(token+".2")) == 1
+		},
 			5*time.Second, 10*time.Millisecond, "the setsid and double-forked children were started")
 		res := <-done
 		require.Equal(t, client.StatusFailed, res.Status)
 		assert.Equal(t, actionbus.CodeTimeout, res.Error.Code, "%+v", res.Error)
 		for _, n := range []string{".1", ".2", ".3"} {
-			assert.Empty(t, sleeping(token+n), "no descendant outlives the call: sleep %s%s", token, n)
+			assert.Empty(t, shelltest.Sleeping(token+n), "no descendant outlives the call: sleep %s%s", token, n)
 		}
 	})
 	t.Run("a fork bomb ends the call, and the executor serves the next", func(t *testing.T) {
@@ -188,39 +179,13 @@ func TestShellEscapesAreContainedByTheSandbox(t *testing.T) {
 	})
 }
 
-// sleeping lists the host pids of running `sleep ARG` processes.
-func sleeping(arg string) []int {
-	var out []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		argv := strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
-		if err != nil || len(argv) != 2 || filepath.Base(argv[0]) != "sleep" || argv[1] != arg {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		if len(fields) > 0 && fields[0] != "Z" && fields[0] != "X" {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
-
 // An executor killed (SIGKILL) in the middle of a shell call leaves nothing
 // of the call running: the sandbox dies with the process that started it.
 func TestAKilledExecutorLeavesNoSandboxBehind(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts an executor process")
 	}
-	ws := sandboxWorkspace(t)
+	ws := shelltest.Workspace(t)
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{NoExecutors: true})
 	cmd := exec.Command(buildExecutor(t), "--id", "shell-killed", "--workspace", ws, "--shell", "--shell-test-command", "sh -c")
@@ -248,10 +213,14 @@ func TestAKilledExecutorLeavesNoSandboxBehind(t *testing.T) {
 	_, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "shell",
 		Args: map[string]any{"argv": []any{"sh", "-c", fmt.Sprintf(`setsid sleep %[1]s.1 & sleep %[1]s.2`, token)}}}})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return len(sleeping(token+".1")) == 1 && len(sleeping(token+".2")) == 1 },
+	require.Eventually(t, func() bool {
+		return len(shelltest.Sleeping(token+".1")) == 1 && len(shelltest.Sleeping(token+".2")) == 1
+	},
 		10*time.Second, 10*time.Millisecond, "the command and its setsid child run")
 	require.NoError(t, cmd.Process.Kill())
 	<-exited
-	require.Eventually(t, func() bool { return len(sleeping(token+".1")) == 0 && len(sleeping(token+".2")) == 0 },
+	require.Eventually(t, func() bool {
+		return len(shelltest.Sleeping(token+".1")) == 0 && len(shelltest.Sleeping(token+".2")) == 0
+	},
 		5*time.Second, 10*time.Millisecond, "a process of the killed executor's sandbox still runs")
 }
