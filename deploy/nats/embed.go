@@ -1,8 +1,8 @@
-// Package natsconf holds the deployment's NATS configuration
-// (accounts.conf: the ACTIONBUS account and the least-privilege user of
-// every service, client and approver; tenant-users.conf.tmpl: the client
-// and approver users of one tenant) for programs and tests that start a
-// server with it, such as actionbustest with Options.Users.
+// Package natsconf holds the deployment's static NATS configuration
+// (accounts.conf: the ACTIONBUS account with the least-privilege user of
+// every service, and one account per tenant; tenant-account.conf.tmpl: the
+// account of one tenant) for programs and tests that start a server with
+// it, such as actionbustest with Options.Users.
 package natsconf
 
 import (
@@ -11,28 +11,39 @@ import (
 	"strings"
 )
 
-// Accounts is accounts.conf as shipped. Each user's password is the
-// environment variable <USER>_PASSWORD, which nats-server resolves when it
-// reads the file.
+// shipped is accounts.conf as shipped: the services' account and the
+// accounts of the tenants default, acme and globex.
 //
 //go:embed accounts.conf
-var Accounts string
+var shipped string
 
-//go:embed tenant-users.conf.tmpl
-var tenantUsers string
+//go:embed tenant-account.conf.tmpl
+var tenantAccount string
 
-// Users are the users Accounts defines.
+// ServiceAccount is the name of the services' account.
+const ServiceAccount = "ACTIONBUS"
+
+// Users are the users of the services' account, and of the default
+// tenant's account (client and approver).
 var Users = []string{"admin", "dispatcher", "planner", "executor", "auditor", "client", "approver"}
 
 // DefaultTenant is the tenant whose users are the plain "client" and
-// "approver" of Accounts.
+// "approver".
 const DefaultTenant = "default"
 
-// tenantUsersMark is the line of Accounts after which tenants' users go.
-const tenantUsersMark = "      # (tenant users)\n"
+// ExampleTenants are the tenants other than default whose accounts
+// accounts.conf ships with.
+var ExampleTenants = []string{"acme", "globex"}
+
+// The tenant accounts of accounts.conf lie between these lines.
+const (
+	tenantsBegin = "  # (tenant accounts)\n"
+	tenantsEnd   = "  # (end of tenant accounts)\n"
+)
 
 // ClientUser returns the name of a tenant's client user: "client" for the
-// default tenant, "client-<tenant>" otherwise.
+// default tenant, "client-<tenant>" otherwise (user names are unique
+// across a server's accounts).
 func ClientUser(tenant string) string { return tenantUser("client", tenant) }
 
 // ApproverUser returns the name of a tenant's approver user: "approver"
@@ -52,31 +63,38 @@ func PasswordVar(user string) string {
 	return strings.ToUpper(strings.ReplaceAll(user, "-", "_")) + "_PASSWORD"
 }
 
-// TenantUsers returns the accounts.conf entries of a tenant's client and
-// approver users, to paste into the users list of the ACTIONBUS account
-// (`actionbus tenant users <tenant>` prints them). The tenant must be a
-// valid tenant token (1 to 32 of a-z, 0-9, '-', '_').
-func TenantUsers(tenant string) string {
+// TenantAccount returns the accounts.conf block of a tenant's account
+// (its client and approver users, its imports and limits), to paste into
+// the accounts of accounts.conf (`actionbus tenant users <tenant>` prints
+// it). The tenant must be a valid tenant name (events.CheckTenant).
+func TenantAccount(tenant string) string {
 	client, approver := ClientUser(tenant), ApproverUser(tenant)
 	return strings.NewReplacer(
 		"{{TENANT}}", tenant,
 		"{{CLIENT}}", client, "{{CLIENT_ENV}}", strings.TrimSuffix(PasswordVar(client), "_PASSWORD"),
 		"{{APPROVER}}", approver, "{{APPROVER_ENV}}", strings.TrimSuffix(PasswordVar(approver), "_PASSWORD"),
-	).Replace(tenantUsers)
+	).Replace(tenantAccount)
 }
 
-// WithTenants returns Accounts with the users of tenants added.
+// WithTenants returns accounts.conf with the accounts of the default
+// tenant and of tenants in place of the shipped tenant accounts.
 func WithTenants(tenants ...string) string {
 	var b strings.Builder
-	for _, t := range tenants {
-		if t == DefaultTenant {
+	seen := map[string]bool{}
+	for _, t := range append([]string{DefaultTenant}, tenants...) {
+		if seen[t] {
 			continue
 		}
+		seen[t] = true
 		b.WriteString("\n")
-		b.WriteString(TenantUsers(t))
+		b.WriteString(TenantAccount(t))
 	}
-	return strings.Replace(Accounts, tenantUsersMark, tenantUsersMark+b.String(), 1)
+	i, j := strings.Index(shipped, tenantsBegin), strings.Index(shipped, tenantsEnd)
+	return shipped[:i+len(tenantsBegin)] + b.String() + shipped[j:]
 }
+
+// Accounts is accounts.conf as shipped.
+var Accounts = shipped
 
 // WithPasswords returns conf (Accounts, or [WithTenants]'s) with the
 // password variable of every user named in users replaced by
@@ -88,7 +106,8 @@ func WithPasswords(conf string, users []string, password func(user string) strin
 	return conf
 }
 
-// TenantUserNames returns the client and approver user names of tenants.
+// TenantUserNames returns the client and approver user names of tenants
+// other than the default (whose users are in Users).
 func TenantUserNames(tenants ...string) []string {
 	var out []string
 	for _, t := range tenants {
