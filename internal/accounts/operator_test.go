@@ -1,0 +1,216 @@
+package accounts_test
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/internal/accounts"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// pubAck is JetStream's publish acknowledgement (or its error).
+type pubAck struct {
+	Stream string `json:"stream"`
+	Seq    uint64 `json:"seq"`
+	Error  *struct {
+		Code        int    `json:"code"`
+		Description string `json:"description"`
+	} `json:"error"`
+}
+
+// unrestricted signs a user of account with no permissions at all: what
+// the account itself allows, whatever a user's lists say.
+func unrestricted(t *testing.T, s *actionbustest.Server, account string) *nats.Conn {
+	t.Helper()
+	creds, err := s.Accounts.SignUser(account, accounts.User{Name: "unrestricted-" + account})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "u.creds")
+	if err := os.WriteFile(path, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := s.DialCreds(path, nats.Name(t.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// A tenant added while the server runs (no restart) publishes a run
+// request and gets the ACTIONBUS stream's publish ack through its import,
+// receives its runs' events published by a service user, and reaches
+// nothing of another tenant nor any JetStream API.
+func TestTenantAddedAtRunTimeCrossesOnlyItsOwnImports(t *testing.T) {
+	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	topo := events.Topology{Prefix: s.Prefix}
+	srv := s.NATS
+
+	acme := s.TenantAdd(t, "acme", accounts.Limits{})
+	if s.NATS != srv || !srv.Running() {
+		t.Fatal("the server was replaced")
+	}
+
+	live, err := acme.SubscribeSync("ab.run.acme.*.started")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := acme.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The request crosses the service import into ACTIONBUS's stream, and
+	// JetStream's ack comes back as the service's reply.
+	run := events.NewID()
+	msg := nats.NewMsg("ab.run.acme." + run + ".requested")
+	msg.Header.Set("Nats-Msg-Id", run)
+	msg.Data = []byte(`{}`)
+	reply, err := acme.RequestMsg(msg, 5*time.Second)
+	if err != nil {
+		t.Fatalf("acme's request got no ack: %v", err)
+	}
+	var ack pubAck
+	if err := json.Unmarshal(reply.Data, &ack); err != nil || ack.Error != nil || ack.Stream != topo.StreamRequests() || ack.Seq == 0 {
+		t.Fatalf("ack %s (%v)", reply.Data, err)
+	}
+	if n := s.Stored(t, topo.StreamRequests(), "ab.run.acme.>"); n != 1 {
+		t.Fatalf("AB_REQUESTS holds %d of acme's requests, want 1", n)
+	}
+
+	// A service user's event on acme's run reaches acme's subscriber
+	// through the stream import.
+	dispatcher := s.ServiceConnect(t, "dispatcher")
+	if err := dispatcher.Publish("ab.run.acme."+run+".started", []byte(`{"x":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := live.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatalf("acme did not receive its run's started event: %v", err)
+	}
+	if got.Subject != "ab.run.acme."+run+".started" {
+		t.Fatalf("received %s", got.Subject)
+	}
+
+	// The client user may not publish another tenant's requests; and even
+	// a user of acme's account with no permission lists reaches no import
+	// for globex: no responders, nothing stored.
+	other := events.NewID()
+	if _, err := acme.Request("ab.run.globex."+other+".requested", []byte(`{}`), time.Second); err == nil {
+		t.Fatal("acme's client published globex's request and got a reply")
+	}
+	free := unrestricted(t, s, "acme")
+	if _, err := free.Request("ab.run.globex."+other+".requested", []byte(`{}`), time.Second); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("an unrestricted acme user's globex request: %v, want no responders", err)
+	}
+	if n := s.Stored(t, topo.StreamRequests(), "ab.run.globex.>"); n != 0 {
+		t.Fatalf("AB_REQUESTS holds %d globex requests from acme", n)
+	}
+
+	// No JetStream in a tenant account, whatever the user may publish.
+	if _, err := acme.Request("$JS.API.INFO", nil, time.Second); err == nil {
+		t.Fatal("acme's client called $JS.API.INFO")
+	}
+	info, err := free.Request("$JS.API.INFO", nil, 2*time.Second)
+	if err != nil || !strings.Contains(string(info.Data), "JetStream not enabled for account") {
+		t.Fatalf("$JS.API.INFO in acme's account: %v, want the server's \"JetStream not enabled for account\"", err)
+	}
+
+	// Nothing of globex reaches acme: not even a user of acme's account
+	// subscribed to everything. The marker on acme's own subject, sent
+	// after globex's events by the same connection, bounds the wait.
+	s.TenantAdd(t, "globex", accounts.Limits{})
+	all, err := free.SubscribeSync(">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := free.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for _, subj := range []string{"ab.run.globex." + other + ".started", "ab.stream.globex." + other, "ab.audit.globex." + other + ".x", "ab.run.globex." + other + ".sched.k"} {
+		if err := dispatcher.Publish(subj, []byte(`secret`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	marker := "ab.run.acme." + run + ".completed"
+	if err := dispatcher.Publish(marker, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := all.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("the marker did not arrive: %v", err)
+		}
+		if strings.Contains(m.Subject, "globex") {
+			t.Fatalf("acme received %s", m.Subject)
+		}
+		if m.Subject == marker {
+			break
+		}
+	}
+}
+
+// Removing a tenant closes its users' connections at once and refuses
+// them afterwards; the server keeps running.
+func TestRemovedTenantIsDisconnectedAndCannotReconnect(t *testing.T) {
+	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	closed := make(chan struct{})
+	s.TenantAdd(t, "acme", accounts.Limits{})
+	acme := s.TenantUserConnect(t, "acme", accounts.ClientUser("acme"), nats.NoReconnect(),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	creds, err := os.ReadFile(s.Accounts.CredsFile("acme", accounts.ClientUser("acme")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := filepath.Join(t.TempDir(), "client-acme.creds")
+	if err := os.WriteFile(kept, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	s.TenantRemove(t, "acme")
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("acme's connection is still open after tenant remove")
+	}
+	if acme.IsConnected() {
+		t.Fatal("acme is connected")
+	}
+	if nc, err := s.DialCreds(kept, nats.Name(t.Name())); err == nil {
+		nc.Close()
+		t.Fatal("a removed tenant's client connected again")
+	}
+	if _, err := s.Accounts.AddTenant("acme", accounts.Limits{}); err != nil {
+		t.Fatalf("the name of a removed tenant cannot be reused: %v", err)
+	}
+	if err := s.Conn.Flush(); err != nil {
+		t.Fatalf("the services' connection: %v", err)
+	}
+}
+
+// A tenant account at its connection limit refuses the next connection
+// with the server's clear error.
+func TestTenantConnectionLimitRefusesTheNextOne(t *testing.T) {
+	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	const limit = 3
+	s.TenantAdd(t, "acme", accounts.Limits{MaxConnections: limit})
+	for i := 1; i < limit; i++ {
+		s.TenantUserConnect(t, "acme", accounts.ApproverUser("acme"))
+	}
+	nc, err := s.DialCreds(s.Accounts.CredsFile("acme", accounts.ClientUser("acme")), nats.Name(t.Name()))
+	if err == nil {
+		nc.Close()
+		t.Fatalf("connection %d of acme accepted, limit %d", limit+1, limit)
+	}
+	if !errors.Is(err, nats.ErrMaxAccountConnectionsExceeded) {
+		t.Fatalf("connection %d refused with %v, want %v", limit+1, err, nats.ErrMaxAccountConnectionsExceeded)
+	}
+}
