@@ -1,10 +1,12 @@
 package accounts_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/events"
 )
@@ -212,5 +216,59 @@ func TestTenantConnectionLimitRefusesTheNextOne(t *testing.T) {
 	}
 	if !errors.Is(err, nats.ErrMaxAccountConnectionsExceeded) {
 		t.Fatalf("connection %d refused with %v, want %v", limit+1, err, nats.ErrMaxAccountConnectionsExceeded)
+	}
+}
+
+// A tenant added while the services run (each as its own ACTIONBUS user)
+// starts a run with the Go client over its own connection (the publish
+// ack crosses its service import) and follows it live: its run's events,
+// published by the services in ACTIONBUS, reach it through its stream
+// import, up to the terminal event.
+func TestTenantAddedAtRunTimeStartsARunAndFollowsItLive(t *testing.T) {
+	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	s.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		type in struct {
+			Text string `json:"text"`
+		}
+		return executor.Register(ex, executor.Action{Name: "t.echo", Description: "Echo."},
+			func(_ context.Context, x in, _ executor.Call) (executor.Result[in], error) {
+				return executor.Result[in]{Output: x, Summary: x.Text}, nil
+			})
+	}})
+	acme := s.TenantAdd(t, "acme", accounts.Limits{})
+	run := events.NewID()
+	live, err := acme.SubscribeSync("ab.run.acme." + run + ".*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := acme.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(acme, client.Options{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := c.Start(ctx, client.RunRequest{RunID: run, Action: &client.ActionCall{Name: "t.echo", Args: map[string]any{"text": "hi"}}}); err != nil {
+		t.Fatalf("acme's client could not start a run: %v", err)
+	}
+	var verbs []string
+	for {
+		m, err := live.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("acme's run did not end live (saw %v): %v", verbs, err)
+		}
+		verb := m.Subject[strings.LastIndex(m.Subject, ".")+1:]
+		verbs = append(verbs, verb)
+		if verb == "failed" || verb == "canceled" {
+			t.Fatalf("acme's run ended %s: %s", verb, m.Data)
+		}
+		if verb == "completed" {
+			break
+		}
+	}
+	if !slices.Contains(verbs, "started") {
+		t.Fatalf("acme saw %v, not its run's started event", verbs)
 	}
 }
