@@ -11,8 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
@@ -270,5 +273,121 @@ func TestTenantAddedAtRunTimeStartsARunAndFollowsItLive(t *testing.T) {
 	}
 	if !slices.Contains(verbs, "started") {
 		t.Fatalf("acme saw %v, not its run's started event", verbs)
+	}
+}
+
+// An account JWT that the operator signs by mistake with an import of
+// another tenant's subjects gains nothing: ACTIONBUS's exports require an
+// activation token narrowed to the importing tenant. With the token of its
+// own subjects the server refuses the account (account_refused); with no
+// token it accepts the account but not the import: no responders, no
+// events of globex, while its own token-activated import works.
+func TestAnImportOfAnotherTenantsSubjectsWithoutItsActivationIsRefused(t *testing.T) {
+	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	s.TenantAdd(t, "globex", accounts.Limits{})
+	seed := func(path string) nkeys.KeyPair {
+		b, err := os.ReadFile(filepath.Join(s.Accounts.Dir, path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp, err := nkeys.FromSeed(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kp
+	}
+	operator, svc := seed("operator.nk"), seed("accounts/ACTIONBUS/account.nk")
+	svcPub, _ := svc.PublicKey()
+	sys, err := s.DialCreds(s.Accounts.CredsFile(accounts.SystemAccount, accounts.SystemUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Close()
+	// mallory signs tenant's account with extra imports and pushes it.
+	mallory := func(tenant string, extra func(own string) []*jwt.Import) (nkeys.KeyPair, error) {
+		akp, _ := nkeys.CreateAccount()
+		pub, _ := akp.PublicKey()
+		ac, err := accounts.TenantAccountClaims("ab", tenant, pub, svc, accounts.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ac.Imports.Add(extra(ac.Imports[0].Token)...) // Imports[0]: ab.run.<tenant>.*.requested
+		tok, err := ac.Encode(operator)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return akp, accounts.Push(ctx, sys, tok)
+	}
+
+	_, err = mallory("mallory1", func(own string) []*jwt.Import {
+		return []*jwt.Import{{Name: "stolen", Subject: "ab.run.globex.*.requested", Account: svcPub, Token: own, Type: jwt.Service}}
+	})
+	if actionbus.CodeOf(err) != actionbus.CodeAccountRefused {
+		t.Fatalf("an import of globex's subjects with another tenant's token: %v, want account_refused", err)
+	}
+
+	akp, err := mallory("mallory", func(string) []*jwt.Import {
+		return []*jwt.Import{{Name: "untokened", Subject: "ab.run.globex.*.requested", Account: svcPub, Type: jwt.Service},
+			{Name: "untokened events", Subject: "ab.run.globex.*.*", Account: svcPub, Type: jwt.Stream}}
+	})
+	if err != nil {
+		t.Fatalf("push: %v", err)
+	}
+	creds, _, err := accounts.Creds(accounts.User{Name: "mallory"}, akp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "m.creds")
+	if err := os.WriteFile(path, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.DialCreds(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	run := events.NewID()
+	if _, err := m.Request("ab.run.globex."+run+".requested", []byte(`{}`), time.Second); !errors.Is(err, nats.ErrNoResponders) {
+		t.Errorf("mallory's request on globex's subject: %v, want no responders", err)
+	}
+	topo := events.Topology{Prefix: s.Prefix}
+	if n := s.Stored(t, topo.StreamRequests(), "ab.run.globex.>"); n != 0 {
+		t.Fatalf("mallory stored %d globex requests", n)
+	}
+	// Its own, token-activated import works: the refusal above is the
+	// token's, not a broken account.
+	if _, err := m.Request("ab.run.mallory."+run+".requested", []byte(`{}`), 5*time.Second); err != nil {
+		t.Fatalf("mallory's own import: %v", err)
+	}
+	all, err := m.SubscribeSync(">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	dispatcher := s.ServiceConnect(t, "dispatcher")
+	if err := dispatcher.Publish("ab.run.globex."+run+".started", []byte(`secret`)); err != nil {
+		t.Fatal(err)
+	}
+	// The marker, on mallory's own subject after globex's event from the
+	// same connection, bounds the wait.
+	marker := "ab.run.mallory." + run + ".started"
+	if err := dispatcher.Publish(marker, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		msg, err := all.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("the marker did not arrive: %v", err)
+		}
+		if strings.Contains(msg.Subject, "globex") {
+			t.Fatalf("mallory received globex's %s", msg.Subject)
+		}
+		if msg.Subject == marker {
+			break
+		}
 	}
 }
