@@ -37,7 +37,7 @@ func (s *Server) TenantAdd(t testing.TB, tenant string, l accounts.Limits) *nats
 func (s *Server) TenantRemove(t testing.TB, tenant string) {
 	t.Helper()
 	s.mustOperator(t)
-	_, revoked, deletion, err := s.Accounts.RemoveTenant(tenant)
+	_, revoked, deletion, err := s.Accounts.RevokeTenant(tenant)
 	if err != nil {
 		t.Fatalf("actionbustest: remove tenant %s: %v", tenant, err)
 	}
@@ -48,6 +48,9 @@ func (s *Server) TenantRemove(t testing.TB, tenant string) {
 	}
 	if err := accounts.Delete(ctx, s.sysConn(t), deletion); err != nil {
 		t.Fatalf("actionbustest: delete tenant %s: %v", tenant, err)
+	}
+	if err := s.Accounts.Forget(tenant); err != nil {
+		t.Fatalf("actionbustest: forget tenant %s: %v", tenant, err)
 	}
 }
 
@@ -89,6 +92,8 @@ func (s *Server) DialCreds(creds string, opts ...nats.Option) (*nats.Conn, error
 
 func (s *Server) sysConn(t testing.TB) *nats.Conn {
 	t.Helper()
+	s.sysMu.Lock()
+	defer s.sysMu.Unlock()
 	if s.sys == nil {
 		nc, err := s.DialCreds(s.Accounts.CredsFile(accounts.SystemAccount, accounts.SystemUser), nats.Name("actionbustest-sys"))
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,6 +90,7 @@ type Server struct {
 	// Options.Operator, nil otherwise.
 	Accounts *accounts.Store
 	sys      *nats.Conn
+	sysMu    sync.Mutex
 }
 
 // NewServer starts an embedded nats-server with JetStream on a free

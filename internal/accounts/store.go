@@ -229,11 +229,12 @@ func (s *Store) AddTenant(tenant string, l Limits) (Tenant, error) {
 	return Tenant{Name: tenant, Pub: pub, JWT: tok, CredsDir: s.CredsDir(tenant)}, nil
 }
 
-// RemoveTenant signs tenant's account as revoked ([RevokedTenantClaims])
-// and the request deleting it, and removes the tenant from the store. It
-// returns the revoked account JWT (push it first: it closes the users'
-// connections) and the deletion request.
-func (s *Store) RemoveTenant(tenant string) (pub, revoked, deletion string, err error) {
+// RevokeTenant signs tenant's account as revoked ([RevokedTenantClaims])
+// and the request deleting it. It returns the account's public key, the
+// revoked account JWT (push it first: it closes the users' connections)
+// and the deletion request. The store keeps the tenant until [Store.Forget]:
+// a push that fails can be tried again.
+func (s *Store) RevokeTenant(tenant string) (pub, revoked, deletion string, err error) {
 	if err := events.CheckTenant(tenant); err != nil {
 		return "", "", "", err
 	}
@@ -257,10 +258,16 @@ func (s *Store) RemoveTenant(tenant string) (pub, revoked, deletion string, err 
 	if deletion, err = DeleteClaims(okp, ac.Subject); err != nil {
 		return "", "", "", err
 	}
-	if err := os.RemoveAll(s.path("accounts", tenant)); err != nil {
-		return "", "", "", err
-	}
 	return ac.Subject, revoked, deletion, nil
+}
+
+// Forget removes tenant's keys, JWT and creds from the store (after the
+// server applied [Store.RevokeTenant]'s JWTs).
+func (s *Store) Forget(tenant string) error {
+	if err := events.CheckTenant(tenant); err != nil {
+		return err
+	}
+	return os.RemoveAll(s.path("accounts", tenant))
 }
 
 // Tenants lists the tenants in the store.

@@ -136,7 +136,7 @@ and audit records stay in ACTIONBUS's streams.`,
 			if err != nil {
 				return err
 			}
-			pub, revoked, deletion, err := s.RemoveTenant(args[0])
+			pub, revoked, deletion, err := s.RevokeTenant(args[0])
 			if err != nil {
 				return err
 			}
@@ -146,6 +146,9 @@ and audit records stay in ACTIONBUS's streams.`,
 				}
 				return accounts.Delete(ctx, nc, deletion)
 			}); err != nil {
+				return fmt.Errorf("tenant %s is still in %s (run tenant remove again): %w", args[0], s.Dir, err)
+			}
+			if err := s.Forget(args[0]); err != nil {
 				return err
 			}
 			fmt.Fprintf(g.out, "tenant %s: account %s revoked and deleted\n", args[0], pub)
