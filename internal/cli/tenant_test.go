@@ -5,12 +5,14 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/cli"
 	"github.com/actionbus/actionbus/internal/embedded"
@@ -103,5 +105,68 @@ func TestTenantUsersPrintsTheStaticAccountBlock(t *testing.T) {
 	}
 	if _, errOut, code := runCLI(t, "tenant", "users", "dispatcher"); code == 0 || !strings.Contains(errOut, "invalid_tenant") && !strings.Contains(errOut, "reserved") {
 		t.Fatalf("tenant users dispatcher: %d %s", code, errOut)
+	}
+}
+
+var tenantCredsPattern = regexp.MustCompile(`tenant default: client creds (\S+)`)
+
+// `actionbus dev` runs in operator mode: a connection without creds is
+// refused, and the default tenant (an account added at start) starts a
+// run with its client creds and receives the run's events live through
+// its imports, served by services connected as their own users.
+func TestDevRunsInOperatorModeWithTheDefaultTenant(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	devCtx, stopDev := context.WithCancel(ctx)
+	defer stopDev()
+	var devOut syncWriter
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Execute(devCtx, []string{"dev", "--port", "-1", "--store", t.TempDir(), "--no-demo", "--console", "off", "--latency", "0s"}, nil, &devOut, &devOut)
+	}()
+	url := waitForURL(t, &devOut)
+	m := tenantCredsPattern.FindStringSubmatch(devOut.String())
+	if m == nil {
+		t.Fatalf("dev printed no tenant creds:\n%s", devOut.String())
+	}
+	if nc, err := nats.Connect(url); err == nil {
+		nc.Close()
+		t.Fatal("dev accepted a connection without creds")
+	}
+	nc, err := nats.Connect(url, nats.UserCredentials(m[1]), nats.CustomInboxPrefix(client.InboxPrefix(events.DefaultTenant)))
+	if err != nil {
+		t.Fatalf("the default tenant's client: %v", err)
+	}
+	defer nc.Close()
+	run := events.NewID()
+	live, err := nc.SubscribeSync("ab.run.default." + run + ".*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(nc, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Start(ctx, client.RunRequest{RunID: run, Action: &client.ActionCall{Name: "delivery.searchJobs", Args: map[string]any{"status": []string{"FAILED"}}}}); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	for {
+		msg, err := live.NextMsg(20 * time.Second)
+		if err != nil {
+			t.Fatalf("the run did not end live: %v", err)
+		}
+		if strings.HasSuffix(msg.Subject, ".failed") {
+			t.Fatalf("the run failed: %s", msg.Data)
+		}
+		if strings.HasSuffix(msg.Subject, ".completed") {
+			break
+		}
+	}
+	stopDev()
+	if code := <-done; code != 0 {
+		t.Fatalf("dev exited %d:\n%s", code, devOut.String())
 	}
 }
