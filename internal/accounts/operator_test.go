@@ -391,3 +391,58 @@ func TestAnImportOfAnotherTenantsSubjectsWithoutItsActivationIsRefused(t *testin
 		}
 	}
 }
+
+// A tenant account's subscription and payload limits hold: the
+// subscription over the limit is refused with the server's "maximum
+// subscriptions exceeded", a message over the account's max payload with
+// "maximum payload".
+func TestTenantSubscriptionAndPayloadLimitsHold(t *testing.T) {
+	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	const subs, payload = 4, 1024
+	s.TenantAdd(t, "acme", accounts.Limits{MaxSubscriptions: subs, MaxPayload: payload})
+	asyncErrs := make(chan error, 16)
+	nc := s.TenantUserConnect(t, "acme", accounts.ClientUser("acme"), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		asyncErrs <- err
+	}))
+	// The connection's own reply subscription (new-style requests) is not
+	// made yet: the subscriptions below are all it has.
+	for i := 0; i < subs; i++ {
+		if _, err := nc.SubscribeSync("ab.run.acme." + events.NewID() + ".*"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.SubscribeSync("ab.run.acme." + events.NewID() + ".*"); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	select {
+	case err := <-asyncErrs:
+		if !strings.Contains(strings.ToLower(err.Error()), "maximum subscriptions exceeded") {
+			t.Fatalf("subscription %d: %v", subs+1, err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("subscription %d of acme was accepted, limit %d", subs+1, subs)
+	}
+
+	// The server enforces the account's payload limit (its INFO still
+	// shows its own): the message over it ends the connection with
+	// "maximum payload violation", and nothing is delivered.
+	closed := make(chan struct{})
+	big := s.TenantUserConnect(t, "acme", accounts.ApproverUser("acme"), nats.NoReconnect(),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err := big.Publish("ab.run.acme."+events.NewID()+".approve", make([]byte, payload+1)); err != nil {
+		t.Fatal(err)
+	}
+	_ = big.Flush()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("a message of %d bytes was accepted, limit %d", payload+1, payload)
+	}
+	if err := big.LastError(); err == nil || !strings.Contains(strings.ToLower(err.Error()), "maximum payload") {
+		t.Fatalf("closed with %v, want maximum payload violation", err)
+	}
+}
