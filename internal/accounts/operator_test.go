@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -444,5 +445,17 @@ func TestTenantSubscriptionAndPayloadLimitsHold(t *testing.T) {
 	}
 	if err := big.LastError(); err == nil || !strings.Contains(strings.ToLower(err.Error()), "maximum payload") {
 		t.Fatalf("closed with %v, want maximum payload violation", err)
+	}
+}
+
+// BenchmarkTenantAdd measures adding a tenant to a running server: keys,
+// signing, creds files, the push through the system account, and the
+// tenant client's first connection.
+func BenchmarkTenantAdd(b *testing.B) {
+	s := actionbustest.NewServer(b, actionbustest.Options{Operator: true})
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		nc := s.TenantAdd(b, fmt.Sprintf("t%d", i), accounts.Limits{})
+		nc.Close()
 	}
 }

@@ -170,3 +170,15 @@ func TestDevRunsInOperatorModeWithTheDefaultTenant(t *testing.T) {
 		t.Fatalf("dev exited %d:\n%s", code, devOut.String())
 	}
 }
+
+// `actionbus dev --no-operator` still runs the demo on a server without
+// accounts.
+func TestDevWithoutOperatorModeRunsTheDemo(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code := cli.Execute(ctx, []string{"dev", "--no-operator", "--port", "-1", "--store", t.TempDir(), "--exit-after-demo", "--console", "off", "--latency", "0s"}, nil, &out, &errOut)
+	if code != 0 || strings.Contains(out.String(), "operator mode") || !strings.Contains(out.String(), "✔ completed") {
+		t.Fatalf("exit %d:\n%s\n%s", code, out.String(), errOut.String())
+	}
+}
