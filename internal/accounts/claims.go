@@ -8,15 +8,6 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// Token-required exports. ACTIONBUS's exports require an activation
-// token, which ACTIONBUS's own key signs for one tenant account and one
-// subject narrowed to that tenant ([Activation]): even an account JWT
-// signed by the operator by mistake with an import naming another
-// tenant's subjects is refused by the server, because it holds no token
-// for them. (Only the operator signs account JWTs, so public exports
-// would be safe too; the tokens make the tenant token a second, signed
-// fact.)
-
 // OperatorClaims returns the operator JWT of name, self-signed by kp,
 // naming sysPub as its system account.
 func OperatorClaims(name string, kp nkeys.KeyPair, sysPub string) (string, error) {
@@ -41,6 +32,18 @@ func SystemAccountClaims(pub string) *jwt.AccountClaims {
 // ServiceAccountClaims returns the claims of the ACTIONBUS account:
 // JetStream enabled without limits (the deployment bounds the server),
 // and [Exports] as token-required exports.
+//
+// Why token-required: only the operator signs account JWTs, so public
+// exports would already keep a tenant to the imports the operator gave
+// it. Requiring an activation token, which ACTIONBUS's own key signs for
+// one tenant account and that tenant's subjects only ([Activation]),
+// makes the tenant token a second signed fact: an account JWT signed by
+// mistake (or by a script holding only the operator key) with an import
+// naming another tenant's subjects is refused by the server, with a
+// borrowed token as a whole (account_refused) and without one import by
+// import (TestAnImportOfAnotherTenantsSubjectsWithoutItsActivationIsRefused).
+// Verified on nats-server 2.15.2: a narrowed token activates a wildcard
+// service import, and JetStream publish acks come back through it.
 func ServiceAccountClaims(pub, prefix string) *jwt.AccountClaims {
 	ac := jwt.NewAccountClaims(pub)
 	ac.Name = ServiceAccount
