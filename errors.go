@@ -99,6 +99,7 @@ const (
 	CodeRunNotFound          Code = "run_not_found"
 	CodeApprovalNotFound     Code = "approval_not_found"
 	CodeBadRequest           Code = "bad_request"
+	CodeAccountRefused       Code = "account_refused"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -119,6 +120,7 @@ var Codes = []Code{
 	CodeSkillNotFound, CodeSkillNotActive, CodeSkillToolRefused, CodeHandoffRefused, CodeHandoffCycle, CodeInvalidSkill,
 	CodeShellRefused, CodeShellExit, CodeShellLimit, CodeIsolationUnavailable, CodeMCPToolError, CodeMCPUnavailable,
 	CodeUnauthenticated, CodeForbidden, CodeRunNotFound, CodeApprovalNotFound, CodeBadRequest,
+	CodeAccountRefused,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code

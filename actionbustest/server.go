@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsconf "github.com/actionbus/actionbus/deploy/nats"
+	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/embedded"
 	"github.com/actionbus/actionbus/internal/events"
 )
@@ -50,6 +52,13 @@ type Options struct {
 	// "approver-<tenant>", password "pw-<user>" as for the others. They
 	// connect with [Server.TenantConnect].
 	Tenants []string
+	// Operator starts the server in operator mode (JWTs, a full account
+	// resolver) from an operator store made for the test: the ACTIONBUS
+	// account holds every stream, Conn and JS are its admin user's, and
+	// provisioning runs as admin. [Server.TenantAdd] adds a tenant account
+	// at run time, with no restart, as `actionbus tenant add` does;
+	// [Server.ServiceConnect] connects as a service user. Excludes Users.
+	Operator bool
 }
 
 func (o *Options) setDefaults() {
@@ -77,6 +86,11 @@ type Server struct {
 	Pools []string
 
 	users bool
+	// Accounts is the operator store of a server started with
+	// Options.Operator, nil otherwise.
+	Accounts *accounts.Store
+	sys      *nats.Conn
+	sysMu    sync.Mutex
 }
 
 // NewServer starts an embedded nats-server with JetStream on a free
@@ -97,6 +111,14 @@ func NewServer(t testing.TB, o Options) *Server {
 		}
 		eo.ConfigFile = conf
 	}
+	var store *accounts.Store
+	if o.Operator {
+		var err error
+		if store, err = accounts.Init(filepath.Join(t.TempDir(), "operator"), accounts.InitOptions{Prefix: o.Prefix, Pools: o.Pools}); err != nil {
+			t.Fatalf("actionbustest: operator store: %v", err)
+		}
+		eo.OperatorDir = store.Dir
+	}
 	ns, err := embedded.Start(eo)
 	if err != nil {
 		t.Fatalf("actionbustest: start nats-server: %v", err)
@@ -105,7 +127,7 @@ func NewServer(t testing.TB, o Options) *Server {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 	})
-	s := &Server{NATS: ns, URL: ns.ClientURL(), Prefix: o.Prefix, Pools: o.Pools, users: o.Users}
+	s := &Server{NATS: ns, URL: ns.ClientURL(), Prefix: o.Prefix, Pools: o.Pools, users: o.Users, Accounts: store}
 	if o.Users {
 		s.URL = s.UserURL("admin")
 	}
@@ -158,10 +180,15 @@ func (s *Server) TenantConnect(t testing.TB, user, tenant string) *nats.Conn {
 	return nc
 }
 
-// Connect opens another connection to the server, closed in t.Cleanup.
+// Connect opens another connection to the server (in operator mode as
+// ACTIONBUS's admin), closed in t.Cleanup.
 func (s *Server) Connect(t testing.TB) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(s.URL, nats.Name(t.Name()))
+	opts := []nats.Option{nats.Name(t.Name())}
+	if s.Accounts != nil {
+		opts = append(opts, nats.UserCredentials(s.Accounts.CredsFile(accounts.ServiceAccount, "admin")))
+	}
+	nc, err := nats.Connect(s.URL, opts...)
 	if err != nil {
 		t.Fatalf("actionbustest: connect: %v", err)
 	}

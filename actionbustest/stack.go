@@ -3,11 +3,15 @@ package actionbustest
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/planner"
@@ -164,8 +168,17 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 		t.Cleanup(func() { _ = sink.Close() })
 		ac.Sinks = append(ac.Sinks, sink)
 	}
+	// In operator mode every service connects as its own ACTIONBUS user,
+	// as deployed.
+	var connect func(user string) (*nats.Conn, error)
+	if s.Accounts != nil {
+		connect = func(user string) (*nats.Conn, error) {
+			return s.DialCreds(s.Accounts.CredsFile(accounts.ServiceAccount, user), nats.Name(t.Name()+"-"+user),
+				nats.CustomInboxPrefix(accounts.InboxPrefix(strings.SplitN(user, "-", 2)[0])))
+		}
+	}
 	st, err := stack.Start(context.Background(), s.Connect(t), stack.Config{
-		Audit: ac, Logger: opts.Logger,
+		Audit: ac, Logger: opts.Logger, Connect: connect,
 		Prefix: s.Prefix, Provider: provider, Executors: opts.Executors, Slots: opts.Slots, Executor: opts.Executor,
 		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner, NoExecutors: opts.NoExecutors, NoDispatcher: opts.NoDispatcher,
 		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel, MaxPlanActions: opts.MaxPlanActions, MaxSectionParallel: opts.MaxSectionParallel,

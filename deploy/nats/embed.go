@@ -1,14 +1,17 @@
 // Package natsconf holds the deployment's static NATS configuration
 // (accounts.conf: the ACTIONBUS account with the least-privilege user of
-// every service, and one account per tenant; tenant-account.conf.tmpl: the
-// account of one tenant) for programs and tests that start a server with
-// it, such as actionbustest with Options.Users.
+// every service, and one account per tenant) for programs and tests that start a server with
+// it, such as actionbustest with Options.Users. The layout itself is
+// internal/accounts'; accounts.conf is its static rendering.
 package natsconf
 
 import (
 	_ "embed"
 	"strconv"
 	"strings"
+
+	"github.com/actionbus/actionbus/internal/accounts"
+	"github.com/actionbus/actionbus/internal/events"
 )
 
 // shipped is accounts.conf as shipped: the services' account and the
@@ -16,9 +19,6 @@ import (
 //
 //go:embed accounts.conf
 var shipped string
-
-//go:embed tenant-account.conf.tmpl
-var tenantAccount string
 
 // ServiceAccount is the name of the services' account.
 const ServiceAccount = "ACTIONBUS"
@@ -35,62 +35,51 @@ const DefaultTenant = "default"
 // accounts.conf ships with.
 var ExampleTenants = []string{"acme", "globex"}
 
-// The tenant accounts of accounts.conf lie between these lines.
-const (
-	tenantsBegin = "  # (tenant accounts)\n"
-	tenantsEnd   = "  # (end of tenant accounts)\n"
-)
+// header is the comment accounts.conf starts with.
+const header = `# actionbus accounts (default subject prefix "ab"), rendered from
+# internal/accounts (the layout operator mode signs as JWTs): regenerate
+# rather than edit (a test compares).
+#
+# Two kinds of account, and what crosses between them is an explicit
+# export/import (docs/tenants.md):
+#
+# - ACTIONBUS, the services' account: every stream, bucket and object store,
+#   and one least-privilege user per service. Every service user may publish
+#   only the events it produces, use only the JetStream API of the streams,
+#   consumers and buckets it needs, and receive replies only on its own inbox
+#   prefix (services connect with nats.CustomInboxPrefix("_INBOX_<service>")).
+#   A pool other than "default" has its own executor user (executor-<pool>).
+# - One account per tenant, holding nothing of the services': no JetStream,
+#   no stream, bucket or inbox of ACTIONBUS. A tenant's users start, answer
+#   and cancel its runs through service imports of exactly its own subjects
+#   (ab.run.<tenant>.<runId>.<verb>: JetStream's publish ack is the reply),
+#   read its runs, audit records, artifacts and the catalog through the read
+#   service (ab.api.<tenant>.<op>), and receive its runs' live events and
+#   audit records through stream imports of its own subjects. A subject
+#   naming another tenant reaches no import: inboxes, delivery subjects and
+#   replies are the account's own by construction.
+#
+# Passwords come from the environment ($ADMIN_PASSWORD, ...); run
+# "actionbus provision" as admin. This file ships with the tenants default,
+# acme and globex; "actionbus tenant users <tenant>" prints another tenant's
+# account block (add the tenant to the accounts list of every export too).
+# Operator mode adds tenants without editing this file or restarting
+# (docs/operations.md).
+`
 
-// ClientUser returns the name of a tenant's client user: "client" for the
-// default tenant, "client-<tenant>" otherwise (user names are unique
-// across a server's accounts).
-func ClientUser(tenant string) string { return tenantUser("client", tenant) }
-
-// ApproverUser returns the name of a tenant's approver user: "approver"
-// for the default tenant, "approver-<tenant>" otherwise.
-func ApproverUser(tenant string) string { return tenantUser("approver", tenant) }
-
-func tenantUser(role, tenant string) string {
-	if tenant == DefaultTenant {
-		return role
-	}
-	return role + "-" + tenant
-}
-
-// PasswordVar returns the environment variable holding user's password
-// (without the $): CLIENT_ACME_PASSWORD for client-acme.
-func PasswordVar(user string) string {
-	return strings.ToUpper(strings.ReplaceAll(user, "-", "_")) + "_PASSWORD"
-}
-
-// TenantAccount returns the accounts.conf block of a tenant's account
-// (its client and approver users, its imports and limits), to paste into
-// the accounts of accounts.conf (`actionbus tenant users <tenant>` prints
-// it). The tenant must be a valid tenant name (events.CheckTenant).
-func TenantAccount(tenant string) string {
-	client, approver := ClientUser(tenant), ApproverUser(tenant)
-	return strings.NewReplacer(
-		"{{TENANT}}", tenant,
-		"{{CLIENT}}", client, "{{CLIENT_ENV}}", strings.TrimSuffix(PasswordVar(client), "_PASSWORD"),
-		"{{APPROVER}}", approver, "{{APPROVER_ENV}}", strings.TrimSuffix(PasswordVar(approver), "_PASSWORD"),
-	).Replace(tenantAccount)
-}
-
-// WithTenants returns accounts.conf with the accounts of the default
-// tenant and of tenants in place of the shipped tenant accounts.
+// WithTenants returns accounts.conf for the default tenant and tenants
+// (each once): the services' account, whose exports list them, and one
+// account per tenant, rendered from internal/accounts.
 func WithTenants(tenants ...string) string {
-	var b strings.Builder
+	var all []string
 	seen := map[string]bool{}
 	for _, t := range append([]string{DefaultTenant}, tenants...) {
-		if seen[t] {
-			continue
+		if !seen[t] {
+			seen[t] = true
+			all = append(all, t)
 		}
-		seen[t] = true
-		b.WriteString("\n")
-		b.WriteString(TenantAccount(t))
 	}
-	i, j := strings.Index(shipped, tenantsBegin), strings.Index(shipped, tenantsEnd)
-	return shipped[:i+len(tenantsBegin)] + b.String() + shipped[j:]
+	return header + accounts.StaticConfig(events.DefaultPrefix, all, accounts.Limits{}, events.DefaultPool)
 }
 
 // Accounts is accounts.conf as shipped.
@@ -105,6 +94,19 @@ func WithPasswords(conf string, users []string, password func(user string) strin
 	}
 	return conf
 }
+
+// ClientUser returns the name of a tenant's client user: "client" for the
+// default tenant, "client-<tenant>" otherwise (user names are unique
+// across a server's accounts).
+func ClientUser(tenant string) string { return accounts.ClientUser(tenant) }
+
+// ApproverUser returns the name of a tenant's approver user: "approver"
+// for the default tenant, "approver-<tenant>" otherwise.
+func ApproverUser(tenant string) string { return accounts.ApproverUser(tenant) }
+
+// PasswordVar returns the environment variable holding user's password
+// (without the $): CLIENT_ACME_PASSWORD for client-acme.
+func PasswordVar(user string) string { return accounts.PasswordVar(user) }
 
 // TenantUserNames returns the client and approver user names of tenants
 // other than the default (whose users are in Users).

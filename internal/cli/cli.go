@@ -26,6 +26,7 @@ import (
 // globals are the flags every command shares.
 type globals struct {
 	natsURL string
+	creds   string
 	prefix  string
 	tenant  string
 	verbose bool
@@ -47,7 +48,11 @@ func (g *globals) connect() (*nats.Conn, error) {
 		g.natsURL = envOr("NATS_URL", nats.DefaultURL)
 	}
 	// A tenant's users receive replies only on their tenant's inboxes.
-	nc, err := nats.Connect(g.natsURL, nats.Name("actionbus-cli"), nats.CustomInboxPrefix(client.InboxPrefix(g.tenant)))
+	opts := []nats.Option{nats.Name("actionbus-cli"), nats.CustomInboxPrefix(client.InboxPrefix(g.tenant))}
+	if g.creds != "" {
+		opts = append(opts, nats.UserCredentials(g.creds))
+	}
+	nc, err := nats.Connect(g.natsURL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", service.RedactURL(g.natsURL), err)
 	}
@@ -121,6 +126,7 @@ func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&g.natsURL, "nats", "", "NATS server URL (default $NATS_URL, else "+nats.DefaultURL+"; read at run time, never shown)")
+	root.PersistentFlags().StringVar(&g.creds, "creds", envOr("NATS_CREDS", ""), "NATS credentials file (operator mode: a tenant's client creds, or a service user's; env NATS_CREDS)")
 	root.PersistentFlags().StringVar(&g.prefix, "prefix", envOr("ACTIONBUS_PREFIX", events.DefaultPrefix), "subject prefix (env ACTIONBUS_PREFIX)")
 	root.PersistentFlags().StringVar(&g.tenant, "tenant", envOr("ACTIONBUS_TENANT", events.DefaultTenant), "the tenant whose runs the command starts, follows and answers (env ACTIONBUS_TENANT)")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "log service activity")
@@ -138,7 +144,7 @@ func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 			_ = shutdown(sctx)
 		}()
 	}
-	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), inputCmd(g), approveCmd(g), denyCmd(g), workflowCmd(g), actionsCmd(g), skillsCmd(g), mcpCmd(g), artifactsCmd(g), auditCmd(g), eventsCmd(g), replayCmd(g), runsCmd(g), retryCmd(g), tenantCmd(g), consoleCmd(g))
+	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), inputCmd(g), approveCmd(g), denyCmd(g), workflowCmd(g), actionsCmd(g), skillsCmd(g), mcpCmd(g), artifactsCmd(g), auditCmd(g), eventsCmd(g), replayCmd(g), runsCmd(g), retryCmd(g), tenantCmd(g), natsCmd(g), consoleCmd(g))
 	if err := root.ExecuteContext(ctx); err != nil {
 		var exit exitError
 		if asExit(err, &exit) {

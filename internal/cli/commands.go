@@ -37,8 +37,9 @@ func provisionCmd(g *globals) *cobra.Command {
 JetStream admin rights). Every pool named with --pool gets its work consumer.
 
 Tenants share everything provisioned here: adding a tenant needs no
-provisioning, only its NATS users — see "actionbus tenant users TENANT"
-and docs/tenants.md.`,
+provisioning, only its NATS account — see "actionbus tenant add TENANT"
+(operator mode), "actionbus tenant users TENANT" (static config) and
+docs/tenants.md.`,
 		RunE: g.withJetStream(func(cmd *cobra.Command, _ []string, js jetstream.JetStream) error {
 			topo := events.Topology{Prefix: g.prefix, Pools: pools, Replicas: replicas}
 			if cluster != "" || len(tags) > 0 {

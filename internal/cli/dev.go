@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/builtin"
 	"github.com/actionbus/actionbus/internal/demo"
@@ -52,6 +55,7 @@ type devFlags struct {
 	plannerMode   string
 	console       string
 	auditorKey    string
+	static        bool
 }
 
 func devCmd(g *globals) *cobra.Command {
@@ -82,6 +86,7 @@ Other terminals can use the same server: actionbus --nats nats://HOST:PORT run .
 	cmd.Flags().StringVar(&f.openAIModel, "openai-model", "gpt-4o-mini", "model of the openai provider")
 	cmd.Flags().StringVar(&f.plannerMode, "planner-mode", planner.ModeNativeTools, "openai provider mode: native_tools or envelope")
 	cmd.Flags().StringVar(&f.auditorKey, "auditor-key-file", audit.DefaultKeyFile(), "the auditor's signing key (nkeys seed), created with its public key in FILE.pub on first start; `audit verify` pins that public key")
+	cmd.Flags().BoolVar(&f.static, "no-operator", false, "run the server without accounts or authentication (one account, every connection trusted) instead of operator mode")
 	cmd.Flags().StringVar(&f.console, "console", "127.0.0.1:8642", "serve the web console and HTTP API on this loopback address (a free port when it is taken; \"off\": none)")
 	return cmd
 }
@@ -98,7 +103,18 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 		defer os.RemoveAll(dir)
 		f.store = dir
 	}
-	ns, err := embedded.Start(embedded.Options{Host: f.host, Port: f.port, StoreDir: f.store})
+	eo := embedded.Options{Host: f.host, Port: f.port, StoreDir: f.store}
+	var ops *accounts.Store
+	if !f.static {
+		// Operator mode, as deployed: the services' ACTIONBUS account,
+		// the default tenant an account of its own, added at run time.
+		var err error
+		if ops, err = devOperatorStore(filepath.Join(f.store, "operator"), g.prefix); err != nil {
+			return err
+		}
+		eo.OperatorDir = ops.Dir
+	}
+	ns, err := embedded.Start(eo)
 	if err != nil {
 		return err
 	}
@@ -107,11 +123,33 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 		ns.WaitForShutdown()
 	}()
 	url := ns.ClientURL()
-	nc, err := nats.Connect(url, nats.Name("actionbus-dev"))
+	// TODO(issue 37, read service): the in-process client of the demo and
+	// the console reads runs through JetStream, which a tenant account
+	// has not: it connects as ACTIONBUS's admin until the read service
+	// lands, then as the default tenant's client (its creds are made
+	// below).
+	connOpts := []nats.Option{nats.Name("actionbus-dev")}
+	cliCreds := ""
+	if ops != nil {
+		cliCreds = ops.CredsFile(accounts.ServiceAccount, "admin")
+		connOpts = append(connOpts, nats.UserCredentials(cliCreds))
+	}
+	nc, err := nats.Connect(url, connOpts...)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	var serviceConnect func(user string) (*nats.Conn, error)
+	tenantCreds := ""
+	if ops != nil {
+		if tenantCreds, err = devDefaultTenant(ctx, url, ops); err != nil {
+			return err
+		}
+		serviceConnect = func(user string) (*nats.Conn, error) {
+			return nats.Connect(url, nats.Name("actionbus-dev-"+user), nats.UserCredentials(ops.CredsFile(accounts.ServiceAccount, user)),
+				nats.CustomInboxPrefix(accounts.InboxPrefix(strings.SplitN(user, "-", 2)[0])))
+		}
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
@@ -166,13 +204,20 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 			return demo.Register(ex, demo.Options{Latency: f.latency, Store: store})
 		},
 		Logger:     g.logger(),
+		Connect:    serviceConnect,
 		Dispatcher: dispatch.Config{ApprovalKeys: policy.Keys{devKeyID: {Secret: approvalKey}, devConsoleKeyID: {Secret: consoleKey, Gateway: true}}},
 	})
 	if err != nil {
 		return err
 	}
 	defer st.Stop()
-	fmt.Fprintf(g.out, "actionbus dev: NATS with JetStream at %s (store %s)\n", url, f.store)
+	header := fmt.Sprintf("actionbus dev: NATS with JetStream at %s (store %s)\n", url, f.store)
+	if ops != nil {
+		header += fmt.Sprintf("  operator mode: operator store %s; services connect as their ACTIONBUS users\n", ops.Dir) +
+			fmt.Sprintf("  tenant default: client creds %s\n", tenantCreds) +
+			fmt.Sprintf("  cli creds: %s\n", cliCreds)
+	}
+	fmt.Fprint(g.out, header)
 	fmt.Fprintf(g.out, "  services: dispatcher, planner (%s), auditor, %d executors × %d slots\n", plannerDesc, f.executors, f.slots)
 	fmt.Fprintf(g.out, "  auditor key: %s, public key %s\n", auditorKey, st.AuditorKey())
 	if f.console != "off" {
@@ -209,11 +254,18 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 			return err
 		}
 	}
-	fmt.Fprintf(g.out, "\nserving; try in another terminal:\n  go run ./cmd/actionbus --nats %s run --scenario echo \"hello\"\n  go run ./cmd/actionbus --nats %s actions\n", url, url)
+	// TODO(issue 37, read service): the CLI's commands follow runs through
+	// JetStream; until the read service lands they use ACTIONBUS's admin
+	// creds here, then the default tenant's client creds.
+	target := url
+	if cliCreds != "" {
+		target = url + " --creds " + cliCreds
+	}
+	fmt.Fprintf(g.out, "\nserving; try in another terminal:\n  go run ./cmd/actionbus --nats %s run --scenario echo \"hello\"\n  go run ./cmd/actionbus --nats %s actions\n", target, target)
 	// Dev mode's key is made for this process only; printing it is how an
 	// operator approves here (a production key is never printed).
 	fmt.Fprintf(g.out, "approve a pending action (this dev server's own approval key):\n  %s=%s:%s go run ./cmd/actionbus --nats %s approve APPROVAL_ID\nCtrl-C stops.\n",
-		approvalKeyEnv, devKeyID, base64.StdEncoding.EncodeToString(approvalKey), url)
+		approvalKeyEnv, devKeyID, base64.StdEncoding.EncodeToString(approvalKey), target)
 	<-ctx.Done()
 	return nil
 }
@@ -248,4 +300,39 @@ func devConsole(ctx context.Context, g *globals, nc *nats.Conn, addr string, app
 func isLoopback(host string) bool {
 	ip := net.ParseIP(host)
 	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
+// devOperatorStore opens dev mode's operator store in dir, or creates it
+// (a --store kept across runs keeps its keys and tenants).
+func devOperatorStore(dir, prefix string) (*accounts.Store, error) {
+	if _, err := os.Stat(filepath.Join(dir, "operator.nk")); err == nil {
+		return accounts.Open(dir)
+	}
+	return accounts.Init(dir, accounts.InitOptions{Prefix: prefix, OperatorName: "actionbus-dev"})
+}
+
+// devDefaultTenant adds the default tenant to the running server as
+// `actionbus tenant add default` does (a store that has it already has it
+// in the server's resolver directory too), and returns its client's creds
+// file.
+func devDefaultTenant(ctx context.Context, url string, s *accounts.Store) (string, error) {
+	creds := s.CredsFile(events.DefaultTenant, accounts.ClientUser(events.DefaultTenant))
+	if _, err := os.Stat(creds); err == nil {
+		return creds, nil
+	}
+	tn, err := s.AddTenant(events.DefaultTenant, accounts.Limits{})
+	if err != nil {
+		return "", err
+	}
+	sys, err := nats.Connect(url, nats.Name("actionbus-dev-sys"), nats.UserCredentials(s.CredsFile(accounts.SystemAccount, accounts.SystemUser)))
+	if err != nil {
+		return "", err
+	}
+	defer sys.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := accounts.Push(ctx, sys, tn.JWT); err != nil {
+		return "", err
+	}
+	return creds, nil
 }

@@ -112,7 +112,7 @@ func TestRunExitCodeFollowsTheTerminalState(t *testing.T) {
 			t.Fatalf("dev printed: %s", devOut.String())
 		}
 	}
-	assert.Regexp(t, `ACTIONBUS_APPROVAL_KEY=dev-operator:\S+ go run ./cmd/actionbus --nats \S+ approve APPROVAL_ID`, devOut.String(),
+	assert.Regexp(t, `ACTIONBUS_APPROVAL_KEY=dev-operator:\S+ go run ./cmd/actionbus --nats \S+ --creds \S+ approve APPROVAL_ID`, devOut.String(),
 		"dev --no-demo says how to approve")
 	code := cli.Execute(ctx, []string{"--nats", url, "exec", "nope.missing", "--input", "{}"}, nil, &out, &errOut)
 	assert.Equal(t, 2, code, out.String())

@@ -43,14 +43,22 @@ func (w *syncWriter) signal() chan struct{} {
 	return w.changed
 }
 
-var urlPattern = regexp.MustCompile(`at (nats://127\.0\.0\.1:\d+)`)
+var (
+	urlPattern   = regexp.MustCompile(`at (nats://127\.0\.0\.1:\d+)`)
+	credsPattern = regexp.MustCompile(`cli creds: (\S+)`)
+)
 
-// waitForURL waits until dev prints its server URL.
+// waitForURL waits until dev prints its server URL. In operator mode (dev
+// prints its URL and the CLI's creds at once) it sets NATS_CREDS for the
+// test, so that the commands run against dev connect as dev says.
 func waitForURL(t *testing.T, w *syncWriter) string {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
 		if m := urlPattern.FindStringSubmatch(w.String()); m != nil {
+			if c := credsPattern.FindStringSubmatch(w.String()); c != nil {
+				t.Setenv("NATS_CREDS", c[1])
+			}
 			return m[1]
 		}
 		select {

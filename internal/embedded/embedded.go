@@ -7,6 +7,7 @@ package embedded
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -30,6 +31,13 @@ type Options struct {
 	// users, permissions) read first; Host, Port, StoreDir and ServerName
 	// above still apply.
 	ConfigFile string
+	// OperatorDir, when set, starts the server in operator mode from the
+	// operator store in that directory (accounts.Init wrote it): trusted
+	// operator, system account, full account resolver (account JWTs
+	// pushed at run time apply without a restart), the system and
+	// ACTIONBUS accounts preloaded. It reads the store's server.conf and
+	// excludes ConfigFile.
+	OperatorDir string
 	// MaxPayload is the largest message the server accepts; default the
 	// server's own default (1 MB), as in production, so that tests meet
 	// the same limit a deployment does.
@@ -53,6 +61,12 @@ func Start(opts Options) (*server.Server, error) {
 	}
 	if opts.ReadyTimeout == 0 {
 		opts.ReadyTimeout = 10 * time.Second
+	}
+	if opts.OperatorDir != "" {
+		if opts.ConfigFile != "" {
+			return nil, errors.New("embedded: OperatorDir and ConfigFile exclude each other")
+		}
+		opts.ConfigFile = filepath.Join(opts.OperatorDir, "server.conf")
 	}
 	so := &server.Options{}
 	if opts.ConfigFile != "" {

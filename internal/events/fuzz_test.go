@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -126,6 +127,8 @@ func FuzzCheckBinding(f *testing.F) {
 	f.Add("ab.run.default.run-1.requested", events.TypeRunRequested, "run-1", "run-1")
 	f.Add("ab.pool.default.request", events.TypeActionRequested, run, "")
 	f.Add("ab.run..x", events.TypeRunStep, "", "")
+	f.Add("ab.run.auditor."+run+".decision", events.TypeDecisionMade, run, run)
+	f.Add("ab.run.executor-billing."+run+".decision", events.TypeDecisionMade, run, run)
 	f.Fuzz(func(t *testing.T, subject, typ, ext, body string) {
 		s := events.MustSubjects("ab")
 		e := event.New()
@@ -150,11 +153,43 @@ func FuzzCheckBinding(f *testing.F) {
 			}
 			return
 		}
+		if tenant, _ := s.RunFromSubject(subject); tenant != "" && !events.ValidTenant(tenant) {
+			t.Fatalf("accepted %s on %q, whose tenant %q is not a valid tenant", typ, subject, tenant)
+		}
 		if typ == events.TypeDecisionMade {
 			token := s.RunIDFromSubject(subject)
 			if !events.ValidRunID(token) || token != body || token != ext {
 				t.Fatalf("accepted %s on %q with runid %q and body %q", typ, subject, ext, body)
 			}
+		}
+	})
+}
+
+// FuzzCheckTenant: every string is either a valid tenant (the token rule,
+// not reserved, not a service name followed by '-' or '_') or refused
+// with invalid_tenant; never a panic.
+func FuzzCheckTenant(f *testing.F) {
+	for _, s := range []string{"default", "acme", "auditor", "executor-billing", "sys", "Acme", "a.b", "", "x_"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, tenant string) {
+		err := events.CheckTenant(tenant)
+		if (err == nil) != events.ValidTenant(tenant) {
+			t.Fatalf("CheckTenant(%q) = %v disagrees with ValidTenant", tenant, err)
+		}
+		if err != nil {
+			if actionbus.CodeOf(err) != actionbus.CodeInvalidTenant {
+				t.Fatalf("CheckTenant(%q): code %s", tenant, actionbus.CodeOf(err))
+			}
+			return
+		}
+		for _, r := range events.ReservedTenants {
+			if tenant == r || strings.HasPrefix(tenant, r+"-") && (r == "executor" || r == "auditor" || r == "dispatcher" || r == "planner" || r == "admin" || r == "sys" || r == "system" || r == "actionbus" || r == "operator") {
+				t.Fatalf("reserved tenant %q accepted", tenant)
+			}
+		}
+		if len(tenant) > 32 || strings.ContainsAny(tenant, ".*> \t") {
+			t.Fatalf("unsafe tenant %q accepted", tenant)
 		}
 	})
 }

@@ -59,6 +59,13 @@ type Config struct {
 	Dispatcher dispatch.Config
 	// Logger receives every service's logs; nil discards them.
 	Logger *slog.Logger
+	// Connect, when set, gives each service a connection of its own as
+	// its own NATS user ("dispatcher", "planner", "auditor", "executor"
+	// or "executor-<pool>"), as deployed services have (operator mode:
+	// the user's creds; the connection must use the service's inbox
+	// prefix _INBOX_<service>). The stack closes them after Stop. Unset,
+	// every service shares the nc given to Start.
+	Connect func(user string) (*nats.Conn, error)
 }
 
 // Stack is a running set of services.
@@ -67,6 +74,7 @@ type Stack struct {
 	Executors []*executor.Executor
 	auditor   *audit.Service
 	cancel    context.CancelFunc
+	conns     []*nats.Conn
 	wg        sync.WaitGroup
 	mu        sync.Mutex
 	errs      []error
@@ -98,9 +106,31 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	s := &Stack{cancel: func() {}}
+	conn := func(user string) (*nats.Conn, error) {
+		if cfg.Connect == nil {
+			return nc, nil
+		}
+		c, err := cfg.Connect(user)
+		if err != nil {
+			return nil, fmt.Errorf("stack: connect as %s: %w", user, err)
+		}
+		s.conns = append(s.conns, c)
+		return c, nil
+	}
+	started := false
+	defer func() {
+		if !started {
+			s.closeConns()
+		}
+	}()
+	dnc, err := conn("dispatcher")
+	if err != nil {
+		return nil, err
+	}
 	dcfg := cfg.Dispatcher
 	dcfg.Prefix, dcfg.Logger, dcfg.Metrics = cfg.Prefix, cfg.Logger, cfg.Metrics
-	disp, err := dispatch.New(nc, dcfg)
+	disp, err := dispatch.New(dnc, dcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +139,11 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 		services = append(services, disp)
 	}
 	if !cfg.NoPlanner {
-		plan, err := planner.New(nc, planner.Config{Prefix: cfg.Prefix, Provider: cfg.Provider, Logger: cfg.Logger, Metrics: cfg.Metrics})
+		pnc, err := conn("planner")
+		if err != nil {
+			return nil, err
+		}
+		plan, err := planner.New(pnc, planner.Config{Prefix: cfg.Prefix, Provider: cfg.Provider, Logger: cfg.Logger, Metrics: cfg.Metrics})
 		if err != nil {
 			return nil, err
 		}
@@ -119,14 +153,18 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	if !cfg.NoAuditor {
 		ac := cfg.Audit
 		ac.Prefix, ac.Logger, ac.Metrics = cfg.Prefix, cfg.Logger, cfg.Metrics
-		aud, err := audit.New(nc, ac)
+		anc, err := conn("auditor")
+		if err != nil {
+			return nil, err
+		}
+		aud, err := audit.New(anc, ac)
 		if err != nil {
 			return nil, err
 		}
 		services = append(services, aud)
 		auditor = aud
 	}
-	s := &Stack{auditor: auditor}
+	s.auditor = auditor
 	for i := 0; i < cfg.Executors; i++ {
 		ecfg := cfg.Executor
 		ecfg.Prefix, ecfg.Pool, ecfg.ID, ecfg.Logger = cfg.Prefix, cfg.Pool, fmt.Sprintf("executor-%d", i+1), cfg.Logger
@@ -136,7 +174,11 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 		if cfg.Metrics != nil { // a nil *Metrics must not become a non-nil Observer
 			ecfg.Observer = cfg.Metrics
 		}
-		ex, err := executor.New(nc, ecfg)
+		enc, err := conn(executorUser(cfg.Pool))
+		if err != nil {
+			return nil, err
+		}
+		ex, err := executor.New(enc, ecfg)
 		if err != nil {
 			return nil, err
 		}
@@ -150,6 +192,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel
+	started = true
 	failed := make(chan struct{})
 	var failOnce sync.Once
 	for _, svc := range services {
@@ -192,7 +235,27 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 func (s *Stack) Stop() error {
 	s.cancel()
 	s.wg.Wait()
+	s.closeConns()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return errors.Join(s.errs...)
+}
+
+func (s *Stack) closeConns() {
+	s.mu.Lock()
+	conns := s.conns
+	s.conns = nil
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// executorUser is the NATS user of pool's executors: "executor" for the
+// default pool (or none named), "executor-<pool>" otherwise.
+func executorUser(pool string) string {
+	if pool == "" || pool == "default" {
+		return "executor"
+	}
+	return "executor-" + pool
 }

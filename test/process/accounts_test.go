@@ -15,26 +15,30 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/cli"
 	natsconf "github.com/actionbus/actionbus/deploy/nats"
 	"github.com/actionbus/actionbus/internal/events"
 )
 
-// sniffer records every message a connection receives on ">".
+// sniffer records every message a connection receives on everything its
+// user may subscribe to.
 type sniffer struct {
 	mu   sync.Mutex
 	msgs []*nats.Msg
 }
 
-func sniff(t *testing.T, nc *nats.Conn) *sniffer {
+func sniff(t *testing.T, nc *nats.Conn, subjects []string) *sniffer {
 	t.Helper()
 	s := &sniffer{}
-	_, err := nc.Subscribe(">", func(m *nats.Msg) {
-		s.mu.Lock()
-		s.msgs = append(s.msgs, m)
-		s.mu.Unlock()
-	})
-	require.NoError(t, err)
+	for _, subject := range subjects {
+		_, err := nc.Subscribe(subject, func(m *nats.Msg) {
+			s.mu.Lock()
+			s.msgs = append(s.msgs, m)
+			s.mu.Unlock()
+		})
+		require.NoError(t, err)
+	}
 	require.NoError(t, nc.Flush())
 	return s
 }
@@ -56,10 +60,10 @@ type jsProbe struct {
 // account per tenant) against the four real service binaries, while
 // tenant globex runs a run whose prompt carries a secret:
 //
-//   - acme's client and approver subscribe to ">" (their account holds
-//     only what its imports bring in) and receive nothing of globex's and
-//     nothing of the services' inboxes, where a tenant named "auditor"
-//     once read the auditor's replies (finding 2);
+//   - acme's client and approver subscribe to all they may (their
+//     account holds only what its imports bring in) and receive nothing of
+//     globex's; a tenant cannot be named after a service, whose inbox a
+//     tenant named "auditor" once read (finding 2);
 //   - every JetStream API request the review used (stream info with a
 //     subjects filter, direct gets with a literal "*", push consumers
 //     delivering into another tenant's subjects or inboxes, durable
@@ -84,7 +88,8 @@ func TestATenantAccountHoldsNothingOfTheServices(t *testing.T) {
 
 	acmeNC, _ := connectAs(t, srv.UserURL(natsconf.ClientUser("acme")), client.InboxPrefix("acme"))
 	acmeApproverNC, _ := connectAs(t, srv.UserURL(natsconf.ApproverUser("acme")), client.InboxPrefix("acme"))
-	heard := []*sniffer{sniff(t, acmeNC), sniff(t, acmeApproverNC)}
+	heard := []*sniffer{sniff(t, acmeNC, accounts.ClientPermissions("ab", "acme").Sub),
+		sniff(t, acmeApproverNC, accounts.ApproverPermissions("ab", "acme").Sub)}
 
 	// Globex runs an action whose arguments carry a secret.
 	gnc, _ := connectAs(t, srv.UserURL(natsconf.ClientUser("globex")), client.InboxPrefix("globex"))

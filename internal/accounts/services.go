@@ -1,0 +1,101 @@
+package accounts
+
+// serviceUser is one ACTIONBUS user of the services: what it may publish
+// and subscribe to. "{pool}" stands for the executor's pool.
+type serviceUser struct {
+	name    string
+	perPool bool
+	pub     []string
+	sub     []string
+}
+
+// serviceUsers are the service users' permissions in operator mode, the
+// same as deploy/nats/accounts.conf's (default prefix "ab"): ONE table,
+// kept in step with the static config by hand until the static config is
+// rendered from it. admin has no restriction.
+var serviceUsers = []serviceUser{
+	{name: "admin"},
+	{name: "dispatcher",
+		pub: []string{
+			"ab.run.*.*.started", "ab.run.*.*.step", "ab.run.*.*.progress", "ab.run.*.*.decide",
+			"ab.run.*.*.completed", "ab.run.*.*.failed", "ab.run.*.*.canceled", "ab.run.*.*.sched.*",
+			"ab.run.*.*.approval", "ab.run.*.*.synthesize", "ab.pool.*.request", "ab.rejected.>",
+			"$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_REQUESTS", "$JS.API.STREAM.INFO.AB_WORK",
+			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_RUNS.dispatcher",
+			"$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.dispatcher", "$JS.ACK.AB_RUNS.dispatcher.>",
+			"$JS.API.CONSUMER.INFO.AB_REQUESTS.dispatcher-requests",
+			"$JS.API.CONSUMER.MSG.NEXT.AB_REQUESTS.dispatcher-requests", "$JS.ACK.AB_REQUESTS.dispatcher-requests.>",
+			"$JS.API.STREAM.INFO.AB_TIMERS", "$JS.API.STREAM.PURGE.AB_TIMERS",
+			"$JS.API.CONSUMER.INFO.AB_TIMERS.dispatcher-timers",
+			"$JS.API.CONSUMER.MSG.NEXT.AB_TIMERS.dispatcher-timers", "$JS.ACK.AB_TIMERS.dispatcher-timers.>",
+			"$JS.API.STREAM.INFO.KV_ab_runs", "$JS.API.STREAM.MSG.GET.KV_ab_runs", "$JS.API.DIRECT.GET.KV_ab_runs.>",
+			"$KV.ab_runs.>", "$JS.API.STREAM.INFO.KV_ab_limits", "$JS.API.STREAM.MSG.GET.KV_ab_limits",
+			"$JS.API.DIRECT.GET.KV_ab_limits.>", "$KV.ab_limits.>", "$JS.API.STREAM.INFO.KV_ab_catalog",
+			"$JS.API.DIRECT.GET.KV_ab_catalog.>", "$JS.API.CONSUMER.CREATE.KV_ab_catalog.>",
+			"$JS.API.CONSUMER.DELETE.KV_ab_catalog.>", "$JS.API.CONSUMER.INFO.KV_ab_catalog.>",
+			"$JS.FC.KV_ab_catalog.>", "$JS.API.STREAM.INFO.KV_ab_policy", "$JS.API.CONSUMER.CREATE.KV_ab_policy.>",
+			"$JS.API.CONSUMER.DELETE.KV_ab_policy.>", "$JS.FC.KV_ab_policy.>", "$JS.API.STREAM.INFO.OBJ_ab_artifacts",
+			"$O.ab_artifacts.>", "$JS.API.DIRECT.GET.OBJ_ab_artifacts.>", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts",
+			"$JS.API.CONSUMER.CREATE.OBJ_ab_artifacts.>", "$JS.API.CONSUMER.DELETE.OBJ_ab_artifacts.>",
+			"$JS.FC.OBJ_ab_artifacts.>",
+		},
+		sub: []string{
+			"_INBOX_dispatcher.>",
+		},
+	},
+	{name: "planner",
+		pub: []string{
+			"ab.run.*.*.decision", "ab.run.*.*.synthesized", "ab.stream.*.*", "ab.rejected.>",
+			"$JS.API.STREAM.INFO.KV_ab_limits", "$JS.API.STREAM.MSG.GET.KV_ab_limits",
+			"$JS.API.DIRECT.GET.KV_ab_limits.>", "$KV.ab_limits.>", "$JS.API.STREAM.INFO.AB_RUNS",
+			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_RUNS.planner",
+			"$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.planner", "$JS.ACK.AB_RUNS.planner.>",
+			"$JS.API.STREAM.INFO.KV_ab_catalog", "$JS.API.DIRECT.GET.KV_ab_catalog.>",
+			"$JS.API.CONSUMER.CREATE.KV_ab_catalog.>", "$JS.API.CONSUMER.DELETE.KV_ab_catalog.>",
+			"$JS.API.CONSUMER.INFO.KV_ab_catalog.>", "$JS.FC.KV_ab_catalog.>",
+		},
+		sub: []string{
+			"_INBOX_planner.>",
+		},
+	},
+	{name: "auditor",
+		pub: []string{
+			"ab.audit.*.*.*", "ab.rejected.>", "$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_REQUESTS",
+			"$JS.API.STREAM.INFO.AB_WORK", "$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.STREAM.INFO.AB_AUDIT",
+			"$JS.API.CONSUMER.INFO.AB_RUNS.auditor-runs", "$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.auditor-runs",
+			"$JS.ACK.AB_RUNS.auditor-runs.>", "$JS.API.STREAM.INFO.AB_TIMERS",
+			"$JS.API.CONSUMER.INFO.AB_TIMERS.auditor-timers", "$JS.API.CONSUMER.MSG.NEXT.AB_TIMERS.auditor-timers",
+			"$JS.ACK.AB_TIMERS.auditor-timers.>", "$JS.API.CONSUMER.INFO.AB_REQUESTS.auditor-requests",
+			"$JS.API.CONSUMER.MSG.NEXT.AB_REQUESTS.auditor-requests", "$JS.ACK.AB_REQUESTS.auditor-requests.>",
+			"$JS.API.CONSUMER.INFO.AB_WORK.auditor-work", "$JS.API.CONSUMER.MSG.NEXT.AB_WORK.auditor-work",
+			"$JS.ACK.AB_WORK.auditor-work.>", "$JS.API.CONSUMER.INFO.AB_REJECTED.auditor-rejected",
+			"$JS.API.CONSUMER.MSG.NEXT.AB_REJECTED.auditor-rejected", "$JS.ACK.AB_REJECTED.auditor-rejected.>",
+			"$JS.API.STREAM.MSG.GET.AB_AUDIT", "$JS.API.DIRECT.GET.AB_AUDIT.>",
+			"$JS.API.CONSUMER.CREATE.AB_AUDIT.sink-jsonl.>", "$JS.API.CONSUMER.INFO.AB_AUDIT.sink-jsonl",
+			"$JS.API.CONSUMER.CREATE.AB_AUDIT.sink-sqlite.>", "$JS.API.CONSUMER.INFO.AB_AUDIT.sink-sqlite",
+			"$JS.API.CONSUMER.MSG.NEXT.AB_AUDIT.sink-jsonl", "$JS.ACK.AB_AUDIT.sink-jsonl.>",
+			"$JS.API.CONSUMER.MSG.NEXT.AB_AUDIT.sink-sqlite", "$JS.ACK.AB_AUDIT.sink-sqlite.>",
+			"$JS.API.STREAM.INFO.KV_ab_catalog", "$JS.API.DIRECT.GET.KV_ab_catalog.>",
+			"$JS.API.CONSUMER.CREATE.KV_ab_catalog.>", "$JS.API.CONSUMER.DELETE.KV_ab_catalog.>",
+			"$JS.API.CONSUMER.INFO.KV_ab_catalog.>", "$JS.FC.KV_ab_catalog.>",
+		},
+		sub: []string{
+			"_INBOX_auditor.>",
+		},
+	},
+	{name: "executor", perPool: true,
+		pub: []string{
+			"ab.run.*.*.result", "ab.rejected.>", "$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_WORK",
+			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_WORK.pool-{pool}",
+			"$JS.API.CONSUMER.MSG.NEXT.AB_WORK.pool-{pool}", "$JS.ACK.AB_WORK.pool-{pool}.>",
+			"$JS.API.STREAM.INFO.KV_ab_catalog", "$JS.API.DIRECT.GET.KV_ab_catalog.>", "$KV.ab_catalog.{pool}.>",
+			"$JS.API.STREAM.INFO.KV_ab_presence", "$KV.ab_presence.{pool}.>", "$JS.API.STREAM.INFO.KV_ab_idempotency",
+			"$JS.API.STREAM.MSG.GET.KV_ab_idempotency", "$JS.API.DIRECT.GET.KV_ab_idempotency.>",
+			"$KV.ab_idempotency.{pool}.>", "$JS.API.STREAM.INFO.OBJ_ab_artifacts", "$O.ab_artifacts.>",
+			"$JS.API.DIRECT.GET.OBJ_ab_artifacts.>", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts",
+		},
+		sub: []string{
+			"_INBOX_executor.>", "ab.run.*.*.canceled", "ab.run.*.*.failed", "ab.run.*.*.completed",
+		},
+	},
+}
