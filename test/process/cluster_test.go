@@ -25,6 +25,7 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	natsconf "github.com/actionbus/actionbus/deploy/nats"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/planner"
@@ -65,8 +66,8 @@ func startCluster(t *testing.T) []*clusterNode {
 	accounts, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "nats", "accounts.conf"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "accounts.conf"), accounts, 0o600))
-	for _, u := range []string{"admin", "dispatcher", "planner", "executor", "auditor", "client", "approver"} {
-		t.Setenv(strings.ToUpper(u)+"_PASSWORD", "pw-"+u)
+	for _, u := range append(natsconf.Users, natsconf.TenantUserNames(natsconf.ExampleTenants...)...) {
+		t.Setenv(natsconf.PasswordVar(u), "pw-"+u)
 	}
 	var client, route [3]string
 	for i := range 3 {
