@@ -74,7 +74,11 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	nc, err := nats.Connect(os.Getenv("NATS_URL"), nats.CustomInboxPrefix("_INBOX_executor"))
+	opts := []nats.Option{nats.CustomInboxPrefix("_INBOX_executor")}
+	if creds := os.Getenv("NATS_CREDS"); creds != "" {
+		opts = append(opts, nats.UserCredentials(creds))
+	}
+	nc, err := nats.Connect(os.Getenv("NATS_URL"), opts...)
 	if err != nil {
 		panic(err)
 	}
