@@ -99,6 +99,12 @@ const (
 	CodeRunNotFound          Code = "run_not_found"
 	CodeApprovalNotFound     Code = "approval_not_found"
 	CodeBadRequest           Code = "bad_request"
+	// CodeArtifactNotFound: no artifact of the asking tenant has this
+	// reference (missing, and another tenant's, are the same answer).
+	CodeArtifactNotFound Code = "artifact_not_found"
+	// CodeRegistrarUnavailable: an executor's announcement of its actions
+	// got no answer from a registrar before its deadline.
+	CodeRegistrarUnavailable Code = "registrar_unavailable"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -119,6 +125,7 @@ var Codes = []Code{
 	CodeSkillNotFound, CodeSkillNotActive, CodeSkillToolRefused, CodeHandoffRefused, CodeHandoffCycle, CodeInvalidSkill,
 	CodeShellRefused, CodeShellExit, CodeShellLimit, CodeIsolationUnavailable, CodeMCPToolError, CodeMCPUnavailable,
 	CodeUnauthenticated, CodeForbidden, CodeRunNotFound, CodeApprovalNotFound, CodeBadRequest,
+	CodeArtifactNotFound, CodeRegistrarUnavailable,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code

@@ -127,7 +127,7 @@ func TestATimedOutHandlerKeepsItsIdempotencyKeyUntilItReturns(t *testing.T) {
 	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.stubborn", IdempotencyKey: "k-1"}}, nil)
 	require.NoError(t, err)
 	require.ErrorIs(t, res.Error, actionbus.ErrTimeout)
-	kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketIdempotency())
+	kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketIdempotency("default"))
 	require.NoError(t, err)
 	// The bucket key: <pool>.<tenant>.<sha256 of the key>.
 	sum := sha256.Sum256([]byte("k-1"))

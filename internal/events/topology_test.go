@@ -79,7 +79,7 @@ func TestLiveEventsAreInNoStream(t *testing.T) {
 		if e.Type == events.TypeActionRequested || e.Type == events.TypeEventRejected || e.Type == events.TypeAuditRecorded || e.Type == events.TypeAuditAppended {
 			continue // not per-run subjects
 		}
-		subject, err := s.SubjectFor(e.Type, "default", runID, "")
+		subject, err := s.SubjectFor(e.Type, "default", runID, "gpu")
 		require.NoError(t, err)
 		stored := false
 		for _, sc := range (events.Topology{}).Streams() {
@@ -92,7 +92,7 @@ func TestLiveEventsAreInNoStream(t *testing.T) {
 		}
 		assert.Equal(t, !e.Live, stored, "%s (%s): stored %v, live %v", e.Type, subject, stored, e.Live)
 	}
-	assert.Equal(t, 2, live, "run.started and run.progress are live")
+	assert.Equal(t, 3, live, "run.started, run.progress and pool.announced are live")
 }
 
 // subjectMatches reports whether a NATS subject filter matches subject.
