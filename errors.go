@@ -157,6 +157,7 @@ var (
 	ErrPayloadTooLarge     = &Error{Code: CodePayloadTooLarge}
 	ErrSkillNotFound       = &Error{Code: CodeSkillNotFound}
 	ErrInvalidSkill        = &Error{Code: CodeInvalidSkill}
+	ErrArtifactNotFound    = &Error{Code: CodeArtifactNotFound}
 )
 
 // Error is an actionbus failure with a stable code. It is the Go form of the

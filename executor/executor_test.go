@@ -14,6 +14,8 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/registrar"
 )
 
 type greetIn struct {
@@ -135,8 +137,25 @@ func TestCatalogListsRegisteredActionsWithDerivedSchemas(t *testing.T) {
 	assert.Equal(t, false, schema["additionalProperties"])
 }
 
+// startRegistrar serves the registrar (which the dispatcher hosts) on srv
+// until the test ends.
+func startRegistrar(t *testing.T, srv *actionbustest.Server) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	bus, err := events.Open(srv.Conn, events.BusConfig{Source: "/actionbus/dispatcher/test"})
+	require.NoError(t, err)
+	topo := events.Topology{}
+	cat, err := srv.JS.KeyValue(ctx, topo.BucketCatalog())
+	require.NoError(t, err)
+	owners, err := srv.JS.KeyValue(ctx, topo.BucketCatalogOwners())
+	require.NoError(t, err)
+	require.NoError(t, registrar.New(bus, cat, owners, nil).Serve(ctx, srv.Conn))
+}
+
 func TestSameVersionWithAnotherDefinitionConflicts(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	startRegistrar(t, srv)
 	ctx := ctxT(t)
 	start := func(desc, version string) error {
 		ex, err := executor.New(srv.Conn, executor.Config{})

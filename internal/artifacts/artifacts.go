@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
@@ -149,6 +150,43 @@ func Read(ctx context.Context, js jetstream.JetStream, topo events.Topology, ten
 		a.MediaType = info.Headers.Get("Content-Type")
 	}
 	return a, nil
+}
+
+// ReadByID returns the artifact id names, read as tenant, for a caller
+// that has the id but not the reference (`actionbus artifacts get ID`): it
+// looks in the services' store and in every pool's artifact store, and
+// reads the one object of that id recorded for tenant. An id that two
+// stores hold for tenant is refused (artifact_not_found): a pool cannot
+// shadow another pool's artifact by planting one under its id. Prefer
+// [Read] with the reference.
+func ReadByID(ctx context.Context, js jetstream.JetStream, topo events.Topology, tenant, id string) (*Artifact, error) {
+	ref := events.ArtifactRef{ID: id}
+	if id == "" {
+		return nil, notFound(ref)
+	}
+	names := js.StreamNames(ctx, jetstream.WithStreamListSubject("$O.*.M.>"))
+	var found []string
+	for stream := range names.Name() {
+		store, ok := strings.CutPrefix(stream, "OBJ_")
+		if !ok || !topo.ArtifactStore(store) {
+			continue
+		}
+		os, err := js.ObjectStore(ctx, store)
+		if err != nil {
+			continue
+		}
+		if info, err := os.GetInfo(ctx, id); err == nil && Owned(info.Metadata, tenant) {
+			found = append(found, store)
+		}
+	}
+	if err := names.Err(); err != nil {
+		return nil, fmt.Errorf("artifacts: list the stores: %w", err)
+	}
+	if len(found) != 1 {
+		return nil, notFound(ref)
+	}
+	ref.Store = found[0]
+	return Read(ctx, js, topo, tenant, ref)
 }
 
 func clip(s string) string {
