@@ -394,3 +394,28 @@ func clip(s string) string {
 	}
 	return s
 }
+
+// Run serves a registrar on nc until ctx ends, for a process that hosts
+// executors but no dispatcher (tests, benchmarks; a deployment's
+// dispatchers host theirs). prefix is the subject prefix ("" is "ab").
+func Run(ctx context.Context, nc *nats.Conn, prefix string, log *slog.Logger) error {
+	bus, err := events.Open(nc, events.BusConfig{Prefix: prefix, Source: "/actionbus/registrar", Logger: log, ReceiverValidates: true})
+	if err != nil {
+		return err
+	}
+	topo := events.Topology{Prefix: prefix}
+	js := bus.JetStream()
+	catKV, err := js.KeyValue(ctx, topo.BucketCatalog())
+	if err != nil {
+		return fmt.Errorf("registrar: %w", err)
+	}
+	owners, err := js.KeyValue(ctx, topo.BucketCatalogOwners())
+	if err != nil {
+		return fmt.Errorf("registrar: %w", err)
+	}
+	if err := New(bus, catKV, owners, log).Serve(ctx, nc); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
