@@ -209,4 +209,6 @@ type registrarRunner struct {
 	log    *slog.Logger
 }
 
-func (r registrarRunner) Run(ctx context.Context) error { return registrar.Run(ctx, r.nc, r.prefix, r.log) }
+func (r registrarRunner) Run(ctx context.Context) error {
+	return registrar.Run(ctx, r.nc, r.prefix, r.log)
+}
