@@ -100,6 +100,12 @@ const (
 	CodeApprovalNotFound     Code = "approval_not_found"
 	CodeBadRequest           Code = "bad_request"
 	CodeAccountRefused       Code = "account_refused"
+	// CodeArtifactNotFound: no artifact of the asking tenant has this
+	// reference (missing, and another tenant's, are the same answer).
+	CodeArtifactNotFound Code = "artifact_not_found"
+	// CodeRegistrarUnavailable: an executor's announcement of its actions
+	// got no answer from a registrar before its deadline.
+	CodeRegistrarUnavailable Code = "registrar_unavailable"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -121,6 +127,7 @@ var Codes = []Code{
 	CodeShellRefused, CodeShellExit, CodeShellLimit, CodeIsolationUnavailable, CodeMCPToolError, CodeMCPUnavailable,
 	CodeUnauthenticated, CodeForbidden, CodeRunNotFound, CodeApprovalNotFound, CodeBadRequest,
 	CodeAccountRefused,
+	CodeArtifactNotFound, CodeRegistrarUnavailable,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code
@@ -152,6 +159,7 @@ var (
 	ErrPayloadTooLarge     = &Error{Code: CodePayloadTooLarge}
 	ErrSkillNotFound       = &Error{Code: CodeSkillNotFound}
 	ErrInvalidSkill        = &Error{Code: CodeInvalidSkill}
+	ErrArtifactNotFound    = &Error{Code: CodeArtifactNotFound}
 )
 
 // Error is an actionbus failure with a stable code. It is the Go form of the

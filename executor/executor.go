@@ -30,9 +30,9 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/artifacts"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
-	"github.com/actionbus/actionbus/internal/skills"
 )
 
 // Mode says what an action does to the world: read, draft, dryRun or
@@ -78,6 +78,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer, when set, sees every action executed (for metrics).
 	Observer Observer
+	// AnnounceTimeout bounds how long Run (and Publish) wait for a
+	// registrar (hosted by the dispatchers) to answer the executor's
+	// announcement of its actions and skills, retrying with backoff while
+	// none answers; default 1 minute. Past it, Run fails with
+	// registrar_unavailable.
+	AnnounceTimeout time.Duration
 	// Tenants dedicates the executor's pool to these tenants: its actions
 	// are offered to their runs' planners only, the dispatcher refuses
 	// them to other tenants' runs (tenant_not_served), and the executor
@@ -126,6 +132,9 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.AnnounceTimeout <= 0 {
+		c.AnnounceTimeout = time.Minute
+	}
 }
 
 // Executor serves registered actions to a pool. Register every action
@@ -154,16 +163,16 @@ type Executor struct {
 	// handlers runs the handlers (set while ex runs).
 	handlers  *runners
 	idem      jetstream.KeyValue
-	artifacts jetstream.ObjectStore
+	artifacts artifacts.Store
 
 	// skills are the skills registered on ex, published when it runs.
 	skillsMu sync.Mutex
 	skills   []Skill
 
-	// catalog is set once ex runs; published names the actions ex put in
-	// it (so that Publish can take back those unregistered since).
+	// running is set once ex runs; published names the actions ex
+	// announced (so that Publish can take back those unregistered since).
 	pubMu     sync.Mutex
-	catalog   *actions.Catalog
+	running   bool
 	published map[string]bool
 }
 
@@ -172,29 +181,31 @@ type Executor struct {
 // registered.
 func Unregister(ex *Executor, name string) bool { return ex.reg.Remove(name) }
 
-// Publish puts ex's actions in the catalog now and takes out the ones
-// unregistered since its last publish (Run publishes at start; a host
-// that registers or unregisters actions while ex runs — mounted MCP
-// servers whose tool list changed — calls it). Before Run it does nothing.
+// Publish announces ex's actions and skills to the registrar now, and
+// has it take out the actions unregistered since the last announcement
+// (Run announces at start; a host that registers or unregisters actions
+// while ex runs — mounted MCP servers whose tool list changed — calls
+// it). Before Run it does nothing. A refused announcement is an error
+// with the registrar's code (catalog_conflict when another pool owns a
+// name).
 func (e *Executor) Publish(ctx context.Context) error {
 	e.pubMu.Lock()
 	defer e.pubMu.Unlock()
-	if e.catalog == nil {
+	if !e.running {
 		return nil
 	}
 	now := map[string]bool{}
 	for _, def := range e.reg.Definitions() {
-		if err := e.catalog.Publish(ctx, def, e.cfg.ID); err != nil {
-			return fmt.Errorf("executor: %w", err)
-		}
 		now[def.Name] = true
 	}
+	var removed []string
 	for name := range e.published {
 		if !now[name] {
-			if err := e.catalog.Remove(ctx, e.cfg.Pool, name); err != nil {
-				return fmt.Errorf("executor: %w", err)
-			}
+			removed = append(removed, name)
 		}
+	}
+	if err := e.announce(ctx, removed); err != nil {
+		return err
 	}
 	e.published = now
 	return nil
@@ -226,8 +237,8 @@ func New(nc *nats.Conn, cfg Config) (*Executor, error) {
 		inflight: map[string]map[string]context.CancelCauseFunc{}}, nil
 }
 
-// Ready is closed once Run has published the executor's actions to the
-// catalog and started serving.
+// Ready is closed once the registrar has recorded the executor's actions
+// in the catalog and Run started serving.
 func (e *Executor) Ready() <-chan struct{} { return e.ready }
 
 // ID returns the executor's id.
@@ -400,40 +411,29 @@ func reflectSchema(v any) (json.RawMessage, error) {
 	return json.Marshal(s)
 }
 
-// Run publishes the executor's actions to the catalog, announces its
-// presence and serves its pool until ctx ends. Then it stops pulling, waits
+// Run announces the executor's actions and skills to the registrar
+// (which records them in the catalog), keeps its presence and serves its
+// pool until ctx ends. Then it stops pulling, waits
 // up to ShutdownGrace for running handlers, cancels the rest and hands
 // their messages back (nak) so another executor runs them, and returns.
 func (e *Executor) Run(ctx context.Context) error {
 	if err := e.topo.Check(ctx, e.js, e.topo.Needs("executor", e.cfg.Pool)); err != nil {
 		return err
 	}
-	catKV, err := e.js.KeyValue(ctx, e.topo.BucketCatalog())
+	presence, err := e.js.KeyValue(ctx, e.topo.BucketPresence(e.cfg.Pool))
 	if err != nil {
+		return err
+	}
+	if e.idem, err = e.js.KeyValue(ctx, e.topo.BucketIdempotency(e.cfg.Pool)); err != nil {
+		return err
+	}
+	if e.artifacts, err = artifacts.Open(ctx, e.js, e.topo.PoolArtifacts(e.cfg.Pool)); err != nil {
 		return err
 	}
 	e.pubMu.Lock()
-	e.catalog = actions.NewCatalog(catKV)
+	e.running = true
 	e.pubMu.Unlock()
 	if err := e.Publish(ctx); err != nil {
-		return err
-	}
-	e.skillsMu.Lock()
-	published := append([]Skill(nil), e.skills...)
-	e.skillsMu.Unlock()
-	for _, s := range published {
-		if err := skills.Publish(ctx, catKV, s); err != nil {
-			return fmt.Errorf("executor: %w", err)
-		}
-	}
-	presence, err := e.js.KeyValue(ctx, e.topo.BucketPresence())
-	if err != nil {
-		return err
-	}
-	if e.idem, err = e.js.KeyValue(ctx, e.topo.BucketIdempotency()); err != nil {
-		return err
-	}
-	if e.artifacts, err = e.js.ObjectStore(ctx, e.topo.BucketArtifacts()); err != nil {
 		return err
 	}
 	cons, err := e.js.Consumer(ctx, e.topo.StreamWork(), events.PoolConsumer(e.cfg.Pool))
@@ -469,7 +469,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		e.announce(ctx, presence)
+		e.present(ctx, presence)
 	}()
 	var workers sync.WaitGroup
 	for i := 0; i < e.cfg.Slots; i++ {
@@ -573,7 +573,8 @@ func (e *Executor) track(runID, callID string, cancel context.CancelCauseFunc) (
 
 func (e *Executor) presenceKey() string { return e.cfg.Pool + "." + e.cfg.ID }
 
-func (e *Executor) announce(ctx context.Context, kv jetstream.KeyValue) {
+// present keeps the executor's presence in its pool's presence bucket.
+func (e *Executor) present(ctx context.Context, kv jetstream.KeyValue) {
 	val, _ := json.Marshal(map[string]any{"id": e.cfg.ID, "pool": e.cfg.Pool, "slots": e.cfg.Slots, "startedAt": time.Now().UTC()})
 	tick := time.NewTicker(events.PresenceTTL / 3)
 	defer tick.Stop()

@@ -14,6 +14,8 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/registrar"
 )
 
 type greetIn struct {
@@ -135,8 +137,25 @@ func TestCatalogListsRegisteredActionsWithDerivedSchemas(t *testing.T) {
 	assert.Equal(t, false, schema["additionalProperties"])
 }
 
+// startRegistrar serves the registrar (which the dispatcher hosts) on srv
+// until the test ends.
+func startRegistrar(t *testing.T, srv *actionbustest.Server) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	bus, err := events.Open(srv.Conn, events.BusConfig{Source: "/actionbus/dispatcher/test"})
+	require.NoError(t, err)
+	topo := events.Topology{}
+	cat, err := srv.JS.KeyValue(ctx, topo.BucketCatalog())
+	require.NoError(t, err)
+	owners, err := srv.JS.KeyValue(ctx, topo.BucketCatalogOwners())
+	require.NoError(t, err)
+	require.NoError(t, registrar.New(bus, cat, owners, nil).Serve(ctx, srv.Conn))
+}
+
 func TestSameVersionWithAnotherDefinitionConflicts(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	startRegistrar(t, srv)
 	ctx := ctxT(t)
 	start := func(desc, version string) error {
 		ex, err := executor.New(srv.Conn, executor.Config{})
@@ -185,4 +204,88 @@ func TestHiddenActionsStayOutOfThePlannerListing(t *testing.T) {
 	assert.Equal(t, "external_network", list[1].Permission.Effect)
 	assert.Equal(t, "fallback", list[1].Permission.Source)
 	assert.True(t, list[1].Permission.ReadOnly, "a read action without metadata is read-only")
+}
+
+// runUntilReady runs ex until it is ready (nil) or Run returns (its
+// error); the executor is stopped at the end of the test.
+func runUntilReady(t *testing.T, ex *executor.Executor) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ex.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-ex.Ready():
+		return nil
+	case err := <-done:
+		done <- err
+		return err
+	case <-time.After(20 * time.Second):
+		return errors.New("neither ready nor failed")
+	}
+}
+
+// An executor announcing an action another pool owns does not start: the
+// registrar refuses with catalog_conflict naming both pools, and the
+// owner's entry is unchanged.
+func TestAnExecutorAnnouncingAnotherPoolsActionDoesNotStart(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{Pools: []string{"default", "payments"}})
+	startRegistrar(t, srv)
+	h := func(context.Context, greetIn, executor.Call) (executor.Result[greetOut], error) {
+		return executor.Result[greetOut]{}, nil
+	}
+	owner, err := executor.New(srv.Conn, executor.Config{Pool: "payments"})
+	require.NoError(t, err)
+	require.NoError(t, executor.Register(owner, executor.Action{Name: "billing.refund", Mode: executor.ModeMutate, Tier: 2}, h))
+	require.NoError(t, runUntilReady(t, owner))
+
+	intruder, err := executor.New(srv.Conn, executor.Config{Pool: "default"})
+	require.NoError(t, err)
+	require.NoError(t, executor.Register(intruder, executor.Action{Name: "billing.refund", Mode: executor.ModeRead}, h))
+	err = runUntilReady(t, intruder)
+	require.ErrorIs(t, err, actionbus.ErrCatalogConflict)
+	assert.Contains(t, err.Error(), "payments")
+	assert.Contains(t, err.Error(), "default")
+
+	c, err := client.New(srv.Conn, client.Options{})
+	require.NoError(t, err)
+	list, err := c.Actions(ctxT(t))
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, "payments", list[0].Pool)
+	assert.Equal(t, "mutate", string(list[0].Mode))
+}
+
+// With no registrar answering, an executor retries its announcement until
+// AnnounceTimeout, then fails with registrar_unavailable; one that starts
+// while it retries is answered.
+func TestAnExecutorWaitsForARegistrarWithinItsDeadline(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	h := func(context.Context, greetIn, executor.Call) (executor.Result[greetOut], error) {
+		return executor.Result[greetOut]{}, nil
+	}
+	ex, err := executor.New(srv.Conn, executor.Config{AnnounceTimeout: 500 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, executor.Register(ex, executor.Action{Name: "test.greet"}, h))
+	start := time.Now()
+	err = runUntilReady(t, ex)
+	assert.Equal(t, actionbus.CodeRegistrarUnavailable, actionbus.CodeOf(err), "%v", err)
+	assert.Less(t, time.Since(start), 10*time.Second)
+
+	late, err := executor.New(srv.Conn, executor.Config{})
+	require.NoError(t, err)
+	require.NoError(t, executor.Register(late, executor.Action{Name: "test.greet"}, h))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- late.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	// The registrar starts while the executor waits for one.
+	startRegistrar(t, srv)
+	select {
+	case <-late.Ready():
+	case err := <-done:
+		t.Fatalf("the executor gave up: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the executor did not start once a registrar answered")
+	}
 }

@@ -1,25 +1,21 @@
 package executor
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
 	"time"
-	"unicode/utf8"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/artifacts"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/jsoncodec"
 	"github.com/actionbus/actionbus/internal/payload"
@@ -291,7 +287,7 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 	call := actions.Call{RunID: req.RunID, CallID: req.CallID, Action: req.Action, UserID: req.UserID,
 		Origin: req.Origin, Attempt: req.Attempt, Input: input, IdempotencyKey: key, InputHash: inputHash, Approval: req.Approval,
 		PutArtifact: func(ctx context.Context, role, mediaType string, data []byte) (events.ArtifactRef, error) {
-			return e.putArtifact(ctx, events.DerivedID(req.CallID, "artifact", role, req.Attempt), role, mediaType, data)
+			return e.putArtifact(ctx, req, events.DerivedID(req.CallID, "artifact", role, req.Attempt), role, mediaType, data)
 		}}
 	res, took, abandoned, herr := e.execute(ctx, msg, reg, call, timeout)
 	// release gives the key up once the handler has really returned: a
@@ -522,7 +518,7 @@ func (e *Executor) offload(ctx context.Context, req *events.ActionRequested, don
 	if err != nil || len(data) <= e.outputLimit() {
 		return err
 	}
-	ref, err := e.putArtifact(ctx, events.DerivedID(req.CallID, "artifact", "output"), "output", "application/json", data)
+	ref, err := e.putArtifact(ctx, req, events.DerivedID(req.CallID, "artifact", "output"), "output", "application/json", data)
 	if err != nil {
 		return fmt.Errorf("executor: store a %d-byte output as an artifact: %w", len(data), err)
 	}
@@ -543,20 +539,8 @@ func (e *Executor) outputLimit() int {
 	return limit
 }
 
-// putArtifact stores data in the artifact store under id.
-func (e *Executor) putArtifact(ctx context.Context, id, role, mediaType string, data []byte) (events.ArtifactRef, error) {
-	sum := sha256.Sum256(data)
-	meta := jetstream.ObjectMeta{Name: id, Description: role, Headers: nats.Header{"Content-Type": []string{mediaType}}}
-	if _, err := e.artifacts.Put(ctx, meta, bytes.NewReader(data)); err != nil {
-		return events.ArtifactRef{}, err
-	}
-	preview := data
-	if len(preview) > e.cfg.PreviewBytes {
-		preview = preview[:e.cfg.PreviewBytes]
-		for len(preview) > 0 && !utf8.Valid(preview) {
-			preview = preview[:len(preview)-1]
-		}
-	}
-	return events.ArtifactRef{ID: id, Role: role, MediaType: mediaType, Bytes: int64(len(data)), PreviewSize: len(preview),
-		SHA256: hex.EncodeToString(sum[:]), Truncated: len(preview) < len(data), Preview: string(preview)}, nil
+// putArtifact stores data in the pool's artifact store under id,
+// recording the request's tenant and run as its owner.
+func (e *Executor) putArtifact(ctx context.Context, req *events.ActionRequested, id, role, mediaType string, data []byte) (events.ArtifactRef, error) {
+	return artifacts.Put(ctx, e.artifacts, artifacts.Owner{Tenant: req.Tenant, RunID: req.RunID}, id, role, mediaType, data, e.cfg.PreviewBytes)
 }

@@ -117,6 +117,9 @@ func UserClaims(u User, userPub string, account nkeys.KeyPair) (string, error) {
 	uc.Name = u.Name
 	uc.Permissions.Pub.Allow = jwt.StringList(u.Permissions.Pub)
 	uc.Permissions.Sub.Allow = jwt.StringList(u.Permissions.Sub)
+	if u.Permissions.AllowResponses {
+		uc.Permissions.Resp = &jwt.ResponsePermission{MaxMsgs: 1}
+	}
 	return uc.Encode(account)
 }
 

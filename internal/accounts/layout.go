@@ -127,6 +127,9 @@ func (l Limits) WithDefaults() Limits {
 type Permissions struct {
 	Pub []string
 	Sub []string
+	// AllowResponses lets the user publish one reply to the reply subject
+	// of each request it receives (services that answer requests).
+	AllowResponses bool
 }
 
 // InboxPrefix is the reply inbox prefix of a tenant's or a service's
@@ -208,7 +211,14 @@ func ServiceUsers(pools ...string) []User {
 	var out []User
 	for _, u := range serviceUsers {
 		if !u.perPool {
-			out = append(out, User{Name: u.name, Permissions: u.perms("")})
+			p := u.perms("")
+			for _, pool := range pools {
+				r := strings.NewReplacer("{pool}", pool)
+				for _, s := range u.eachPool {
+					p.Pub = append(p.Pub, r.Replace(s))
+				}
+			}
+			out = append(out, User{Name: u.name, Permissions: p})
 			continue
 		}
 		for _, pool := range pools {
@@ -227,5 +237,6 @@ func (u serviceUser) perms(pool string) Permissions {
 	for _, s := range u.sub {
 		p.Sub = append(p.Sub, r.Replace(s))
 	}
+	p.AllowResponses = u.allowResponses
 	return p
 }

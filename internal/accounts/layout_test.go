@@ -137,8 +137,17 @@ func TestServiceUsers(t *testing.T) {
 		t.Error("admin is restricted")
 	}
 	b := names["executor-billing"]
-	if !slices.Contains(b.Pub, "$KV.ab_catalog.billing.>") || slices.Contains(b.Pub, "$KV.ab_catalog.default.>") || !slices.Contains(b.Pub, "$JS.API.CONSUMER.MSG.NEXT.AB_WORK.pool-billing") {
+	if !slices.Contains(b.Pub, "ab.pool.billing.announce") || !slices.Contains(b.Pub, "$KV.ab_idempotency_billing.>") ||
+		slices.Contains(b.Pub, "$KV.ab_idempotency_default.>") || !slices.Contains(b.Pub, "$JS.API.CONSUMER.MSG.NEXT.AB_WORK.pool-billing") {
 		t.Errorf("executor-billing: %v", b.Pub)
+	}
+	for _, s := range b.Pub {
+		if strings.Contains(s, "ab_catalog") || strings.Contains(s, "ab_limits") {
+			t.Errorf("executor-billing writes a shared store: %s", s)
+		}
+	}
+	if d := names["dispatcher"]; !slices.Contains(d.Pub, "$JS.API.DIRECT.GET.OBJ_ab_artifacts_billing.>") || !d.AllowResponses {
+		t.Errorf("dispatcher: reads every pool's artifacts and answers requests: %+v", d)
 	}
 	for n, p := range names {
 		for _, s := range p.Pub {

@@ -1,18 +1,22 @@
 package accounts
 
 // serviceUser is one ACTIONBUS user of the services: what it may publish
-// and subscribe to. "{pool}" stands for the executor's pool.
+// and subscribe to. "{pool}" stands for the executor's pool in pub and
+// sub of a perPool user; eachPool lines are repeated for every pool (a
+// stream name cannot hold a wildcard). allowResponses lets it answer
+// requests on their reply subjects (the registrar, the read service).
 type serviceUser struct {
-	name    string
-	perPool bool
-	pub     []string
-	sub     []string
+	name           string
+	perPool        bool
+	pub            []string
+	eachPool       []string
+	sub            []string
+	allowResponses bool
 }
 
 // serviceUsers are the service users' permissions in operator mode, the
-// same as deploy/nats/accounts.conf's (default prefix "ab"): ONE table,
-// kept in step with the static config by hand until the static config is
-// rendered from it. admin has no restriction.
+// same table deploy/nats/accounts.conf is rendered from (default prefix
+// "ab"). admin has no restriction.
 var serviceUsers = []serviceUser{
 	{name: "admin"},
 	{name: "dispatcher",
@@ -38,16 +42,36 @@ var serviceUsers = []serviceUser{
 			"$O.ab_artifacts.>", "$JS.API.DIRECT.GET.OBJ_ab_artifacts.>", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts",
 			"$JS.API.CONSUMER.CREATE.OBJ_ab_artifacts.>", "$JS.API.CONSUMER.DELETE.OBJ_ab_artifacts.>",
 			"$JS.FC.OBJ_ab_artifacts.>",
+			// The registrar: it alone writes the catalog and its owners.
+			"$JS.API.STREAM.NAMES", "$KV.ab_catalog.>", "$JS.API.STREAM.MSG.GET.KV_ab_catalog",
+			"$JS.API.STREAM.INFO.KV_ab_catalog_owners", "$JS.API.DIRECT.GET.KV_ab_catalog_owners.>",
+			"$JS.API.STREAM.MSG.GET.KV_ab_catalog_owners", "$KV.ab_catalog_owners.>",
+			// The read service: direct gets of the runs, requests and audit
+			// streams, the catalog and artifacts.
+			"$JS.API.STREAM.INFO.AB_AUDIT", "$JS.API.DIRECT.GET.AB_RUNS", "$JS.API.DIRECT.GET.AB_REQUESTS",
+			"$JS.API.DIRECT.GET.AB_AUDIT", "$JS.API.DIRECT.GET.KV_ab_catalog", "$JS.API.DIRECT.GET.OBJ_ab_artifacts",
+		},
+		// The pools' artifact stores, read for workflows and tenants.
+		eachPool: []string{
+			"$JS.API.STREAM.INFO.OBJ_ab_artifacts_{pool}", "$JS.API.DIRECT.GET.OBJ_ab_artifacts_{pool}",
+			"$JS.API.DIRECT.GET.OBJ_ab_artifacts_{pool}.>", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts_{pool}",
+			"$JS.API.CONSUMER.CREATE.OBJ_ab_artifacts_{pool}.>", "$JS.API.CONSUMER.DELETE.OBJ_ab_artifacts_{pool}.>",
+			"$JS.FC.OBJ_ab_artifacts_{pool}.>",
 		},
 		sub: []string{
 			"_INBOX_dispatcher.>",
+			// The registrar's announcements and the read service's requests
+			// (a NATS micro service: its discovery subjects too).
+			"ab.pool.*.announce", "ab.api.*.>",
+			"$SRV.PING", "$SRV.INFO", "$SRV.STATS", "$SRV.*.actionbus-read", "$SRV.*.actionbus-read.*",
 		},
+		allowResponses: true,
 	},
 	{name: "planner",
 		pub: []string{
 			"ab.run.*.*.decision", "ab.run.*.*.synthesized", "ab.stream.*.*", "ab.rejected.>",
-			"$JS.API.STREAM.INFO.KV_ab_limits", "$JS.API.STREAM.MSG.GET.KV_ab_limits",
-			"$JS.API.DIRECT.GET.KV_ab_limits.>", "$KV.ab_limits.>", "$JS.API.STREAM.INFO.AB_RUNS",
+			"$JS.API.STREAM.INFO.KV_ab_planner_limits", "$JS.API.STREAM.MSG.GET.KV_ab_planner_limits",
+			"$JS.API.DIRECT.GET.KV_ab_planner_limits.>", "$KV.ab_planner_limits.>", "$JS.API.STREAM.INFO.AB_RUNS",
 			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_RUNS.planner",
 			"$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.planner", "$JS.ACK.AB_RUNS.planner.>",
 			"$JS.API.STREAM.INFO.KV_ab_catalog", "$JS.API.DIRECT.GET.KV_ab_catalog.>",
@@ -88,11 +112,14 @@ var serviceUsers = []serviceUser{
 			"ab.run.*.*.result", "ab.rejected.>", "$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_WORK",
 			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_WORK.pool-{pool}",
 			"$JS.API.CONSUMER.MSG.NEXT.AB_WORK.pool-{pool}", "$JS.ACK.AB_WORK.pool-{pool}.>",
-			"$JS.API.STREAM.INFO.KV_ab_catalog", "$JS.API.DIRECT.GET.KV_ab_catalog.>", "$KV.ab_catalog.{pool}.>",
-			"$JS.API.STREAM.INFO.KV_ab_presence", "$KV.ab_presence.{pool}.>", "$JS.API.STREAM.INFO.KV_ab_idempotency",
-			"$JS.API.STREAM.MSG.GET.KV_ab_idempotency", "$JS.API.DIRECT.GET.KV_ab_idempotency.>",
-			"$KV.ab_idempotency.{pool}.>", "$JS.API.STREAM.INFO.OBJ_ab_artifacts", "$O.ab_artifacts.>",
-			"$JS.API.DIRECT.GET.OBJ_ab_artifacts.>", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts",
+			// Its announcements; the registrar writes the catalog.
+			"ab.pool.{pool}.announce",
+			// Stores of its pool's own: nobody else relies on them.
+			"$JS.API.STREAM.INFO.KV_ab_presence_{pool}", "$KV.ab_presence_{pool}.>",
+			"$JS.API.STREAM.INFO.KV_ab_idempotency_{pool}", "$JS.API.STREAM.MSG.GET.KV_ab_idempotency_{pool}",
+			"$JS.API.DIRECT.GET.KV_ab_idempotency_{pool}.>", "$KV.ab_idempotency_{pool}.>",
+			"$JS.API.STREAM.INFO.OBJ_ab_artifacts_{pool}", "$O.ab_artifacts_{pool}.>",
+			"$JS.API.DIRECT.GET.OBJ_ab_artifacts_{pool}.>", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts_{pool}",
 		},
 		sub: []string{
 			"_INBOX_executor.>", "ab.run.*.*.canceled", "ab.run.*.*.failed", "ab.run.*.*.completed",

@@ -79,7 +79,11 @@ func writeStaticUser(b *strings.Builder, u User) {
 	if len(u.Permissions.Pub)+len(u.Permissions.Sub) > 0 {
 		b.WriteString(", permissions: {\n")
 		fmt.Fprintf(b, "          publish: { allow: [%s] }\n", quoteList(u.Permissions.Pub))
-		fmt.Fprintf(b, "          subscribe: { allow: [%s] }\n      }", quoteList(u.Permissions.Sub))
+		fmt.Fprintf(b, "          subscribe: { allow: [%s] }\n", quoteList(u.Permissions.Sub))
+		if u.Permissions.AllowResponses {
+			b.WriteString("          allow_responses: true\n")
+		}
+		b.WriteString("      }")
 	}
 	b.WriteString(" }\n")
 }

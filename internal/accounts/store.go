@@ -155,6 +155,9 @@ func Open(dir string) (*Store, error) {
 func ServerConfig(operatorJWT, sysPub, resolverDir string, preload map[string]string) string {
 	var b strings.Builder
 	b.WriteString("# actionbus operator mode (written by actionbus nats init).\n")
+	// A service user's JWT, with its permissions, travels in the CONNECT
+	// line; the dispatcher's is over the default 4 KiB.
+	b.WriteString("max_control_line: 32768\n")
 	fmt.Fprintf(&b, "operator: %s\n", strconv.Quote(operatorJWT))
 	fmt.Fprintf(&b, "system_account: %s\n", sysPub)
 	fmt.Fprintf(&b, "resolver {\n  type: full\n  dir: %s\n  allow_delete: true\n  interval: \"2m\"\n}\n", strconv.Quote(resolverDir))

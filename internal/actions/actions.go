@@ -324,3 +324,7 @@ func Timeout(defMs, callMs int64, fallback time.Duration) time.Duration {
 	}
 	return t
 }
+
+// ValidName reports whether name is a valid action name (letters, digits,
+// '.', '_', '-'; up to 128, starting with a letter or digit).
+func ValidName(name string) bool { return namePattern.MatchString(name) }

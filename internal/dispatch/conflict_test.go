@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -11,27 +12,31 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/events"
 )
 
-// A name published by two pools is refused: the run that calls it ends
-// with catalog_conflict naming both pools, promptly, not at its deadline.
+// A name held by two pools' entries is refused: the run that calls it
+// ends with catalog_conflict naming both pools, promptly, not at its
+// deadline. The registrar never records such a pair (TestARegistrar...);
+// a catalog written before the registrar existed, or by an operator, may
+// still hold one.
 func TestCatalogConflictEndsTheRunPromptly(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{Pools: []string{"default", "gpu"}})
-	gpu, err := executor.New(srv.Connect(t), executor.Config{Pool: "gpu", ID: "gpu-1"})
-	require.NoError(t, err)
-	require.NoError(t, echoExecutor(gpu))
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- gpu.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
-	select {
-	case <-gpu.Ready():
-	case err := <-done:
-		t.Fatalf("gpu executor: %v", err)
-	}
-
 	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: echoScenario, Register: echoExecutor, RunDeadline: 5 * time.Minute})
+	setup, cancelSetup := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelSetup()
+	catKV, err := srv.JS.KeyValue(setup, events.Topology{}.BucketCatalog())
+	require.NoError(t, err)
+	entry, err := catKV.Get(setup, "default.test.echo")
+	require.NoError(t, err)
+	var def map[string]any
+	require.NoError(t, json.Unmarshal(entry.Value(), &def))
+	def["pool"] = "gpu"
+	legacy, err := json.Marshal(def)
+	require.NoError(t, err)
+	_, err = catKV.Put(setup, "gpu.test.echo", legacy) // as admin
+	require.NoError(t, err)
+
 	// Well under the run's deadline: the conflict is answered, not redelivered.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

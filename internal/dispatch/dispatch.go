@@ -34,11 +34,13 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/artifacts"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/keymutex"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/registrar"
 	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
@@ -227,7 +229,7 @@ type Dispatcher struct {
 	log       *slog.Logger
 	locks     *keymutex.Striped
 	runs      jetstream.KeyValue
-	artifacts jetstream.ObjectStore
+	artifacts artifacts.Store
 	cat       *actions.View
 	catKV     jetstream.KeyValue // skills are read from it
 	ready     chan struct{}
@@ -295,10 +297,19 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if d.runs, err = d.js.KeyValue(ctx, d.topo.BucketRuns()); err != nil {
 		return err
 	}
-	if d.artifacts, err = d.js.ObjectStore(ctx, d.topo.BucketArtifacts()); err != nil {
+	if d.artifacts, err = artifacts.Open(ctx, d.js, d.topo.BucketArtifacts()); err != nil {
 		return err
 	}
 	if d.catKV, err = d.js.KeyValue(ctx, d.topo.BucketCatalog()); err != nil {
+		return err
+	}
+	// The registrar: the catalog's only writer, from the executors'
+	// announcements.
+	owners, err := d.js.KeyValue(ctx, d.topo.BucketCatalogOwners())
+	if err != nil {
+		return err
+	}
+	if err := registrar.New(d.bus, d.catKV, owners, d.log).Serve(ctx, d.js.Conn()); err != nil {
 		return err
 	}
 	if d.cat, err = actions.NewCatalog(d.catKV).Watch(ctx); err != nil {

@@ -1,18 +1,14 @@
 package dispatch
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/artifacts"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/run"
@@ -56,31 +52,20 @@ func (e env) VerifyPrincipal(token string, c policy.PrincipalClaim, now time.Tim
 	return e.d.cfg.ApprovalKeys.VerifyPrincipal(token, c, now)
 }
 
-func (e env) PutArtifact(ctx context.Context, id string, data []byte) (events.ArtifactRef, error) {
-	sum := sha256.Sum256(data)
-	ref := events.ArtifactRef{ID: id, Role: "output", MediaType: "application/json", Bytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}
+func (e env) PutArtifact(ctx context.Context, tenant, runID, id string, data []byte) (events.ArtifactRef, error) {
 	cctx, cancel := events.Bounded(ctx)
 	defer cancel()
-	meta := jetstream.ObjectMeta{Name: id, Description: "output", Headers: nats.Header{"Content-Type": []string{ref.MediaType}}}
-	if _, err := e.d.artifacts.Put(cctx, meta, bytes.NewReader(data)); err != nil {
-		return events.ArtifactRef{}, err
-	}
-	return ref, nil
+	return artifacts.Put(cctx, e.d.artifacts, artifacts.Owner{Tenant: tenant, RunID: runID}, id, "output", "application/json", data, 0)
 }
 
-func (e env) GetArtifact(ctx context.Context, ref events.ArtifactRef) ([]byte, error) {
+func (e env) GetArtifact(ctx context.Context, tenant string, ref events.ArtifactRef) ([]byte, error) {
 	cctx, cancel := events.Bounded(ctx)
 	defer cancel()
-	data, err := e.d.artifacts.GetBytes(cctx, ref.ID)
+	a, err := artifacts.Read(cctx, e.d.js, e.d.topo, tenant, ref)
 	if err != nil {
 		return nil, err
 	}
-	if ref.SHA256 != "" {
-		if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != ref.SHA256 {
-			return nil, actionbus.Errorf(actionbus.CodeArtifactMismatch, "artifact %s does not match its digest", ref.ID).WithDetail("artifact", ref.ID)
-		}
-	}
-	return data, nil
+	return a.Data, nil
 }
 
 func (e env) PriorRun(ctx context.Context, runID string) (*run.State, error) {

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/artifacts"
 	"github.com/actionbus/actionbus/internal/embedded"
 	"github.com/actionbus/actionbus/internal/events"
 )
@@ -34,17 +36,19 @@ func TestAStepOutputChangedInTheArtifactStoreIsRefused(t *testing.T) {
 	require.NoError(t, topo.Provision(ctx, js))
 	store, err := js.ObjectStore(ctx, topo.BucketArtifacts())
 	require.NoError(t, err)
-	e := env{&Dispatcher{artifacts: store}}
+	e := env{&Dispatcher{js: js, topo: topo, artifacts: artifacts.Store{Name: topo.BucketArtifacts(), OS: store}}}
 
-	ref, err := e.PutArtifact(ctx, "out-1", []byte(`{"amount":10}`))
+	ref, err := e.PutArtifact(ctx, "acme", "run-1", "out-1", []byte(`{"amount":10}`))
 	require.NoError(t, err)
-	got, err := e.GetArtifact(ctx, ref)
+	got, err := e.GetArtifact(ctx, "acme", ref)
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"amount":10}`, string(got))
 
-	_, err = store.PutBytes(ctx, "out-1", []byte(`{"amount":10000}`)) // another writer
+	// another writer, recording the same owner
+	_, err = store.Put(ctx, jetstream.ObjectMeta{Name: "out-1", Metadata: map[string]string{artifacts.MetaTenant: "acme", artifacts.MetaRun: "run-1"}},
+		strings.NewReader(`{"amount":10000}`))
 	require.NoError(t, err)
-	_, err = e.GetArtifact(ctx, ref)
+	_, err = e.GetArtifact(ctx, "acme", ref)
 	require.Error(t, err)
 	assert.Equal(t, actionbus.CodeArtifactMismatch, actionbus.CodeOf(err))
 }

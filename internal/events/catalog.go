@@ -53,6 +53,7 @@ var Catalog = []Entry{
 	{TypeApprovalResolved, "{prefix}.run.{tenant}.{runId}.approval", "dispatcher", []string{"approvers", "auditor"}, "approval.resolved.json", func() any { return new(ApprovalResolved) }, false},
 	{TypeSynthesisRequested, "{prefix}.run.{tenant}.{runId}.synthesize", "dispatcher", []string{"planner", "auditor"}, "synthesis.requested.json", func() any { return new(SynthesisRequested) }, false},
 	{TypeSynthesisCompleted, "{prefix}.run.{tenant}.{runId}.synthesized", "planner", []string{"dispatcher", "auditor"}, "synthesis.completed.json", func() any { return new(SynthesisCompleted) }, false},
+	{TypePoolAnnounced, "{prefix}.pool.{pool}.announce", "executor", []string{"dispatcher (registrar)"}, "pool.announced.json", func() any { return new(PoolAnnounced) }, true},
 }
 
 var catalogByType = func() map[string]*Entry {
@@ -227,6 +228,26 @@ func (s Subjects) AnyRun(verb string) string { return s.prefix + ".run.*.*." + v
 // PoolRequest returns the work subject of an executor pool.
 func (s Subjects) PoolRequest(pool string) string { return s.prefix + ".pool." + pool + ".request" }
 
+// Announce returns the subject on which a pool's executors announce their
+// actions and skills to the registrar (request/reply, core NATS).
+func (s Subjects) Announce(pool string) string { return s.prefix + ".pool." + pool + ".announce" }
+
+// AllAnnounce matches every pool's announce subject.
+func (s Subjects) AllAnnounce() string { return s.prefix + ".pool.*.announce" }
+
+// PoolFromAnnounce returns the pool token of an announce subject, or "".
+func (s Subjects) PoolFromAnnounce(subject string) string {
+	rest, ok := strings.CutPrefix(subject, s.prefix+".pool.")
+	if !ok {
+		return ""
+	}
+	pool, ok := strings.CutSuffix(rest, ".announce")
+	if !ok || !ValidPool(pool) {
+		return ""
+	}
+	return pool
+}
+
 // AllPools matches the work subjects of every pool.
 func (s Subjects) AllPools() string { return s.prefix + ".pool.*.request" }
 
@@ -283,7 +304,8 @@ func (s Subjects) RunFromSubject(subject string) (tenant, runID string) {
 // SubjectFor returns the subject an event of eventType is published on.
 // tenant, runID and pool fill the placeholders the type needs.
 func (s Subjects) SubjectFor(eventType, tenant, runID, pool string) (string, error) {
-	if eventType != TypeActionRequested && eventType != TypeEventRejected && eventType != TypeAuditRecorded && eventType != TypeAuditAppended {
+	if eventType != TypeActionRequested && eventType != TypeEventRejected && eventType != TypeAuditRecorded && eventType != TypeAuditAppended &&
+		eventType != TypePoolAnnounced {
 		if err := CheckTenant(tenant); err != nil {
 			return "", err
 		}
@@ -311,6 +333,8 @@ func (s Subjects) SubjectFor(eventType, tenant, runID, pool string) (string, err
 		return s.Run(tenant, runID, "decision"), nil
 	case TypeActionRequested:
 		return s.PoolRequest(pool), nil
+	case TypePoolAnnounced:
+		return s.Announce(pool), nil
 	case TypeActionCompleted, TypeActionFailed:
 		return s.Run(tenant, runID, "result"), nil
 	case TypeAuditRecorded, TypeAuditAppended:

@@ -50,6 +50,8 @@ var samples = map[string]any{
 		PayloadHash: "0f3c4e0b1a2d3c4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6",
 		Hash:        "bb3c4e0b1a2d3c4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6"}}},
 	events.TypeInputProvided: &events.InputProvided{RunID: sampleRun, Answer: "the blue one", ProvidedBy: "operator_1"},
+	events.TypePoolAnnounced: &events.PoolAnnounced{Executor: "exec-1", Pool: "gpu",
+		Actions: []map[string]any{{"name": "gpu.render", "mode": "read"}}, Removed: []string{"gpu.old"}},
 	events.TypeTimerFired: &events.TimerFired{RunID: sampleRun, Kind: events.TimerDecision, Cycle: 2, Stage: "planner",
 		DueAt: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)},
 	events.TypeApprovalRequested: &events.ApprovalRequested{RunID: sampleRun, Input: map[string]any{"jobIds": []any{"job_1"}}, Reason: "tier 2",

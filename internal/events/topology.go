@@ -103,8 +103,8 @@ func (t Topology) Validate() error {
 		return fmt.Errorf("events: topology prefix %q must be one subject token (stream names derive from it)", t.Prefix)
 	}
 	for _, p := range t.Pools {
-		if !validToken(p) || strings.ContainsAny(p, " \t") {
-			return fmt.Errorf("events: invalid pool name %q", p)
+		if !ValidPool(p) {
+			return fmt.Errorf("events: invalid pool name %q (1 to 64 letters, digits, '_' or '-')", p)
 		}
 	}
 	if t.Replicas < 1 || t.Replicas > 5 {
@@ -154,21 +154,43 @@ func (t Topology) StreamAudit() string { return t.name("AUDIT") }
 // BucketRuns is the key-value bucket of run state (revision-checked).
 func (t Topology) BucketRuns() string { return strings.ToLower(t.withDefaults().Prefix) + "_runs" }
 
-// BucketCatalog is the key-value bucket of action definitions.
+// BucketCatalog is the key-value bucket of action definitions. Only the
+// registrar (hosted by the dispatchers) writes it, from the executors'
+// announcements ([Subjects.Announce]).
 func (t Topology) BucketCatalog() string {
 	return strings.ToLower(t.withDefaults().Prefix) + "_catalog"
 }
 
-// BucketPresence is the key-value bucket of executor presence (keys expire).
-func (t Topology) BucketPresence() string {
-	return strings.ToLower(t.withDefaults().Prefix) + "_presence"
+// BucketCatalogOwners is the key-value bucket of the pool that owns each
+// action and skill name ("action.<name>", "skill.<name>" → pool). The
+// registrar creates an owner record with a create-if-absent write before it
+// records a pool's entry, so exactly one pool owns a name, whichever
+// dispatcher registers it.
+func (t Topology) BucketCatalogOwners() string {
+	return strings.ToLower(t.withDefaults().Prefix) + "_catalog_owners"
 }
 
-// BucketIdempotency is the key-value bucket of idempotency keys: a
-// reservation while a call runs, then its result.
-func (t Topology) BucketIdempotency() string {
-	return strings.ToLower(t.withDefaults().Prefix) + "_idempotency"
+// perPool names a store that belongs to one pool: "<prefix>_<kind>_<pool>".
+// Pool names are letters, digits, '_' and '-' ([Topology.Validate]), so
+// the name is a valid bucket name.
+func (t Topology) perPool(kind, pool string) string {
+	if pool == "" {
+		pool = DefaultPool
+	}
+	return strings.ToLower(t.withDefaults().Prefix) + "_" + kind + "_" + pool
 }
+
+// BucketPresence is the key-value bucket of the presence of a pool's
+// executors (keys expire): one bucket per pool, so that an executor can
+// wipe no other pool's presence.
+func (t Topology) BucketPresence(pool string) string { return t.perPool("presence", pool) }
+
+// BucketIdempotency is the key-value bucket of a pool's idempotency keys:
+// a reservation while a call runs, then its result. One bucket per pool,
+// written only by that pool's executor user; its stream refuses rollups,
+// purges and message deletes ([Topology.Provision]), so no executor can
+// wipe records, not even its own pool's in one stroke.
+func (t Topology) BucketIdempotency(pool string) string { return t.perPool("idempotency", pool) }
 
 // BucketPolicy is the key-value bucket of the reloadable policy document.
 func (t Topology) BucketPolicy() string {
@@ -177,14 +199,54 @@ func (t Topology) BucketPolicy() string {
 
 // BucketLimits is the key-value bucket of concurrency keys and rate
 // limits: one revision-checked entry per key (its holders, its token
-// bucket, its queue), shared by every dispatcher.
+// bucket, its queue), shared by every dispatcher and written by
+// dispatchers only.
 func (t Topology) BucketLimits() string {
 	return strings.ToLower(t.withDefaults().Prefix) + "_limits"
 }
 
-// BucketArtifacts is the object store of large action outputs.
+// BucketPlannerLimits is the key-value bucket of the planners' own LLM
+// concurrency and rate limits (planner.Config.LLMLimit), apart from the
+// dispatchers' [Topology.BucketLimits].
+func (t Topology) BucketPlannerLimits() string {
+	return strings.ToLower(t.withDefaults().Prefix) + "_planner_limits"
+}
+
+// BucketArtifacts is the services' object store: the large outputs the
+// dispatcher keeps (workflow step outputs, workspace documents). Executors
+// write their artifacts in their pool's store ([Topology.PoolArtifacts]).
 func (t Topology) BucketArtifacts() string {
 	return strings.ToLower(t.withDefaults().Prefix) + "_artifacts"
+}
+
+// PoolArtifacts is the object store of the artifacts a pool's executors
+// write (large outputs, files a handler stores); only that pool's
+// executor user writes it.
+func (t Topology) PoolArtifacts(pool string) string { return t.perPool("artifacts", pool) }
+
+// ArtifactStore reports whether name is one of the topology's artifact
+// stores: the services' or a pool's (any valid pool name, provisioned or
+// not). A reference naming any other bucket is no artifact.
+func (t Topology) ArtifactStore(name string) bool {
+	if name == t.BucketArtifacts() {
+		return true
+	}
+	pool, ok := strings.CutPrefix(name, t.BucketArtifacts()+"_")
+	return ok && ValidPool(pool)
+}
+
+// ValidPool reports whether pool is a valid pool name: 1 to 64 letters,
+// digits, '_' or '-' (a subject token and part of bucket names).
+func ValidPool(pool string) bool {
+	if pool == "" || len(pool) > 64 {
+		return false
+	}
+	for _, r := range pool {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // PresenceTTL is how long an executor's presence lasts without a refresh.
@@ -344,24 +406,99 @@ func (t Topology) Consumers() []ConsumerSpec {
 // Buckets returns the key-value bucket configurations.
 func (t Topology) Buckets() []jetstream.KeyValueConfig {
 	t = t.withDefaults()
-	return []jetstream.KeyValueConfig{
+	out := []jetstream.KeyValueConfig{
 		{Bucket: t.BucketRuns(), Description: "actionbus run state (revision-checked)", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention, Placement: t.Placement},
-		{Bucket: t.BucketCatalog(), Description: "actionbus action catalog", History: 5, Storage: jetstream.FileStorage, Replicas: t.Replicas, Placement: t.Placement},
-		{Bucket: t.BucketPresence(), Description: "actionbus executor presence", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: PresenceTTL, Placement: t.Placement},
+		{Bucket: t.BucketCatalog(), Description: "actionbus action catalog (written by the registrar)", History: 5, Storage: jetstream.FileStorage, Replicas: t.Replicas, Placement: t.Placement},
+		{Bucket: t.BucketCatalogOwners(), Description: "actionbus owner pool of each action and skill name (written by the registrar)", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, Placement: t.Placement},
 		{Bucket: t.BucketPolicy(), Description: "actionbus policy document (reloaded without restart)", History: 10, Storage: jetstream.FileStorage, Replicas: t.Replicas, Placement: t.Placement},
-		{Bucket: t.BucketIdempotency(), Description: "actionbus idempotency keys and their results", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.IdempotencyTTL, Placement: t.Placement},
 		// A key's entry lives a day past its last change: a key nobody
 		// uses any more holds nothing worth keeping.
-		{Bucket: t.BucketLimits(), Description: "actionbus concurrency keys and rate limits", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: 24 * time.Hour, Placement: t.Placement},
+		{Bucket: t.BucketLimits(), Description: "actionbus concurrency keys and rate limits (dispatchers)", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: 24 * time.Hour, Placement: t.Placement},
+		{Bucket: t.BucketPlannerLimits(), Description: "actionbus planners' LLM concurrency and rate limits", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: 24 * time.Hour, Placement: t.Placement},
 	}
+	for _, p := range t.Pools {
+		out = append(out,
+			jetstream.KeyValueConfig{Bucket: t.BucketPresence(p), Description: "actionbus presence of pool " + p + "'s executors", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: PresenceTTL, Placement: t.Placement},
+			jetstream.KeyValueConfig{Bucket: t.BucketIdempotency(p), Description: "actionbus idempotency keys and results of pool " + p, History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.IdempotencyTTL, Placement: t.Placement},
+		)
+	}
+	return out
 }
 
-// ObjectStores returns the object store configurations.
+// ObjectStores returns the object store configurations: the services'
+// store and one per pool.
 func (t Topology) ObjectStores() []jetstream.ObjectStoreConfig {
 	t = t.withDefaults()
-	return []jetstream.ObjectStoreConfig{
-		{Bucket: t.BucketArtifacts(), Description: "actionbus large action outputs", Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention, Placement: t.Placement},
+	out := []jetstream.ObjectStoreConfig{
+		{Bucket: t.BucketArtifacts(), Description: "actionbus large outputs the dispatcher keeps", Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention, Placement: t.Placement},
 	}
+	for _, p := range t.Pools {
+		out = append(out, jetstream.ObjectStoreConfig{Bucket: t.PoolArtifacts(p), Description: "actionbus artifacts of pool " + p + "'s executors",
+			Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: t.RunRetention, Placement: t.Placement})
+	}
+	return out
+}
+
+// idempotencyBucket reports whether bucket is one of the pools'
+// idempotency buckets.
+func (t Topology) idempotencyBucket(bucket string) bool {
+	for _, p := range t.Pools {
+		if bucket == t.BucketIdempotency(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// provisionSealed creates a sealed bucket (an idempotency bucket) when it
+// does not exist, or updates its stream's age, replicas and placement
+// when it does, keeping it sealed.
+func (t Topology) provisionSealed(ctx context.Context, js jetstream.JetStream, kc jetstream.KeyValueConfig) error {
+	st, err := js.Stream(ctx, "KV_"+kc.Bucket)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := js.CreateKeyValue(ctx, kc); err != nil {
+			return fmt.Errorf("events: provision bucket %s: %w", kc.Bucket, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("events: provision bucket %s: %w", kc.Bucket, err)
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.MaxAge == kc.TTL && cfg.Replicas == kc.Replicas && cfg.DenyPurge && !cfg.AllowRollup && cfg.DenyDelete &&
+		(kc.Placement == nil || cfg.Placement != nil && cfg.Placement.Cluster == kc.Placement.Cluster) {
+		return nil
+	}
+	cfg.MaxAge, cfg.Replicas = kc.TTL, kc.Replicas
+	if kc.Placement != nil {
+		cfg.Placement = kc.Placement
+	}
+	cfg.AllowRollup, cfg.DenyDelete, cfg.DenyPurge = false, true, true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("events: provision bucket %s: %w", kc.Bucket, err)
+	}
+	return nil
+}
+
+// sealRecords makes the stream of an idempotency bucket refuse what would
+// wipe records in one stroke: rollups (a `Nats-Rollup` header on any
+// publish), purges and message deletes through the JetStream API. Keys
+// are still deleted one by one (a delete marker is an ordinary publish),
+// which is how a failed call releases its reservation.
+func (t Topology) sealRecords(ctx context.Context, js jetstream.JetStream, stream string) error {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("events: provision %s: %w", stream, err)
+	}
+	cfg := st.CachedInfo().Config
+	if !cfg.AllowRollup && cfg.DenyDelete && cfg.DenyPurge {
+		return nil
+	}
+	cfg.AllowRollup, cfg.DenyDelete, cfg.DenyPurge = false, true, true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("events: provision %s: %w", stream, err)
+	}
+	return nil
 }
 
 // Provision creates or updates every stream, consumer and bucket. It is
@@ -385,16 +522,28 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 		}
 	}
 	for _, kc := range t.Buckets() {
-		if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
+		if t.idempotencyBucket(kc.Bucket) {
+			// A sealed bucket's stream can never allow purges again, which
+			// a key-value update would ask for: create it once, then
+			// only its stream's limits are updated.
+			if err := t.provisionSealed(ctx, js, kc); err != nil {
+				return err
+			}
+		} else if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
 			return fmt.Errorf("events: provision bucket %s: %w", kc.Bucket, err)
 		}
-		if kc.Bucket == t.BucketRuns() || kc.Bucket == t.BucketIdempotency() || kc.Bucket == t.BucketLimits() {
+		if kc.Bucket == t.BucketRuns() || t.idempotencyBucket(kc.Bucket) || kc.Bucket == t.BucketLimits() || kc.Bucket == t.BucketPlannerLimits() {
 			// Run state and idempotency keys are read to be written with
 			// a revision check: reads must come from the stream leader.
 			// Direct gets may be answered by a follower that lags behind
 			// (right after a node loss, for a while), and a stale
 			// revision would make every revision-checked write conflict.
 			if err := t.leaderReads(ctx, js, "KV_"+kc.Bucket); err != nil {
+				return err
+			}
+		}
+		if t.idempotencyBucket(kc.Bucket) {
+			if err := t.sealRecords(ctx, js, "KV_"+kc.Bucket); err != nil {
 				return err
 			}
 		}
@@ -450,14 +599,14 @@ func (t Topology) Needs(service, pool string) Requirements {
 			Streams: []string{t.StreamRuns(), t.StreamTimers(), t.StreamRequests(), t.StreamWork(), t.StreamRejected()},
 			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerDispatcher), c(t.StreamTimers(), ConsumerDispatcherTimers),
 				c(t.StreamRequests(), ConsumerDispatcherRequests)},
-			Buckets: []string{t.BucketRuns(), t.BucketCatalog(), t.BucketPolicy(), t.BucketLimits()},
+			Buckets: []string{t.BucketRuns(), t.BucketCatalog(), t.BucketCatalogOwners(), t.BucketPolicy(), t.BucketLimits()},
 			Objects: []string{t.BucketArtifacts()},
 		}
 	case "planner":
 		return Requirements{
 			Streams:   []string{t.StreamRuns(), t.StreamRejected()},
 			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerPlanner)},
-			Buckets:   []string{t.BucketCatalog()},
+			Buckets:   []string{t.BucketCatalog(), t.BucketPlannerLimits()},
 		}
 	case "executor":
 		if pool == "" {
@@ -466,8 +615,8 @@ func (t Topology) Needs(service, pool string) Requirements {
 		return Requirements{
 			Streams:   []string{t.StreamRuns(), t.StreamWork(), t.StreamRejected()},
 			Consumers: []ConsumerSpec{c(t.StreamWork(), PoolConsumer(pool))},
-			Buckets:   []string{t.BucketCatalog(), t.BucketPresence(), t.BucketIdempotency()},
-			Objects:   []string{t.BucketArtifacts()},
+			Buckets:   []string{t.BucketPresence(pool), t.BucketIdempotency(pool)},
+			Objects:   []string{t.PoolArtifacts(pool)},
 		}
 	case "auditor":
 		return Requirements{

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -79,7 +80,7 @@ func TestLiveEventsAreInNoStream(t *testing.T) {
 		if e.Type == events.TypeActionRequested || e.Type == events.TypeEventRejected || e.Type == events.TypeAuditRecorded || e.Type == events.TypeAuditAppended {
 			continue // not per-run subjects
 		}
-		subject, err := s.SubjectFor(e.Type, "default", runID, "")
+		subject, err := s.SubjectFor(e.Type, "default", runID, "gpu")
 		require.NoError(t, err)
 		stored := false
 		for _, sc := range (events.Topology{}).Streams() {
@@ -92,7 +93,7 @@ func TestLiveEventsAreInNoStream(t *testing.T) {
 		}
 		assert.Equal(t, !e.Live, stored, "%s (%s): stored %v, live %v", e.Type, subject, stored, e.Live)
 	}
-	assert.Equal(t, 2, live, "run.started and run.progress are live")
+	assert.Equal(t, 3, live, "run.started, run.progress and pool.announced are live")
 }
 
 // subjectMatches reports whether a NATS subject filter matches subject.
@@ -107,4 +108,39 @@ func subjectMatches(filter, subject string) bool {
 		}
 	}
 	return len(f) == len(s)
+}
+
+// Each pool has its own idempotency bucket, whose stream refuses rollups,
+// purges and message deletes, and stays so when provisioned again; keys
+// are still created, updated and released one by one (what the
+// executor's reservations need).
+func TestIdempotencyBucketsArePerPoolAndSealed(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{SkipProvision: true})
+	ctx := ctxT(t)
+	topo := events.Topology{Pools: []string{"default", "gpu"}, IdempotencyTTL: time.Hour}
+	require.NoError(t, topo.Provision(ctx, srv.JS))
+	topo.IdempotencyTTL = 2 * time.Hour
+	require.NoError(t, topo.Provision(ctx, srv.JS), "a sealed bucket is provisioned again")
+	for _, pool := range topo.Pools {
+		st, err := srv.JS.Stream(ctx, "KV_"+topo.BucketIdempotency(pool))
+		require.NoError(t, err)
+		cfg := st.CachedInfo().Config
+		assert.False(t, cfg.AllowRollup, pool)
+		assert.True(t, cfg.DenyPurge, pool)
+		assert.True(t, cfg.DenyDelete, pool)
+		assert.Equal(t, 2*time.Hour, cfg.MaxAge, "the TTL still follows the topology")
+		assert.Error(t, st.Purge(ctx), "a purge of %s", pool)
+
+		kv, err := srv.JS.KeyValue(ctx, topo.BucketIdempotency(pool))
+		require.NoError(t, err)
+		rev, err := kv.Create(ctx, pool+".default.k", []byte(`{"state":"reserved"}`))
+		require.NoError(t, err)
+		rev, err = kv.Update(ctx, pool+".default.k", []byte(`{"state":"reserved"}`), rev)
+		require.NoError(t, err)
+		require.NoError(t, kv.Delete(ctx, pool+".default.k", jetstream.LastRevision(rev)), "a failed call releases its key")
+		_, err = kv.Create(ctx, pool+".default.k", []byte(`{"state":"reserved"}`))
+		require.NoError(t, err, "a released key is reserved again")
+		assert.Error(t, kv.Purge(ctx, pool+".default.k"), "a purge (a rollup of the key) is refused")
+	}
+	assert.NotEqual(t, topo.BucketIdempotency("default"), topo.BucketIdempotency("gpu"))
 }

@@ -33,6 +33,7 @@ const (
 	TypeApprovalResolved   = "io.actionbus.approval.resolved"
 	TypeSynthesisRequested = "io.actionbus.synthesis.requested"
 	TypeSynthesisCompleted = "io.actionbus.synthesis.completed"
+	TypePoolAnnounced      = "io.actionbus.pool.announced"
 )
 
 // IsRunStep reports whether eventType is a step of a run: a recorded
@@ -514,6 +515,35 @@ type ArtifactRef struct {
 	SHA256      string `json:"sha256"`
 	Truncated   bool   `json:"truncated"`
 	Preview     string `json:"preview,omitempty"`
+	// Store is the object store that holds the artifact: the writing
+	// pool's ([Topology.PoolArtifacts]) or the services'
+	// ([Topology.BucketArtifacts]); "" (references written before stores
+	// were per pool) means the services' store.
+	Store string `json:"store,omitempty"`
+}
+
+// PoolAnnounced is an executor's announcement of what it hosts for its
+// pool: a request to the registrar, which answers with an
+// [AnnounceReply]. The pool that counts is the subject's token.
+type PoolAnnounced struct {
+	Executor string `json:"executor"`
+	Pool     string `json:"pool"`
+	// Actions and Skills are the entries as JSON objects (decoded
+	// strictly, and validated, by the registrar).
+	Actions []map[string]any `json:"actions,omitempty"`
+	Skills  []map[string]any `json:"skills,omitempty"`
+	// Removed names actions the executor announced before and hosts no
+	// more (a mounted MCP server's tool list changed).
+	Removed []string `json:"removed,omitempty"`
+}
+
+// AnnounceReply is the registrar's answer to a [PoolAnnounced]: the
+// names recorded, or the error that refused the announcement (nothing of
+// a refused announcement is recorded).
+type AnnounceReply struct {
+	Actions []string         `json:"actions,omitempty"`
+	Skills  []string         `json:"skills,omitempty"`
+	Error   *actionbus.Error `json:"error,omitempty"`
 }
 
 // ActionCompleted is the successful result of one action call.

@@ -160,9 +160,9 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	if s.cfg.LLMLimit != nil && !s.cfg.LLMLimit.IsZero() {
-		kv, err := s.js.KeyValue(ctx, s.topo.BucketLimits())
+		kv, err := s.js.KeyValue(ctx, s.topo.BucketPlannerLimits())
 		if err != nil {
-			return fmt.Errorf("planner: the limits bucket: %w", err)
+			return fmt.Errorf("planner: the planner limits bucket: %w", err)
 		}
 		s.llm = limits.NewStore(kv)
 	}

@@ -163,7 +163,7 @@ func (e *memEnv) VerifyPrincipal(token string, c policy.PrincipalClaim, now time
 	return e.keys.VerifyPrincipal(token, c, now)
 }
 
-func (e *memEnv) PutArtifact(_ context.Context, id string, data []byte) (events.ArtifactRef, error) {
+func (e *memEnv) PutArtifact(_ context.Context, _, _, id string, data []byte) (events.ArtifactRef, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.artifacts[id] = append([]byte(nil), data...)
@@ -174,7 +174,7 @@ func (e *memEnv) PutArtifact(_ context.Context, id string, data []byte) (events.
 	return events.ArtifactRef{ID: id, Role: "output", MediaType: "application/json", Bytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}, nil
 }
 
-func (e *memEnv) GetArtifact(_ context.Context, ref events.ArtifactRef) ([]byte, error) {
+func (e *memEnv) GetArtifact(_ context.Context, _ string, ref events.ArtifactRef) ([]byte, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	data, ok := e.artifacts[ref.ID]

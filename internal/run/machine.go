@@ -50,11 +50,14 @@ type Env interface {
 	// VerifyPrincipal checks a gateway's signed statement of the user a
 	// run acts for.
 	VerifyPrincipal(token string, c policy.PrincipalClaim, now time.Time) (policy.Principal, error)
-	// PutArtifact stores data under id in the artifact store and returns
-	// its reference; ids are deterministic, so storing again is harmless.
-	PutArtifact(ctx context.Context, id string, data []byte) (events.ArtifactRef, error)
-	// GetArtifact reads an artifact.
-	GetArtifact(ctx context.Context, ref events.ArtifactRef) ([]byte, error)
+	// PutArtifact stores data under id in the services' artifact store,
+	// recorded as run runID's of tenant, and returns its reference; ids are
+	// deterministic, so storing again is harmless.
+	PutArtifact(ctx context.Context, tenant, runID, id string, data []byte) (events.ArtifactRef, error)
+	// GetArtifact reads an artifact as tenant reads it: one recorded for
+	// another tenant is artifact_not_found, bytes that do not match the
+	// reference's SHA-256 artifact_mismatch.
+	GetArtifact(ctx context.Context, tenant string, ref events.ArtifactRef) ([]byte, error)
 	// PriorRun returns the stored state of another run (the one a retry
 	// names), or nil when there is none.
 	PriorRun(ctx context.Context, runID string) (*State, error)

@@ -162,7 +162,7 @@ func (m *Machine) readyStep(ctx context.Context, st *State, i int, outputs map[s
 		return append(out, m.stepFailed(st, i, err)...), st.IsTerminal(), nil
 	}
 	for _, dep := range s.Dependencies() {
-		if outputs[dep], err = m.loadOutput(ctx, outputs[dep]); err != nil {
+		if outputs[dep], err = m.loadOutput(ctx, st.Tenant, outputs[dep]); err != nil {
 			var abErr *actionbus.Error
 			if errors.As(err, &abErr) {
 				return failStep(abErr) // a typed refusal (a tampered output), not an outage
@@ -202,12 +202,12 @@ func (m *Machine) readyStep(ctx context.Context, st *State, i int, outputs map[s
 
 // loadOutput returns a step output kept as an artifact reference
 // ({"artifact": ref}) as the value it stands for; any other output as is.
-func (m *Machine) loadOutput(ctx context.Context, v any) (any, error) {
+func (m *Machine) loadOutput(ctx context.Context, tenant string, v any) (any, error) {
 	ref, ok := artifactRef(v)
 	if !ok {
 		return v, nil
 	}
-	data, err := m.env.GetArtifact(ctx, ref)
+	data, err := m.env.GetArtifact(ctx, tenant, ref)
 	if err != nil {
 		var abErr *actionbus.Error
 		if errors.As(err, &abErr) {
@@ -250,7 +250,7 @@ func (m *Machine) keepOutput(ctx context.Context, st *State, i int, v any) (any,
 	if err != nil || len(data) <= m.lim.InlineOutputBytes {
 		return v, nil
 	}
-	ref, err := m.env.PutArtifact(ctx, st.derive("step-output", i, st.Workflow.Steps[i].Attempt), data)
+	ref, err := m.env.PutArtifact(ctx, st.Tenant, st.RunID, st.derive("step-output", i, st.Workflow.Steps[i].Attempt), data)
 	if err != nil {
 		return nil, fmt.Errorf("run: store the %d-byte output of step %d: %w", len(data), i, err)
 	}

@@ -46,7 +46,7 @@ func (m *Machine) onWorkspaceAction(ctx context.Context, st *State, dec events.D
 		st.Agent.Workspace = &workspace.Workspace{Files: map[string]*workspace.File{}}
 	}
 	ws := st.Agent.Workspace
-	if err := m.loadWorkspace(ctx, ws); err != nil {
+	if err := m.loadWorkspace(ctx, st.Tenant, ws); err != nil {
 		var abErr *actionbus.Error
 		if errors.As(err, &abErr) {
 			return m.fail(st, abErr), nil // a document was altered in the store
@@ -138,7 +138,7 @@ func (m *Machine) publishDocument(ctx context.Context, st *State, path, as strin
 	output := map[string]any{"kind": "workspace_document", "path": path, "version": f.Version, "stats": jsonValue(f.Stats)}
 	answer := f.Content
 	if as == "artifact" {
-		ref, perr := m.env.PutArtifact(ctx, st.derive("document", path, f.Version), []byte(f.Content))
+		ref, perr := m.env.PutArtifact(ctx, st.Tenant, st.RunID, st.derive("document", path, f.Version), []byte(f.Content))
 		if perr != nil {
 			return nil, perr
 		}
@@ -183,13 +183,13 @@ func jsonValue(v any) any {
 
 // loadWorkspace fills in the content of the documents kept by artifact
 // reference, checking each against its recorded SHA-256.
-func (m *Machine) loadWorkspace(ctx context.Context, ws *workspace.Workspace) error {
+func (m *Machine) loadWorkspace(ctx context.Context, tenant string, ws *workspace.Workspace) error {
 	for _, p := range ws.Paths() {
 		f := ws.Files[p]
 		if f.Ref == nil || f.Content != "" {
 			continue
 		}
-		data, err := m.env.GetArtifact(ctx, *f.Ref)
+		data, err := m.env.GetArtifact(ctx, tenant, *f.Ref)
 		if err != nil {
 			return err
 		}
@@ -212,7 +212,7 @@ func (m *Machine) storeWorkspace(ctx context.Context, st *State, ws *workspace.W
 		}
 		sum := sha256.Sum256([]byte(f.Content))
 		if f.Ref == nil || f.Ref.SHA256 != hex.EncodeToString(sum[:]) {
-			ref, err := m.env.PutArtifact(ctx, st.derive("workspace", p, f.Version), []byte(f.Content))
+			ref, err := m.env.PutArtifact(ctx, st.Tenant, st.RunID, st.derive("workspace", p, f.Version), []byte(f.Content))
 			if err != nil {
 				return err
 			}

@@ -20,6 +20,7 @@ import (
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/planner"
+	"github.com/actionbus/actionbus/internal/registrar"
 )
 
 // Config configures a stack.
@@ -137,6 +138,10 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	var services []runner
 	if !cfg.NoDispatcher {
 		services = append(services, disp)
+	} else if cfg.Executors > 0 {
+		// The executors announce their actions to a registrar, which the
+		// dispatchers host; without one here, the stack hosts it.
+		services = append(services, registrarRunner{nc: nc, prefix: cfg.Prefix, log: cfg.Logger})
 	}
 	if !cfg.NoPlanner {
 		pnc, err := conn("planner")
@@ -258,4 +263,15 @@ func executorUser(pool string) string {
 		return "executor"
 	}
 	return "executor-" + pool
+}
+
+// registrarRunner serves a registrar (registrar.Run) as a stack service.
+type registrarRunner struct {
+	nc     *nats.Conn
+	prefix string
+	log    *slog.Logger
+}
+
+func (r registrarRunner) Run(ctx context.Context) error {
+	return registrar.Run(ctx, r.nc, r.prefix, r.log)
 }

@@ -307,7 +307,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		}
 	})
 
-	t.Run("an executor cannot purge artifacts or write another pool's catalog or idempotency records", func(t *testing.T) {
+	t.Run("an executor cannot purge artifacts, write the catalog or another pool's idempotency records", func(t *testing.T) {
 		// A refused JetStream request gets no answer: each attempt has
 		// its own short deadline.
 		short := func() context.Context {
@@ -315,28 +315,22 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 			t.Cleanup(cancel)
 			return c
 		}
-		stream, err := executorJS.Stream(short(), "OBJ_ab_artifacts")
+		stream, err := executorJS.Stream(short(), "OBJ_ab_artifacts_default")
 		require.NoError(t, err)
-		assert.Error(t, stream.Purge(short()), "the executor purged the artifact store")
-		executorRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.STREAM.PURGE.OBJ_ab_artifacts"`)
-		kv, err := executorJS.KeyValue(short(), "ab_catalog")
-		require.NoError(t, err)
+		assert.Error(t, stream.Purge(short()), "the executor purged its pool's artifact store")
+		executorRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.STREAM.PURGE.OBJ_ab_artifacts_default"`)
+		// The catalog is the registrar's: no key of it, not even under
+		// the executor's own pool.
 		def, _ := json.Marshal(map[string]any{"name": "test.secret", "mode": "read", "pool": "payments", "version": "9"})
-		_, err = kv.Put(short(), "payments.test.secret", def)
-		assert.Error(t, err, "the executor wrote another pool's catalog entry")
+		require.NoError(t, executorNC.Publish("$KV.ab_catalog.payments.test.secret", def))
 		executorRefused.waitFor(t, `Permissions Violation for Publish to "$KV.ab_catalog.payments.test.secret"`)
+		def, _ = json.Marshal(map[string]any{"name": "test.evil", "mode": "read", "pool": "default", "version": "1"})
+		require.NoError(t, executorNC.Publish("$KV.ab_catalog.default.test.evil", def))
+		executorRefused.waitFor(t, `Permissions Violation for Publish to "$KV.ab_catalog.default.test.evil"`)
 		// Nor plant a finished idempotency record (a forged output) for
 		// another pool's calls.
-		idem, err := executorJS.KeyValue(short(), "ab_idempotency")
-		require.NoError(t, err)
-		_, err = idem.Put(short(), "payments.0f1e2d", []byte(`{"state":"done","output":{"forged":true}}`))
-		assert.Error(t, err, "the executor wrote another pool's idempotency record")
-		executorRefused.waitFor(t, `Permissions Violation for Publish to "$KV.ab_idempotency.payments.0f1e2d"`)
-		// Under its own pool's prefix, an entry claiming another pool is
-		// ignored by every reader.
-		def, _ = json.Marshal(map[string]any{"name": "test.evil", "mode": "read", "pool": "payments", "version": "1", "hash": "x"})
-		_, err = kv.Put(ctx, "default.test.evil", def)
-		require.NoError(t, err)
+		require.NoError(t, executorNC.Publish("$KV.ab_idempotency_payments.payments.0f1e2d", []byte(`{"state":"done","output":{"forged":true}}`)))
+		executorRefused.waitFor(t, `Permissions Violation for Publish to "$KV.ab_idempotency_payments.payments.0f1e2d"`)
 		list, err := c.Actions(ctx)
 		require.NoError(t, err)
 		for _, a := range list {
@@ -347,9 +341,9 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		}
 	})
 
-	t.Run("skills: a client cannot plant one, an executor cannot publish another pool's", func(t *testing.T) {
-		// A skill's instructions steer the planner: only the executors of
-		// the pool hosting its tools may publish it.
+	t.Run("skills: neither a client nor an executor writes one", func(t *testing.T) {
+		// A skill's instructions steer the planner: only the registrar
+		// records one, from its pool's executors' announcements.
 		short := func() context.Context {
 			c, cancel := context.WithTimeout(ctx, 3*time.Second)
 			t.Cleanup(cancel)
@@ -362,15 +356,10 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		_, err = clientKV.Put(short(), "default.=skill.evil", doc)
 		assert.Error(t, err, "the client planted a skill")
 		clientRefused.waitFor(t, `Permissions Violation for Publish to "$KV.ab_catalog.default.=skill.evil"`)
-		kv, err := executorJS.KeyValue(short(), "ab_catalog")
-		require.NoError(t, err)
-		_, err = kv.Put(short(), "payments.=skill.evil", doc)
-		assert.Error(t, err, "the executor published another pool's skill")
+		require.NoError(t, executorNC.Publish("$KV.ab_catalog.payments.=skill.evil", doc))
 		executorRefused.waitFor(t, `Permissions Violation for Publish to "$KV.ab_catalog.payments.=skill.evil"`)
-		// Under its own prefix, a skill claiming another pool is ignored.
-		claims, _ := json.Marshal(map[string]any{"name": "evil", "description": "x", "pool": "payments"})
-		_, err = kv.Put(ctx, "default.=skill.evil", claims)
-		require.NoError(t, err)
+		require.NoError(t, executorNC.Publish("$KV.ab_catalog.default.=skill.evil", doc))
+		executorRefused.waitFor(t, `Permissions Violation for Publish to "$KV.ab_catalog.default.=skill.evil"`)
 		list, err := c.Skills(ctx)
 		require.NoError(t, err)
 		for _, s := range list {

@@ -17,6 +17,7 @@ import (
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/registrar"
 )
 
 // testExecutor is a running test executor process.
@@ -25,6 +26,19 @@ type testExecutor struct {
 	out    *actionbustest.LogBuffer
 	exited chan struct{} // closed when the process has exited
 	err    error         // its exit status, once exited is closed
+}
+
+// serveRegistrar serves the registrar (which dispatchers host) until the
+// test ends, for tests that run executors without a dispatcher.
+func serveRegistrar(t *testing.T, srv *actionbustest.Server) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- registrar.Run(ctx, srv.Conn, "", nil) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
 }
 
 func buildTestExecutor(t *testing.T) string {
@@ -143,6 +157,7 @@ func TestAnIdempotentEffectSurvivesACrashAfterTheEffect(t *testing.T) {
 			defer cancel()
 			dir := t.TempDir()
 			rec := srv.Record(t, "ab.run.*.*.result")
+			serveRegistrar(t, srv) // no dispatcher here: the executors announce to this one
 			a := startTestExecutor(t, bin, srv.URL, dir, "ex-a", "CRASH_AFTER_EFFECT=1", "SLOTS=1")
 			c, err := client.New(srv.Conn, client.Options{})
 			require.NoError(t, err)

@@ -14,6 +14,8 @@
 //	test.limited sleeps 300 ms; at most 2 run at once per {"key": ...}
 //	            across every process; appends "<key> <start ns> <end ns>" to
 //	            TEST_DIR/limited
+//	billing.lookup (only with POOL set to a pool other than "default",
+//	            then the only action) answers {"servedBy": POOL}
 //	test.rated  at most 5 start per second (burst 1) across every process;
 //	            appends its start time (ns) to TEST_DIR/rated
 //	soak.effect (mutate) applies the business effect {"order": ...} of its
@@ -83,7 +85,8 @@ func main() {
 		panic(err)
 	}
 	defer nc.Close()
-	ex, err := executor.New(nc, executor.Config{ID: id, Slots: slots, ShutdownGrace: grace, Logger: log})
+	pool := os.Getenv("POOL")
+	ex, err := executor.New(nc, executor.Config{ID: id, Pool: pool, Slots: slots, ShutdownGrace: grace, Logger: log})
 	if err != nil {
 		panic(err)
 	}
@@ -91,6 +94,19 @@ func main() {
 		if err != nil {
 			panic(err)
 		}
+	}
+	if pool != "" && pool != "default" {
+		// Another pool hosts one action of its own, which answers with
+		// its pool's name.
+		must(executor.Register(ex, executor.Action{Name: "billing.lookup", Timeout: time.Second},
+			func(context.Context, struct{}, executor.Call) (executor.Result[map[string]string], error) {
+				return executor.Result[map[string]string]{Output: map[string]string{"servedBy": pool}}, nil
+			}))
+		if err := ex.Run(ctx); err != nil {
+			log.Error("executor stopped", "err", err)
+			os.Exit(1)
+		}
+		return
 	}
 	must(executor.Register(ex, executor.Action{Name: "test.slow", Timeout: 20 * time.Second},
 		func(ctx context.Context, in slowIn, call executor.Call) (executor.Result[slowIn], error) {

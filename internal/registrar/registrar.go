@@ -1,0 +1,421 @@
+// Package registrar records the executors' announcements in the catalog.
+// It is the only writer of the catalog bucket and of the owners bucket
+// (events.Topology.BucketCatalogOwners); the dispatcher process hosts it.
+//
+// Executors announce what they host on their pool's announce subject
+// (events.Subjects.Announce: a request, answered with an
+// events.AnnounceReply). The pool is the subject's token, which the
+// executor's NATS user binds: an executor may publish only its own pool's
+// announce subject. The registrar validates every entry as executor.Register
+// does (names, modes, tiers, schemas that compile, skills' rules), and
+// refuses conflicts by construction: an action or skill name is owned by
+// the first pool that records it (a create-if-absent write of its owner
+// record), and a pool records, updates and removes only the entries under
+// its own pool, of names it owns. A name owned by another pool is refused
+// with catalog_conflict naming both pools; nothing of a refused
+// announcement is written.
+package registrar
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/skills"
+)
+
+// QueueGroup is the queue group of every registrar: one of them answers
+// each announcement.
+const QueueGroup = "registrar"
+
+// Kinds of catalog names.
+const (
+	KindAction = "action"
+	KindSkill  = "skill"
+)
+
+// OwnerKey is the owners-bucket key of a name of a kind.
+func OwnerKey(kind, name string) string { return kind + "." + name }
+
+// Registrar records announcements in the catalog.
+type Registrar struct {
+	bus    *events.Bus
+	cat    *actions.Catalog
+	catKV  jetstream.KeyValue
+	owners jetstream.KeyValue
+	log    *slog.Logger
+}
+
+// New returns a registrar writing catKV (the catalog bucket) and owners
+// (the owners bucket). bus receives the announcements (it validates their
+// envelope, schema and pool binding).
+func New(bus *events.Bus, catKV, owners jetstream.KeyValue, log *slog.Logger) *Registrar {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Registrar{bus: bus, cat: actions.NewCatalog(catKV), catKV: catKV, owners: owners, log: log.With("component", "registrar")}
+}
+
+// Serve answers announcements on nc until ctx ends.
+func (r *Registrar) Serve(ctx context.Context, nc *nats.Conn) error {
+	sub, err := nc.QueueSubscribe(r.bus.Subjects().AllAnnounce(), QueueGroup, func(m *nats.Msg) {
+		reply := r.handle(ctx, m)
+		b, err := json.Marshal(reply)
+		if err != nil {
+			return
+		}
+		if err := m.Respond(b); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
+			r.log.Warn("announcement not answered", "subject", m.Subject, "err", err)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("registrar: subscribe: %w", err)
+	}
+	go func() {
+		<-ctx.Done()
+		_ = sub.Unsubscribe()
+	}()
+	return nil
+}
+
+func (r *Registrar) handle(ctx context.Context, m *nats.Msg) events.AnnounceReply {
+	pool := r.bus.Subjects().PoolFromAnnounce(m.Subject)
+	if pool == "" {
+		return refused(actionbus.Errorf(actionbus.CodeSubjectMismatch, "not an announce subject"))
+	}
+	rec, err := r.bus.Receive(m.Subject, m.Header, m.Data)
+	if err != nil {
+		return refused(err)
+	}
+	a, ok := rec.Data.(*events.PoolAnnounced)
+	if !ok {
+		return refused(actionbus.Errorf(actionbus.CodeSubjectMismatch, "event type %s is not carried on an announce subject", rec.Event.Type()))
+	}
+	cctx, cancel := events.Bounded(ctx)
+	defer cancel()
+	reply := r.Register(cctx, pool, a)
+	if reply.Error != nil {
+		r.log.Warn("announcement refused", "pool", pool, "executor", clip(a.Executor), "code", reply.Error.Code, "err", reply.Error.Message)
+	} else {
+		r.log.Info("announcement recorded", "pool", pool, "executor", clip(a.Executor), "actions", len(reply.Actions), "skills", len(reply.Skills))
+	}
+	return reply
+}
+
+func refused(err error) events.AnnounceReply {
+	var typed *actionbus.Error
+	if !errors.As(err, &typed) {
+		typed = &actionbus.Error{Code: actionbus.CodeInternal, Message: "the registrar failed: " + err.Error()}
+	}
+	return events.AnnounceReply{Error: typed}
+}
+
+// Announcement is an announcement's entries, decoded and validated.
+type Announcement struct {
+	Actions []actions.Definition
+	Skills  []skills.Skill
+	Removed []string
+}
+
+// Parse decodes and validates the entries of an announcement of pool
+// (the subject's): every action definition as executor.Register checks it
+// (normalized, so the permission recorded is the one derived from the
+// declared one), every skill as skills.Validate does, every entry of this
+// very pool, no name twice. The error is an *actionbus.Error
+// (invalid_definition, invalid_skill).
+func Parse(pool string, a *events.PoolAnnounced) (*Announcement, error) {
+	if !events.ValidPool(pool) {
+		return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "invalid pool %q", clip(pool))
+	}
+	if a.Pool != pool {
+		return nil, actionbus.Errorf(actionbus.CodeSubjectMismatch, "the announcement names pool %q on pool %s's subject", clip(a.Pool), pool)
+	}
+	out := &Announcement{}
+	seen := map[string]bool{}
+	for i, raw := range a.Actions {
+		var def actions.Definition
+		if err := strictDecode(raw, &def); err != nil {
+			return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %d does not decode: %v", i, err)
+		}
+		if def.Pool != "" && def.Pool != pool {
+			return nil, (&actionbus.Error{Code: actionbus.CodeInvalidDefinition,
+				Message: fmt.Sprintf("action %q names pool %q, announced by pool %s", clip(def.Name), clip(def.Pool), pool)}).WithDetail("action", clip(def.Name))
+		}
+		def.Pool = pool
+		if err := def.Normalize(); err != nil {
+			return nil, err
+		}
+		if _, err := actions.NewArgsChecker(def); err != nil {
+			return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %s: %v", def.Name, err).WithDetail("action", def.Name)
+		}
+		for _, t := range def.Tenants {
+			if err := events.CheckTenant(t); err != nil {
+				return nil, err
+			}
+		}
+		if seen[def.Name] {
+			return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %q announced twice", def.Name).WithDetail("action", def.Name)
+		}
+		seen[def.Name] = true
+		out.Actions = append(out.Actions, def)
+	}
+	seenSkill := map[string]bool{}
+	for i, raw := range a.Skills {
+		var s skills.Skill
+		if err := strictDecode(raw, &s); err != nil {
+			return nil, actionbus.Errorf(actionbus.CodeInvalidSkill, "skill %d does not decode: %v", i, err)
+		}
+		if s.Pool != "" && s.Pool != pool {
+			return nil, actionbus.Errorf(actionbus.CodeInvalidSkill, "skill %q names pool %q, announced by pool %s", clip(s.Name), clip(s.Pool), pool)
+		}
+		s.Pool = pool
+		if err := s.Validate(); err != nil {
+			return nil, err
+		}
+		if seenSkill[s.Name] {
+			return nil, actionbus.Errorf(actionbus.CodeInvalidSkill, "skill %q announced twice", s.Name)
+		}
+		seenSkill[s.Name] = true
+		out.Skills = append(out.Skills, s)
+	}
+	for _, name := range a.Removed {
+		if !actions.ValidName(name) {
+			return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "removed action %q is not an action name", clip(name))
+		}
+		if seen[name] {
+			return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %q both announced and removed", name).WithDetail("action", name)
+		}
+		out.Removed = append(out.Removed, name)
+	}
+	return out, nil
+}
+
+func strictDecode(obj map[string]any, v any) error {
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("trailing data")
+	}
+	return nil
+}
+
+// Decide is the verdict on pool recording a name of kind: owner is the
+// pool its owner record names ("" when it has none), holders the pools
+// whose catalog entries hold the name (entries recorded before owner
+// records existed count as owned by their pool). Pool may record the name
+// when it owns it, or when nobody does and no other pool holds it; any
+// other case is catalog_conflict naming the pools.
+func Decide(kind, name, pool, owner string, holders []string) error {
+	others := map[string]bool{}
+	if owner != "" && owner != pool {
+		others[owner] = true
+	}
+	if owner == "" {
+		for _, h := range holders {
+			if h != pool {
+				others[h] = true
+			}
+		}
+	}
+	if len(others) == 0 {
+		return nil
+	}
+	pools := []string{pool}
+	for p := range others {
+		pools = append(pools, p)
+	}
+	sort.Strings(pools)
+	owners := make([]string, 0, len(others))
+	for p := range others {
+		owners = append(owners, p)
+	}
+	sort.Strings(owners)
+	return (&actionbus.Error{Code: actionbus.CodeCatalogConflict,
+		Message: fmt.Sprintf("%s %q belongs to pool %s; pool %s cannot record it (a pool never replaces or shadows another pool's entry)",
+			kind, name, strings.Join(owners, ", "), pool)}).
+		WithDetail(kind+"Name", name).WithDetail("pools", pools).WithDetail("pool", pool).WithDetail("owner", strings.Join(owners, ","))
+}
+
+// Register records a's entries for pool (the subject's token) and
+// returns the reply for the executor.
+func (r *Registrar) Register(ctx context.Context, pool string, a *events.PoolAnnounced) events.AnnounceReply {
+	ann, err := Parse(pool, a)
+	if err != nil {
+		return refused(err)
+	}
+	holders, err := r.holders(ctx)
+	if err != nil {
+		return refused(err)
+	}
+	// Every name is checked before anything is written.
+	for _, d := range ann.Actions {
+		if err := r.check(ctx, KindAction, d.Name, pool, holders[OwnerKey(KindAction, d.Name)]); err != nil {
+			return refused(err)
+		}
+	}
+	for _, s := range ann.Skills {
+		if err := r.check(ctx, KindSkill, s.Name, pool, holders[OwnerKey(KindSkill, s.Name)]); err != nil {
+			return refused(err)
+		}
+	}
+	var reply events.AnnounceReply
+	for _, d := range ann.Actions {
+		if err := r.claim(ctx, KindAction, d.Name, pool); err != nil {
+			return refused(err)
+		}
+		if err := r.cat.Publish(ctx, d, a.Executor); err != nil {
+			return refused(err)
+		}
+		reply.Actions = append(reply.Actions, d.Name)
+	}
+	for _, s := range ann.Skills {
+		if err := r.claim(ctx, KindSkill, s.Name, pool); err != nil {
+			return refused(err)
+		}
+		if err := skills.Publish(ctx, r.catKV, s); err != nil {
+			return refused(err)
+		}
+		reply.Skills = append(reply.Skills, s.Name)
+	}
+	for _, name := range ann.Removed {
+		if err := r.remove(ctx, pool, name); err != nil {
+			return refused(err)
+		}
+	}
+	return reply
+}
+
+// holders maps the owner key of every name in the catalog to the pools
+// whose entries hold it.
+func (r *Registrar) holders(ctx context.Context) (map[string][]string, error) {
+	lister, err := r.catKV.ListKeys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return map[string][]string{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("registrar: list the catalog: %w", err)
+	}
+	defer lister.Stop() //nolint:errcheck // best effort
+	out := map[string][]string{}
+	for key := range lister.Keys() {
+		pool, rest, ok := strings.Cut(key, ".")
+		if !ok {
+			continue
+		}
+		if name, isSkill := strings.CutPrefix(rest, actions.SkillKeyMarker+"."); isSkill {
+			out[OwnerKey(KindSkill, name)] = append(out[OwnerKey(KindSkill, name)], pool)
+		} else {
+			out[OwnerKey(KindAction, rest)] = append(out[OwnerKey(KindAction, rest)], pool)
+		}
+	}
+	return out, nil
+}
+
+// owner returns the pool the owner record of a name names ("" when none)
+// and the record's revision.
+func (r *Registrar) owner(ctx context.Context, kind, name string) (string, uint64, error) {
+	e, err := r.owners.Get(ctx, OwnerKey(kind, name))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("registrar: owner of %s %s: %w", kind, name, err)
+	}
+	return string(e.Value()), e.Revision(), nil
+}
+
+func (r *Registrar) check(ctx context.Context, kind, name, pool string, holders []string) error {
+	owner, _, err := r.owner(ctx, kind, name)
+	if err != nil {
+		return err
+	}
+	return Decide(kind, name, pool, owner, holders)
+}
+
+// claim makes pool the owner of a name, or refuses: the owner record is
+// created only if absent, so of two pools claiming a name at once through
+// two registrars, exactly one wins.
+func (r *Registrar) claim(ctx context.Context, kind, name, pool string) error {
+	if _, err := r.owners.Create(ctx, OwnerKey(kind, name), []byte(pool)); err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
+		if err != nil {
+			return fmt.Errorf("registrar: claim %s %s: %w", kind, name, err)
+		}
+		return nil
+	}
+	owner, _, err := r.owner(ctx, kind, name)
+	if err != nil {
+		return err
+	}
+	return Decide(kind, name, pool, owner, nil)
+}
+
+// remove takes pool's entry of an action out of the catalog and gives up
+// the name, when pool owns it; another pool's entry is never touched.
+func (r *Registrar) remove(ctx context.Context, pool, name string) error {
+	owner, rev, err := r.owner(ctx, KindAction, name)
+	if err != nil {
+		return err
+	}
+	if owner != pool && owner != "" {
+		return nil
+	}
+	if err := r.cat.Remove(ctx, pool, name); err != nil {
+		return err
+	}
+	if owner == pool {
+		if err := r.owners.Delete(ctx, OwnerKey(KindAction, name), jetstream.LastRevision(rev)); err != nil && !events.IsRevisionConflict(err) {
+			return fmt.Errorf("registrar: release %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+// Run serves a registrar on nc until ctx ends, for a process that hosts
+// executors but no dispatcher (tests, benchmarks; a deployment's
+// dispatchers host theirs). prefix is the subject prefix ("" is "ab").
+func Run(ctx context.Context, nc *nats.Conn, prefix string, log *slog.Logger) error {
+	bus, err := events.Open(nc, events.BusConfig{Prefix: prefix, Source: "/actionbus/registrar", Logger: log, ReceiverValidates: true})
+	if err != nil {
+		return err
+	}
+	topo := events.Topology{Prefix: prefix}
+	js := bus.JetStream()
+	catKV, err := js.KeyValue(ctx, topo.BucketCatalog())
+	if err != nil {
+		return fmt.Errorf("registrar: %w", err)
+	}
+	owners, err := js.KeyValue(ctx, topo.BucketCatalogOwners())
+	if err != nil {
+		return fmt.Errorf("registrar: %w", err)
+	}
+	if err := New(bus, catKV, owners, log).Serve(ctx, nc); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
