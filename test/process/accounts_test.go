@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/client"
+	natsconf "github.com/actionbus/actionbus/deploy/nats"
 	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/cli"
-	natsconf "github.com/actionbus/actionbus/deploy/nats"
 	"github.com/actionbus/actionbus/internal/events"
 )
 
