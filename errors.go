@@ -99,6 +99,7 @@ const (
 	CodeRunNotFound          Code = "run_not_found"
 	CodeApprovalNotFound     Code = "approval_not_found"
 	CodeBadRequest           Code = "bad_request"
+	CodeArtifactNotFound     Code = "artifact_not_found"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -119,6 +120,7 @@ var Codes = []Code{
 	CodeSkillNotFound, CodeSkillNotActive, CodeSkillToolRefused, CodeHandoffRefused, CodeHandoffCycle, CodeInvalidSkill,
 	CodeShellRefused, CodeShellExit, CodeShellLimit, CodeIsolationUnavailable, CodeMCPToolError, CodeMCPUnavailable,
 	CodeUnauthenticated, CodeForbidden, CodeRunNotFound, CodeApprovalNotFound, CodeBadRequest,
+	CodeArtifactNotFound,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code

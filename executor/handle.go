@@ -291,7 +291,7 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 	call := actions.Call{RunID: req.RunID, CallID: req.CallID, Action: req.Action, UserID: req.UserID,
 		Origin: req.Origin, Attempt: req.Attempt, Input: input, IdempotencyKey: key, InputHash: inputHash, Approval: req.Approval,
 		PutArtifact: func(ctx context.Context, role, mediaType string, data []byte) (events.ArtifactRef, error) {
-			return e.putArtifact(ctx, events.DerivedID(req.CallID, "artifact", role, req.Attempt), role, mediaType, data)
+			return e.putArtifact(ctx, events.TenantOr(req.Tenant), events.DerivedID(req.CallID, "artifact", role, req.Attempt), role, mediaType, data)
 		}}
 	res, took, abandoned, herr := e.execute(ctx, msg, reg, call, timeout)
 	// release gives the key up once the handler has really returned: a
@@ -522,7 +522,7 @@ func (e *Executor) offload(ctx context.Context, req *events.ActionRequested, don
 	if err != nil || len(data) <= e.outputLimit() {
 		return err
 	}
-	ref, err := e.putArtifact(ctx, events.DerivedID(req.CallID, "artifact", "output"), "output", "application/json", data)
+	ref, err := e.putArtifact(ctx, events.TenantOr(req.Tenant), events.DerivedID(req.CallID, "artifact", "output"), "output", "application/json", data)
 	if err != nil {
 		return fmt.Errorf("executor: store a %d-byte output as an artifact: %w", len(data), err)
 	}
@@ -543,10 +543,12 @@ func (e *Executor) outputLimit() int {
 	return limit
 }
 
-// putArtifact stores data in the artifact store under id.
-func (e *Executor) putArtifact(ctx context.Context, id, role, mediaType string, data []byte) (events.ArtifactRef, error) {
+// putArtifact stores data of a run of tenant in the artifact store under
+// id (the read service serves it to that tenant only).
+func (e *Executor) putArtifact(ctx context.Context, tenant, id, role, mediaType string, data []byte) (events.ArtifactRef, error) {
 	sum := sha256.Sum256(data)
-	meta := jetstream.ObjectMeta{Name: id, Description: role, Headers: nats.Header{"Content-Type": []string{mediaType}}}
+	meta := jetstream.ObjectMeta{Name: id, Description: role, Headers: nats.Header{"Content-Type": []string{mediaType},
+		events.ArtifactTenantHeader: []string{tenant}}}
 	if _, err := e.artifacts.Put(ctx, meta, bytes.NewReader(data)); err != nil {
 		return events.ArtifactRef{}, err
 	}

@@ -56,12 +56,13 @@ func (e env) VerifyPrincipal(token string, c policy.PrincipalClaim, now time.Tim
 	return e.d.cfg.ApprovalKeys.VerifyPrincipal(token, c, now)
 }
 
-func (e env) PutArtifact(ctx context.Context, id string, data []byte) (events.ArtifactRef, error) {
+func (e env) PutArtifact(ctx context.Context, tenant, id string, data []byte) (events.ArtifactRef, error) {
 	sum := sha256.Sum256(data)
 	ref := events.ArtifactRef{ID: id, Role: "output", MediaType: "application/json", Bytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}
 	cctx, cancel := events.Bounded(ctx)
 	defer cancel()
-	meta := jetstream.ObjectMeta{Name: id, Description: "output", Headers: nats.Header{"Content-Type": []string{ref.MediaType}}}
+	meta := jetstream.ObjectMeta{Name: id, Description: "output", Headers: nats.Header{"Content-Type": []string{ref.MediaType},
+		events.ArtifactTenantHeader: []string{events.TenantOr(tenant)}}}
 	if _, err := e.d.artifacts.Put(cctx, meta, bytes.NewReader(data)); err != nil {
 		return events.ArtifactRef{}, err
 	}

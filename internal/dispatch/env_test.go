@@ -36,7 +36,7 @@ func TestAStepOutputChangedInTheArtifactStoreIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	e := env{&Dispatcher{artifacts: store}}
 
-	ref, err := e.PutArtifact(ctx, "out-1", []byte(`{"amount":10}`))
+	ref, err := e.PutArtifact(ctx, "default", "out-1", []byte(`{"amount":10}`))
 	require.NoError(t, err)
 	got, err := e.GetArtifact(ctx, ref)
 	require.NoError(t, err)

@@ -504,6 +504,11 @@ type ApprovalResolved struct {
 	Error *actionbus.Error `json:"error,omitempty"`
 }
 
+// ArtifactTenantHeader is the object header naming the tenant whose run
+// stored an artifact: the read service serves an artifact only to its
+// tenant.
+const ArtifactTenantHeader = "Ab-Tenant"
+
 // ArtifactRef points at a large output stored in the artifact object store.
 type ArtifactRef struct {
 	ID          string `json:"id"`

@@ -163,7 +163,7 @@ func (e *memEnv) VerifyPrincipal(token string, c policy.PrincipalClaim, now time
 	return e.keys.VerifyPrincipal(token, c, now)
 }
 
-func (e *memEnv) PutArtifact(_ context.Context, id string, data []byte) (events.ArtifactRef, error) {
+func (e *memEnv) PutArtifact(_ context.Context, _, id string, data []byte) (events.ArtifactRef, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.artifacts[id] = append([]byte(nil), data...)

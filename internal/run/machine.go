@@ -50,9 +50,10 @@ type Env interface {
 	// VerifyPrincipal checks a gateway's signed statement of the user a
 	// run acts for.
 	VerifyPrincipal(token string, c policy.PrincipalClaim, now time.Time) (policy.Principal, error)
-	// PutArtifact stores data under id in the artifact store and returns
-	// its reference; ids are deterministic, so storing again is harmless.
-	PutArtifact(ctx context.Context, id string, data []byte) (events.ArtifactRef, error)
+	// PutArtifact stores data of a run of tenant under id in the artifact
+	// store and returns its reference; ids are deterministic, so storing
+	// again is harmless. Only tenant reads it back (besides the services).
+	PutArtifact(ctx context.Context, tenant, id string, data []byte) (events.ArtifactRef, error)
 	// GetArtifact reads an artifact.
 	GetArtifact(ctx context.Context, ref events.ArtifactRef) ([]byte, error)
 	// PriorRun returns the stored state of another run (the one a retry

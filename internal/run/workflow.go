@@ -250,7 +250,7 @@ func (m *Machine) keepOutput(ctx context.Context, st *State, i int, v any) (any,
 	if err != nil || len(data) <= m.lim.InlineOutputBytes {
 		return v, nil
 	}
-	ref, err := m.env.PutArtifact(ctx, st.derive("step-output", i, st.Workflow.Steps[i].Attempt), data)
+	ref, err := m.env.PutArtifact(ctx, st.Tenant, st.derive("step-output", i, st.Workflow.Steps[i].Attempt), data)
 	if err != nil {
 		return nil, fmt.Errorf("run: store the %d-byte output of step %d: %w", len(data), i, err)
 	}

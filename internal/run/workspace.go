@@ -138,7 +138,7 @@ func (m *Machine) publishDocument(ctx context.Context, st *State, path, as strin
 	output := map[string]any{"kind": "workspace_document", "path": path, "version": f.Version, "stats": jsonValue(f.Stats)}
 	answer := f.Content
 	if as == "artifact" {
-		ref, perr := m.env.PutArtifact(ctx, st.derive("document", path, f.Version), []byte(f.Content))
+		ref, perr := m.env.PutArtifact(ctx, st.Tenant, st.derive("document", path, f.Version), []byte(f.Content))
 		if perr != nil {
 			return nil, perr
 		}
@@ -212,7 +212,7 @@ func (m *Machine) storeWorkspace(ctx context.Context, st *State, ws *workspace.W
 		}
 		sum := sha256.Sum256([]byte(f.Content))
 		if f.Ref == nil || f.Ref.SHA256 != hex.EncodeToString(sum[:]) {
-			ref, err := m.env.PutArtifact(ctx, st.derive("workspace", p, f.Version), []byte(f.Content))
+			ref, err := m.env.PutArtifact(ctx, st.Tenant, st.derive("workspace", p, f.Version), []byte(f.Content))
 			if err != nil {
 				return err
 			}
