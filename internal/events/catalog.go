@@ -363,7 +363,9 @@ func IsRequestVerb(verb string) bool { return slicesContains(requestVerbs(), ver
 
 // IsServiceVerb reports whether verb is a per-run verb stored in the runs
 // stream (what services publish, the timers' excepted).
-func IsServiceVerb(verb string) bool { return verb != timerVerb && slicesContains(serviceVerbs(), verb) }
+func IsServiceVerb(verb string) bool {
+	return verb != timerVerb && slicesContains(serviceVerbs(), verb)
+}
 
 func slicesContains(list []string, v string) bool {
 	for _, x := range list {
