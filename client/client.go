@@ -253,21 +253,39 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingAppro
 		return nil, err
 	}
 	var found *PendingApproval
-	ok, err := c.scanApprovals(ctx, runID, func(r *events.Received) bool {
+	match := func(r *events.Received) bool {
 		if req, ok := r.Data.(*events.ApprovalRequested); ok && req.Context.ApprovalID == approvalID {
 			found = &PendingApproval{Context: req.Context, Input: req.Input, Reason: req.Reason}
 			return true
 		}
 		return false
-	})
-	if err != nil {
-		return nil, fmt.Errorf("client: approval %s: %w", approvalID, err)
 	}
-	if !ok {
-		return nil, fmt.Errorf("client: no approval request %s", approvalID)
+	// An approval request just received live may not be stored yet (the
+	// stream stores what subscribers already got): it is read again for
+	// up to approvalStoreWait before it is called missing.
+	deadline := time.Now().Add(approvalStoreWait)
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
+		ok, err := c.scanApprovals(ctx, runID, match)
+		if err != nil {
+			return nil, fmt.Errorf("client: approval %s: %w", approvalID, err)
+		}
+		if ok {
+			return found, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("client: no approval request %s", approvalID)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
 	}
-	return found, nil
 }
+
+// approvalStoreWait bounds how long [Client.Approval] reads again an
+// approval request it does not find.
+const approvalStoreWait = 2 * time.Second
 
 // Approve signs the approval context of approvalID with the approver's own
 // key (the dispatcher names the key's holder as the approver), publishes
@@ -461,6 +479,10 @@ type Result struct {
 // result. Live events (run.started, run.progress) are never stored: Follow
 // delivers those published after it subscribed. To see a run's every event,
 // start it with Run and a non-nil fn. It waits as long as ctx allows.
+// It holds one subscription and no consumer: stored events are paged from
+// the read service, each event is delivered once (by its id), and fn is
+// called by one goroutine at a time. A run id that is not a ULID is
+// invalid_run_id.
 func (c *Client) Follow(ctx context.Context, runID string, fn func(Event)) (*Result, error) {
 	return c.follow(ctx, runID, fn, nil)
 }
@@ -486,8 +508,9 @@ func terminal(r *events.Received) *Result {
 }
 
 // Wait waits for a run's terminal event and returns its result. It costs
-// one subscription and at most three stream reads, no consumer, so many
-// runs can be waited on at once.
+// three subscriptions (one per terminal verb) and a read of the read
+// service now and then, no consumer, so many runs can be waited on at
+// once.
 func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 	return c.wait(ctx, runID, nil)
 }

@@ -118,20 +118,15 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 			}
 		}
 	}
-	// history pages the stored events after the cursor; pagedIDs, when
-	// set, collects the ids it delivers.
-	history := func(pagedIDs map[string]bool) (*Result, error) {
+	// history pages the stored events after the cursor.
+	history := func() (*Result, error) {
 		var res *Result
 		next, err := c.reads.Scan(ctx, readapi.OpEvents, readapi.Request{Run: runID, After: after}, func(m readapi.Msg) bool {
 			r, err := c.received(m)
 			if err != nil {
 				return true // the dispatcher rejects and reports bad events; followers skip them
 			}
-			id := r.Event.ID()
-			if pagedIDs != nil {
-				pagedIDs[id] = true
-			}
-			if !seen.first(id) {
+			if !seen.first(r.Event.ID()) {
 				return true
 			}
 			res = terminal(r)
@@ -147,7 +142,7 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 		}
 		return res, err
 	}
-	res, err := history(nil)
+	res, err := history()
 	switch {
 	case res != nil:
 		return res, nil
@@ -168,11 +163,10 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 				fn(eventOf(r, runID))
 				continue
 			}
-			paged := map[string]bool{}
-			if res, _ := history(paged); res != nil {
+			if res, _ := history(); res != nil {
 				return res, nil
 			}
-			if id := r.Event.ID(); !paged[id] && seen.first(id) {
+			if seen.first(r.Event.ID()) {
 				// Not stored yet (or not readable now): deliver it as it
 				// came; its stored copy is skipped when paged.
 				res := terminal(r)
@@ -186,7 +180,7 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 			}
 		case <-recheck.C:
 			// A failed read (a service restarting) is retried next time.
-			if res, _ := history(nil); res != nil {
+			if res, _ := history(); res != nil {
 				return res, nil
 			}
 			every = min(2*every, 10*time.Second)
@@ -276,7 +270,7 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 	var seen dedup
 	var after uint64
 	first := true
-	page := func(pagedIDs map[string]bool) error {
+	page := func() error {
 		req := readapi.Request{After: after}
 		if first && !since.IsZero() {
 			req = readapi.Request{Since: &since}
@@ -285,9 +279,6 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 			r, err := c.received(m)
 			if err != nil {
 				return true // schedules and bad events: nothing to show
-			}
-			if pagedIDs != nil {
-				pagedIDs[r.Event.ID()] = true
 			}
 			if seen.first(r.Event.ID()) {
 				fn(eventOf(r, subjects.RunIDFromSubject(m.Subject)))
@@ -299,7 +290,7 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 		}
 		return err
 	}
-	if err := page(nil); err != nil {
+	if err := page(); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -320,13 +311,12 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 				fn(eventOf(r, subjects.RunIDFromSubject(m.Subject)))
 				continue
 			}
-			paged := map[string]bool{}
-			_ = page(paged)
-			if id := r.Event.ID(); !paged[id] && seen.first(id) {
+			_ = page()
+			if seen.first(r.Event.ID()) {
 				fn(eventOf(r, subjects.RunIDFromSubject(m.Subject)))
 			}
 		case <-tick.C:
-			_ = page(nil) // a failed read is retried next time
+			_ = page() // a failed read is retried next time
 		case <-ctx.Done():
 			return nil
 		}
