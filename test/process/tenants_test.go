@@ -91,10 +91,11 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 	t.Run("read and follow", func(t *testing.T) {
 		_, err := intruder.Follow(short(), done.RunID, nil)
 		assert.Error(t, err, "acme followed globex's run")
-		intruderRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.CONSUMER.CREATE.AB_RUNS.`)
+		intruderRefused.waitFor(t, `Permissions Violation for Subscription to "ab.run.globex.`+done.RunID+`.completed"`)
 		ended, err := intruder.Ended(short(), done.RunID)
 		assert.True(t, err != nil || ended == nil, "acme read globex's terminal event")
-		intruderRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.DIRECT.GET.AB_RUNS.ab.run.globex.`)
+		// Reads go through the read service, on the tenant's own subject.
+		intruderRefused.waitFor(t, `Permissions Violation for Publish to "ab.api.globex.events"`)
 		_, err = intruder.AuditRecords(short(), done.RunID)
 		assert.Error(t, err, "acme read globex's audit records")
 		err = intruder.AuditStream(short(), client.AuditQuery{AllTenants: true}, func(uint64, client.AuditRecord) error { return nil })
@@ -123,7 +124,7 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 		acmeApprover, err := client.New(anc, client.Options{Tenant: "globex"})
 		require.NoError(t, err)
 		assert.Error(t, acmeApprover.Approve(short(), approvalID, "k1", deployApprovalKey), "acme approved globex's call")
-		approverRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.CONSUMER.CREATE.AB_RUNS.`)
+		approverRefused.waitFor(t, `Permissions Violation for Publish to "ab.api.globex.events"`)
 		require.NoError(t, anc.Publish("ab.run.globex."+waiting+".approve", []byte("{}")))
 		approverRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.globex.`+waiting+`.approve"`)
 
