@@ -323,29 +323,67 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 	}
 }
 
-// AuditRecords reads the audit records of a run, in stream order.
+// AuditRecords reads the audit records of a run, in stream order. The
+// auditor writes them moments after the events: for a run that has
+// ended, it reads again (for up to two seconds) until the record of the
+// run's terminal event is there, so an ended run's trail is complete.
 func (c *Client) AuditRecords(ctx context.Context, runID string) ([]AuditRecord, error) {
 	var out []AuditRecord
 	var bad error
-	_, err := c.reads.Scan(ctx, readapi.OpAudit, readapi.Request{Run: runID}, func(m readapi.Msg) bool {
-		r, err := c.received(m)
+	var after uint64
+	read := func() error {
+		next, err := c.reads.Scan(ctx, readapi.OpAudit, readapi.Request{Run: runID, After: after}, func(m readapi.Msg) bool {
+			r, err := c.received(m)
+			if err != nil {
+				bad = fmt.Errorf("client: audit record %s: %w", m.Subject, err)
+				return false
+			}
+			recs, err := events.AuditRecordsOf(r)
+			if err != nil {
+				bad = fmt.Errorf("client: audit of %s: %w", runID, err)
+				return false
+			}
+			out = append(out, recs...)
+			return true
+		})
+		after = max(after, next)
 		if err != nil {
-			bad = fmt.Errorf("client: audit record %s: %w", m.Subject, err)
-			return false
+			return fmt.Errorf("client: audit of %s: %w", runID, err)
 		}
-		recs, err := events.AuditRecordsOf(r)
-		if err != nil {
-			bad = fmt.Errorf("client: audit of %s: %w", runID, err)
-			return false
-		}
-		out = append(out, recs...)
-		return true
-	})
-	if err != nil {
-		return nil, fmt.Errorf("client: audit of %s: %w", runID, err)
+		return bad
 	}
-	return out, bad
+	if err := read(); err != nil {
+		return nil, err
+	}
+	res, err := c.Ended(ctx, runID)
+	if err != nil || res == nil {
+		return out, nil //nolint:nilerr // a run not ended (or not readable now): what is recorded so far
+	}
+	recorded := func() bool {
+		for i := len(out) - 1; i >= 0; i-- {
+			if out[i].EventID == res.EventID {
+				return true
+			}
+		}
+		return false
+	}
+	deadline := time.Now().Add(auditCatchUp)
+	for wait := 20 * time.Millisecond; !recorded() && time.Now().Before(deadline); wait = min(2*wait, 250*time.Millisecond) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		if err := read(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
+
+// auditCatchUp bounds how long [Client.AuditRecords] waits for the record
+// of an ended run's terminal event.
+const auditCatchUp = 2 * time.Second
 
 // auditStream is AuditStream of the client's own tenant, through the read
 // service: the records stored when it starts, then (Live) each new one,
