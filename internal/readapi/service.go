@@ -97,6 +97,8 @@ type Service struct {
 	wg       sync.WaitGroup
 	svc      micro.Service
 	stopOnce sync.Once
+	mu       sync.Mutex
+	stopped  bool
 }
 
 // New returns a read service on nc. It serves once started.
@@ -136,6 +138,9 @@ func (s *Service) Start() error {
 // Stop unsubscribes and waits for the reads in hand to be answered.
 func (s *Service) Stop() {
 	s.stopOnce.Do(func() {
+		s.mu.Lock()
+		s.stopped = true
+		s.mu.Unlock()
 		if s.svc != nil {
 			_ = s.svc.Stop()
 		}
@@ -147,7 +152,14 @@ func (s *Service) Stop() {
 // Concurrency at once.
 func (s *Service) dispatch(op string, req micro.Request) {
 	s.slots <- struct{}{}
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		<-s.slots
+		return // another instance answers the caller's retry
+	}
 	s.wg.Add(1)
+	s.mu.Unlock()
 	go func() {
 		defer func() { <-s.slots; s.wg.Done() }()
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReadTimeout)
