@@ -50,14 +50,13 @@ func liveOnly(eventType string) bool {
 
 // dedup remembers the ids of the events delivered (paged or live), so
 // that an event whose live copy and stored copy both arrive is delivered
-// once. It forgets the oldest beyond maxDelivered ids: both copies of an
-// event arrive within moments of each other.
+// once. It forgets the oldest beyond its capacity (default 8192 ids):
+// both copies of an event arrive within moments of each other.
 type dedup struct {
-	ids   map[string]bool
-	order []string
+	capacity int
+	ids      map[string]bool
+	order    []string
 }
-
-const maxDelivered = 8192
 
 // first records id and reports whether it was not delivered before.
 func (d *dedup) first(id string) bool {
@@ -67,7 +66,7 @@ func (d *dedup) first(id string) bool {
 	if d.ids == nil {
 		d.ids = map[string]bool{}
 	}
-	if len(d.order) == maxDelivered {
+	if len(d.order) >= max(d.capacity, 8192) {
 		delete(d.ids, d.order[0])
 		d.order = d.order[1:]
 	}
@@ -80,10 +79,11 @@ func (d *dedup) first(id string) bool {
 // subscription is in place, so no live event is missed.
 //
 // It subscribes to the run's events live first, then pages the run's
-// stored events from the read service, in stored order; a live event of
-// a stored type makes it page again (and is delivered as it came when
-// the stream has not stored it yet); it pages again from time to time in
-// case a live message was lost (the connection moving to another server).
+// stored events from the read service, in stored order, then delivers the
+// live ones as they come (the order the stream stores them), each event
+// once (by id). It pages again from time to time, and before it delivers
+// the terminal event, in case a live message was lost (the connection
+// moving to another server).
 func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start func() error) (*Result, error) {
 	if fn == nil {
 		return c.wait(ctx, runID, start)
@@ -163,20 +163,22 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 				fn(eventOf(r, runID))
 				continue
 			}
-			if res, _ := history(); res != nil {
-				return res, nil
+			res := terminal(r)
+			if res == nil {
+				if seen.first(r.Event.ID()) {
+					fn(eventOf(r, runID))
+				}
+				continue
+			}
+			// The end: whatever stored event a lost live message missed
+			// comes first, from the stream.
+			if stored, _ := history(); stored != nil {
+				return stored, nil
 			}
 			if seen.first(r.Event.ID()) {
-				// Not stored yet (or not readable now): deliver it as it
-				// came; its stored copy is skipped when paged.
-				res := terminal(r)
-				if res != nil {
-					drainLive()
-				}
+				drainLive()
 				fn(eventOf(r, runID))
-				if res != nil {
-					return res, nil
-				}
+				return res, nil
 			}
 		case <-recheck.C:
 			// A failed read (a service restarting) is retried next time.
@@ -267,7 +269,9 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 		return fmt.Errorf("client: watch: %w", err)
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // best effort
-	var seen dedup
+	// Every event of the last pages' interval is remembered: at most
+	// 65 536 (the stream's order is re-read every two seconds).
+	seen := dedup{capacity: 1 << 16}
 	var after uint64
 	first := true
 	page := func() error {
@@ -311,7 +315,6 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 				fn(eventOf(r, subjects.RunIDFromSubject(m.Subject)))
 				continue
 			}
-			_ = page()
 			if seen.first(r.Event.ID()) {
 				fn(eventOf(r, subjects.RunIDFromSubject(m.Subject)))
 			}
