@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/readapi"
 	"github.com/actionbus/actionbus/internal/skills"
@@ -307,4 +309,45 @@ func TestSkillsAreListedFromTheCatalog(t *testing.T) {
 	assert.Equal(t, "The writer.", s.Description)
 	_, err = c.Skill(ctx, "nobody")
 	assert.ErrorIs(t, err, actionbus.ErrSkillNotFound)
+}
+
+type noActions struct{}
+
+func (noActions) List() []actions.Entry { return nil }
+
+// TestSeveralInstancesAnswerEachRequestOnce: the read services of several
+// dispatchers form one queue group.
+func TestSeveralInstancesAnswerEachRequestOnce(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	for range 2 {
+		s, err := readapi.New(srv.Connect(t), readapi.Config{Catalog: noActions{}})
+		require.NoError(t, err)
+		require.NoError(t, s.Start())
+		t.Cleanup(s.Stop)
+	}
+	nc := srv.Connect(t)
+	caller := readapi.NewCaller(nc, "", "acme")
+	const n = 20
+	for range n {
+		var p readapi.CatalogPage
+		require.NoError(t, caller.Call(context.Background(), readapi.OpCatalog, readapi.Request{Kind: readapi.KindActions}, &p))
+	}
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	require.NoError(t, err)
+	require.NoError(t, nc.PublishRequest("$SRV.STATS."+readapi.ServiceName, inbox, nil))
+	total := 0
+	for range 2 {
+		msg, err := sub.NextMsg(5 * time.Second)
+		require.NoError(t, err)
+		var stats micro.Stats
+		require.NoError(t, json.Unmarshal(msg.Data, &stats))
+		for _, e := range stats.Endpoints {
+			if e.Name == readapi.OpCatalog {
+				total += e.NumRequests
+				assert.Equal(t, readapi.QueueGroup, e.QueueGroup)
+			}
+		}
+	}
+	assert.Equal(t, n, total, "requests answered by the two instances")
 }
