@@ -117,6 +117,24 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 		acme.refused.waitFor(t, `Permissions Violation for Subscription to "_INBOX_globex.>"`)
 	})
 
+	t.Run("artifacts", func(t *testing.T) {
+		res, err := acme.c.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.big", Args: map[string]any{"bytes": 3 << 20}}}, nil)
+		require.NoError(t, err)
+		require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+		out, _ := res.Output.(map[string]any)
+		ref, _ := out["artifact"].(map[string]any)
+		id, _ := ref["id"].(string)
+		require.NotEmpty(t, id, "the 3 MiB output is an artifact: %v", res.Output)
+		data, sum, err := acme.c.Artifact(ctx, id)
+		require.NoError(t, err, "acme reads its artifact, in chunks under the max payload")
+		assert.Len(t, data, len(`{"text":""}`)+3<<20)
+		assert.Equal(t, ref["sha256"], sum)
+		_, _, err = globex.c.Artifact(short(), id)
+		assert.Equal(t, actionbus.CodeArtifactNotFound, actionbus.CodeOf(err), "globex read acme's artifact: %v", err)
+		_, _, err = intruder.Artifact(short(), id)
+		assert.Error(t, err, "acme's connection naming globex read acme's artifact")
+	})
+
 	t.Run("cancel and approve", func(t *testing.T) {
 		assert.Error(t, intruder.Cancel(short(), waiting, "mallory"), "acme canceled globex's run")
 		intruderRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.globex.`+waiting+`.cancel"`)
