@@ -118,10 +118,18 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 			}
 		}
 	}
-	// history pages the stored events after the cursor.
-	history := func() (*Result, error) {
+	// history pages the stored events after the cursor; within bound,
+	// when set (a read service restarting must not hold up what arrives
+	// live).
+	history := func(bound time.Duration) (*Result, error) {
+		hctx := ctx
+		if bound > 0 {
+			var cancel context.CancelFunc
+			hctx, cancel = context.WithTimeout(ctx, bound)
+			defer cancel()
+		}
 		var res *Result
-		next, err := c.reads.Scan(ctx, readapi.OpEvents, readapi.Request{Run: runID, After: after}, func(m readapi.Msg) bool {
+		next, err := c.reads.Scan(hctx, readapi.OpEvents, readapi.Request{Run: runID, After: after}, func(m readapi.Msg) bool {
 			r, err := c.received(m)
 			if err != nil {
 				return true // the dispatcher rejects and reports bad events; followers skip them
@@ -142,7 +150,7 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 		}
 		return res, err
 	}
-	res, err := history()
+	res, err := history(0)
 	switch {
 	case res != nil:
 		return res, nil
@@ -172,17 +180,17 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 			}
 			// The end: whatever stored event a lost live message missed
 			// comes first, from the stream.
-			if stored, _ := history(); stored != nil {
+			if stored, _ := history(recheckBound); stored != nil {
 				return stored, nil
 			}
+			drainLive()
 			if seen.first(r.Event.ID()) {
-				drainLive()
 				fn(eventOf(r, runID))
-				return res, nil
 			}
+			return res, nil
 		case <-recheck.C:
 			// A failed read (a service restarting) is retried next time.
-			if res, _ := history(); res != nil {
+			if res, _ := history(recheckBound); res != nil {
 				return res, nil
 			}
 			every = min(2*every, 10*time.Second)
@@ -192,6 +200,9 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 		}
 	}
 }
+
+// recheckBound bounds a follower's reads of the stream after its start.
+const recheckBound = 3 * time.Second
 
 // storedResult reads a run's stored terminal event, if any.
 func (c *Client) storedResult(ctx context.Context, runID string) (*Result, error) {
@@ -274,12 +285,18 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 	seen := dedup{capacity: 1 << 16}
 	var after uint64
 	first := true
-	page := func() error {
+	page := func(bound time.Duration) error {
+		pctx := ctx
+		if bound > 0 {
+			var cancel context.CancelFunc
+			pctx, cancel = context.WithTimeout(ctx, bound)
+			defer cancel()
+		}
 		req := readapi.Request{After: after}
 		if first && !since.IsZero() {
 			req = readapi.Request{Since: &since}
 		}
-		next, err := c.reads.Scan(ctx, readapi.OpRuns, req, func(m readapi.Msg) bool {
+		next, err := c.reads.Scan(pctx, readapi.OpRuns, req, func(m readapi.Msg) bool {
 			r, err := c.received(m)
 			if err != nil {
 				return true // schedules and bad events: nothing to show
@@ -294,7 +311,7 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 		}
 		return err
 	}
-	if err := page(); err != nil {
+	if err := page(0); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -319,7 +336,7 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 				fn(eventOf(r, subjects.RunIDFromSubject(m.Subject)))
 			}
 		case <-tick.C:
-			_ = page() // a failed read is retried next time
+			_ = page(recheckBound) // a failed read is retried next time
 		case <-ctx.Done():
 			return nil
 		}
