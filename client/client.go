@@ -53,6 +53,9 @@ type Client struct {
 	bus    *events.Bus
 	topo   events.Topology
 	reads  *readapi.Caller
+	// dropLive, set by tests, loses the live messages it returns true
+	// for (as a connection moving to another server does).
+	dropLive func(subject string) bool
 }
 
 func (o *Options) setDefaults() {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,6 +47,23 @@ func notFound(err error) bool { return actionbus.CodeOf(err) == actionbus.CodeRu
 func liveOnly(eventType string) bool {
 	e, ok := events.Lookup(eventType)
 	return ok && e.Live
+}
+
+// followed reports whether a live message is one a follower delivers:
+// an event of the runs stream (what services publish, the timers'
+// excepted) or a live-only one, not a request, cancel, input or approval
+// answer of the requests stream, nor a fired timer.
+func followed(subject string) bool {
+	verb := subject[strings.LastIndexByte(subject, '.')+1:]
+	if events.IsServiceVerb(verb) {
+		return true
+	}
+	for _, e := range events.Catalog {
+		if e.Live && strings.HasSuffix(e.Subject, "."+verb) {
+			return true
+		}
+	}
+	return false
 }
 
 // dedup remembers the ids of the events delivered (paged or live), so
@@ -110,7 +128,7 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 		for {
 			select {
 			case m := <-live:
-				if r, err := c.bus.Receive(m.Subject, m.Header, m.Data); err == nil && liveOnly(r.Event.Type()) {
+				if r, err := c.bus.Receive(m.Subject, m.Header, m.Data); err == nil && liveOnly(r.Event.Type()) && followed(m.Subject) {
 					fn(eventOf(r, runID))
 				}
 			default:
@@ -163,6 +181,9 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 	for {
 		select {
 		case m := <-live:
+			if !followed(m.Subject) || (c.dropLive != nil && c.dropLive(m.Subject)) {
+				continue
+			}
 			r, err := c.bus.Receive(m.Subject, m.Header, m.Data)
 			if err != nil {
 				continue
@@ -324,12 +345,11 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 	for {
 		select {
 		case m := <-live:
-			r, err := c.bus.Receive(m.Subject, m.Header, m.Data)
-			if err != nil {
+			if !followed(m.Subject) {
 				continue
 			}
-			if liveOnly(r.Event.Type()) {
-				fn(eventOf(r, subjects.RunIDFromSubject(m.Subject)))
+			r, err := c.bus.Receive(m.Subject, m.Header, m.Data)
+			if err != nil {
 				continue
 			}
 			if seen.first(r.Event.ID()) {
