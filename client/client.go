@@ -8,13 +8,10 @@ package client
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,10 +19,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
-	"github.com/actionbus/actionbus/internal/skills"
+	"github.com/actionbus/actionbus/internal/readapi"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
 
@@ -56,6 +52,10 @@ type Client struct {
 	js     jetstream.JetStream
 	bus    *events.Bus
 	topo   events.Topology
+	reads  *readapi.Caller
+	// dropLive, set by tests, loses the live messages it returns true
+	// for (as a connection moving to another server does).
+	dropLive func(subject string) bool
 }
 
 func (o *Options) setDefaults() {
@@ -86,7 +86,8 @@ func New(nc *nats.Conn, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{tenant: opts.Tenant, nc: nc, js: bus.JetStream(), bus: bus, topo: events.Topology{Prefix: opts.Prefix}}, nil
+	return &Client{tenant: opts.Tenant, nc: nc, js: bus.JetStream(), bus: bus, topo: events.Topology{Prefix: opts.Prefix},
+		reads: readapi.NewCaller(nc, opts.Prefix, opts.Tenant)}, nil
 }
 
 // ActionCall names an action and its input.
@@ -247,35 +248,6 @@ func approvalRun(approvalID string) (string, error) {
 	return runID, nil
 }
 
-// scanApprovals reads the stored events of a run's approval subject, in
-// order, until fn returns true or none is left; it reports whether fn did.
-func (c *Client) scanApprovals(ctx context.Context, runID string, fn func(*events.Received) bool) (bool, error) {
-	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamRuns(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.topo.Subjects().Run(c.tenant, runID, "approval")}, DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return false, err
-	}
-	defer c.dropConsumer(ctx, c.topo.StreamRuns(), cons)
-	for {
-		batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return false, err
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			r, err := c.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
-			if err == nil && fn(r) {
-				return true, nil
-			}
-		}
-		if n == 0 {
-			return false, nil
-		}
-	}
-}
-
 // Approval reads the request of an approval id (its run id is the part
 // before the first '-').
 func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingApproval, error) {
@@ -284,21 +256,39 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingAppro
 		return nil, err
 	}
 	var found *PendingApproval
-	ok, err := c.scanApprovals(ctx, runID, func(r *events.Received) bool {
+	match := func(r *events.Received) bool {
 		if req, ok := r.Data.(*events.ApprovalRequested); ok && req.Context.ApprovalID == approvalID {
 			found = &PendingApproval{Context: req.Context, Input: req.Input, Reason: req.Reason}
 			return true
 		}
 		return false
-	})
-	if err != nil {
-		return nil, fmt.Errorf("client: approval %s: %w", approvalID, err)
 	}
-	if !ok {
-		return nil, fmt.Errorf("client: no approval request %s", approvalID)
+	// An approval request just received live may not be stored yet (the
+	// stream stores what subscribers already got): it is read again for
+	// up to approvalStoreWait before it is called missing.
+	deadline := time.Now().Add(approvalStoreWait)
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
+		ok, err := c.scanApprovals(ctx, runID, match)
+		if err != nil {
+			return nil, fmt.Errorf("client: approval %s: %w", approvalID, err)
+		}
+		if ok {
+			return found, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("client: no approval request %s", approvalID)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
 	}
-	return found, nil
 }
+
+// approvalStoreWait bounds how long [Client.Approval] reads again an
+// approval request it does not find.
+const approvalStoreWait = 2 * time.Second
 
 // Approve signs the approval context of approvalID with the approver's own
 // key (the dispatcher names the key's holder as the approver), publishes
@@ -492,116 +482,12 @@ type Result struct {
 // result. Live events (run.started, run.progress) are never stored: Follow
 // delivers those published after it subscribed. To see a run's every event,
 // start it with Run and a non-nil fn. It waits as long as ctx allows.
+// It holds one subscription and no consumer: stored events are paged from
+// the read service, each event is delivered once (by its id), and fn is
+// called by one goroutine at a time. A run id that is not a ULID is
+// invalid_run_id.
 func (c *Client) Follow(ctx context.Context, runID string, fn func(Event)) (*Result, error) {
 	return c.follow(ctx, runID, fn, nil)
-}
-
-// follow is Follow; with start, the run is started once the progress
-// subscription is in place, so no progress step is missed.
-//
-// Live events (run.started, run.progress) are never stored: they come
-// from channel subscriptions, which the connection's reader fills in the
-// order messages arrive — progress the dispatcher published before the
-// terminal event is in the channel when the terminal event is read, and is
-// delivered before it.
-func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start func() error) (*Result, error) {
-	var mu sync.Mutex // fn is called by one goroutine at a time
-	progress := make(chan *nats.Msg, 256)
-	deliverProgress := func(m *nats.Msg) {
-		if r, err := c.bus.Receive(m.Subject, m.Header, m.Data); err == nil {
-			fn(eventOf(r, runID))
-		}
-	}
-	var sub *nats.Subscription
-	stopProgress := func() {}
-	if fn != nil {
-		var err error
-		if sub, err = c.nc.ChanSubscribe(c.topo.Subjects().Run(c.tenant, runID, "progress"), progress); err != nil {
-			return nil, fmt.Errorf("client: follow %s: %w", runID, err)
-		}
-		started, err := c.nc.ChanSubscribe(c.topo.Subjects().Run(c.tenant, runID, "started"), progress)
-		if err != nil {
-			_ = sub.Unsubscribe()
-			return nil, fmt.Errorf("client: follow %s: %w", runID, err)
-		}
-		defer func() { _ = started.Unsubscribe() }()
-		quit, exited := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(exited)
-			for {
-				select {
-				case m := <-progress:
-					mu.Lock()
-					deliverProgress(m)
-					mu.Unlock()
-				case <-quit:
-					return
-				}
-			}
-		}()
-		var once sync.Once
-		// stopProgress ends the subscription and delivers what it holds.
-		stopProgress = func() {
-			once.Do(func() {
-				_ = sub.Unsubscribe()
-				_ = started.Unsubscribe()
-				close(quit)
-				<-exited
-				for len(progress) > 0 {
-					deliverProgress(<-progress)
-				}
-			})
-		}
-		defer func() { _ = sub.Unsubscribe() }()
-		defer func() { once.Do(func() { close(quit); <-exited }) }()
-	}
-	if start != nil {
-		if err := start(); err != nil {
-			return nil, err
-		}
-	}
-	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamRuns(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.topo.Subjects().RunEvents(c.tenant, runID)},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("client: follow %s: %w", runID, err)
-	}
-	// The ordered consumer is deleted when following ends, so many
-	// followers do not pile up consumers on the stream.
-	defer c.dropConsumer(ctx, c.topo.StreamRuns(), cons)
-	it, err := cons.Messages()
-	if err != nil {
-		return nil, fmt.Errorf("client: follow %s: %w", runID, err)
-	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	defer it.Stop()
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, fmt.Errorf("client: follow %s: %w", runID, err)
-		}
-		r, err := c.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
-		if err != nil {
-			continue // the dispatcher rejects and reports bad events; followers skip them
-		}
-		res := terminal(r)
-		if res != nil {
-			stopProgress()
-		}
-		if fn != nil {
-			mu.Lock()
-			fn(eventOf(r, runID))
-			mu.Unlock()
-		}
-		if res != nil {
-			return res, nil
-		}
-	}
 }
 
 // eventOf is the public view of a received event of runID.
@@ -625,8 +511,9 @@ func terminal(r *events.Received) *Result {
 }
 
 // Wait waits for a run's terminal event and returns its result. It costs
-// one subscription and at most three stream reads, no consumer, so many
-// runs can be waited on at once.
+// three subscriptions (one per terminal verb) and a read of the read
+// service now and then, no consumer, so many runs can be waited on at
+// once.
 func (c *Client) Wait(ctx context.Context, runID string) (*Result, error) {
 	return c.wait(ctx, runID, nil)
 }
@@ -664,18 +551,10 @@ func (c *Client) wait(ctx context.Context, runID string, start func() error) (*R
 	// and again from time to time.
 	// Each read has its own short deadline: a request to a stream whose
 	// leader is being elected may get no answer at all.
-	var stream jetstream.Stream // looked up once it answers
 	stored := func() (*Result, error) {
 		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
-		if stream == nil {
-			s, err := c.js.Stream(rctx, c.topo.StreamRuns())
-			if err != nil {
-				return nil, err
-			}
-			stream = s
-		}
-		return c.storedResult(rctx, stream, runID)
+		return c.storedResult(rctx, runID)
 	}
 	if start != nil {
 		if err := start(); err != nil {
@@ -686,7 +565,7 @@ func (c *Client) wait(ctx context.Context, runID string, start func() error) (*R
 		switch {
 		case res != nil:
 			return res, nil
-		case errors.Is(err, jetstream.ErrStreamNotFound):
+		case refused(err):
 			return nil, fmt.Errorf("client: wait %s: %w", runID, err)
 		}
 	}
@@ -713,36 +592,20 @@ func (c *Client) wait(ctx context.Context, runID string, start func() error) (*R
 }
 
 // Ended returns the result of a run that has ended, and nil when it has
-// not (or is unknown). It reads the stream once and does not wait.
+// not (or is unknown). It reads the run's terminal events once and does
+// not wait.
 func (c *Client) Ended(ctx context.Context, runID string) (*Result, error) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	stream, err := c.js.Stream(rctx, c.topo.StreamRuns())
+	res, err := c.storedResult(rctx, runID)
 	if err != nil {
 		return nil, fmt.Errorf("client: ended %s: %w", runID, err)
 	}
-	return c.storedResult(rctx, stream, runID)
+	return res, nil
 }
 
 // terminalVerbs are the subject verbs of a run's terminal events.
 var terminalVerbs = []string{"completed", "failed", "canceled"}
-
-// storedResult reads a run's stored terminal event, if any.
-func (c *Client) storedResult(ctx context.Context, stream jetstream.Stream, runID string) (*Result, error) {
-	for _, verb := range terminalVerbs {
-		msg, err := stream.GetLastMsgForSubject(ctx, c.topo.Subjects().Run(c.tenant, runID, verb))
-		if err == nil {
-			if r, err := c.bus.Receive(msg.Subject, msg.Header, msg.Data); err == nil {
-				if res := terminal(r); res != nil {
-					return res, nil
-				}
-			}
-		} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, err
-		}
-	}
-	return nil, nil
-}
 
 // Run starts a run and follows it to its end, delivering every event to
 // fn — live ones included, since it subscribes before it starts the run.
@@ -771,21 +634,6 @@ func (c *Client) Run(ctx context.Context, req RunRequest, fn func(Event)) (*Resu
 	return c.follow(ctx, req.RunID, fn, func() error { _, err := c.Start(ctx, req); return err })
 }
 
-// Artifact reads back a stored artifact (a large action output) exactly
-// as it was stored, with its SHA-256 as hex.
-func (c *Client) Artifact(ctx context.Context, id string) ([]byte, string, error) {
-	store, err := c.js.ObjectStore(ctx, c.topo.BucketArtifacts())
-	if err != nil {
-		return nil, "", fmt.Errorf("client: artifacts: %w", err)
-	}
-	data, err := store.GetBytes(ctx, id)
-	if err != nil {
-		return nil, "", fmt.Errorf("client: artifact %s: %w", id, err)
-	}
-	sum := sha256.Sum256(data)
-	return data, hex.EncodeToString(sum[:]), nil
-}
-
 // ActionInfo is one action of the catalog (the public listing).
 type ActionInfo struct {
 	Name         string
@@ -806,82 +654,8 @@ type ActionInfo struct {
 	RiskLevel    string
 }
 
-// Skills lists the catalog's skills (SKILL.md front matter, instructions
-// and the pool hosting their tools), sorted by name.
-func (c *Client) Skills(ctx context.Context) ([]Skill, error) {
-	kv, err := c.js.KeyValue(ctx, c.topo.BucketCatalog())
-	if err != nil {
-		return nil, fmt.Errorf("client: catalog: %w", err)
-	}
-	return skills.List(ctx, kv)
-}
-
-// Skill returns one skill of the catalog, or an error matching
-// actionbus.ErrSkillNotFound.
-func (c *Client) Skill(ctx context.Context, name string) (*Skill, error) {
-	kv, err := c.js.KeyValue(ctx, c.topo.BucketCatalog())
-	if err != nil {
-		return nil, fmt.Errorf("client: catalog: %w", err)
-	}
-	return skills.Get(ctx, kv, name)
-}
-
-// Actions lists the catalog, sorted by name.
-func (c *Client) Actions(ctx context.Context) ([]ActionInfo, error) {
-	kv, err := c.js.KeyValue(ctx, c.topo.BucketCatalog())
-	if err != nil {
-		return nil, fmt.Errorf("client: catalog: %w", err)
-	}
-	entries, err := actions.NewCatalog(kv).List(ctx)
-	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
-		return nil, err
-	}
-	out := make([]ActionInfo, 0, len(entries))
-	for _, e := range entries {
-		out = append(out, ActionInfo{Name: e.Name, Description: e.Description, Mode: string(e.Mode), Tier: e.Tier,
-			Pool: e.Pool, Version: e.Version, Hash: e.Hash, InputSchema: e.InputSchema, OutputSchema: e.OutputSchema,
-			PlannerVisible: e.PlannerVisible(), Permission: e.Permission, Tags: e.Tags, ResourceType: e.ResourceType,
-			RiskLevel: e.RiskLevel})
-	}
-	return out, nil
-}
-
 // Tenant returns the client's tenant.
 func (c *Client) Tenant() string { return c.tenant }
-
-// AuditRecords reads the audit records of a run, in stream order.
-func (c *Client) AuditRecords(ctx context.Context, runID string) ([]AuditRecord, error) {
-	cons, err := c.js.OrderedConsumer(ctx, c.topo.StreamAudit(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.topo.Subjects().RunAudit(c.tenant, runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("client: audit of %s: %w", runID, err)
-	}
-	defer c.dropConsumer(ctx, c.topo.StreamAudit(), cons)
-	var out []AuditRecord
-	for {
-		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(500*time.Millisecond))
-		if err != nil {
-			return nil, err
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			r, err := c.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
-			if err != nil {
-				return nil, fmt.Errorf("client: audit record %s: %w", msg.Subject(), err)
-			}
-			recs, err := events.AuditRecordsOf(r)
-			if err != nil {
-				return nil, fmt.Errorf("client: audit of %s: %w", runID, err)
-			}
-			out = append(out, recs...)
-		}
-		if n == 0 {
-			return out, nil
-		}
-	}
-}
 
 // StreamAnswer calls fn with the tokens of a run's final answer while the
 // planner writes it (when the answer comes from an LLM synthesis call), and
@@ -921,7 +695,14 @@ type AuditQuery struct {
 // AuditStream delivers audit records with their audit-stream sequence, in
 // stream order (the records of one append share its sequence), to fn until fn returns an error, the records run out (not
 // Live) or ctx ends.
+//
+// The client's own tenant's records are read through the read service;
+// AllTenants (operators, connected as the service account's admin user)
+// reads the audit stream with an ordered consumer.
 func (c *Client) AuditStream(ctx context.Context, q AuditQuery, fn func(seq uint64, rec AuditRecord) error) error {
+	if !q.AllTenants {
+		return c.auditStream(ctx, q, fn)
+	}
 	subjects := c.topo.Subjects()
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjects.TenantAudit(c.tenant)}, DeliverPolicy: jetstream.DeliverAllPolicy}
 	switch {
@@ -994,42 +775,4 @@ type StoredEvent struct {
 	Stream string
 	Seq    uint64
 	Type   string
-}
-
-// StoredEvents lists where the events of a run that the auditor records
-// are stored (the runs and requests streams, each in stream order), as far
-// as the streams still hold them; `audit verify` checks that every one
-// has its record.
-func (c *Client) StoredEvents(ctx context.Context, runID string) ([]StoredEvent, error) {
-	var out []StoredEvent
-	for _, name := range []string{c.topo.StreamRuns(), c.topo.StreamRequests()} {
-		cons, err := c.js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{c.topo.Subjects().Run(c.tenant, runID, "*")}, DeliverPolicy: jetstream.DeliverAllPolicy, HeadersOnly: true,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("client: events of %s: %w", runID, err)
-		}
-		for done := false; !done; {
-			batch, err := cons.Fetch(500, jetstream.FetchMaxWait(500*time.Millisecond))
-			if err != nil {
-				c.dropConsumer(ctx, name, cons)
-				return nil, err
-			}
-			n := 0
-			for msg := range batch.Messages() {
-				n++
-				md, err := msg.Metadata()
-				if err != nil {
-					continue
-				}
-				out = append(out, StoredEvent{Stream: name, Seq: md.Sequence.Stream, Type: msg.Headers().Get("ce-type")})
-				done = md.NumPending == 0
-			}
-			if n == 0 {
-				done = true
-			}
-		}
-		c.dropConsumer(ctx, name, cons)
-	}
-	return out, nil
 }

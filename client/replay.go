@@ -8,8 +8,6 @@ import (
 	"reflect"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/actionbus/actionbus/internal/events"
 )
 
@@ -206,31 +204,4 @@ func (c *Client) Retry(ctx context.Context, runID string) (string, error) {
 		retry.Action = &ActionCall{Name: a.Name, Args: a.Args, IdempotencyKey: a.IdempotencyKey}
 	}
 	return c.Start(ctx, retry)
-}
-
-// request reads a run's stored run.requested from the requests stream, and
-// when it was stored.
-func (c *Client) request(ctx context.Context, runID string) (*events.RunRequested, time.Time, error) {
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	stream, err := c.js.Stream(rctx, c.topo.StreamRequests())
-	if err != nil {
-		return nil, time.Time{}, err
-	}
-	msg, err := stream.GetLastMsgForSubject(rctx, c.topo.Subjects().Run(c.tenant, runID, "requested"))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, time.Time{}, errors.New("the run's request is no longer stored")
-	}
-	if err != nil {
-		return nil, time.Time{}, err
-	}
-	r, err := c.bus.Receive(msg.Subject, msg.Header, msg.Data)
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("the run's stored request is invalid: %w", err)
-	}
-	req, ok := r.Data.(*events.RunRequested)
-	if !ok {
-		return nil, time.Time{}, errors.New("the run's stored request is not a run.requested")
-	}
-	return req, msg.Time, nil
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/registrar"
+	"github.com/actionbus/actionbus/internal/readapi"
 	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
@@ -353,6 +354,17 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		}
 		all = append(all, served{cons, opts})
 	}
+	// The read service: tenants read their runs, audit records,
+	// artifacts and the catalog through it (they hold no JetStream).
+	// Every dispatcher answers in one queue group.
+	reads, err := readapi.New(d.js.Conn(), readapi.Config{Prefix: d.cfg.Prefix, Catalog: d.cat, Logger: d.cfg.Logger})
+	if err != nil {
+		return err
+	}
+	if err := reads.Start(); err != nil {
+		return fmt.Errorf("dispatch: start the read service: %w", err)
+	}
+	defer reads.Stop()
 	d.log.Info("dispatcher serving")
 	close(d.ready)
 	g, gctx := errgroup.WithContext(ctx)

@@ -356,3 +356,46 @@ func (s Subjects) SubjectFor(eventType, tenant, runID, pool string) (string, err
 	}
 	return "", fmt.Errorf("events: no subject rule for type %q", eventType)
 }
+
+// API returns the subject of one operation of the read service for a
+// tenant: {prefix}.api.{tenant}.{op}. The tenant token is the only place
+// the read service learns the asking tenant from (a tenant account's
+// import of the service fixes it).
+func (s Subjects) API(tenant, op string) string { return s.prefix + ".api." + tenant + "." + op }
+
+// AnyAPI matches one read service operation for every tenant:
+// {prefix}.api.*.{op}.
+func (s Subjects) AnyAPI(op string) string { return s.prefix + ".api.*." + op }
+
+// APIFromSubject returns the tenant and operation tokens of a read
+// service subject, and false when the subject is not one.
+func (s Subjects) APIFromSubject(subject string) (tenant, op string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, s.prefix+".api.")
+	if !ok {
+		return "", "", false
+	}
+	tenant, op, ok = strings.Cut(rest, ".")
+	if !ok || tenant == "" || op == "" || strings.Contains(op, ".") {
+		return "", "", false
+	}
+	return tenant, op, true
+}
+
+// IsRequestVerb reports whether verb is a per-run verb stored in the
+// requests stream (what clients and approvers publish).
+func IsRequestVerb(verb string) bool { return slicesContains(requestVerbs(), verb) }
+
+// IsServiceVerb reports whether verb is a per-run verb stored in the runs
+// stream (what services publish, the timers' excepted).
+func IsServiceVerb(verb string) bool {
+	return verb != timerVerb && slicesContains(serviceVerbs(), verb)
+}
+
+func slicesContains(list []string, v string) bool {
+	for _, x := range list {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

@@ -302,6 +302,9 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 	audit := base(t.StreamAudit(), "actionbus audit records", []string{s.AllAudit()})
 	audit.Retention = jetstream.LimitsPolicy
 	audit.MaxAge = t.AuditRetention
+	// The read service pages a tenant's audit records with direct gets
+	// (no consumer per read).
+	audit.AllowDirect = true
 	return []jetstream.StreamConfig{runs, timers, requests, work, rejected, audit}
 }
 
@@ -596,7 +599,9 @@ func (t Topology) Needs(service, pool string) Requirements {
 	switch service {
 	case "dispatcher":
 		return Requirements{
-			Streams: []string{t.StreamRuns(), t.StreamTimers(), t.StreamRequests(), t.StreamWork(), t.StreamRejected()},
+			// The audit stream: the read service the dispatcher hosts
+			// answers tenants' audit reads from it.
+			Streams: []string{t.StreamRuns(), t.StreamTimers(), t.StreamRequests(), t.StreamWork(), t.StreamRejected(), t.StreamAudit()},
 			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerDispatcher), c(t.StreamTimers(), ConsumerDispatcherTimers),
 				c(t.StreamRequests(), ConsumerDispatcherRequests)},
 			Buckets: []string{t.BucketRuns(), t.BucketCatalog(), t.BucketCatalogOwners(), t.BucketPolicy(), t.BucketLimits()},

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -77,6 +78,8 @@ type api struct {
 	url    string
 	srv    *actionbustest.Server
 	tokens map[string]string // role name → bearer token
+	// nc is the connection of the API's client.
+	nc *nats.Conn
 }
 
 func newAPI(t *testing.T) *api {
@@ -91,11 +94,12 @@ scenarios:
       - {type: clarify, question: "Which one?"}
       - {type: final, answer: "the blue one it is"}
 `})
-	c, err := client.New(srv.TenantConnect(t, "client", "default"), client.Options{})
+	nc := srv.TenantConnect(t, "client", "default")
+	c, err := client.New(nc, client.Options{})
 	require.NoError(t, err)
 	ap, err := client.New(srv.TenantConnect(t, "approver", "default"), client.Options{})
 	require.NoError(t, err)
-	a := &api{t: t, srv: srv, tokens: map[string]string{}}
+	a := &api{t: t, srv: srv, tokens: map[string]string{}, nc: nc}
 	var entries []httpapi.Token
 	for name, roles := range map[string][]string{
 		"reader": {httpapi.RoleRead}, "runner": {httpapi.RoleRun}, "approver": {httpapi.RoleApprove},
@@ -543,4 +547,66 @@ func TestAnotherTenantsRunsAreOutOfReach(t *testing.T) {
 	mine := body["runId"].(string)
 	a.waitForRun(func(r map[string]any) bool { return r["runId"] == mine },
 		func(r map[string]any) { assert.NotEqual(t, res.RunID, r["runId"], "another tenant's run listed") })
+}
+
+// consumers counts the consumers of every stream.
+func (a *api) consumers() int {
+	a.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n := 0
+	for name := range a.srv.JS.StreamNames(ctx).Name() {
+		st, err := a.srv.JS.Stream(ctx, name)
+		require.NoError(a.t, err)
+		info, err := st.Info(ctx)
+		require.NoError(a.t, err)
+		n += info.State.Consumers
+	}
+	return n
+}
+
+// TestFollowersReleaseTheirSubscriptionsWhenTheirClientsGoAway: many SSE
+// follows of a waiting run hold no JetStream consumer, and once their
+// HTTP clients disconnect, the API's connection is back to the
+// subscriptions it had before them.
+func TestFollowersReleaseTheirSubscriptionsWhenTheirClientsGoAway(t *testing.T) {
+	a := newAPI(t)
+	runID := a.start(map[string]any{"prompt": "paint it", "scenario": "ask"})
+	a.events("/v1/runs/"+runID+"/events", "reader", func(event string, _ map[string]any) bool { return event == "run.step" })
+	durables := a.consumers()
+	baseline := a.nc.NumSubscriptions()
+	const n = 40
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	opened := make(chan error, n)
+	for range n {
+		go func() {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.url+"/v1/runs/"+runID+"/events", nil)
+			if err != nil {
+				opened <- err
+				return
+			}
+			req.Header.Set("Authorization", "Bearer "+a.tokens["reader"])
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				opened <- err
+				return
+			}
+			defer res.Body.Close()
+			// The first event: the follow is under way.
+			_, err = bufio.NewReader(res.Body).ReadString('\n')
+			opened <- err
+			<-ctx.Done()
+		}()
+	}
+	for range n {
+		require.NoError(t, <-opened)
+	}
+	require.Eventually(t, func() bool { return a.nc.NumSubscriptions() >= baseline+n }, 10*time.Second, 10*time.Millisecond,
+		"every follow subscribed: %d, baseline %d", a.nc.NumSubscriptions(), baseline)
+	assert.Equal(t, durables, a.consumers(), "followers hold JetStream consumers")
+	cancel() // the HTTP clients go away
+	require.Eventually(t, func() bool { return a.nc.NumSubscriptions() == baseline }, 10*time.Second, 10*time.Millisecond,
+		"subscriptions left: %d, baseline %d", a.nc.NumSubscriptions(), baseline)
+	assert.Equal(t, durables, a.consumers(), "consumers left behind")
 }

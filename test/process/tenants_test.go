@@ -91,10 +91,11 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 	t.Run("read and follow", func(t *testing.T) {
 		_, err := intruder.Follow(short(), done.RunID, nil)
 		assert.Error(t, err, "acme followed globex's run")
-		intruderRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.CONSUMER.CREATE.AB_RUNS.`)
+		intruderRefused.waitFor(t, `Permissions Violation for Subscription to "ab.run.globex.`+done.RunID+`.completed"`)
 		ended, err := intruder.Ended(short(), done.RunID)
 		assert.True(t, err != nil || ended == nil, "acme read globex's terminal event")
-		intruderRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.DIRECT.GET.AB_RUNS.ab.run.globex.`)
+		// Reads go through the read service, on the tenant's own subject.
+		intruderRefused.waitFor(t, `Permissions Violation for Publish to "ab.api.globex.events"`)
 		_, err = intruder.AuditRecords(short(), done.RunID)
 		assert.Error(t, err, "acme read globex's audit records")
 		err = intruder.AuditStream(short(), client.AuditQuery{AllTenants: true}, func(uint64, client.AuditRecord) error { return nil })
@@ -116,6 +117,24 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 		acme.refused.waitFor(t, `Permissions Violation for Subscription to "_INBOX_globex.>"`)
 	})
 
+	t.Run("artifacts", func(t *testing.T) {
+		res, err := acme.c.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.big", Args: map[string]any{"bytes": 3 << 20}}}, nil)
+		require.NoError(t, err)
+		require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+		out, _ := res.Output.(map[string]any)
+		ref, _ := out["artifact"].(map[string]any)
+		id, _ := ref["id"].(string)
+		require.NotEmpty(t, id, "the 3 MiB output is an artifact: %v", res.Output)
+		data, sum, err := acme.c.Artifact(ctx, id)
+		require.NoError(t, err, "acme reads its artifact, in chunks under the max payload")
+		assert.Len(t, data, len(`{"text":""}`)+3<<20)
+		assert.Equal(t, ref["sha256"], sum)
+		_, _, err = globex.c.Artifact(short(), id)
+		assert.Equal(t, actionbus.CodeArtifactNotFound, actionbus.CodeOf(err), "globex read acme's artifact: %v", err)
+		_, _, err = intruder.Artifact(short(), id)
+		assert.Error(t, err, "acme's connection naming globex read acme's artifact")
+	})
+
 	t.Run("cancel and approve", func(t *testing.T) {
 		assert.Error(t, intruder.Cancel(short(), waiting, "mallory"), "acme canceled globex's run")
 		intruderRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.globex.`+waiting+`.cancel"`)
@@ -123,7 +142,7 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 		acmeApprover, err := client.New(anc, client.Options{Tenant: "globex"})
 		require.NoError(t, err)
 		assert.Error(t, acmeApprover.Approve(short(), approvalID, "k1", deployApprovalKey), "acme approved globex's call")
-		approverRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.CONSUMER.CREATE.AB_RUNS.`)
+		approverRefused.waitFor(t, `Permissions Violation for Publish to "ab.api.globex.events"`)
 		require.NoError(t, anc.Publish("ab.run.globex."+waiting+".approve", []byte("{}")))
 		approverRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.globex.`+waiting+`.approve"`)
 

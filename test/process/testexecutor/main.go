@@ -150,6 +150,15 @@ func main() {
 			appendLine(filepath.Join(dir, "invocations"), "other "+call.UserID)
 			return executor.Result[anyOut]{Output: anyOut{"ok": true}}, nil
 		}))
+	// test.big returns an output of "bytes" bytes (at most 4 MiB): one
+	// over MaxOutputBytes is stored as an artifact of the run's tenant.
+	type bigIn struct {
+		Bytes int `json:"bytes"`
+	}
+	must(executor.Register(ex, executor.Action{Name: "test.big", Timeout: 5 * time.Second},
+		func(ctx context.Context, in bigIn, call executor.Call) (executor.Result[anyOut], error) {
+			return executor.Result[anyOut]{Output: anyOut{"text": strings.Repeat("b", min(max(in.Bytes, 0), 4<<20))}}, nil
+		}))
 	must(executor.Register(ex, executor.Action{Name: "test.huge", Timeout: 5 * time.Second},
 		func(ctx context.Context, in map[string]any, call executor.Call) (executor.Result[anyOut], error) {
 			return executor.Result[anyOut]{}, fmt.Errorf("%s", strings.Repeat("x", 2<<20))
