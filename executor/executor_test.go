@@ -14,6 +14,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/registrar"
 )
@@ -247,9 +248,11 @@ func TestAnExecutorAnnouncingAnotherPoolsActionDoesNotStart(t *testing.T) {
 	assert.Contains(t, err.Error(), "payments")
 	assert.Contains(t, err.Error(), "default")
 
-	c, err := client.New(srv.Conn, client.Options{})
+	// The catalog as the registrar wrote it (no dispatcher, so no read
+	// service, runs here).
+	kv, err := srv.JS.KeyValue(ctxT(t), events.Topology{}.BucketCatalog())
 	require.NoError(t, err)
-	list, err := c.Actions(ctxT(t))
+	list, err := actions.NewCatalog(kv).List(ctxT(t))
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, "payments", list[0].Pool)
