@@ -123,11 +123,9 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 		ns.WaitForShutdown()
 	}()
 	url := ns.ClientURL()
-	// TODO(issue 37, read service): the in-process client of the demo and
-	// the console reads runs through JetStream, which a tenant account
-	// has not: it connects as ACTIONBUS's admin until the read service
-	// lands, then as the default tenant's client (its creds are made
-	// below).
+	// nc provisions and hosts the services (ACTIONBUS's admin in operator
+	// mode); the demo, the console and the printed commands act as the
+	// default tenant's client and approver users, from its own account.
 	connOpts := []nats.Option{nats.Name("actionbus-dev")}
 	cliCreds := ""
 	if ops != nil {
@@ -140,11 +138,25 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	}
 	defer nc.Close()
 	var serviceConnect func(user string) (*nats.Conn, error)
-	tenantCreds := ""
+	tenantCreds, approverCreds := "", ""
+	clientNC, approverNC := nc, nc
 	if ops != nil {
 		if tenantCreds, err = devDefaultTenant(ctx, url, ops); err != nil {
 			return err
 		}
+		approverCreds = ops.CredsFile(events.DefaultTenant, accounts.ApproverUser(events.DefaultTenant))
+		tenantConnect := func(creds string) (*nats.Conn, error) {
+			return nats.Connect(url, nats.Name("actionbus-dev-tenant"), nats.UserCredentials(creds),
+				nats.CustomInboxPrefix(client.InboxPrefix(events.DefaultTenant)))
+		}
+		if clientNC, err = tenantConnect(tenantCreds); err != nil {
+			return err
+		}
+		defer clientNC.Close()
+		if approverNC, err = tenantConnect(approverCreds); err != nil {
+			return err
+		}
+		defer approverNC.Close()
 		serviceConnect = func(user string) (*nats.Conn, error) {
 			return nats.Connect(url, nats.Name("actionbus-dev-"+user), nats.UserCredentials(ops.CredsFile(accounts.ServiceAccount, user)),
 				nats.CustomInboxPrefix(accounts.InboxPrefix(strings.SplitN(user, "-", 2)[0])))
@@ -214,14 +226,14 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	header := fmt.Sprintf("actionbus dev: NATS with JetStream at %s (store %s)\n", url, f.store)
 	if ops != nil {
 		header += fmt.Sprintf("  operator mode: operator store %s; services connect as their ACTIONBUS users\n", ops.Dir) +
-			fmt.Sprintf("  tenant default: client creds %s\n", tenantCreds) +
-			fmt.Sprintf("  cli creds: %s\n", cliCreds)
+			fmt.Sprintf("  tenant default: client creds %s, approver creds %s\n", tenantCreds, approverCreds) +
+			fmt.Sprintf("  admin creds: %s\n", cliCreds)
 	}
 	fmt.Fprint(g.out, header)
 	fmt.Fprintf(g.out, "  services: dispatcher, planner (%s), auditor, %d executors × %d slots\n", plannerDesc, f.executors, f.slots)
 	fmt.Fprintf(g.out, "  auditor key: %s, public key %s\n", auditorKey, st.AuditorKey())
 	if f.console != "off" {
-		srv, addr, err := devConsole(ctx, g, nc, f.console, consoleKey)
+		srv, addr, err := devConsole(ctx, g, clientNC, approverNC, f.console, consoleKey)
 		if err != nil {
 			return err
 		}
@@ -230,7 +242,11 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	}
 
 	if !f.noDemo {
-		c, err := client.New(nc, client.Options{Prefix: g.prefix, Source: "/actionbus/dev"})
+		c, err := client.New(clientNC, client.Options{Prefix: g.prefix, Source: "/actionbus/dev"})
+		if err != nil {
+			return err
+		}
+		approver, err := client.New(approverNC, client.Options{Prefix: g.prefix, Source: "/actionbus/dev"})
 		if err != nil {
 			return err
 		}
@@ -244,7 +260,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 			// the dev demo approves at once so it runs unattended.
 			id, _ := s.Details["approvalId"].(string)
 			fmt.Fprintf(g.out, "         ⚑ approval %s requested; dev mode approves it as dev-operator (in production: actionbus approve %s)\n", id, id)
-			if err := c.Approve(ctx, id, devKeyID, approvalKey); err != nil {
+			if err := approver.Approve(ctx, id, devKeyID, approvalKey); err != nil {
 				fmt.Fprintf(g.errOut, "actionbus: approving %s: %v\n", id, err)
 			}
 		}
@@ -254,18 +270,16 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 			return err
 		}
 	}
-	// TODO(issue 37, read service): the CLI's commands follow runs through
-	// JetStream; until the read service lands they use ACTIONBUS's admin
-	// creds here, then the default tenant's client creds.
-	target := url
-	if cliCreds != "" {
-		target = url + " --creds " + cliCreds
+	// The commands a user tries act as the default tenant's users.
+	target, approveTarget := url, url
+	if tenantCreds != "" {
+		target, approveTarget = url+" --creds "+tenantCreds, url+" --creds "+approverCreds
 	}
 	fmt.Fprintf(g.out, "\nserving; try in another terminal:\n  go run ./cmd/actionbus --nats %s run --scenario echo \"hello\"\n  go run ./cmd/actionbus --nats %s actions\n", target, target)
 	// Dev mode's key is made for this process only; printing it is how an
 	// operator approves here (a production key is never printed).
 	fmt.Fprintf(g.out, "approve a pending action (this dev server's own approval key):\n  %s=%s:%s go run ./cmd/actionbus --nats %s approve APPROVAL_ID\nCtrl-C stops.\n",
-		approvalKeyEnv, devKeyID, base64.StdEncoding.EncodeToString(approvalKey), target)
+		approvalKeyEnv, devKeyID, base64.StdEncoding.EncodeToString(approvalKey), approveTarget)
 	<-ctx.Done()
 	return nil
 }
@@ -273,7 +287,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 // devConsole serves the console and HTTP API for dev mode, with a token
 // made for this process (all roles, as user dev-operator) in the printed
 // address's fragment, and dev mode's approval key. It returns that address.
-func devConsole(ctx context.Context, g *globals, nc *nats.Conn, addr string, approvalKey []byte) (*consoleServer, string, error) {
+func devConsole(ctx context.Context, g *globals, nc, approverNC *nats.Conn, addr string, approvalKey []byte) (*consoleServer, string, error) {
 	if host, _, err := net.SplitHostPort(addr); err != nil || !isLoopback(host) {
 		return nil, "", fmt.Errorf("--console %q is not a loopback address; dev mode's console has one built-in token", addr)
 	}
@@ -285,7 +299,11 @@ func devConsole(ctx context.Context, g *globals, nc *nats.Conn, addr string, app
 	if err != nil {
 		return nil, "", err
 	}
-	cfg := httpapi.Config{Client: c, Approver: c, ApprovalKeyID: devConsoleKeyID, ApprovalKey: approvalKey, Tokens: httpapi.Tokens{Tokens: []httpapi.Token{entry}}}
+	ap, err := client.New(approverNC, client.Options{Prefix: g.prefix, Source: "/actionbus/console", Tenant: g.tenant})
+	if err != nil {
+		return nil, "", err
+	}
+	cfg := httpapi.Config{Client: c, Approver: ap, ApprovalKeyID: devConsoleKeyID, ApprovalKey: approvalKey, Tokens: httpapi.Tokens{Tokens: []httpapi.Token{entry}}}
 	srv, err := startConsole(ctx, g, cfg, addr, "", "")
 	if err != nil {
 		// The default port is taken (another dev server): any free one.

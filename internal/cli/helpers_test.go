@@ -45,7 +45,7 @@ func (w *syncWriter) signal() chan struct{} {
 
 var (
 	urlPattern   = regexp.MustCompile(`at (nats://127\.0\.0\.1:\d+)`)
-	credsPattern = regexp.MustCompile(`cli creds: (\S+)`)
+	credsPattern = regexp.MustCompile(`tenant default: client creds (\S+),`)
 )
 
 // waitForURL waits until dev prints its server URL. In operator mode (dev

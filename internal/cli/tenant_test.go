@@ -108,7 +108,7 @@ func TestTenantUsersPrintsTheStaticAccountBlock(t *testing.T) {
 	}
 }
 
-var tenantCredsPattern = regexp.MustCompile(`tenant default: client creds (\S+)`)
+var tenantCredsPattern = regexp.MustCompile(`tenant default: client creds (\S+),`)
 
 // `actionbus dev` runs in operator mode: a connection without creds is
 // refused, and the default tenant (an account added at start) starts a
