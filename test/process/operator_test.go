@@ -67,6 +67,13 @@ func TestATenantAddedToARunningDeploymentRunsFollowsAndReadsItsAudit(t *testing.
 	creds := func(account, user string) string {
 		return filepath.Join(store, "accounts", account, "users", user+".creds")
 	}
+	require.Eventually(t, func() bool {
+		nc, err := nats.Connect(url, nats.UserCredentials(creds(accounts.ServiceAccount, "admin")))
+		if err == nil {
+			nc.Close()
+		}
+		return err == nil
+	}, 30*time.Second, 20*time.Millisecond, "nats-server never took a connection")
 	run("--nats", url, "--creds", creds(accounts.ServiceAccount, "admin"), "provision")
 
 	services := buildServices(t)
