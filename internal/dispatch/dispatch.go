@@ -40,8 +40,8 @@ import (
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/policy"
-	"github.com/actionbus/actionbus/internal/registrar"
 	"github.com/actionbus/actionbus/internal/readapi"
+	"github.com/actionbus/actionbus/internal/registrar"
 	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
