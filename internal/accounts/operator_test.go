@@ -459,3 +459,63 @@ func BenchmarkTenantAdd(b *testing.B) {
 		nc.Close()
 	}
 }
+
+// A tenant at its subscription limit is refused the next subscription
+// (an asynchronous error), yet its client is not stalled: a run started
+// and waited on without a live subscription still ends, learned through
+// the read service.
+func TestATenantAtItsSubscriptionLimitStillLearnsItsRunsEnd(t *testing.T) {
+	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	s.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		type in struct {
+			Text string `json:"text"`
+		}
+		return executor.Register(ex, executor.Action{Name: "t.echo", Description: "Echo."},
+			func(_ context.Context, x in, _ executor.Call) (executor.Result[in], error) {
+				return executor.Result[in]{Output: x, Summary: x.Text}, nil
+			})
+	}})
+	const subs = 8
+	s.TenantAdd(t, "acme", accounts.Limits{MaxSubscriptions: subs})
+	refused := make(chan error, 64)
+	nc := s.TenantUserConnect(t, "acme", accounts.ClientUser("acme"), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case refused <- err:
+		default:
+		}
+	}))
+	c, err := client.New(nc, client.Options{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The client's reply subscription first, then every other one the
+	// account allows.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := c.Actions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range subs {
+		if _, err := nc.SubscribeSync("ab.run.acme." + events.NewID() + ".*"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-refused:
+		if !strings.Contains(strings.ToLower(err.Error()), "maximum subscriptions exceeded") {
+			t.Fatalf("unexpected refusal: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("acme was allowed more subscriptions than its limit")
+	}
+	res, err := c.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "t.echo", Args: map[string]any{"text": "hi"}}}, nil)
+	if err != nil {
+		t.Fatalf("acme's run at its subscription limit: %v", err)
+	}
+	if res.Status != client.StatusCompleted {
+		t.Fatalf("acme's run ended %s: %+v", res.Status, res.Error)
+	}
+}
