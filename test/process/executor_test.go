@@ -159,9 +159,14 @@ func TestAnIdempotentEffectSurvivesACrashAfterTheEffect(t *testing.T) {
 			rec := srv.Record(t, "ab.run.*.*.result")
 			serveRegistrar(t, srv) // no dispatcher here: the executors announce to this one
 			a := startTestExecutor(t, bin, srv.URL, dir, "ex-a", "CRASH_AFTER_EFFECT=1", "SLOTS=1")
-			c, err := client.New(srv.Conn, client.Options{})
+			// The catalog as the registrar wrote it (no dispatcher, so no
+			// read service, runs here).
+			kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketCatalog())
 			require.NoError(t, err)
-			waitCatalog(t, ctx, c, "test.count")
+			require.Eventually(t, func() bool {
+				_, err := kv.Get(ctx, "default.test.count")
+				return err == nil
+			}, 30*time.Second, 20*time.Millisecond, "test.count never reached the catalog")
 
 			// A mutate call straight to the pool (what the dispatcher
 			// sends after an approval), with an idempotency key.
