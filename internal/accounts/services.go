@@ -24,6 +24,9 @@ var serviceUsers = []serviceUser{
 			"ab.run.*.*.started", "ab.run.*.*.step", "ab.run.*.*.progress", "ab.run.*.*.decide",
 			"ab.run.*.*.completed", "ab.run.*.*.failed", "ab.run.*.*.canceled", "ab.run.*.*.sched.*",
 			"ab.run.*.*.approval", "ab.run.*.*.synthesize", "ab.pool.*.request", "ab.rejected.>",
+			// The ingress: the requests stream's only writer.
+			"ab.ingress.*.*.requested", "ab.ingress.*.*.cancel", "ab.ingress.*.*.input", "ab.ingress.*.*.approve",
+			"ab.ingress.*.*.deny",
 			"$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_REQUESTS", "$JS.API.STREAM.INFO.AB_WORK",
 			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_RUNS.dispatcher",
 			"$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.dispatcher", "$JS.ACK.AB_RUNS.dispatcher.>",
@@ -63,6 +66,8 @@ var serviceUsers = []serviceUser{
 			// The registrar's announcements and the read service's requests
 			// (a NATS micro service: its discovery subjects too).
 			"ab.pool.*.announce", "ab.api.*.>",
+			// The ingress: tenants' requests, cancels, inputs, approvals.
+			"ab.run.*.*.requested", "ab.run.*.*.cancel", "ab.run.*.*.input", "ab.run.*.*.approve", "ab.run.*.*.deny",
 			"$SRV.PING", "$SRV.INFO", "$SRV.STATS", "$SRV.*.actionbus-read", "$SRV.*.actionbus-read.*",
 		},
 		allowResponses: true,

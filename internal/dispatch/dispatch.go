@@ -36,6 +36,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/artifacts"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/ingress"
 	"github.com/actionbus/actionbus/internal/keymutex"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/metrics"
@@ -365,6 +366,18 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("dispatch: start the read service: %w", err)
 	}
 	defer reads.Stop()
+	// The ingress: the one writer of the requests stream. Tenants'
+	// requests, cancels, inputs and approvals' answers reach it as
+	// requests on their run subjects; it stores each under the tenant's
+	// namespaced message id, with only its CloudEvents headers.
+	in, err := ingress.New(d.js.Conn(), ingress.Config{Prefix: d.cfg.Prefix, Logger: d.cfg.Logger})
+	if err != nil {
+		return err
+	}
+	if err := in.Start(); err != nil {
+		return fmt.Errorf("dispatch: start the ingress: %w", err)
+	}
+	defer in.Stop()
 	d.log.Info("dispatcher serving")
 	close(d.ready)
 	g, gctx := errgroup.WithContext(ctx)

@@ -2,6 +2,7 @@ package events
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -182,13 +183,51 @@ func runVerbs(requests bool) []string {
 	return out
 }
 
-// RequestSubjects are the subjects of the requests stream.
+// RequestSubjects are the subjects clients and approvers publish to (one
+// filter per request verb), which the ingress serves, and the subjects
+// their events are stored under in the requests stream (the stream's
+// subject transform maps [Subjects.Ingested] back to them), which the
+// dispatcher's, the auditor's and the read service's filters name.
 func (s Subjects) RequestSubjects() []string {
 	var out []string
 	for _, v := range requestVerbs() {
 		out = append(out, s.AnyRun(v))
 	}
 	return out
+}
+
+// Ingested returns the services-only subject under which the ingress
+// writes a tenant's request into the requests stream:
+// {prefix}.ingress.{tenant}.{runId}.{verb}. No tenant account imports it,
+// so only the ingress (the dispatcher's user) writes the stream; the
+// stream stores the event under [Subjects.Run] of the same tokens.
+func (s Subjects) Ingested(tenant, runID, verb string) string {
+	return s.prefix + ".ingress." + tenant + "." + runID + "." + verb
+}
+
+// IngestedSubjects are the subjects the requests stream captures: the
+// [Subjects.Ingested] form of every request verb.
+func (s Subjects) IngestedSubjects() []string {
+	var out []string
+	for _, v := range requestVerbs() {
+		out = append(out, s.Ingested("*", "*", v))
+	}
+	return out
+}
+
+// RequestFromSubject returns the tenant, run and verb tokens of a request
+// subject ([Subjects.RequestSubjects]: five tokens, a request verb), and
+// false for any other subject. The tokens are not validated further.
+func (s Subjects) RequestFromSubject(subject string) (tenant, runID, verb string, ok bool) {
+	rest, found := strings.CutPrefix(subject, s.prefix+".run.")
+	if !found {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, ".")
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || !slices.Contains(requestVerbs(), parts[2]) {
+		return "", "", "", false
+	}
+	return parts[0], parts[1], parts[2], true
 }
 
 // ServiceRunSubjects are the subjects of the runs stream: every per-run

@@ -255,6 +255,15 @@ const PresenceTTL = 15 * time.Second
 // Subjects returns the subjects of the topology's prefix.
 func (t Topology) Subjects() Subjects { return MustSubjects(t.withDefaults().Prefix) }
 
+// IngestedTransform is the requests stream's subject transform: an event
+// the ingress writes on [Subjects.Ingested] is stored under [Subjects.Run]
+// of the same tenant, run and verb.
+func (t Topology) IngestedTransform() *jetstream.SubjectTransformConfig {
+	s := t.Subjects()
+	return &jetstream.SubjectTransformConfig{Source: s.Ingested("*", "*", "*"),
+		Destination: s.Run("{{wildcard(1)}}", "{{wildcard(2)}}", "{{wildcard(3)}}")}
+}
+
 // Streams returns the stream configurations.
 func (t Topology) Streams() []jetstream.StreamConfig {
 	t = t.withDefaults()
@@ -286,7 +295,11 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 	timers.MaxAge = t.RunRetention
 	timers.AllowMsgSchedules = true
 
-	requests := base(t.StreamRequests(), "actionbus per-run events of clients and approvers", s.RequestSubjects())
+	// Only the ingress writes the requests stream, under subjects no
+	// tenant imports; the transform stores each event under its run
+	// subject, which every reader filters on.
+	requests := base(t.StreamRequests(), "actionbus per-run events of clients and approvers (written by the ingress)", s.IngestedSubjects())
+	requests.SubjectTransform = t.IngestedTransform()
 	requests.Retention = jetstream.LimitsPolicy
 	requests.MaxAge = t.RunRetention
 	requests.AllowDirect = true
