@@ -55,6 +55,7 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 	}
 	acme, globex := as("acme"), as("globex")
 	waitCatalog(t, ctx, globex.c, "test.count")
+	waitCatalog(t, ctx, globex.c, "test.other")
 
 	// Globex: a finished run, and a mutation waiting for its approval.
 	done, err := globex.c.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.other", Args: map[string]any{}}, UserID: "g1"}, nil)
