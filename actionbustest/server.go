@@ -24,6 +24,7 @@ import (
 	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/embedded"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/ingress"
 )
 
 // Options configures [NewServer].
@@ -194,6 +195,23 @@ func (s *Server) Connect(t testing.TB) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// ServeIngress serves the ingress (internal/ingress) on a connection of
+// its own until the test ends: the requests stream's only writer, which
+// every dispatcher of [Server.StartStack] serves too. Tests that publish
+// client events (run.requested, cancel, input, approve, deny) without a
+// dispatcher call it.
+func (s *Server) ServeIngress(t testing.TB) {
+	t.Helper()
+	in, err := ingress.New(s.Connect(t), ingress.Config{Prefix: s.Prefix})
+	if err != nil {
+		t.Fatalf("actionbustest: ingress: %v", err)
+	}
+	if err := in.Start(); err != nil {
+		t.Fatalf("actionbustest: ingress: %v", err)
+	}
+	t.Cleanup(in.Stop)
 }
 
 // Stored returns how many messages stream holds on the subjects that

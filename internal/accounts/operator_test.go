@@ -22,6 +22,7 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/ingress"
 )
 
 // pubAck is JetStream's publish acknowledgement (or its error).
@@ -32,6 +33,21 @@ type pubAck struct {
 		Code        int    `json:"code"`
 		Description string `json:"description"`
 	} `json:"error"`
+}
+
+// serveIngress serves the ingress on nc (as the dispatcher does): the
+// requests stream's only writer, which answers a tenant's request with
+// the stream's publish ack.
+func serveIngress(t *testing.T, nc *nats.Conn) {
+	t.Helper()
+	in, err := ingress.New(nc, ingress.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(in.Stop)
 }
 
 // unrestricted signs a user of account with no permissions at all: what
@@ -63,6 +79,7 @@ func TestTenantAddedAtRunTimeCrossesOnlyItsOwnImports(t *testing.T) {
 	topo := events.Topology{Prefix: s.Prefix}
 	srv := s.NATS
 
+	serveIngress(t, s.ServiceConnect(t, "dispatcher"))
 	acme := s.TenantAdd(t, "acme", accounts.Limits{})
 	if s.NATS != srv || !srv.Running() {
 		t.Fatal("the server was replaced")
@@ -285,6 +302,7 @@ func TestTenantAddedAtRunTimeStartsARunAndFollowsItLive(t *testing.T) {
 // events of globex, while its own token-activated import works.
 func TestAnImportOfAnotherTenantsSubjectsWithoutItsActivationIsRefused(t *testing.T) {
 	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	serveIngress(t, s.ServiceConnect(t, "dispatcher"))
 	s.TenantAdd(t, "globex", accounts.Limits{})
 	seed := func(path string) nkeys.KeyPair {
 		b, err := os.ReadFile(filepath.Join(s.Accounts.Dir, path))

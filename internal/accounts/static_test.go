@@ -68,6 +68,7 @@ func TestStaticConfigRenderedFromTheLayoutCrosses(t *testing.T) {
 	if err := topo.Provision(ctx, js); err != nil {
 		t.Fatal(err)
 	}
+	serveIngress(t, connect("dispatcher", "dispatcher"))
 	acme := connect("client-acme", "acme")
 	live, err := acme.SubscribeSync("ab.run.acme.*.started")
 	if err != nil {

@@ -27,6 +27,7 @@ func newBus(t *testing.T, srv *actionbustest.Server, mode events.Mode, ct string
 	t.Helper()
 	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/actionbus/test", Mode: mode, DataContentType: ct})
 	require.NoError(t, err)
+	srv.ServeIngress(t) // client events reach the requests stream through it
 	return bus
 }
 
@@ -474,6 +475,7 @@ func TestServeRetriesATransientFailureUntilItPasses(t *testing.T) {
 func TestServeLogsAnEventItsServerWillNotDeliverAgain(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	var logs actionbustest.LogBuffer
+	srv.ServeIngress(t)
 	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/actionbus/test", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	ctx := ctxT(t)
