@@ -152,6 +152,11 @@ func (s *Service) Stop() {
 // dispatch serves one request on a goroutine of its own, at most
 // Concurrency at once.
 func (s *Service) dispatch(op string, req micro.Request) {
+	if !events.AnswerableReply(req.Reply()) {
+		// The answer would be published as the dispatcher, wherever the
+		// requester pointed it: not answered at all.
+		return
+	}
 	s.slots <- struct{}{}
 	s.mu.Lock()
 	if s.stopped {

@@ -70,6 +70,13 @@ func New(bus *events.Bus, catKV, owners jetstream.KeyValue, log *slog.Logger) *R
 // Serve answers announcements on nc until ctx ends.
 func (r *Registrar) Serve(ctx context.Context, nc *nats.Conn) error {
 	sub, err := nc.QueueSubscribe(r.bus.Subjects().AllAnnounce(), QueueGroup, func(m *nats.Msg) {
+		if !events.AnswerableReply(m.Reply) {
+			// The answer would be published as this service, wherever the
+			// announcer pointed it (a bucket, a run subject): neither
+			// answered nor recorded.
+			r.log.Warn("announcement refused: its reply subject is not an inbox", "subject", m.Subject, "reply", clipReply(m.Reply))
+			return
+		}
 		reply := r.handle(ctx, m)
 		b, err := json.Marshal(reply)
 		if err != nil {
@@ -418,4 +425,12 @@ func Run(ctx context.Context, nc *nats.Conn, prefix string, log *slog.Logger) er
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// clipReply bounds a caller's reply subject in a log line.
+func clipReply(s string) string {
+	if len(s) > 128 {
+		return s[:128] + "…"
+	}
+	return s
 }

@@ -1,0 +1,348 @@
+package process
+
+// Attack review 37 (branch i37-attack): tenancy as NATS accounts, the read
+// service, the registrar. Each test asserts the secure behaviour: a test
+// that fails is an attack that succeeds.
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/accounts"
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/limits"
+	"github.com/actionbus/actionbus/internal/readapi"
+)
+
+// r37Echo registers an echo action on a stack's executors.
+func r37Echo(ex *executor.Executor) error {
+	return executor.Register(ex, executor.Action{Name: "r37.echo"},
+		func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: in}, nil
+		})
+}
+
+// A retry names the run it retries by id, and run ids are not namespaced:
+// the dispatcher loads the named run whatever its tenant and checks its
+// status before its tenant. A tenant that retries another tenant's
+// completed (or still running) run is told "run X is completed; only a
+// failed or canceled run is retried", where a run that does not exist, or
+// is another tenant's, should get one answer: "no run X to retry". Run ids
+// leak (TestReview37PublishAnswersLeakOtherTenantsRuns), and this tells
+// acme whether each one is a live run and how it stands.
+func TestReview37ARetryTellsAnotherTenantsRunsStatus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server and the services")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := deployed(t, "acme", "globex")
+	srv.StartStack(t, actionbustest.StackOptions{Register: r37Echo})
+	globex, err := client.New(srv.TenantConnect(t, "client-globex", "globex"), client.Options{Tenant: "globex"})
+	require.NoError(t, err)
+	acme, err := client.New(srv.TenantConnect(t, "client-acme", "acme"), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	waitCatalog(t, ctx, acme, "r37.echo")
+
+	done, err := globex.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.echo", Args: map[string]any{"x": 1}}, UserID: "u"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, done.Status, "%+v", done.Error)
+
+	retry := func(of string) string {
+		res, err := acme.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.echo", Args: map[string]any{"x": 1}}, UserID: "u", RetryOf: of}, nil)
+		require.NoError(t, err)
+		require.Equal(t, client.StatusFailed, res.Status, "acme's retry of %s", of)
+		return string(res.Error.Code) + ": " + strings.ReplaceAll(res.Error.Message, of, "RUN")
+	}
+	foreign := retry(done.RunID)
+	missing := retry(events.NewID())
+	assert.Equal(t, missing, foreign, "acme's retry of globex's run is answered otherwise than a retry of no run")
+}
+
+// r37Announce sends an announcement of pool and returns the registrar's
+// answer.
+func r37Announce(t *testing.T, nc *nats.Conn, pool string, defs ...map[string]any) events.AnnounceReply {
+	t.Helper()
+	var reply *nats.Msg
+	var err error
+	for i := 0; i < 50; i++ { // the registrar may not be subscribed yet
+		if reply, err = nc.RequestMsg(announcement(t, pool, defs...), 30*time.Second); err != nats.ErrNoResponders {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.NoError(t, err)
+	var out events.AnnounceReply
+	require.NoError(t, json.Unmarshal(reply.Data, &out), "%s", reply.Data)
+	return out
+}
+
+func r37Def(name string, aliases ...string) map[string]any {
+	d := map[string]any{"name": name, "description": name, "mode": "read", "inputSchema": map[string]any{"type": "object"}}
+	if len(aliases) > 0 {
+		d["planner"] = map[string]any{"aliases": aliases}
+	}
+	return d
+}
+
+// Operator mode: `tenant remove acme` revokes acme's users and deletes its
+// account, but acme's runs, events, audit records and artifacts stay in
+// ACTIONBUS's streams, keyed by the name alone, and the operator store
+// forgets the name. The next `tenant add acme` (a name given to another
+// customer) signs a new account that imports the same subjects and reads
+// through the read service everything the removed tenant left: its
+// runs' events (prompts and answers) and its audit records.
+func TestReview37ATenantAddedUnderARemovedTenantsNameReadsItsRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server and the services")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	srv.StartStack(t, actionbustest.StackOptions{Register: r37Echo})
+	old, err := client.New(srv.TenantAdd(t, "acme", accounts.Limits{}), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	waitCatalog(t, ctx, old, "r37.echo")
+	res, err := old.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.echo", Args: map[string]any{"card": "4111-old-acme"}}, UserID: "a"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	oldCreds, err := os.ReadFile(srv.Accounts.CredsFile("acme", accounts.ClientUser("acme")))
+	require.NoError(t, err)
+	srv.TenantRemove(t, "acme")
+
+	// Another customer gets the name.
+	next, err := client.New(srv.TenantAdd(t, "acme", accounts.Limits{}), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	// The removed tenant's creds stay refused (held).
+	kept := filepath.Join(t.TempDir(), "old.creds")
+	require.NoError(t, os.WriteFile(kept, oldCreds, 0o600))
+	if nc, err := srv.DialCreds(kept); err == nil {
+		nc.Close()
+		assert.Fail(t, "the removed acme's creds connect again once the name is added back")
+	}
+	stored, err := next.StoredEvents(ctx, res.RunID)
+	assert.Error(t, err, "the new acme reads the removed acme's run (%d events)", len(stored))
+	req, _, err := next.Requested(ctx, res.RunID)
+	if err == nil && req != nil && req.Action != nil {
+		assert.NotEqual(t, "4111-old-acme", req.Action.Args["card"], "the new acme reads the removed acme's request")
+	}
+	recs, _ := next.AuditRecords(ctx, res.RunID)
+	assert.True(t, len(recs) == 0, "the new acme reads %d audit records of the removed acme's run (first: %s)", len(recs), r37First(recs).EventType)
+	var seen []string
+	_ = next.Watch(ctxFor(ctx, 3*time.Second), time.Now().Add(-time.Hour), func(e client.Event) { seen = append(seen, e.RunID) })
+	assert.NotContains(t, seen, res.RunID, "the new acme lists the removed acme's runs")
+}
+
+func r37First(recs []client.AuditRecord) client.AuditRecord {
+	if len(recs) == 0 {
+		return client.AuditRecord{}
+	}
+	return recs[0]
+}
+
+func ctxFor(parent context.Context, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(parent, d)
+	go func() { <-ctx.Done(); cancel() }()
+	return ctx
+}
+
+// Static config: a tenant account's `limits` block (max connections) is
+// applied by the server, as operator mode's JWT limits are: the 65th
+// connection of acme's users is refused, and globex still connects.
+// (Held.)
+func TestReview37StaticTenantLimitsHold(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server")
+	}
+	srv := deployed(t, "acme", "globex")
+	var refused error
+	for i := 0; i < 65; i++ {
+		nc, err := nats.Connect(srv.UserURL("client-acme"), nats.CustomInboxPrefix("_INBOX_acme"), nats.MaxReconnects(0))
+		if err != nil {
+			refused = err
+			t.Logf("connection %d refused: %v", i+1, err)
+			break
+		}
+		t.Cleanup(nc.Close)
+	}
+	require.Error(t, refused, "acme opened 65 connections")
+	assert.Contains(t, refused.Error(), "maximum")
+	srv.TenantConnect(t, "client-globex", "globex")
+}
+
+// The registrar answers an announcement on the announcement's reply
+// subject, whatever it is, as the dispatcher's user — which may publish
+// on run subjects of every tenant, run state, the catalog and its owners,
+// the limits bucket and the purge of the timers stream. An executor user
+// (any pool) sends an announcement (refused or not, it is answered) whose
+// reply subject is one of those: the dispatcher's connection publishes
+// the registrar's JSON answer there: another pool's catalog entry and its
+// owner record (the action leaves the catalog and its pool can no longer
+// announce it), any tenant's live run state (the run is corrupt), a
+// message on another tenant's terminal subject. (The purge of the timers
+// stream, aimed the same way, held.) Operator mode, every service as its
+// own deployed user.
+func TestReview37AnExecutorAimsTheRegistrarsAnswerAtTheSharedStores(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server and the services")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		if err := r37Echo(ex); err != nil {
+			return err
+		}
+		return executor.Register(ex, executor.Action{Name: "r37.slow", Timeout: time.Minute},
+			func(ctx context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return executor.Result[map[string]any]{Output: in}, nil
+			})
+	}})
+	globex, err := client.New(srv.TenantAdd(t, "globex", accounts.Limits{}), client.Options{Tenant: "globex"})
+	require.NoError(t, err)
+	waitCatalog(t, ctx, globex, "r37.slow")
+	mallory, err := srv.DialCreds(srv.Accounts.CredsFile(accounts.ServiceAccount, "executor"), nats.CustomInboxPrefix("_INBOX_executor"))
+	require.NoError(t, err)
+	t.Cleanup(mallory.Close)
+	aim := func(reply string) {
+		m := announcement(t, "default", r37Def("mallory.x"))
+		m.Reply = reply
+		require.NoError(t, mallory.PublishMsg(m))
+		// The registrar handles announcements in order: once a proper one
+		// is answered, the aimed one has been handled.
+		r37Announce(t, mallory, "default", r37Def("mallory.barrier"))
+	}
+	info := func(stream string) jetstream.StreamState {
+		s, err := srv.JS.Stream(ctx, stream)
+		require.NoError(t, err)
+		i, err := s.Info(ctx)
+		require.NoError(t, err)
+		return i.State
+	}
+
+	t.Run("the timers of every run", func(t *testing.T) {
+		id, err := globex.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.slow", Args: map[string]any{}}, UserID: "g"})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return info("AB_TIMERS").Msgs > 0 }, 10*time.Second, 50*time.Millisecond,
+			"globex's running run has its alarm in the timers stream")
+		before := info("AB_TIMERS").Msgs
+		aim("$JS.API.STREAM.PURGE.AB_TIMERS")
+		assert.Equal(t, before, info("AB_TIMERS").Msgs, "the timers stream was purged (globex's run %s lost its alarm)", id)
+	})
+
+	t.Run("another pool's catalog entry", func(t *testing.T) {
+		aim("$KV.ab_catalog.default.r37.echo")
+		list, err := globex.Actions(ctx)
+		require.NoError(t, err)
+		found := false
+		for _, a := range list {
+			found = found || a.Name == "r37.echo"
+		}
+		assert.True(t, found, "r37.echo left the catalog: its entry now holds the registrar's answer")
+	})
+
+	t.Run("a name's owner record", func(t *testing.T) {
+		aim("$KV.ab_catalog_owners.action.r37.echo")
+		kv, err := srv.JS.KeyValue(ctx, "ab_catalog_owners")
+		require.NoError(t, err)
+		e, err := kv.Get(ctx, "action.r37.echo")
+		require.NoError(t, err)
+		assert.Equal(t, "default", string(e.Value()), "the owner record of r37.echo was overwritten: pool default can no longer announce it")
+	})
+
+	t.Run("a live run's state", func(t *testing.T) {
+		id, err := globex.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.slow", Args: map[string]any{}}, UserID: "g"})
+		require.NoError(t, err)
+		kv, err := srv.JS.KeyValue(ctx, "ab_runs")
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { _, err := kv.Get(ctx, id); return err == nil }, 10*time.Second, 50*time.Millisecond)
+		aim("$KV.ab_runs." + id)
+		e, err := kv.Get(ctx, id)
+		require.NoError(t, err)
+		assert.Contains(t, string(e.Value()), `"runId":"`+id+`"`, "globex's run state now holds the registrar's answer: %.120s", e.Value())
+	})
+
+	t.Run("the dispatchers' limits bookkeeping", func(t *testing.T) {
+		key := limits.BucketKey("r37.echo")
+		aim("$KV.ab_limits." + key)
+		kv, err := srv.JS.KeyValue(ctx, "ab_limits")
+		require.NoError(t, err)
+		_, err = kv.Get(ctx, key)
+		assert.ErrorIs(t, err, jetstream.ErrKeyNotFound, "the limits entry of r37.echo now holds the registrar's answer")
+	})
+
+	t.Run("another tenant's terminal subject", func(t *testing.T) {
+		id, err := globex.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.slow", Args: map[string]any{}}, UserID: "g"})
+		require.NoError(t, err)
+		aim("ab.run.globex." + id + ".completed")
+		assert.Equal(t, 0, srv.Stored(t, "AB_RUNS", "ab.run.globex."+id+".completed"), "a message was stored on globex's run's completed subject")
+	})
+}
+
+// Pagination tricks on the read service, as acme, with a globex run
+// stored: a sequence at the top of the range (After+1 wraps to 0), a cut
+// message continued at an offset on globex's run id, a page start long
+// before anything was stored, the smallest page, every verb of the
+// requests stream on globex's run, the last events of globex's run. No
+// answer holds a subject of globex, and the service still answers.
+// (Held.)
+func TestReview37ReadServicePaginationTricksStayInTheTenant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server and the services")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := deployed(t, "acme", "globex")
+	srv.StartStack(t, actionbustest.StackOptions{Register: r37Echo})
+	globex, err := client.New(srv.TenantConnect(t, "client-globex", "globex"), client.Options{Tenant: "globex"})
+	require.NoError(t, err)
+	waitCatalog(t, ctx, globex, "r37.echo")
+	done, err := globex.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.echo", Args: map[string]any{"g": 1}}, UserID: "g"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, done.Status, "%+v", done.Error)
+
+	caller := readapi.NewCaller(srv.TenantConnect(t, "client-acme", "acme"), "ab", "acme")
+	caller.RetryFor = 2 * time.Second
+	old := time.Unix(0, 0)
+	for name, c := range map[string]struct {
+		op  string
+		req readapi.Request
+	}{
+		"runs after the last sequence":  {readapi.OpRuns, readapi.Request{After: ^uint64(0)}},
+		"audit after the last sequence": {readapi.OpAudit, readapi.Request{After: ^uint64(0)}},
+		"runs since 1970":               {readapi.OpRuns, readapi.Request{Since: &old, Limit: readapi.MaxLimit}},
+		"events at an offset":           {readapi.OpEvents, readapi.Request{Run: done.RunID, Offset: 3}},
+		"requests of globex's run":      {readapi.OpEvents, readapi.Request{Run: done.RunID, Stream: readapi.StreamRequests, Verbs: []string{"requested", "cancel", "input", "approve", "deny"}}},
+		"last of globex's run":          {readapi.OpEvents, readapi.Request{Run: done.RunID, Last: true, Verbs: []string{"completed", "failed"}}},
+		"smallest page":                 {readapi.OpRuns, readapi.Request{MaxBytes: readapi.MinPageBytes, Limit: 1}},
+		"audit of globex's run":         {readapi.OpAudit, readapi.Request{Run: done.RunID, After: ^uint64(0) - 1}},
+	} {
+		var p readapi.Page
+		err := caller.Call(ctx, c.op, c.req, &p)
+		t.Logf("%s: %d messages, err %v", name, len(p.Msgs), err)
+		for _, m := range p.Msgs {
+			assert.False(t, strings.Contains(m.Subject, "globex") || strings.Contains(string(m.Data), done.RunID), "%s: acme read %s", name, m.Subject)
+		}
+	}
+	var p readapi.Page
+	require.NoError(t, caller.Call(ctx, readapi.OpRuns, readapi.Request{}, &p), "the read service still answers")
+}
