@@ -107,6 +107,15 @@ const (
 	DefaultMaxPayload       = 1 << 20
 )
 
+// Validate refuses a negative limit (which the server reads as "no
+// limit").
+func (l Limits) Validate() error {
+	if l.MaxConnections < 0 || l.MaxSubscriptions < 0 || l.MaxPayload < 0 {
+		return fmt.Errorf("accounts: limits must not be negative (connections %d, subscriptions %d, payload %d)", l.MaxConnections, l.MaxSubscriptions, l.MaxPayload)
+	}
+	return nil
+}
+
 // WithDefaults returns l with every zero field set to its default.
 func (l Limits) WithDefaults() Limits {
 	if l.MaxConnections == 0 {
