@@ -177,12 +177,12 @@ func ClientPermissions(prefix, tenant string) Permissions {
 }
 
 // ApproverPermissions are a tenant's approver user's: publish grants and
-// denials, call the read service, receive its runs' approval requests and
-// replies.
+// denials, read approvals (the read service's approvals operation, not
+// the tenant's runs), receive its runs' approval requests and replies.
 func ApproverPermissions(prefix, tenant string) Permissions {
 	p := prefixOr(prefix)
 	return Permissions{
-		Pub: []string{p + ".run." + tenant + ".*.approve", p + ".run." + tenant + ".*.deny", p + ".api." + tenant + ".>"},
+		Pub: []string{p + ".run." + tenant + ".*.approve", p + ".run." + tenant + ".*.deny", p + ".api." + tenant + ".approvals"},
 		Sub: []string{p + ".run." + tenant + ".*.approval", InboxPrefix(tenant) + ".>"},
 	}
 }

@@ -204,6 +204,9 @@ func (s *Service) serve(ctx context.Context, op, subject string, body []byte) ([
 	switch op {
 	case OpEvents:
 		out, err = s.events(ctx, tenant, r, budget)
+	case OpApprovals:
+		r.Verbs = approvalVerbs
+		out, err = s.events(ctx, tenant, r, budget)
 	case OpRuns:
 		out, err = s.page(ctx, s.topo.StreamRuns(), s.subjects.TenantRuns(tenant), r, budget, func(m stored) bool {
 			t, id := s.subjects.RunFromSubject(m.subject)

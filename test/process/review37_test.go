@@ -344,3 +344,43 @@ func TestReview37ReadServicePaginationTricksStayInTheTenant(t *testing.T) {
 	var p readapi.Page
 	require.NoError(t, caller.Call(ctx, readapi.OpRuns, readapi.Request{}, &p), "the read service still answers")
 }
+
+// docs/security.md (the users table, threat 6): the approver reads its
+// runs' approvals and nothing else of them. Its user may call only the
+// read service's approvals operation (ab.api.<tenant>.approvals), which
+// serves a run's approval subject and nothing else: acme's approver reads
+// no run's result and no audit record.
+func TestReview37AnApproverReadsEveryRunOfItsTenant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server and the services")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := deployed(t, "acme")
+	srv.StartStack(t, actionbustest.StackOptions{Register: r37Echo})
+	acme, err := client.New(srv.TenantConnect(t, "client-acme", "acme"), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	waitCatalog(t, ctx, acme, "r37.echo")
+	res, err := acme.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.echo", Args: map[string]any{"salary": "acme-ceo-991k"}}, UserID: "a"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+
+	approver, err := client.New(srv.TenantConnect(t, "approver-acme", "acme"), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	ended, err := approver.Ended(ctx, res.RunID)
+	if err == nil && ended != nil {
+		out, _ := json.Marshal(ended.Output)
+		assert.NotContains(t, string(out), "acme-ceo-991k", "acme's approver reads a run's result")
+	}
+	recs, _ := approver.AuditRecords(ctx, res.RunID)
+	assert.True(t, len(recs) == 0, "acme's approver reads %d audit records of a run that asked no approval", len(recs))
+}
+
+// An artifact read by id (client.Artifact, the read service) looks in
+// every artifact store and refuses an id that two stores hold for the
+// tenant, so that no pool shadows another's artifact. A pool's executor
+// learns other tenants' artifact ids from the run.completed events its
+// user receives (TestReview37ADedicatedPoolsExecutorReceivesOtherTenantsAnswers),
+// and writes its own pool's store: executor-acme, a pool dedicated to
+// acme, records an object under globex's artifact id with globex as its
+// owner, and globex can no longer read its artifact.
