@@ -139,12 +139,14 @@ func (e *Executor) announceOne(ctx context.Context, a events.PoolAnnounced) erro
 			if err := json.Unmarshal(reply.Data, &r); err != nil {
 				return fmt.Errorf("executor: the registrar's reply does not decode: %w", err)
 			}
-			if r.Error != nil {
+			if r.Error == nil {
+				return nil
+			}
+			if r.Error.Code != actionbus.CodeRegistrarUnavailable {
 				return r.Error
 			}
-			return nil
-		}
-		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+			err = r.Error // the registrar is busy with this pool: retry
+		} else if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("executor: announce: %w", err)
 		}
 		last = err

@@ -31,6 +31,7 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -76,16 +77,52 @@ func New(bus *events.Bus, catKV, owners jetstream.KeyValue, log *slog.Logger) *R
 	return &Registrar{bus: bus, cat: actions.NewCatalog(catKV), catKV: catKV, owners: owners, log: log.With("component", "registrar")}
 }
 
-// Serve answers announcements on nc until ctx ends.
+// MaxPending is the most announcements of one pool waiting for a
+// registrar; one more is answered at once with registrar_unavailable (the
+// registrar is busy with that pool; an executor retries it with backoff
+// until its announce deadline).
+const MaxPending = 16
+
+// Serve answers announcements on nc until ctx ends. Each pool's
+// announcements are answered in order, one at a time, by a worker of its
+// own, so one pool's announcements never wait behind another's: a pool
+// that floods the registrar delays only itself, and at most MaxPending of
+// its announcements wait (more are answered registrar_unavailable).
 func (r *Registrar) Serve(ctx context.Context, nc *nats.Conn) error {
+	queues := map[string]chan *nats.Msg{}
+	var mu sync.Mutex
+	queue := func(pool string) chan *nats.Msg {
+		mu.Lock()
+		defer mu.Unlock()
+		q, ok := queues[pool]
+		if !ok {
+			q = make(chan *nats.Msg, MaxPending)
+			queues[pool] = q
+			go func() {
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case m := <-q:
+						r.respond(m, r.handle(ctx, m))
+					}
+				}
+			}()
+		}
+		return q
+	}
 	sub, err := nc.QueueSubscribe(r.bus.Subjects().AllAnnounce(), QueueGroup, func(m *nats.Msg) {
-		reply := r.handle(ctx, m)
-		b, err := json.Marshal(reply)
-		if err != nil {
+		pool := r.bus.Subjects().PoolFromAnnounce(m.Subject)
+		if pool == "" {
+			r.respond(m, refused(actionbus.Errorf(actionbus.CodeSubjectMismatch, "not an announce subject")))
 			return
 		}
-		if err := m.Respond(b); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
-			r.log.Warn("announcement not answered", "subject", m.Subject, "err", err)
+		select {
+		case queue(pool) <- m:
+		default:
+			r.respond(m, refused((&actionbus.Error{Code: actionbus.CodeRegistrarUnavailable,
+				Message: fmt.Sprintf("the registrar has %d announcements of pool %s waiting; retry later", MaxPending, pool)}).
+				WithDetail("pool", pool).WithDetail("limit", "pending_announcements").WithDetail("max", MaxPending)))
 		}
 	})
 	if err != nil {
@@ -96,6 +133,16 @@ func (r *Registrar) Serve(ctx context.Context, nc *nats.Conn) error {
 		_ = sub.Unsubscribe()
 	}()
 	return nil
+}
+
+func (r *Registrar) respond(m *nats.Msg, reply events.AnnounceReply) {
+	b, err := json.Marshal(reply)
+	if err != nil {
+		return
+	}
+	if err := m.Respond(b); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
+		r.log.Warn("announcement not answered", "subject", m.Subject, "err", err)
+	}
 }
 
 func (r *Registrar) handle(ctx context.Context, m *nats.Msg) events.AnnounceReply {
