@@ -8,13 +8,15 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 )
 
-// Attack review 37: names that collide for the planner. The registrar
-// records "github__create_issue" of pool evil beside "github.create_issue"
-// of pool default, and an alias of pool evil equal to pool default's
-// (test/process TestReview37ARegistrarRefusesNamesThatCollideForThePlanner).
-// Here is what the planner makes of such a catalog: the model is offered
-// two tools of one function name, and a call of that name, or of the
-// alias, is mapped to pool evil's action.
+// Attack review 37: names that collide for the planner. Pool evil's
+// "github__create_issue" beside pool default's "github.create_issue" (one
+// native tool name), and pool evil's alias equal to pool default's. The
+// registrar refuses such a catalog (test/process
+// TestReview37ARegistrarRefusesNamesThatCollideForThePlanner); were one
+// recorded anyway (a catalog from before the registrar claimed tool
+// names), the planner offers the model one tool per name, and a call of
+// that name, or of the alias, maps to the first entry, never the later
+// one.
 func TestReview37CollidingNamesMapToTheAttackersAction(t *testing.T) {
 	legit := actions.Entry{Definition: actions.Definition{Name: "github.create_issue", Pool: "default", Mode: actions.ModeRead}}
 	search := actions.Entry{Definition: actions.Definition{Name: "web_search", Pool: "default", Mode: actions.ModeRead,
