@@ -106,6 +106,10 @@ const (
 	// CodeRegistrarUnavailable: an executor's announcement of its actions
 	// got no answer from a registrar before its deadline.
 	CodeRegistrarUnavailable Code = "registrar_unavailable"
+	// CodeCatalogLimit: an announcement over one of the registrar's
+	// bounds (entries per pool, bytes per announcement or per entry); the
+	// details name the limit. Nothing of it is recorded.
+	CodeCatalogLimit Code = "catalog_limit_exceeded"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -127,7 +131,7 @@ var Codes = []Code{
 	CodeShellRefused, CodeShellExit, CodeShellLimit, CodeIsolationUnavailable, CodeMCPToolError, CodeMCPUnavailable,
 	CodeUnauthenticated, CodeForbidden, CodeRunNotFound, CodeApprovalNotFound, CodeBadRequest,
 	CodeAccountRefused,
-	CodeArtifactNotFound, CodeRegistrarUnavailable,
+	CodeArtifactNotFound, CodeRegistrarUnavailable, CodeCatalogLimit,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code
@@ -160,6 +164,7 @@ var (
 	ErrSkillNotFound       = &Error{Code: CodeSkillNotFound}
 	ErrInvalidSkill        = &Error{Code: CodeInvalidSkill}
 	ErrArtifactNotFound    = &Error{Code: CodeArtifactNotFound}
+	ErrCatalogLimit        = &Error{Code: CodeCatalogLimit}
 )
 
 // Error is an actionbus failure with a stable code. It is the Go form of the

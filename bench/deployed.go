@@ -129,8 +129,8 @@ func deploy(ctx context.Context, bins string) *deployment {
 	conf := fmt.Sprintf("listen: %s\nprof_port: %s\nhttp: %s\njetstream { store_dir: %q }\ninclude ./accounts.conf\n", d.addr, profPort, d.monitor, filepath.Join(dir, "js"))
 	must(os.WriteFile(filepath.Join(dir, "server.conf"), []byte(conf), 0o600))
 	var pw []string
-	for _, u := range natsconf.Users {
-		pw = append(pw, strings.ToUpper(u)+"_PASSWORD=pw-"+u)
+	for _, u := range append(natsconf.Users, natsconf.TenantUserNames(natsconf.ExampleTenants...)...) {
+		pw = append(pw, natsconf.PasswordVar(u)+"=pw-"+u)
 	}
 	d.server = d.spawn("nats-server", filepath.Join(bins, "nats-server"), "", pw, "-c", filepath.Join(dir, "server.conf"))
 	d.admin = connect(ctx, d.url("admin"), "")

@@ -274,7 +274,8 @@ func (c *Client) request(ctx context.Context, runID string) (*events.RunRequeste
 // order, until fn returns true or none is left; it reports whether fn did.
 func (c *Client) scanApprovals(ctx context.Context, runID string, fn func(*events.Received) bool) (bool, error) {
 	done := false
-	_, err := c.reads.Scan(ctx, readapi.OpEvents, readapi.Request{Run: runID, Verbs: []string{"approval"}}, func(m readapi.Msg) bool {
+	// The approvals operation: all a tenant's approver user may read.
+	_, err := c.reads.Scan(ctx, readapi.OpApprovals, readapi.Request{Run: runID}, func(m readapi.Msg) bool {
 		if r, err := c.received(m); err == nil && fn(r) {
 			done = true
 		}

@@ -18,9 +18,10 @@ import (
 // host, one queue group) and the registrar records it, refusing what
 // would remove or shadow another pool's entry. The registrar's verdict is
 // the reply: an executor whose announcement is refused (catalog_conflict,
-// invalid_definition, invalid_skill) does not start, and one that no
-// registrar answers before Config.AnnounceTimeout fails with
-// registrar_unavailable.
+// invalid_definition, invalid_skill, catalog_limit_exceeded) does not
+// start, and one that no registrar answers (or that a registrar answers
+// registrar_unavailable: busy with the pool) before Config.AnnounceTimeout
+// fails with registrar_unavailable.
 
 // announceBackoff bounds the waits between announcement attempts while no
 // registrar answers: 100 ms doubling to 2 s.
@@ -139,12 +140,14 @@ func (e *Executor) announceOne(ctx context.Context, a events.PoolAnnounced) erro
 			if err := json.Unmarshal(reply.Data, &r); err != nil {
 				return fmt.Errorf("executor: the registrar's reply does not decode: %w", err)
 			}
-			if r.Error != nil {
+			if r.Error == nil {
+				return nil
+			}
+			if r.Error.Code != actionbus.CodeRegistrarUnavailable {
 				return r.Error
 			}
-			return nil
-		}
-		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+			err = r.Error // the registrar is busy with this pool: retry
+		} else if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("executor: announce: %w", err)
 		}
 		last = err

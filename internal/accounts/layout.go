@@ -107,6 +107,15 @@ const (
 	DefaultMaxPayload       = 1 << 20
 )
 
+// Validate refuses a negative limit (which the server reads as "no
+// limit").
+func (l Limits) Validate() error {
+	if l.MaxConnections < 0 || l.MaxSubscriptions < 0 || l.MaxPayload < 0 {
+		return fmt.Errorf("accounts: limits must not be negative (connections %d, subscriptions %d, payload %d)", l.MaxConnections, l.MaxSubscriptions, l.MaxPayload)
+	}
+	return nil
+}
+
 // WithDefaults returns l with every zero field set to its default.
 func (l Limits) WithDefaults() Limits {
 	if l.MaxConnections == 0 {
@@ -168,12 +177,12 @@ func ClientPermissions(prefix, tenant string) Permissions {
 }
 
 // ApproverPermissions are a tenant's approver user's: publish grants and
-// denials, call the read service, receive its runs' approval requests and
-// replies.
+// denials, read approvals (the read service's approvals operation, not
+// the tenant's runs), receive its runs' approval requests and replies.
 func ApproverPermissions(prefix, tenant string) Permissions {
 	p := prefixOr(prefix)
 	return Permissions{
-		Pub: []string{p + ".run." + tenant + ".*.approve", p + ".run." + tenant + ".*.deny", p + ".api." + tenant + ".>"},
+		Pub: []string{p + ".run." + tenant + ".*.approve", p + ".run." + tenant + ".*.deny", p + ".api." + tenant + ".approvals"},
 		Sub: []string{p + ".run." + tenant + ".*.approval", InboxPrefix(tenant) + ".>"},
 	}
 }

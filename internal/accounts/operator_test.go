@@ -213,8 +213,19 @@ func TestRemovedTenantIsDisconnectedAndCannotReconnect(t *testing.T) {
 		nc.Close()
 		t.Fatal("a removed tenant's client connected again")
 	}
+	// Its name is not given to a new tenant unless the operator says so:
+	// what the removed acme left is still stored under it.
+	if _, err := s.Accounts.AddTenant("acme", accounts.Limits{}); err == nil || !strings.Contains(err.Error(), "was removed") {
+		t.Fatalf("a removed tenant's name was given again: %v", err)
+	}
+	if err := s.Accounts.ReuseName("acme"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.Accounts.AddTenant("acme", accounts.Limits{}); err != nil {
-		t.Fatalf("the name of a removed tenant cannot be reused: %v", err)
+		t.Fatalf("the operator's reuse of a removed tenant's name: %v", err)
+	}
+	if _, err := s.Accounts.AddTenant("initech", accounts.Limits{MaxConnections: -1}); err == nil {
+		t.Fatal("a tenant without a connection limit (-1) was added")
 	}
 	if err := s.Conn.Flush(); err != nil {
 		t.Fatalf("the services' connection: %v", err)

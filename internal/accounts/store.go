@@ -199,8 +199,18 @@ func (s *Store) AddTenant(tenant string, l Limits) (Tenant, error) {
 	if err := events.CheckTenant(tenant); err != nil {
 		return Tenant{}, err
 	}
+	if err := l.Validate(); err != nil {
+		return Tenant{}, err
+	}
 	if _, err := os.Stat(s.path("accounts", tenant)); err == nil {
 		return Tenant{}, fmt.Errorf("accounts: tenant %s exists (actionbus tenant remove %s first)", tenant, tenant)
+	}
+	if at, removed := s.Removed(tenant); removed {
+		// Its runs, events, audit records and artifacts stay in the
+		// services' streams under its name until they expire: an account
+		// of that name would read them.
+		return Tenant{}, fmt.Errorf("accounts: tenant %s was removed at %s, and what it left is still stored under its name; choose another name, or give this one's records to the new tenant with actionbus tenant add --reuse-name",
+			tenant, at.Format(time.RFC3339))
 	}
 	okp, err := s.operator()
 	if err != nil {
@@ -265,12 +275,44 @@ func (s *Store) RevokeTenant(tenant string) (pub, revoked, deletion string, err 
 }
 
 // Forget removes tenant's keys, JWT and creds from the store (after the
-// server applied [Store.RevokeTenant]'s JWTs).
+// server applied [Store.RevokeTenant]'s JWTs), and records the name as
+// removed: [Store.AddTenant] refuses it until [Store.ReuseName].
 func (s *Store) Forget(tenant string) error {
 	if err := events.CheckTenant(tenant); err != nil {
 		return err
 	}
+	if err := os.MkdirAll(s.path("removed"), 0o700); err != nil {
+		return err
+	}
+	if err := writeFile(s.path("removed", tenant), []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o600); err != nil {
+		return err
+	}
 	return os.RemoveAll(s.path("accounts", tenant))
+}
+
+// Removed reports whether tenant was removed (and when): its name is not
+// given to a new tenant unless the operator says so ([Store.ReuseName]).
+func (s *Store) Removed(tenant string) (time.Time, bool) {
+	b, err := os.ReadFile(s.path("removed", tenant))
+	if err != nil {
+		return time.Time{}, false
+	}
+	at, _ := time.Parse(time.RFC3339, strings.TrimSpace(string(b)))
+	return at, true
+}
+
+// ReuseName lets [Store.AddTenant] give a removed tenant's name to a new
+// tenant, which then reads what the removed one left under that name
+// until it expires: an operator's explicit decision.
+func (s *Store) ReuseName(tenant string) error {
+	if err := events.CheckTenant(tenant); err != nil {
+		return err
+	}
+	err := os.Remove(s.path("removed", tenant))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
 }
 
 // Tenants lists the tenants in the store.

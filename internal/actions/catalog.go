@@ -46,7 +46,9 @@ func CatalogKey(pool, name string) string { return pool + "." + name }
 // Publish writes def to the catalog under its pool. Publishing the same
 // name and version with the same hash refreshes the entry; with another
 // hash it fails with catalog_conflict (two executors disagree on what the
-// action is); a new version replaces the old one. Concurrent publishers are
+// action is); a new version replaces the old one. An entry the same
+// executor published with the same hash is left as it is (not rewritten,
+// so its PublishedAt is its first publication). Concurrent publishers are
 // serialized by the bucket's revisions.
 func (c *Catalog) Publish(ctx context.Context, def Definition, executorID string) error {
 	entry := Entry{Definition: def, Hash: def.Hash(), PublishedAt: time.Now().UTC(), PublishedBy: executorID}
@@ -69,7 +71,11 @@ func (c *Catalog) Publish(ctx context.Context, def Definition, executorID string
 			return fmt.Errorf("actions: publish %s: %w", def.Name, err)
 		}
 		var old Entry
-		if err := json.Unmarshal(cur.Value(), &old); err == nil && old.Version == def.Version && old.Hash != entry.Hash {
+		err = json.Unmarshal(cur.Value(), &old)
+		if err == nil && old.Hash == entry.Hash && old.PublishedBy == executorID && old.Pool == def.Pool {
+			return nil // unchanged: not rewritten
+		}
+		if err == nil && old.Version == def.Version && old.Hash != entry.Hash {
 			return actionbus.Errorf(actionbus.CodeCatalogConflict,
 				"action %q version %s is already in the catalog with another definition (hash %s, published by %s, pool %s); bump the version to replace it",
 				def.Name, def.Version, old.Hash[:12], old.PublishedBy, old.Pool)

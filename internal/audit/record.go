@@ -236,9 +236,11 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 			rec.Source = &events.AuditSource{Stream: d.Stream, Seq: d.StreamSequence}
 		}
 		// A rejected event is audited with the run it names, under the
-		// tenant of the subject it was published on (which NATS
-		// permissions bound its publisher to).
-		if t, _ := events.MustSubjects(b.Prefix).RunFromSubject(d.OriginalSubject); events.ValidTenant(t) && d.RunID != "" {
+		// tenant of the subject it was published on (which its
+		// publisher's account imports bound it to) — also when it names
+		// no valid run: one tenant's junk never lands in another's (the
+		// default tenant's) audit trail.
+		if t, _ := events.MustSubjects(b.Prefix).RunFromSubject(d.OriginalSubject); events.ValidTenant(t) {
 			rec.Tenant = t
 		}
 	default:

@@ -64,6 +64,7 @@ func tenantCmd(g *globals) *cobra.Command {
 	}
 	var dir string
 	var limits accounts.Limits
+	var reuseName bool
 	add := &cobra.Command{
 		Use:   "add TENANT",
 		Short: "Create and sign a tenant's account and its client and approver users, and push the account to the running server",
@@ -84,6 +85,11 @@ _INBOX_TENANT (actionbus --creds FILE --tenant TENANT ...).`,
 			if err != nil {
 				return err
 			}
+			if reuseName {
+				if err := s.ReuseName(args[0]); err != nil {
+					return err
+				}
+			}
 			tn, err := s.AddTenant(args[0], limits)
 			if err != nil {
 				return err
@@ -97,6 +103,7 @@ _INBOX_TENANT (actionbus --creds FILE --tenant TENANT ...).`,
 			return nil
 		},
 	}
+	add.Flags().BoolVar(&reuseName, "reuse-name", false, "give a removed tenant's name to this one, which then reads the runs and audit records the removed one left until they expire")
 	add.Flags().Int64Var(&limits.MaxConnections, "max-connections", accounts.DefaultMaxConnections, "most connections of the tenant's users at once")
 	add.Flags().Int64Var(&limits.MaxSubscriptions, "max-subscriptions", accounts.DefaultMaxSubscriptions, "most subscriptions across the tenant's connections")
 	add.Flags().Int64Var(&limits.MaxPayload, "max-payload", accounts.DefaultMaxPayload, "largest message a tenant user may publish (bytes)")

@@ -158,7 +158,7 @@ func (s *Service) dispatch(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 		defer cancel()
 		answer := s.serve(ctx, m)
-		if !Answerable(m.Reply) {
+		if !events.AnswerableReply(m.Reply) {
 			return
 		}
 		if err := s.nc.Publish(m.Reply, answer); err != nil {
@@ -243,15 +243,6 @@ func MsgID(tenant string, h nats.Header) string {
 		return ""
 	}
 	return tenant + "." + id
-}
-
-// Answerable reports whether the ingress answers on reply: an inbox
-// (_INBOX prefix, custom inbox prefixes such as _INBOX_acme included) or
-// a service import's response subject (_R_.). Any other reply subject is
-// not answered, so no publisher can aim the dispatcher's answer at a
-// subject of its choice.
-func Answerable(reply string) bool {
-	return strings.HasPrefix(reply, "_INBOX") || strings.HasPrefix(reply, "_R_.")
 }
 
 // apiError is JetStream's error answer, which nats.go's js.Publish

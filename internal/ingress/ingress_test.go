@@ -57,16 +57,6 @@ func TestMsgID(t *testing.T) {
 	}
 }
 
-func TestAnswerable(t *testing.T) {
-	for reply, want := range map[string]bool{
-		"_INBOX.abc": true, "_INBOX_acme.abc": true, "_R_.xyz.1": true,
-		"": false, "ab.run.globex.X.completed": false, "$KV.ab_runs.X": false, "$JS.API.STREAM.PURGE.AB_TIMERS": false,
-		"_R_": false, "inbox": false,
-	} {
-		assert.Equal(t, want, ingress.Answerable(reply), reply)
-	}
-}
-
 func TestIngest(t *testing.T) {
 	run := events.NewID()
 	m := nats.NewMsg("ab.run.acme." + run + ".cancel")

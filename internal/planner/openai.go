@@ -414,13 +414,13 @@ func (p *OpenAI) tools(entries []actions.Entry, skill *events.SkillContext, nati
 		return nil
 	}
 	out := make([]openai.ChatCompletionToolUnionParam, 0, len(entries)+len(internalTools))
-	for _, e := range entries {
+	for _, e := range distinctTools(entries) {
 		desc := e.Description
 		if e.Planner != nil && e.Planner.Guidance != "" {
 			desc += " " + e.Planner.Guidance
 		}
 		out = append(out, openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{
-			Name: toolName(e.Name), Description: openai.String(desc), Parameters: ToolParameters(e)}))
+			Name: actions.ToolName(e.Name), Description: openai.String(desc), Parameters: ToolParameters(e)}))
 	}
 	for _, t := range append(slices.Clone(internalTools), skillTools(skill)...) {
 		out = append(out, openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{

@@ -118,7 +118,7 @@ func TestOpenAINativeToolSchemasAreTheActionSchemas(t *testing.T) {
 		} else {
 			want = map[string]any{"type": "object", "properties": map[string]any{"topic": map[string]any{"type": "string"}, "limit": map[string]any{"type": "number"}}}
 		}
-		assert.Equal(t, want, got[toolName(e.Name)], e.Name)
+		assert.Equal(t, want, got[actions.ToolName(e.Name)], e.Name)
 	}
 	assert.NotContains(t, mustJSON(t, got), "x-aliases")
 }

@@ -92,19 +92,51 @@ type catalogIndex struct {
 	aliases map[string]string
 }
 
+// newCatalogIndex indexes the entries distinctTools keeps; an alias names
+// the first entry that declares it, never one that a name or an earlier
+// alias already names.
 func newCatalogIndex(entries []actions.Entry) *catalogIndex {
+	entries = distinctTools(entries)
 	ix := &catalogIndex{byName: map[string]*actions.Entry{}, byTool: map[string]string{}, aliases: map[string]string{}}
 	for i := range entries {
 		e := &entries[i]
 		ix.byName[e.Name] = e
-		ix.byTool[toolName(e.Name)] = e.Name
-		if e.Planner != nil {
-			for _, a := range e.Planner.Aliases {
+		ix.byTool[actions.ToolName(e.Name)] = e.Name
+	}
+	for i := range entries {
+		e := &entries[i]
+		if e.Planner == nil {
+			continue
+		}
+		for _, a := range e.Planner.Aliases {
+			_, isName := ix.byName[a]
+			_, isTool := ix.byTool[actions.ToolName(a)]
+			_, taken := ix.aliases[a]
+			if !isName && !isTool && !taken {
 				ix.aliases[a] = e.Name
 			}
 		}
 	}
 	return ix
+}
+
+// distinctTools returns the entries whose native tool name
+// (actions.ToolName) no earlier entry has: two entries of one tool name
+// are never both offered, and a call of that name never reaches the later
+// one. The registrar refuses such catalogs (it claims every tool name);
+// this is defence in depth, for entries recorded before it did.
+func distinctTools(entries []actions.Entry) []actions.Entry {
+	seen := make(map[string]bool, len(entries))
+	out := make([]actions.Entry, 0, len(entries))
+	for _, e := range entries {
+		n := actions.ToolName(e.Name)
+		if seen[n] {
+			continue
+		}
+		seen[n] = true
+		out = append(out, e)
+	}
+	return out
 }
 
 func (ix *catalogIndex) names() string {

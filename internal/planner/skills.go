@@ -104,7 +104,7 @@ func skillTools(sk *events.SkillContext) []nativeTool {
 		if params == nil {
 			params = map[string]any{"type": "object", "properties": map[string]any{}}
 		}
-		out = append(out, nativeTool{name: toolName(skillToolPrefix + t.Name), description: t.Description, params: params})
+		out = append(out, nativeTool{name: actions.ToolName(skillToolPrefix + t.Name), description: t.Description, params: params})
 	}
 	return out
 }
@@ -116,7 +116,7 @@ func fromSkillTool(sk *events.SkillContext, fn string, args map[string]any) (eve
 		return events.Decision{}, false
 	}
 	for _, t := range sk.Tools {
-		if toolName(skillToolPrefix+t.Name) == fn {
+		if actions.ToolName(skillToolPrefix+t.Name) == fn {
 			if args == nil {
 				args = map[string]any{}
 			}

@@ -1,10 +1,7 @@
 package planner
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"regexp"
 	"slices"
 
 	"github.com/actionbus/actionbus/internal/actions"
@@ -26,19 +23,6 @@ const (
 
 // optionalInTools are the seed's fields kept optional in native tools.
 var optionalInTools = map[string][]string{"web_search": {"query"}, "read_url": {"url"}}
-
-var toolNameUnsafe = regexp.MustCompile(`[^A-Za-z0-9_-]`)
-
-// toolName is an action name as a provider function name
-// (^[A-Za-z0-9_-]{1,64}$): action names may hold dots, which become "__".
-func toolName(action string) string {
-	n := toolNameUnsafe.ReplaceAllStringFunc(action, func(string) string { return "__" })
-	if len(n) > 64 {
-		sum := sha256.Sum256([]byte(action))
-		n = n[:55] + "_" + hex.EncodeToString(sum[:4])
-	}
-	return n
-}
 
 // ToolParameters returns the native tool parameters of an action.
 func ToolParameters(e actions.Entry) map[string]any {

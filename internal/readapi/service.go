@@ -152,6 +152,11 @@ func (s *Service) Stop() {
 // dispatch serves one request on a goroutine of its own, at most
 // Concurrency at once.
 func (s *Service) dispatch(op string, req micro.Request) {
+	if !events.AnswerableReply(req.Reply()) {
+		// The answer would be published as the dispatcher, wherever the
+		// requester pointed it: not answered at all.
+		return
+	}
 	s.slots <- struct{}{}
 	s.mu.Lock()
 	if s.stopped {
@@ -198,6 +203,9 @@ func (s *Service) serve(ctx context.Context, op, subject string, body []byte) ([
 	var out any
 	switch op {
 	case OpEvents:
+		out, err = s.events(ctx, tenant, r, budget)
+	case OpApprovals:
+		r.Verbs = approvalVerbs
 		out, err = s.events(ctx, tenant, r, budget)
 	case OpRuns:
 		out, err = s.page(ctx, s.topo.StreamRuns(), s.subjects.TenantRuns(tenant), r, budget, func(m stored) bool {

@@ -43,10 +43,17 @@ const (
 	OpArtifact = "artifact"
 	// OpCatalog reads the public action listing and the skills.
 	OpCatalog = "catalog"
+	// OpApprovals reads one run's approval subject only (approval
+	// requests and the dispatcher's answers): all a tenant's approver
+	// user may read, where its client reads everything of the tenant.
+	OpApprovals = "approvals"
 )
 
 // Ops are the read service's operations.
-var Ops = []string{OpEvents, OpRuns, OpAudit, OpArtifact, OpCatalog}
+var Ops = []string{OpEvents, OpRuns, OpAudit, OpArtifact, OpCatalog, OpApprovals}
+
+// approvalVerbs are what OpApprovals reads of a run.
+var approvalVerbs = []string{"approval"}
 
 // Streams an events request may name.
 const (
@@ -223,6 +230,12 @@ func (r Request) validate(op string) error {
 		return nil
 	}
 	switch op {
+	case OpApprovals:
+		if err := events.CheckRunID(r.Run); err != nil {
+			return err
+		}
+		return unused(map[string]bool{"stream": r.Stream != "", "verbs": len(r.Verbs) > 0, "last": r.Last, "headersOnly": r.HeadersOnly,
+			"since": r.Since != nil, "id": r.ID != "", "kind": r.Kind != "", "name": r.Name != "", "from": r.From != ""})
 	case OpEvents:
 		if err := events.CheckRunID(r.Run); err != nil {
 			return err

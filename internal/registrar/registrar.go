@@ -11,7 +11,13 @@
 // refuses conflicts by construction: an action or skill name is owned by
 // the first pool that records it (a create-if-absent write of its owner
 // record), and a pool records, updates and removes only the entries under
-// its own pool, of names it owns. A name owned by another pool is refused
+// its own pool, of names it owns. Every name a planner can call an action
+// by is claimed the same way (Claims: the action name and its aliases in
+// native tool-name form, kind KindTool), so no pool's entry answers to a
+// name another pool's entry is called by. A pool holds at most
+// MaxPoolActions actions and MaxPoolSkills skills; an announcement is at
+// most MaxAnnouncementBytes, an entry MaxEntryBytes (over them:
+// catalog_limit_exceeded). A name owned by another pool is refused
 // with catalog_conflict naming both pools; nothing of a refused
 // announcement is written.
 package registrar
@@ -25,6 +31,7 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -43,6 +50,9 @@ const QueueGroup = "registrar"
 const (
 	KindAction = "action"
 	KindSkill  = "skill"
+	// KindTool is the kind of the names a planner calls an action by
+	// (Claims): its name and aliases in native tool-name form.
+	KindTool = "tool"
 )
 
 // OwnerKey is the owners-bucket key of a name of a kind.
@@ -67,16 +77,59 @@ func New(bus *events.Bus, catKV, owners jetstream.KeyValue, log *slog.Logger) *R
 	return &Registrar{bus: bus, cat: actions.NewCatalog(catKV), catKV: catKV, owners: owners, log: log.With("component", "registrar")}
 }
 
-// Serve answers announcements on nc until ctx ends.
+// MaxPending is the most announcements of one pool waiting for a
+// registrar; one more is answered at once with registrar_unavailable (the
+// registrar is busy with that pool; an executor retries it with backoff
+// until its announce deadline).
+const MaxPending = 16
+
+// Serve answers announcements on nc until ctx ends. Each pool's
+// announcements are answered in order, one at a time, by a worker of its
+// own, so one pool's announcements never wait behind another's: a pool
+// that floods the registrar delays only itself, and at most MaxPending of
+// its announcements wait (more are answered registrar_unavailable).
 func (r *Registrar) Serve(ctx context.Context, nc *nats.Conn) error {
+	queues := map[string]chan *nats.Msg{}
+	var mu sync.Mutex
+	queue := func(pool string) chan *nats.Msg {
+		mu.Lock()
+		defer mu.Unlock()
+		q, ok := queues[pool]
+		if !ok {
+			q = make(chan *nats.Msg, MaxPending)
+			queues[pool] = q
+			go func() {
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case m := <-q:
+						r.respond(m, r.handle(ctx, m))
+					}
+				}
+			}()
+		}
+		return q
+	}
 	sub, err := nc.QueueSubscribe(r.bus.Subjects().AllAnnounce(), QueueGroup, func(m *nats.Msg) {
-		reply := r.handle(ctx, m)
-		b, err := json.Marshal(reply)
-		if err != nil {
+		if !events.AnswerableReply(m.Reply) {
+			// The answer would be published as this service, wherever the
+			// announcer pointed it (a bucket, a run subject): neither
+			// answered nor recorded.
+			r.log.Warn("announcement refused: its reply subject is not an inbox", "subject", m.Subject, "reply", clipReply(m.Reply))
 			return
 		}
-		if err := m.Respond(b); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
-			r.log.Warn("announcement not answered", "subject", m.Subject, "err", err)
+		pool := r.bus.Subjects().PoolFromAnnounce(m.Subject)
+		if pool == "" {
+			r.respond(m, refused(actionbus.Errorf(actionbus.CodeSubjectMismatch, "not an announce subject")))
+			return
+		}
+		select {
+		case queue(pool) <- m:
+		default:
+			r.respond(m, refused((&actionbus.Error{Code: actionbus.CodeRegistrarUnavailable,
+				Message: fmt.Sprintf("the registrar has %d announcements of pool %s waiting; retry later", MaxPending, pool)}).
+				WithDetail("pool", pool).WithDetail("limit", "pending_announcements").WithDetail("max", MaxPending)))
 		}
 	})
 	if err != nil {
@@ -89,10 +142,24 @@ func (r *Registrar) Serve(ctx context.Context, nc *nats.Conn) error {
 	return nil
 }
 
+func (r *Registrar) respond(m *nats.Msg, reply events.AnnounceReply) {
+	b, err := json.Marshal(reply)
+	if err != nil {
+		return
+	}
+	if err := m.Respond(b); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
+		r.log.Warn("announcement not answered", "subject", m.Subject, "err", err)
+	}
+}
+
 func (r *Registrar) handle(ctx context.Context, m *nats.Msg) events.AnnounceReply {
 	pool := r.bus.Subjects().PoolFromAnnounce(m.Subject)
 	if pool == "" {
 		return refused(actionbus.Errorf(actionbus.CodeSubjectMismatch, "not an announce subject"))
+	}
+	if err := CheckSize(pool, len(m.Data)); err != nil {
+		r.log.Warn("announcement refused", "pool", pool, "err", err)
+		return refused(err)
 	}
 	rec, err := r.bus.Receive(m.Subject, m.Header, m.Data)
 	if err != nil {
@@ -141,11 +208,18 @@ func Parse(pool string, a *events.PoolAnnounced) (*Announcement, error) {
 	if a.Pool != pool {
 		return nil, actionbus.Errorf(actionbus.CodeSubjectMismatch, "the announcement names pool %q on pool %s's subject", clip(a.Pool), pool)
 	}
+	if err := CheckCounts(pool, len(a.Actions), len(a.Skills)); err != nil {
+		return nil, err
+	}
 	out := &Announcement{}
 	seen := map[string]bool{}
+	claimed := map[string]string{} // tool name → the action claiming it
 	for i, raw := range a.Actions {
 		var def actions.Definition
-		if err := strictDecode(raw, &def); err != nil {
+		if err := strictDecode(pool, raw, &def); err != nil {
+			if errors.Is(err, actionbus.ErrCatalogLimit) {
+				return nil, err
+			}
 			return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %d does not decode: %v", i, err)
 		}
 		if def.Pool != "" && def.Pool != pool {
@@ -168,12 +242,21 @@ func Parse(pool string, a *events.PoolAnnounced) (*Announcement, error) {
 			return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %q announced twice", def.Name).WithDetail("action", def.Name)
 		}
 		seen[def.Name] = true
+		for _, c := range Claims(def) {
+			if other, ok := claimed[c]; ok {
+				return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "actions %q and %q are both called %q by the planner (a name or an alias)", other, def.Name, c).WithDetail("action", def.Name)
+			}
+			claimed[c] = def.Name
+		}
 		out.Actions = append(out.Actions, def)
 	}
 	seenSkill := map[string]bool{}
 	for i, raw := range a.Skills {
 		var s skills.Skill
-		if err := strictDecode(raw, &s); err != nil {
+		if err := strictDecode(pool, raw, &s); err != nil {
+			if errors.Is(err, actionbus.ErrCatalogLimit) {
+				return nil, err
+			}
 			return nil, actionbus.Errorf(actionbus.CodeInvalidSkill, "skill %d does not decode: %v", i, err)
 		}
 		if s.Pool != "" && s.Pool != pool {
@@ -201,10 +284,15 @@ func Parse(pool string, a *events.PoolAnnounced) (*Announcement, error) {
 	return out, nil
 }
 
-func strictDecode(obj map[string]any, v any) error {
+// strictDecode decodes obj into v, refusing unknown fields and an entry
+// of more than MaxEntryBytes (catalog_limit_exceeded).
+func strictDecode(pool string, obj map[string]any, v any) error {
 	raw, err := json.Marshal(obj)
 	if err != nil {
 		return err
+	}
+	if len(raw) > MaxEntryBytes {
+		return limitError(pool, "entry_bytes", MaxEntryBytes, len(raw))
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
@@ -255,41 +343,61 @@ func Decide(kind, name, pool, owner string, holders []string) error {
 }
 
 // Register records a's entries for pool (the subject's token) and
-// returns the reply for the executor.
+// returns the reply for the executor. Every name is checked before
+// anything is written: the action's name, each name the planner calls it
+// by (Claims, kind KindTool) and each skill's name must be the pool's own
+// or nobody's, and the pool's totals must stay within MaxPoolActions and
+// MaxPoolSkills. Names the pool already owns are not claimed again.
 func (r *Registrar) Register(ctx context.Context, pool string, a *events.PoolAnnounced) events.AnnounceReply {
 	ann, err := Parse(pool, a)
 	if err != nil {
 		return refused(err)
 	}
-	holders, err := r.holders(ctx)
+	cat, err := r.catalogNames(ctx)
 	if err != nil {
 		return refused(err)
 	}
-	// Every name is checked before anything is written.
+	if err := CheckPoolTotals(pool, cat.actions[pool], cat.skills[pool], ann); err != nil {
+		return refused(err)
+	}
+	var todo []ownerName
 	for _, d := range ann.Actions {
-		if err := r.check(ctx, KindAction, d.Name, pool, holders[OwnerKey(KindAction, d.Name)]); err != nil {
-			return refused(err)
+		names := []ownerName{{KindAction, d.Name}}
+		for _, c := range Claims(d) {
+			names = append(names, ownerName{KindTool, c})
+		}
+		for _, n := range names {
+			owner, err := r.check(ctx, n.kind, n.name, pool, cat.holders[OwnerKey(n.kind, n.name)])
+			if err != nil {
+				return refused(err)
+			}
+			if owner != pool {
+				todo = append(todo, n)
+			}
 		}
 	}
 	for _, s := range ann.Skills {
-		if err := r.check(ctx, KindSkill, s.Name, pool, holders[OwnerKey(KindSkill, s.Name)]); err != nil {
+		owner, err := r.check(ctx, KindSkill, s.Name, pool, cat.holders[OwnerKey(KindSkill, s.Name)])
+		if err != nil {
+			return refused(err)
+		}
+		if owner != pool {
+			todo = append(todo, ownerName{KindSkill, s.Name})
+		}
+	}
+	for _, n := range todo {
+		if err := r.claim(ctx, n.kind, n.name, pool); err != nil {
 			return refused(err)
 		}
 	}
 	var reply events.AnnounceReply
 	for _, d := range ann.Actions {
-		if err := r.claim(ctx, KindAction, d.Name, pool); err != nil {
-			return refused(err)
-		}
 		if err := r.cat.Publish(ctx, d, a.Executor); err != nil {
 			return refused(err)
 		}
 		reply.Actions = append(reply.Actions, d.Name)
 	}
 	for _, s := range ann.Skills {
-		if err := r.claim(ctx, KindSkill, s.Name, pool); err != nil {
-			return refused(err)
-		}
 		if err := skills.Publish(ctx, r.catKV, s); err != nil {
 			return refused(err)
 		}
@@ -303,28 +411,44 @@ func (r *Registrar) Register(ctx context.Context, pool string, a *events.PoolAnn
 	return reply
 }
 
-// holders maps the owner key of every name in the catalog to the pools
-// whose entries hold it.
-func (r *Registrar) holders(ctx context.Context) (map[string][]string, error) {
+// ownerName is a name of a kind, as the owners bucket keys it.
+type ownerName struct{ kind, name string }
+
+// names is what the catalog's keys say: the pools whose entries hold
+// each owner key (holders), and each pool's action and skill names.
+type names struct {
+	holders         map[string][]string
+	actions, skills map[string][]string
+}
+
+// catalogNames reads the catalog's keys. An action's entry holds its
+// name and its tool name (the aliases are in its value, not its key:
+// entries recorded before tool claims existed have their aliases
+// unclaimed, and the planner's index never lets an alias override a name).
+func (r *Registrar) catalogNames(ctx context.Context) (names, error) {
+	out := names{holders: map[string][]string{}, actions: map[string][]string{}, skills: map[string][]string{}}
 	lister, err := r.catKV.ListKeys(ctx)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return map[string][]string{}, nil
+		return out, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("registrar: list the catalog: %w", err)
+		return out, fmt.Errorf("registrar: list the catalog: %w", err)
 	}
 	defer lister.Stop() //nolint:errcheck // best effort
-	out := map[string][]string{}
 	for key := range lister.Keys() {
 		pool, rest, ok := strings.Cut(key, ".")
 		if !ok {
 			continue
 		}
 		if name, isSkill := strings.CutPrefix(rest, actions.SkillKeyMarker+"."); isSkill {
-			out[OwnerKey(KindSkill, name)] = append(out[OwnerKey(KindSkill, name)], pool)
-		} else {
-			out[OwnerKey(KindAction, rest)] = append(out[OwnerKey(KindAction, rest)], pool)
+			out.holders[OwnerKey(KindSkill, name)] = append(out.holders[OwnerKey(KindSkill, name)], pool)
+			out.skills[pool] = append(out.skills[pool], name)
+			continue
 		}
+		out.holders[OwnerKey(KindAction, rest)] = append(out.holders[OwnerKey(KindAction, rest)], pool)
+		tool := OwnerKey(KindTool, actions.ToolName(rest))
+		out.holders[tool] = append(out.holders[tool], pool)
+		out.actions[pool] = append(out.actions[pool], rest)
 	}
 	return out, nil
 }
@@ -342,12 +466,13 @@ func (r *Registrar) owner(ctx context.Context, kind, name string) (string, uint6
 	return string(e.Value()), e.Revision(), nil
 }
 
-func (r *Registrar) check(ctx context.Context, kind, name, pool string, holders []string) error {
+// check returns the name's owner when pool may record it (Decide).
+func (r *Registrar) check(ctx context.Context, kind, name, pool string, holders []string) (string, error) {
 	owner, _, err := r.owner(ctx, kind, name)
 	if err != nil {
-		return err
+		return "", err
 	}
-	return Decide(kind, name, pool, owner, holders)
+	return owner, Decide(kind, name, pool, owner, holders)
 }
 
 // claim makes pool the owner of a name, or refuses: the owner record is
@@ -368,21 +493,42 @@ func (r *Registrar) claim(ctx context.Context, kind, name, pool string) error {
 }
 
 // remove takes pool's entry of an action out of the catalog and gives up
-// the name, when pool owns it; another pool's entry is never touched.
+// its names (the action name and the tool names of Claims), when pool
+// owns them; another pool's entry or claim is never touched.
 func (r *Registrar) remove(ctx context.Context, pool, name string) error {
-	owner, rev, err := r.owner(ctx, KindAction, name)
+	owner, _, err := r.owner(ctx, KindAction, name)
 	if err != nil {
 		return err
 	}
 	if owner != pool && owner != "" {
 		return nil
 	}
+	held := []ownerName{{KindAction, name}}
+	def := actions.Definition{Name: name}
+	if e, err := r.catKV.Get(ctx, actions.CatalogKey(pool, name)); err == nil {
+		var entry actions.Entry
+		if json.Unmarshal(e.Value(), &entry) == nil && entry.Name == name {
+			def = entry.Definition
+		}
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("registrar: read %s: %w", name, err)
+	}
+	for _, c := range Claims(def) {
+		held = append(held, ownerName{KindTool, c})
+	}
 	if err := r.cat.Remove(ctx, pool, name); err != nil {
 		return err
 	}
-	if owner == pool {
-		if err := r.owners.Delete(ctx, OwnerKey(KindAction, name), jetstream.LastRevision(rev)); err != nil && !events.IsRevisionConflict(err) {
-			return fmt.Errorf("registrar: release %s: %w", name, err)
+	for _, n := range held {
+		o, rev, err := r.owner(ctx, n.kind, n.name)
+		if err != nil {
+			return err
+		}
+		if o != pool {
+			continue
+		}
+		if err := r.owners.Delete(ctx, OwnerKey(n.kind, n.name), jetstream.LastRevision(rev)); err != nil && !events.IsRevisionConflict(err) {
+			return fmt.Errorf("registrar: release %s %s: %w", n.kind, n.name, err)
 		}
 	}
 	return nil
@@ -418,4 +564,12 @@ func Run(ctx context.Context, nc *nats.Conn, prefix string, log *slog.Logger) er
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// clipReply bounds a caller's reply subject in a log line.
+func clipReply(s string) string {
+	if len(s) > 128 {
+		return s[:128] + "…"
+	}
+	return s
 }

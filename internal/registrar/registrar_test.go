@@ -94,6 +94,7 @@ func TestParseRefusesMalformedEntries(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add(`{"executor":"x","pool":"a","actions":[{"name":"x.y","mode":"read","inputSchema":{"type":"object"}}]}`)
 	f.Add(`{"executor":"x","pool":"a","skills":[{"name":"s","description":"d","tools":[{"name":"t"}]}],"removed":["q"]}`)
+	f.Add(`{"executor":"x","pool":"a","actions":[{"name":"x.y","mode":"read"},{"name":"z","mode":"read","planner":{"aliases":["x__y"]}}]}`)
 	f.Fuzz(func(t *testing.T, doc string) {
 		var a events.PoolAnnounced
 		if json.Unmarshal([]byte(doc), &a) != nil {
@@ -106,9 +107,16 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
+		claimed := map[string]bool{}
 		for _, d := range ann.Actions {
 			if d.Pool != "a" || !actions.ValidName(d.Name) {
 				t.Fatalf("accepted %+v", d)
+			}
+			for _, c := range registrar.Claims(d) {
+				if claimed[c] {
+					t.Fatalf("accepted two entries called %q by the planner", c)
+				}
+				claimed[c] = true
 			}
 		}
 		for _, s := range ann.Skills {

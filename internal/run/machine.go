@@ -334,13 +334,13 @@ func (m *Machine) priorRun(ctx context.Context, st *State, runID string) (*State
 	refuse := func(format string, args ...any) error {
 		return actionbus.Errorf(actionbus.CodeRetryRefused, format, args...).WithDetail("retryOf", runID)
 	}
+	// Another tenant's run is not there: it is refused as a missing one,
+	// before anything about it (its status) can be told.
 	switch {
-	case prior == nil:
+	case prior == nil || prior.TenantOrDefault() != st.TenantOrDefault():
 		return nil, refuse("no run %s to retry", runID)
 	case prior.Status != StatusFailed && prior.Status != StatusCanceled:
 		return nil, refuse("run %s is %s; only a failed or canceled run is retried", runID, prior.Status)
-	case prior.TenantOrDefault() != st.TenantOrDefault():
-		return nil, refuse("no run %s to retry", runID) // another tenant's run is not there
 	case prior.Kind != st.Kind:
 		return nil, refuse("run %s is a %s run, not a %s run", runID, prior.Kind, st.Kind)
 	case prior.UserID != st.UserID:

@@ -3,6 +3,7 @@ package run
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -171,5 +172,27 @@ func TestAnAgentRetryIsRefused(t *testing.T) {
 			assert.Equal(t, actionbus.CodeRetryRefused, st.Terminal.Error.Code)
 			assert.False(t, has(out, EffectAct))
 		})
+	}
+}
+
+// A retry of another tenant's run is refused exactly as a retry of no run:
+// whatever that run's status, the refusal tells nothing of it (run ids are
+// not namespaced, so a status would tell a tenant that the id is a live
+// or finished run of someone else).
+func TestARetryOfAnotherTenantsRunIsRefusedAsAMissingOne(t *testing.T) {
+	refusal := func(edit func(*State), retryOf string) string {
+		h := failedAgentRun(t)
+		if edit != nil {
+			edit(h.env.runs[testRunID])
+		}
+		st, _, err := h.m.Start(context.Background(), &events.RunRequested{RunID: retryRunID, Prompt: "help", Scenario: "s", UserID: "u1", RetryOf: retryOf}, "k2")
+		require.NoError(t, err)
+		require.True(t, st.IsTerminal())
+		return string(st.Terminal.Error.Code) + ": " + strings.ReplaceAll(st.Terminal.Error.Message, retryOf, "RUN")
+	}
+	missing := refusal(nil, events.NewID())
+	for _, status := range []Status{StatusCompleted, StatusRunning, StatusFailed, StatusCanceled} {
+		got := refusal(func(p *State) { p.Tenant, p.Status = "acme", status }, testRunID)
+		assert.Equal(t, missing, got, "another tenant's %s run", status)
 	}
 }

@@ -259,7 +259,8 @@ func Key(pool, name string) string { return pool + "." + keyMarker + "." + name 
 // ErrNotFound matches a skill that is not in the catalog.
 var ErrNotFound = actionbus.ErrSkillNotFound
 
-// Publish stores a skill (with its pool) in the catalog bucket.
+// Publish stores a skill (with its pool) in the catalog bucket; a value
+// equal to the stored one is not rewritten.
 func Publish(ctx context.Context, kv jetstream.KeyValue, s Skill) error {
 	if err := s.Validate(); err != nil {
 		return err
@@ -267,6 +268,9 @@ func Publish(ctx context.Context, kv jetstream.KeyValue, s Skill) error {
 	b, err := json.Marshal(s)
 	if err != nil {
 		return err
+	}
+	if cur, err := kv.Get(ctx, Key(s.Pool, s.Name)); err == nil && bytes.Equal(cur.Value(), b) {
+		return nil // unchanged: not rewritten
 	}
 	if _, err := kv.Put(ctx, Key(s.Pool, s.Name), b); err != nil {
 		return fmt.Errorf("skills: publish %s: %w", s.Name, err)

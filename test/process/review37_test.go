@@ -1,13 +1,15 @@
 package process
 
-// Attack review 37 (branch i37-attack): tenancy as NATS accounts. Each
-// test asserts the secure behaviour: a test that fails is an attack that
-// succeeds.
+// Attack review 37 (branch i37-attack): tenancy as NATS accounts, the read
+// service, the registrar. Each test asserts the secure behaviour: a test
+// that fails is an attack that succeeds.
 
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,135 +18,369 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/limits"
+	"github.com/actionbus/actionbus/internal/readapi"
 )
 
-// r37PubAck is a JetStream publish answer as the tenant receives it.
-type r37PubAck struct {
-	Stream    string `json:"stream"`
-	Seq       uint64 `json:"seq"`
-	Duplicate bool   `json:"duplicate"`
-	Error     *struct {
-		Code        int    `json:"code"`
-		ErrCode     int    `json:"err_code"`
-		Description string `json:"description"`
-	} `json:"error"`
+// r37Echo registers an echo action on a stack's executors.
+func r37Echo(ex *executor.Executor) error {
+	return executor.Register(ex, executor.Action{Name: "r37.echo"},
+		func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: in}, nil
+		})
 }
 
-// r37Publish publishes msg from a tenant's connection and returns the
-// publish answer the service import brings back.
-func r37Publish(t *testing.T, nc *nats.Conn, msg *nats.Msg) (r37PubAck, string) {
-	t.Helper()
-	reply, err := nc.RequestMsg(msg, 5*time.Second)
-	require.NoError(t, err, "the tenant's publish is answered (the service import's reply)")
-	var ack r37PubAck
-	require.NoError(t, json.Unmarshal(reply.Data, &ack), "%s", reply.Data)
-	return ack, string(reply.Data)
-}
-
-// r37Junk is a message on one of acme's own request subjects (a fresh run
-// id: nothing of acme's is touched), carrying the headers h.
-func r37Junk(h map[string]string) *nats.Msg {
-	msg := nats.NewMsg("ab.run.acme." + events.NewID() + ".input")
-	msg.Data = []byte(`{}`)
-	for k, v := range h {
-		msg.Header.Set(k, v)
-	}
-	return msg
-}
-
-// A tenant's publish reaches the requests stream only through the ingress
-// (hosted by the deployed dispatcher binary, as the dispatcher user),
-// which drops every Nats-* header and stores the request under a message
-// id namespaced by the tenant. When tenants wrote the shared stream
-// directly, JetStream's expectation headers were answered from the whole
-// stream: "Nats-Expected-Last-Msg-Id" was refused with the stream's last
-// message id — another tenant's run id — and
-// "Nats-Expected-Last-Subject-Sequence-Subject" told, for any subject,
-// whether another tenant stored a message there; a message id equal to
-// another tenant's event id was answered "duplicate" and, published
-// first, dropped the other tenant's request while its client was told it
-// was stored. Now no answer names another tenant's id, the answers are the
-// same whether another tenant's subject holds a message or not, and
-// globex's request is stored whatever message ids acme used.
-func TestReview37PublishAnswersLeakOtherTenantsRuns(t *testing.T) {
+// A retry names the run it retries by id, and run ids are not namespaced:
+// the dispatcher loads the named run whatever its tenant and checks its
+// status before its tenant. A tenant that retries another tenant's
+// completed (or still running) run is told "run X is completed; only a
+// failed or canceled run is retried", where a run that does not exist, or
+// is another tenant's, should get one answer: "no run X to retry". Run ids
+// leak (TestReview37PublishAnswersLeakOtherTenantsRuns), and this tells
+// acme whether each one is a live run and how it stands.
+func TestReview37ARetryTellsAnotherTenantsRunsStatus(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a nats-server and the dispatcher")
+		t.Skip("starts a nats-server and the services")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	srv := deployed(t, "acme", "globex")
-	bin := buildServices(t)
-	startService(t, filepath.Join(bin, "dispatcher"), srv.UserURL("dispatcher"))
+	srv.StartStack(t, actionbustest.StackOptions{Register: r37Echo})
 	globex, err := client.New(srv.TenantConnect(t, "client-globex", "globex"), client.Options{Tenant: "globex"})
 	require.NoError(t, err)
-	acmeNC := srv.TenantConnect(t, "client-acme", "acme")
-
-	// Globex starts a run (stored by the ingress; no planner is needed).
-	secret, err := globex.Start(ctx, client.RunRequest{Prompt: "globex's quarterly numbers", UserID: "g1"})
+	acme, err := client.New(srv.TenantConnect(t, "client-acme", "acme"), client.Options{Tenant: "acme"})
 	require.NoError(t, err)
-	require.Equal(t, 1, srv.Stored(t, "AB_REQUESTS", "ab.run.globex."+secret+".requested"))
+	waitCatalog(t, ctx, acme, "r37.echo")
 
-	t.Run("the last message id of the shared stream", func(t *testing.T) {
-		ack, raw := r37Publish(t, acmeNC, r37Junk(map[string]string{"Nats-Expected-Last-Msg-Id": "x"}))
-		assert.NotContains(t, raw, secret, "acme's publish answer names globex's run id")
-		assert.Nil(t, ack.Error, "the expectation header never reaches the stream: %s", raw)
-	})
+	done, err := globex.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.echo", Args: map[string]any{"x": 1}}, UserID: "u"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, done.Status, "%+v", done.Error)
 
-	t.Run("whether another tenant's subject holds a message", func(t *testing.T) {
-		probe := func(subject string) (r37PubAck, string) {
-			return r37Publish(t, acmeNC, r37Junk(map[string]string{
-				"Nats-Expected-Last-Subject-Sequence":         "0",
-				"Nats-Expected-Last-Subject-Sequence-Subject": subject,
-			}))
+	retry := func(of string) string {
+		res, err := acme.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.echo", Args: map[string]any{"x": 1}}, UserID: "u", RetryOf: of}, nil)
+		require.NoError(t, err)
+		require.Equal(t, client.StatusFailed, res.Status, "acme's retry of %s", of)
+		return string(res.Error.Code) + ": " + strings.ReplaceAll(res.Error.Message, of, "RUN")
+	}
+	foreign := retry(done.RunID)
+	missing := retry(events.NewID())
+	assert.Equal(t, missing, foreign, "acme's retry of globex's run is answered otherwise than a retry of no run")
+}
+
+// r37Announce sends an announcement of pool and returns the registrar's
+// answer.
+func r37Announce(t *testing.T, nc *nats.Conn, pool string, defs ...map[string]any) events.AnnounceReply {
+	t.Helper()
+	var reply *nats.Msg
+	var err error
+	for i := 0; i < 50; i++ { // the registrar may not be subscribed yet
+		if reply, err = nc.RequestMsg(announcement(t, pool, defs...), 30*time.Second); err != nats.ErrNoResponders {
+			break
 		}
-		held, heldRaw := probe("ab.run.globex." + secret + ".requested")
-		empty, emptyRaw := probe("ab.run.globex." + events.NewID() + ".requested")
-		assert.Equal(t, empty.Error == nil, held.Error == nil,
-			"acme tells a globex subject holding a message (%s) from an empty one (%s)", heldRaw, emptyRaw)
-		wide, wideRaw := probe("ab.run.globex.>")
-		assert.Nil(t, wide.Error, "acme reads the sequence of globex's last request: %s", wideRaw)
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.NoError(t, err)
+	var out events.AnnounceReply
+	require.NoError(t, json.Unmarshal(reply.Data, &out), "%s", reply.Data)
+	return out
+}
+
+func r37Def(name string, aliases ...string) map[string]any {
+	d := map[string]any{"name": name, "description": name, "mode": "read", "inputSchema": map[string]any{"type": "object"}}
+	if len(aliases) > 0 {
+		d["planner"] = map[string]any{"aliases": aliases}
+	}
+	return d
+}
+
+// Operator mode: `tenant remove acme` revokes acme's users and deletes its
+// account, but acme's runs, events, audit records and artifacts stay in
+// ACTIONBUS's streams, keyed by the name alone, until they expire. A new
+// `tenant add acme` (the name given to another customer) would read all
+// of it through the read service: the store remembers the removed name
+// and refuses it (tenant add --reuse-name is the operator's explicit
+// choice).
+func TestReview37ATenantAddedUnderARemovedTenantsNameReadsItsRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server and the services")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	srv.StartStack(t, actionbustest.StackOptions{Register: r37Echo})
+	old, err := client.New(srv.TenantAdd(t, "acme", accounts.Limits{}), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	waitCatalog(t, ctx, old, "r37.echo")
+	res, err := old.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.echo", Args: map[string]any{"card": "4111-old-acme"}}, UserID: "a"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	oldCreds, err := os.ReadFile(srv.Accounts.CredsFile("acme", accounts.ClientUser("acme")))
+	require.NoError(t, err)
+	srv.TenantRemove(t, "acme")
+
+	// Another customer asks for the name: refused while what the removed
+	// acme left is stored under it, unless the operator says so.
+	_, err = srv.Accounts.AddTenant("acme", accounts.Limits{})
+	require.Error(t, err, "the removed acme's name was given to a new tenant")
+	assert.Contains(t, err.Error(), "was removed")
+	// The removed tenant's creds stay refused.
+	kept := filepath.Join(t.TempDir(), "old.creds")
+	require.NoError(t, os.WriteFile(kept, oldCreds, 0o600))
+	if nc, err := srv.DialCreds(kept); err == nil {
+		nc.Close()
+		assert.Fail(t, "the removed acme's creds connect again")
+	}
+	// A tenant under another name reads nothing of the removed acme's.
+	next, err := client.New(srv.TenantAdd(t, "initech", accounts.Limits{}), client.Options{Tenant: "initech"})
+	require.NoError(t, err)
+	stored, _ := next.StoredEvents(ctx, res.RunID)
+	assert.Empty(t, stored, "initech reads the removed acme's run")
+	recs, _ := next.AuditRecords(ctx, res.RunID)
+	assert.Empty(t, recs, "initech reads the removed acme's audit records")
+}
+
+func r37First(recs []client.AuditRecord) client.AuditRecord {
+	if len(recs) == 0 {
+		return client.AuditRecord{}
+	}
+	return recs[0]
+}
+
+func ctxFor(parent context.Context, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(parent, d)
+	go func() { <-ctx.Done(); cancel() }()
+	return ctx
+}
+
+// Static config: a tenant account's `limits` block (max connections) is
+// applied by the server, as operator mode's JWT limits are: the 65th
+// connection of acme's users is refused, and globex still connects.
+// (Held.)
+func TestReview37StaticTenantLimitsHold(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server")
+	}
+	srv := deployed(t, "acme", "globex")
+	var refused error
+	for i := 0; i < 65; i++ {
+		nc, err := nats.Connect(srv.UserURL("client-acme"), nats.CustomInboxPrefix("_INBOX_acme"), nats.MaxReconnects(0))
+		if err != nil {
+			refused = err
+			t.Logf("connection %d refused: %v", i+1, err)
+			break
+		}
+		t.Cleanup(nc.Close)
+	}
+	require.Error(t, refused, "acme opened 65 connections")
+	assert.Contains(t, refused.Error(), "maximum")
+	srv.TenantConnect(t, "client-globex", "globex")
+}
+
+// The registrar answers an announcement on the announcement's reply
+// subject, whatever it is, as the dispatcher's user — which may publish
+// on run subjects of every tenant, run state, the catalog and its owners,
+// the limits bucket and the purge of the timers stream. An executor user
+// (any pool) sends an announcement (refused or not, it is answered) whose
+// reply subject is one of those: the dispatcher's connection publishes
+// the registrar's JSON answer there: another pool's catalog entry and its
+// owner record (the action leaves the catalog and its pool can no longer
+// announce it), any tenant's live run state (the run is corrupt), a
+// message on another tenant's terminal subject. (The purge of the timers
+// stream, aimed the same way, held.) Operator mode, every service as its
+// own deployed user.
+func TestReview37AnExecutorAimsTheRegistrarsAnswerAtTheSharedStores(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server and the services")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		if err := r37Echo(ex); err != nil {
+			return err
+		}
+		return executor.Register(ex, executor.Action{Name: "r37.slow", Timeout: time.Minute},
+			func(ctx context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return executor.Result[map[string]any]{Output: in}, nil
+			})
+	}})
+	globex, err := client.New(srv.TenantAdd(t, "globex", accounts.Limits{}), client.Options{Tenant: "globex"})
+	require.NoError(t, err)
+	waitCatalog(t, ctx, globex, "r37.slow")
+	mallory, err := srv.DialCreds(srv.Accounts.CredsFile(accounts.ServiceAccount, "executor"), nats.CustomInboxPrefix("_INBOX_executor"))
+	require.NoError(t, err)
+	t.Cleanup(mallory.Close)
+	aim := func(reply string) {
+		m := announcement(t, "default", r37Def("mallory.x"))
+		m.Reply = reply
+		require.NoError(t, mallory.PublishMsg(m))
+		// The registrar handles announcements in order: once a proper one
+		// is answered, the aimed one has been handled.
+		r37Announce(t, mallory, "default", r37Def("mallory.barrier"))
+	}
+	info := func(stream string) jetstream.StreamState {
+		s, err := srv.JS.Stream(ctx, stream)
+		require.NoError(t, err)
+		i, err := s.Info(ctx)
+		require.NoError(t, err)
+		return i.State
+	}
+
+	t.Run("the timers of every run", func(t *testing.T) {
+		id, err := globex.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.slow", Args: map[string]any{}}, UserID: "g"})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return info("AB_TIMERS").Msgs > 0 }, 10*time.Second, 50*time.Millisecond,
+			"globex's running run has its alarm in the timers stream")
+		before := info("AB_TIMERS").Msgs
+		aim("$JS.API.STREAM.PURGE.AB_TIMERS")
+		assert.Equal(t, before, info("AB_TIMERS").Msgs, "the timers stream was purged (globex's run %s lost its alarm)", id)
 	})
 
-	t.Run("another tenant's event id in the duplicate window", func(t *testing.T) {
-		ack, _ := r37Publish(t, acmeNC, r37Junk(map[string]string{"Nats-Msg-Id": secret}))
-		assert.False(t, ack.Duplicate, "acme learns that globex's run id was just used (duplicate of sequence %d)", ack.Seq)
-
-		// Published first, acme's message id no longer drops globex's
-		// request: run ids may be chosen by the caller
-		// (RunRequest.RunID), and message ids are the tenant's own.
-		chosen := events.NewID()
-		r37Publish(t, acmeNC, r37Junk(map[string]string{"Nats-Msg-Id": chosen}))
-		got, err := globex.Start(ctx, client.RunRequest{RunID: chosen, Prompt: "globex's order 42", UserID: "g1"})
-		require.NoError(t, err, "globex's client is told the run was requested")
-		assert.Equal(t, chosen, got)
-		assert.Equal(t, 1, srv.Stored(t, "AB_REQUESTS", "ab.run.globex."+chosen+".requested"),
-			"globex's run.requested was dropped as a duplicate of acme's message")
+	t.Run("another pool's catalog entry", func(t *testing.T) {
+		aim("$KV.ab_catalog.default.r37.echo")
+		list, err := globex.Actions(ctx)
+		require.NoError(t, err)
+		found := false
+		for _, a := range list {
+			found = found || a.Name == "r37.echo"
+		}
+		assert.True(t, found, "r37.echo left the catalog: its entry now holds the registrar's answer")
 	})
 
-	t.Run("a tenant's own republish still deduplicates", func(t *testing.T) {
-		msg := r37Junk(map[string]string{"Nats-Msg-Id": "acme-once"})
-		first, raw := r37Publish(t, acmeNC, msg)
-		require.Nil(t, first.Error, "%s", raw)
-		again, _ := r37Publish(t, acmeNC, msg)
-		assert.True(t, again.Duplicate, "acme's republish with its own message id is a duplicate")
-		assert.Equal(t, first.Seq, again.Seq)
-		st, err := srv.JS.Stream(ctx, "AB_REQUESTS")
+	t.Run("a name's owner record", func(t *testing.T) {
+		aim("$KV.ab_catalog_owners.action.r37.echo")
+		kv, err := srv.JS.KeyValue(ctx, "ab_catalog_owners")
 		require.NoError(t, err)
-		stored, err := st.GetMsg(ctx, first.Seq)
+		e, err := kv.Get(ctx, "action.r37.echo")
 		require.NoError(t, err)
-		assert.Equal(t, msg.Subject, stored.Subject, "stored under the run subject the readers filter on")
-		assert.Equal(t, "acme.acme-once", stored.Header.Get(jetstream.MsgIDHeader), "the message id is namespaced by the subject's tenant")
-		assert.Empty(t, stored.Header.Get("Nats-Expected-Last-Msg-Id"))
+		assert.Equal(t, "default", string(e.Value()), "the owner record of r37.echo was overwritten: pool default can no longer announce it")
 	})
 
-	t.Run("nats.go's JetStream publish keeps working", func(t *testing.T) {
-		js, err := jetstream.New(acmeNC)
+	t.Run("a live run's state", func(t *testing.T) {
+		id, err := globex.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.slow", Args: map[string]any{}}, UserID: "g"})
 		require.NoError(t, err)
-		ack, err := js.Publish(ctx, "ab.run.acme."+events.NewID()+".input", []byte(`{}`))
-		require.NoError(t, err, "js.Publish decodes the ingress's answer as a PubAck")
-		assert.Equal(t, "AB_REQUESTS", ack.Stream)
-		assert.NotZero(t, ack.Sequence)
+		kv, err := srv.JS.KeyValue(ctx, "ab_runs")
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { _, err := kv.Get(ctx, id); return err == nil }, 10*time.Second, 50*time.Millisecond)
+		aim("$KV.ab_runs." + id)
+		e, err := kv.Get(ctx, id)
+		require.NoError(t, err)
+		assert.Contains(t, string(e.Value()), `"runId":"`+id+`"`, "globex's run state now holds the registrar's answer: %.120s", e.Value())
+	})
+
+	t.Run("the dispatchers' limits bookkeeping", func(t *testing.T) {
+		key := limits.BucketKey("r37.echo")
+		aim("$KV.ab_limits." + key)
+		kv, err := srv.JS.KeyValue(ctx, "ab_limits")
+		require.NoError(t, err)
+		_, err = kv.Get(ctx, key)
+		assert.ErrorIs(t, err, jetstream.ErrKeyNotFound, "the limits entry of r37.echo now holds the registrar's answer")
+	})
+
+	t.Run("another tenant's terminal subject", func(t *testing.T) {
+		id, err := globex.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.slow", Args: map[string]any{}}, UserID: "g"})
+		require.NoError(t, err)
+		aim("ab.run.globex." + id + ".completed")
+		assert.Equal(t, 0, srv.Stored(t, "AB_RUNS", "ab.run.globex."+id+".completed"), "a message was stored on globex's run's completed subject")
 	})
 }
+
+// Pagination tricks on the read service, as acme, with a globex run
+// stored: a sequence at the top of the range (After+1 wraps to 0), a cut
+// message continued at an offset on globex's run id, a page start long
+// before anything was stored, the smallest page, every verb of the
+// requests stream on globex's run, the last events of globex's run. No
+// answer holds a subject of globex, and the service still answers.
+// (Held.)
+func TestReview37ReadServicePaginationTricksStayInTheTenant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server and the services")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := deployed(t, "acme", "globex")
+	srv.StartStack(t, actionbustest.StackOptions{Register: r37Echo})
+	globex, err := client.New(srv.TenantConnect(t, "client-globex", "globex"), client.Options{Tenant: "globex"})
+	require.NoError(t, err)
+	waitCatalog(t, ctx, globex, "r37.echo")
+	done, err := globex.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.echo", Args: map[string]any{"g": 1}}, UserID: "g"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, done.Status, "%+v", done.Error)
+
+	caller := readapi.NewCaller(srv.TenantConnect(t, "client-acme", "acme"), "ab", "acme")
+	caller.RetryFor = 2 * time.Second
+	old := time.Unix(0, 0)
+	for name, c := range map[string]struct {
+		op  string
+		req readapi.Request
+	}{
+		"runs after the last sequence":  {readapi.OpRuns, readapi.Request{After: ^uint64(0)}},
+		"audit after the last sequence": {readapi.OpAudit, readapi.Request{After: ^uint64(0)}},
+		"runs since 1970":               {readapi.OpRuns, readapi.Request{Since: &old, Limit: readapi.MaxLimit}},
+		"events at an offset":           {readapi.OpEvents, readapi.Request{Run: done.RunID, Offset: 3}},
+		"requests of globex's run":      {readapi.OpEvents, readapi.Request{Run: done.RunID, Stream: readapi.StreamRequests, Verbs: []string{"requested", "cancel", "input", "approve", "deny"}}},
+		"last of globex's run":          {readapi.OpEvents, readapi.Request{Run: done.RunID, Last: true, Verbs: []string{"completed", "failed"}}},
+		"smallest page":                 {readapi.OpRuns, readapi.Request{MaxBytes: readapi.MinPageBytes, Limit: 1}},
+		"audit of globex's run":         {readapi.OpAudit, readapi.Request{Run: done.RunID, After: ^uint64(0) - 1}},
+	} {
+		var p readapi.Page
+		err := caller.Call(ctx, c.op, c.req, &p)
+		t.Logf("%s: %d messages, err %v", name, len(p.Msgs), err)
+		for _, m := range p.Msgs {
+			assert.False(t, strings.Contains(m.Subject, "globex") || strings.Contains(string(m.Data), done.RunID), "%s: acme read %s", name, m.Subject)
+		}
+	}
+	var p readapi.Page
+	require.NoError(t, caller.Call(ctx, readapi.OpRuns, readapi.Request{}, &p), "the read service still answers")
+}
+
+// docs/security.md (the users table, threat 6): the approver reads its
+// runs' approvals and nothing else of them. Its user may call only the
+// read service's approvals operation (ab.api.<tenant>.approvals), which
+// serves a run's approval subject and nothing else: acme's approver reads
+// no run's result and no audit record.
+func TestReview37AnApproverReadsEveryRunOfItsTenant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a nats-server and the services")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := deployed(t, "acme")
+	srv.StartStack(t, actionbustest.StackOptions{Register: r37Echo})
+	acme, err := client.New(srv.TenantConnect(t, "client-acme", "acme"), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	waitCatalog(t, ctx, acme, "r37.echo")
+	res, err := acme.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.echo", Args: map[string]any{"salary": "acme-ceo-991k"}}, UserID: "a"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+
+	approver, err := client.New(srv.TenantConnect(t, "approver-acme", "acme"), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	ended, err := approver.Ended(ctx, res.RunID)
+	if err == nil && ended != nil {
+		out, _ := json.Marshal(ended.Output)
+		assert.NotContains(t, string(out), "acme-ceo-991k", "acme's approver reads a run's result")
+	}
+	recs, _ := approver.AuditRecords(ctx, res.RunID)
+	assert.True(t, len(recs) == 0, "acme's approver reads %d audit records of a run that asked no approval", len(recs))
+}
+
+// An artifact read by id (client.Artifact, the read service) looks in
+// every artifact store and refuses an id that two stores hold for the
+// tenant, so that no pool shadows another's artifact. A pool's executor
+// learns other tenants' artifact ids from the run.completed events its
+// user receives (TestReview37ADedicatedPoolsExecutorReceivesOtherTenantsAnswers),
+// and writes its own pool's store: executor-acme, a pool dedicated to
+// acme, records an object under globex's artifact id with globex as its
+// owner, and globex can no longer read its artifact.

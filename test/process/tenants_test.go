@@ -143,7 +143,7 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 		acmeApprover, err := client.New(anc, client.Options{Tenant: "globex"})
 		require.NoError(t, err)
 		assert.Error(t, acmeApprover.Approve(short(), approvalID, "k1", deployApprovalKey), "acme approved globex's call")
-		approverRefused.waitFor(t, `Permissions Violation for Publish to "ab.api.globex.events"`)
+		approverRefused.waitFor(t, `Permissions Violation for Publish to "ab.api.globex.approvals"`)
 		require.NoError(t, anc.Publish("ab.run.globex."+waiting+".approve", []byte("{}")))
 		approverRefused.waitFor(t, `Permissions Violation for Publish to "ab.run.globex.`+waiting+`.approve"`)
 
