@@ -17,6 +17,7 @@ import (
 	"github.com/actionbus/actionbus/internal/cli"
 	"github.com/actionbus/actionbus/internal/embedded"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/ingress"
 )
 
 func runCLI(t *testing.T, args ...string) (string, string, int) {
@@ -61,6 +62,22 @@ func TestTenantAddAndRemoveOnARunningServer(t *testing.T) {
 	if out, errOut, code := runCLI(t, "--nats", url, "--creds", filepath.Join(dir, "accounts/ACTIONBUS/users/admin.creds"), "provision"); code != 0 {
 		t.Fatalf("provision: %s %s", out, errOut)
 	}
+	// The ingress (a dispatcher's) answers tenants' requests, as the
+	// dispatcher user.
+	dispatcher, err := nats.Connect(url, nats.UserCredentials(filepath.Join(dir, "accounts/ACTIONBUS/users/dispatcher.creds")),
+		nats.CustomInboxPrefix("_INBOX_dispatcher"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dispatcher.Close()
+	in, err := ingress.New(dispatcher, ingress.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer in.Stop()
 
 	if _, errOut, code := runCLI(t, "--nats", url, "tenant", "add", "auditor", "--dir", dir); code == 0 || !strings.Contains(errOut, "reserved") {
 		t.Fatalf("tenant add auditor: %d %s", code, errOut)
