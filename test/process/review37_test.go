@@ -144,19 +144,6 @@ func TestReview37ATenantAddedUnderARemovedTenantsNameReadsItsRuns(t *testing.T) 
 	assert.Empty(t, recs, "initech reads the removed acme's audit records")
 }
 
-func r37First(recs []client.AuditRecord) client.AuditRecord {
-	if len(recs) == 0 {
-		return client.AuditRecord{}
-	}
-	return recs[0]
-}
-
-func ctxFor(parent context.Context, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(parent, d)
-	go func() { <-ctx.Done(); cancel() }()
-	return ctx
-}
-
 // Static config: a tenant account's `limits` block (max connections) is
 // applied by the server, as operator mode's JWT limits are: the 65th
 // connection of acme's users is refused, and globex still connects.
