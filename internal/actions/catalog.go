@@ -197,6 +197,8 @@ type View struct {
 	entries map[string]Entry            // by bucket key
 	byName  map[string]map[string]Entry // action name → bucket key → entry
 	skills  map[string]bool             // skill keys (SkillKeyMarker) present
+	seq     uint64                      // the bucket stream sequence applied last
+	changed chan struct{}               // closed (and replaced) when seq moves
 }
 
 // SkillKeyMarker is the token that marks a skill's key in the catalog
@@ -218,7 +220,7 @@ func (c *Catalog) Watch(ctx context.Context) (*View, error) {
 	if err != nil {
 		return nil, fmt.Errorf("actions: watch catalog: %w", err)
 	}
-	v := &View{cat: c, entries: map[string]Entry{}, byName: map[string]map[string]Entry{}}
+	v := &View{cat: c, entries: map[string]Entry{}, byName: map[string]map[string]Entry{}, changed: make(chan struct{})}
 	loaded := make(chan struct{})
 	go func() {
 		defer w.Stop()
@@ -253,6 +255,11 @@ func (c *Catalog) Watch(ctx context.Context) (*View, error) {
 func (v *View) apply(kve jetstream.KeyValueEntry) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if rev := kve.Revision(); rev > v.seq {
+		v.seq = rev
+		close(v.changed)
+		v.changed = make(chan struct{})
+	}
 	key := kve.Key()
 	if old, ok := v.entries[key]; ok {
 		delete(v.entries, key)
@@ -281,6 +288,38 @@ func (v *View) apply(kve jetstream.KeyValueEntry) {
 			v.byName[e.Name] = map[string]Entry{}
 		}
 		v.byName[e.Name][key] = e
+	}
+}
+
+// CatchUp waits until the view holds every write the bucket had stored
+// when it was called (read-your-writes: an executor whose announcement the
+// registrar acknowledged is listed), or until ctx ends or a second has
+// passed — then the view is listed as it is. It creates no consumer: one
+// stream info request.
+func (v *View) CatchUp(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	st, err := v.cat.kv.Status(ctx)
+	if err != nil {
+		return
+	}
+	js, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return
+	}
+	last := js.StreamInfo().State.LastSeq
+	for {
+		v.mu.RLock()
+		seq, changed := v.seq, v.changed
+		v.mu.RUnlock()
+		if seq >= last {
+			return
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 

@@ -44,6 +44,13 @@ type Lister interface {
 	List() []actions.Entry
 }
 
+// catchingUp is a Lister that can wait until it holds every write stored
+// so far (actions.View), so that an action the registrar acknowledged is
+// listed at once.
+type catchingUp interface {
+	CatchUp(ctx context.Context)
+}
+
 // Config configures a [Service].
 type Config struct {
 	// Prefix is the subject prefix; default "ab".
@@ -489,6 +496,9 @@ func (s *Service) catalog(ctx context.Context, tenant string, r Request, budget 
 	var docs []any
 	switch r.Kind {
 	case KindActions:
+		if c, ok := s.cfg.Catalog.(catchingUp); ok {
+			c.CatchUp(ctx)
+		}
 		for _, e := range s.cfg.Catalog.List() {
 			if e.ServesTenant(tenant) {
 				names, docs = append(names, e.Name), append(docs, e)
