@@ -158,7 +158,7 @@ func (s *Service) dispatch(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 		defer cancel()
 		answer := s.serve(ctx, m)
-		if !events.AnswerableReply(m.Reply) {
+		if answer == nil || !events.AnswerableReply(m.Reply) {
 			return
 		}
 		if err := s.nc.Publish(m.Reply, answer); err != nil {
@@ -167,17 +167,22 @@ func (s *Service) dispatch(m *nats.Msg) {
 	}()
 }
 
-// serve stores one request and returns the publisher's answer.
+// serve stores one request and returns the publisher's answer; nil when
+// the stream did not answer (a leader being elected, a server going
+// away): the publisher is then not answered at all, so its publish times
+// out as it would have against the stream itself, and its retry (same
+// message id, deduplicated) stores the request once.
 func (s *Service) serve(ctx context.Context, m *nats.Msg) []byte {
 	out, err := Ingest(s.subjects, m)
 	if err != nil {
 		return ErrorAnswer(err)
 	}
-	ack, err := s.js.PublishMsg(ctx, out)
+	ack, err := s.js.PublishMsg(ctx, out, jetstream.WithRetryAttempts(10), jetstream.WithRetryWait(100*time.Millisecond))
 	if err != nil {
 		var api *jetstream.APIError
 		if !errors.As(err, &api) {
-			s.log.Warn("store failed", "subject", out.Subject, "err", err)
+			s.log.Warn("store failed; the publisher retries", "subject", out.Subject, "err", err)
+			return nil
 		}
 		return ErrorAnswer(err)
 	}
