@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -41,13 +42,11 @@ func reg37Request(t *testing.T, nc *nats.Conn, msg func() *nats.Msg) events.Anno
 	t.Helper()
 	var reply *nats.Msg
 	var err error
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if reply, err = nc.RequestMsg(msg(), 30*time.Second); err != nats.ErrNoResponders || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond) // the registrar is not subscribed yet: retry, bounded by the deadline
-	}
+	// Until the registrar subscribes, a request has no responders.
+	require.Eventually(t, func() bool {
+		reply, err = nc.RequestMsg(msg(), 30*time.Second)
+		return !errors.Is(err, nats.ErrNoResponders)
+	}, 10*time.Second, 50*time.Millisecond, "no registrar answered")
 	require.NoError(t, err)
 	var out events.AnnounceReply
 	require.NoError(t, json.Unmarshal(reply.Data, &out), "%s", reply.Data)

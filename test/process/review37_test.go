@@ -72,24 +72,6 @@ func TestReview37ARetryTellsAnotherTenantsRunsStatus(t *testing.T) {
 	assert.Equal(t, missing, foreign, "acme's retry of globex's run is answered otherwise than a retry of no run")
 }
 
-// r37Announce sends an announcement of pool and returns the registrar's
-// answer.
-func r37Announce(t *testing.T, nc *nats.Conn, pool string, defs ...map[string]any) events.AnnounceReply {
-	t.Helper()
-	var reply *nats.Msg
-	var err error
-	for i := 0; i < 50; i++ { // the registrar may not be subscribed yet
-		if reply, err = nc.RequestMsg(announcement(t, pool, defs...), 30*time.Second); err != nats.ErrNoResponders {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	require.NoError(t, err)
-	var out events.AnnounceReply
-	require.NoError(t, json.Unmarshal(reply.Data, &out), "%s", reply.Data)
-	return out
-}
-
 func r37Def(name string, aliases ...string) map[string]any {
 	d := map[string]any{"name": name, "description": name, "mode": "read", "inputSchema": map[string]any{"type": "object"}}
 	if len(aliases) > 0 {
@@ -214,7 +196,7 @@ func TestReview37AnExecutorAimsTheRegistrarsAnswerAtTheSharedStores(t *testing.T
 		require.NoError(t, mallory.PublishMsg(m))
 		// The registrar handles announcements in order: once a proper one
 		// is answered, the aimed one has been handled.
-		r37Announce(t, mallory, "default", r37Def("mallory.barrier"))
+		reg37Announce(t, mallory, "default", r37Def("mallory.barrier"))
 	}
 	info := func(stream string) jetstream.StreamState {
 		s, err := srv.JS.Stream(ctx, stream)
