@@ -16,8 +16,16 @@ import (
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/stack"
 )
+
+// limits are the run limits the options set (zero: the dispatcher's
+// default).
+func (o StackOptions) limits() run.Limits {
+	return run.Limits{MaxPlanParallel: o.MaxPlanParallel, MaxPlanActions: o.MaxPlanActions, MaxSectionParallel: o.MaxSectionParallel,
+		MaxFailedRounds: o.MaxFailedRounds, DecisionTimeout: o.DecisionTimeout, RunDeadline: o.RunDeadline, ApprovalTTL: o.ApprovalTTL}
+}
 
 // StackOptions configures [Server.StartStack].
 type StackOptions struct {
@@ -181,9 +189,7 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 		Audit: ac, Logger: opts.Logger, Connect: connect,
 		Prefix: s.Prefix, Provider: provider, Executors: opts.Executors, Slots: opts.Slots, Executor: opts.Executor,
 		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner, NoExecutors: opts.NoExecutors, NoDispatcher: opts.NoDispatcher,
-		Dispatcher: dispatch.Config{MaxPlanParallel: opts.MaxPlanParallel, MaxPlanActions: opts.MaxPlanActions, MaxSectionParallel: opts.MaxSectionParallel,
-			MaxFailedRounds: opts.MaxFailedRounds, DecisionTimeout: opts.DecisionTimeout, RunDeadline: opts.RunDeadline,
-			Policy: pol, ApprovalKeys: keys, ApprovalTTL: opts.ApprovalTTL},
+		Dispatcher: dispatch.Config{Limits: opts.limits(), Policy: pol, ApprovalKeys: keys},
 	})
 	if err != nil {
 		t.Fatalf("actionbustest: start stack: %v", err)

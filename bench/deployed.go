@@ -30,7 +30,8 @@ import (
 )
 
 // The deployed topology of BENCHMARKS.md: one nats-server process with
-// JetStream (file storage, the server's default sync) and the repository's
+// JetStream (file storage, the server's default sync, or fsync per write
+// with -sync always) and the repository's
 // accounts, `actionbus provision`, the dispatcher, planner and auditor each
 // as its own process, two executor processes hosting `echo`, and the
 // client in this process. Every process connects as its deployed user.
@@ -115,7 +116,7 @@ func (d *deployment) spawn(name, bin, user string, extraEnv []string, args ...st
 // deploy starts the topology from the binaries in bins; every service
 // serves pprof on its own loopback address (ACTIONBUS_DEBUG_ADDR) for
 // -profile.
-func deploy(ctx context.Context, bins string) *deployment {
+func deploy(ctx context.Context, bins string, syncAlways bool) *deployment {
 	dir, err := os.MkdirTemp("", "actionbus-bench-")
 	must(err)
 	d := &deployment{dir: dir, addr: freePort(), debug: map[string]string{}, monitor: freePort()}
@@ -126,7 +127,14 @@ func deploy(ctx context.Context, bins string) *deployment {
 	must(err)
 	// Its monitoring endpoint (http) gives -timeline the messages each
 	// connection sent and received.
-	conf := fmt.Sprintf("listen: %s\nprof_port: %s\nhttp: %s\njetstream { store_dir: %q }\ninclude ./accounts.conf\n", d.addr, profPort, d.monitor, filepath.Join(dir, "js"))
+	// With syncAlways every stored message is on disk before it is
+	// acknowledged (an fsync per write), as Restate runs and as the
+	// three-node deploy/nats cluster ships.
+	sync := ""
+	if syncAlways {
+		sync = "\n  sync_interval: always\n"
+	}
+	conf := fmt.Sprintf("listen: %s\nprof_port: %s\nhttp: %s\njetstream { store_dir: %q%s }\ninclude ./accounts.conf\n", d.addr, profPort, d.monitor, filepath.Join(dir, "js"), sync)
 	must(os.WriteFile(filepath.Join(dir, "server.conf"), []byte(conf), 0o600))
 	var pw []string
 	for _, u := range append(natsconf.Users, natsconf.TenantUserNames(natsconf.ExampleTenants...)...) {
@@ -357,9 +365,10 @@ func connect(ctx context.Context, url, inbox string) *nats.Conn {
 	}
 	nc, err := nats.Connect(url, opts...)
 	must(err)
+	deadline := time.Now().Add(30 * time.Second)
 	for !nc.IsConnected() {
-		if ctx.Err() != nil {
-			must(errors.New("nats-server did not start"))
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			must(errors.New("nats-server did not start within 30 s (see its log)"))
 		}
 		time.Sleep(20 * time.Millisecond) // polling a process's start-up
 	}

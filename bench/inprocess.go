@@ -12,6 +12,7 @@ import (
 	"github.com/actionbus/actionbus/internal/embedded"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/planner"
+	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/stack"
 )
 
@@ -39,7 +40,7 @@ func measureInProcess(ctx context.Context, reps int) []Figure {
 	must(err)
 	defer svc.Close()
 	st, err := stack.Start(ctx, svc, stack.Config{Provider: script, Executors: 2, Slots: 16, Register: registerEcho,
-		Dispatcher: dispatch.Config{MaxPlanParallel: fanoutWidth}})
+		Dispatcher: dispatch.Config{Limits: run.Limits{MaxPlanParallel: fanoutWidth}}})
 	must(err)
 	defer func() { _ = st.Stop() }()
 	c, err := client.New(nc, client.Options{})

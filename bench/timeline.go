@@ -107,7 +107,7 @@ func printMsgs(w io.Writer, before, after map[string]msgCount, runs int) {
 // printCPU prints the CPU time each process used per run between two
 // readings ([deployment.cpu]). Unlike latency, it hardly moves with what
 // else the machine runs, so it shows what a change saves.
-func printCPU(w io.Writer, before, after map[string]time.Duration, runs int) {
+func printCPU(w io.Writer, before, after map[string]time.Duration, runs int) (totalMs float64) {
 	names := slices.Sorted(maps.Keys(after))
 	var total time.Duration
 	fmt.Fprintf(w, "CPU per run:")
@@ -117,6 +117,7 @@ func printCPU(w io.Writer, before, after map[string]time.Duration, runs int) {
 		fmt.Fprintf(w, " %s %.2f ms,", n, ms(used)/float64(runs))
 	}
 	fmt.Fprintf(w, " total %.2f ms\n", ms(total)/float64(runs))
+	return ms(total) / float64(runs)
 }
 
 // storedSince reads every message stored since t in the deployment's

@@ -12,6 +12,7 @@ import (
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/service"
 )
 
@@ -19,14 +20,15 @@ func main() {
 	var c service.Common
 	var cfg dispatch.Config
 	c.Flags(flag.CommandLine)
-	maxPlan := flag.String("max-plan-actions", service.Env("ACTIONBUS_MAX_PLAN_ACTIONS", strconv.Itoa(dispatch.DefaultMaxPlanActions)), "actions per plan, 1 to 20 (env ACTIONBUS_MAX_PLAN_ACTIONS)")
-	flag.IntVar(&cfg.MaxCycles, "max-cycles", service.EnvInt("ACTIONBUS_MAX_CYCLES", dispatch.DefaultMaxCycles), "planner cycles per run (env ACTIONBUS_MAX_CYCLES)")
-	flag.IntVar(&cfg.MaxPlanParallel, "max-plan-parallel", service.EnvInt("ACTIONBUS_MAX_PLAN_PARALLEL", dispatch.DefaultMaxPlanParallel), "plan actions in flight (env ACTIONBUS_MAX_PLAN_PARALLEL)")
-	flag.IntVar(&cfg.MaxFailedRounds, "max-failed-rounds", service.EnvInt("ACTIONBUS_MAX_FAILED_ROUNDS", dispatch.DefaultMaxFailedRounds), "consecutive failed rounds of one action before the loop stops (env ACTIONBUS_MAX_FAILED_ROUNDS)")
+	maxPlan := flag.String("max-plan-actions", service.Env("ACTIONBUS_MAX_PLAN_ACTIONS", strconv.Itoa(run.DefaultMaxPlanActions)), "actions per plan, 1 to 20 (env ACTIONBUS_MAX_PLAN_ACTIONS)")
+	flag.IntVar(&cfg.MaxCycles, "max-cycles", service.EnvInt("ACTIONBUS_MAX_CYCLES", run.DefaultMaxCycles), "planner cycles per run (env ACTIONBUS_MAX_CYCLES)")
+	flag.IntVar(&cfg.MaxPlanParallel, "max-plan-parallel", service.EnvInt("ACTIONBUS_MAX_PLAN_PARALLEL", run.DefaultMaxPlanParallel), "plan actions in flight (env ACTIONBUS_MAX_PLAN_PARALLEL)")
+	flag.IntVar(&cfg.MaxFailedRounds, "max-failed-rounds", service.EnvInt("ACTIONBUS_MAX_FAILED_ROUNDS", run.DefaultMaxFailedRounds), "consecutive failed rounds of one action before the loop stops (env ACTIONBUS_MAX_FAILED_ROUNDS)")
 	flag.IntVar(&cfg.Concurrency, "concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", dispatch.DefaultConcurrency), "events handled at once (env ACTIONBUS_CONCURRENCY)")
-	flag.DurationVar(&cfg.RunDeadline, "run-deadline", service.EnvDuration("ACTIONBUS_RUN_DEADLINE", dispatch.DefaultRunDeadline), "default whole-run deadline (env ACTIONBUS_RUN_DEADLINE)")
-	flag.DurationVar(&cfg.DecisionTimeout, "decision-timeout", service.EnvDuration("ACTIONBUS_DECISION_TIMEOUT", dispatch.DefaultDecisionTimeout), "planner decision deadline (env ACTIONBUS_DECISION_TIMEOUT)")
+	flag.DurationVar(&cfg.RunDeadline, "run-deadline", service.EnvDuration("ACTIONBUS_RUN_DEADLINE", run.DefaultRunDeadline), "default whole-run deadline (env ACTIONBUS_RUN_DEADLINE)")
+	flag.DurationVar(&cfg.DecisionTimeout, "decision-timeout", service.EnvDuration("ACTIONBUS_DECISION_TIMEOUT", run.DefaultDecisionTimeout), "planner decision deadline (env ACTIONBUS_DECISION_TIMEOUT)")
 	flag.DurationVar(&cfg.ResultLinger, "result-linger", service.EnvDuration("ACTIONBUS_RESULT_LINGER", dispatch.DefaultResultLinger), "longest hold of results that only change a run's state, for its next write; negative writes each at once (env ACTIONBUS_RESULT_LINGER)")
+	flag.DurationVar(&cfg.AlarmDelay, "alarm-delay", service.EnvDuration("ACTIONBUS_ALARM_DELAY", dispatch.DefaultAlarmDelay), "how long a new run's alarm is held before it is armed (a run that ends sooner stores none); negative arms at once (env ACTIONBUS_ALARM_DELAY)")
 	policyFile := flag.String("policy", service.Env("ACTIONBUS_POLICY_FILE", ""), "policy document (JSON); the policy bucket can replace it at run time")
 	flag.Parse()
 	os.Exit(service.Main("dispatcher", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {

@@ -47,63 +47,24 @@ import (
 	"github.com/actionbus/actionbus/internal/tracing"
 )
 
-// Defaults of [Config], named once for setDefaults and the command's
-// flags.
+// Defaults of [Config] beyond the run limits (whose defaults are
+// run.Default*), named once for setDefaults and the command's flags.
 const (
-	DefaultMaxPlanActions     = 10
-	MaxPlanActionsCeiling     = 20
-	DefaultMaxPlanParallel    = 8
-	DefaultMaxCycles          = 12
-	DefaultMaxSectionParallel = 4
-	DefaultConcurrency        = 64
-	DefaultMaxFailedRounds    = 2
-	DefaultRunDeadline        = 10 * time.Minute
-	DefaultDecisionTimeout    = 2 * time.Minute
-	DefaultActionGrace        = 30 * time.Second
-	DefaultInputTimeout       = 24 * time.Hour
-	DefaultObservationBytes   = 4096
-	DefaultInlineOutputBytes  = 16 << 10
-	DefaultApprovalTTL        = time.Hour
-	DefaultResultLinger       = 20 * time.Millisecond
+	DefaultConcurrency  = 64
+	DefaultResultLinger = 20 * time.Millisecond
+	DefaultAlarmDelay   = time.Second
 )
 
 // Config configures a [Dispatcher].
 type Config struct {
 	// Prefix is the subject prefix; default "ab".
 	Prefix string
-	// MaxCycles bounds planner cycles per run; default 12.
-	MaxCycles int
-	// MaxPlanActions bounds the actions of one plan; default 10, at most 20.
-	MaxPlanActions int
-	// MaxPlanParallel bounds a plan's actions in flight; default 8.
-	MaxPlanParallel int
-	// MaxSectionParallel bounds the synthesis requests of a per-action
-	// synthesis in flight; default 4.
-	MaxSectionParallel int
+	// Limits bound every run (cycles, plans, deadlines, sizes); zero
+	// fields take run's defaults. They are declared once, in package run,
+	// which enforces them.
+	run.Limits
 	// Concurrency bounds events handled at once; default 64.
 	Concurrency int
-	// MaxFailedRounds stops the loop when the same action failed this many
-	// consecutive rounds; default 2.
-	MaxFailedRounds int
-	// RunDeadline bounds a whole run unless the request gives its own;
-	// default 10 minutes.
-	RunDeadline time.Duration
-	// DecisionTimeout bounds one planner decision; default 2 minutes.
-	DecisionTimeout time.Duration
-	// ActionGrace is added to an action's own timeout before the
-	// dispatcher declares the action stage stalled (the executor reports
-	// timeouts itself; this catches lost executors); default 30 seconds.
-	ActionGrace time.Duration
-	// InputTimeout bounds the wait for an answer to a clarify question;
-	// default 24 hours.
-	InputTimeout time.Duration
-	// ObservationBytes bounds one observation's output as given to the
-	// planner; larger outputs are replaced by a digest; default 4096.
-	ObservationBytes int
-	// InlineOutputBytes is the largest workflow step output kept in run
-	// state; a larger one is stored as an artifact and the state keeps its
-	// reference; default 16384.
-	InlineOutputBytes int
 	// Policy is the operator's policy configuration (explicit per-action
 	// policy, required roles and scopes); nil means tier defaults only. A
 	// document under the key "config" of the policy bucket replaces it
@@ -111,13 +72,16 @@ type Config struct {
 	Policy *policy.Config
 	// ApprovalKeys verify approval tokens (key id to secret).
 	ApprovalKeys policy.Keys
-	// ApprovalTTL is how long an approval request stays valid; default 1h.
-	ApprovalTTL time.Duration
 	// ResultLinger bounds how long results that only change a run's state
 	// (a plan's or workflow's, while its other calls are out) are held,
 	// unacknowledged, for the run's next write instead of each being
 	// written; default 20 ms; negative writes each at once.
 	ResultLinger time.Duration
+	// AlarmDelay is how long a new run's alarm (its deadline, its first
+	// stage's) is held before it is armed, its request unacknowledged
+	// meanwhile: a run that ends sooner, as most do, never stores one;
+	// default 1 s; negative arms every alarm at once.
+	AlarmDelay time.Duration
 	// InstanceID names this dispatcher in the source of its events
 	// (/actionbus/dispatcher/<id>); default <hostname>-<pid>.
 	InstanceID string
@@ -131,47 +95,15 @@ func (c *Config) setDefaults() {
 	if c.Prefix == "" {
 		c.Prefix = events.DefaultPrefix
 	}
-	if c.MaxCycles == 0 {
-		c.MaxCycles = DefaultMaxCycles
-	}
-	if c.MaxPlanActions == 0 {
-		c.MaxPlanActions = DefaultMaxPlanActions
-	}
-	if c.MaxPlanParallel == 0 {
-		c.MaxPlanParallel = DefaultMaxPlanParallel
-	}
-	if c.MaxSectionParallel == 0 {
-		c.MaxSectionParallel = DefaultMaxSectionParallel
-	}
+	c.Limits.SetDefaults()
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
-	if c.MaxFailedRounds == 0 {
-		c.MaxFailedRounds = DefaultMaxFailedRounds
-	}
-	if c.RunDeadline == 0 {
-		c.RunDeadline = DefaultRunDeadline
-	}
-	if c.DecisionTimeout == 0 {
-		c.DecisionTimeout = DefaultDecisionTimeout
-	}
-	if c.ActionGrace == 0 {
-		c.ActionGrace = DefaultActionGrace
-	}
-	if c.InputTimeout == 0 {
-		c.InputTimeout = DefaultInputTimeout
-	}
-	if c.ObservationBytes == 0 {
-		c.ObservationBytes = DefaultObservationBytes
-	}
-	if c.InlineOutputBytes == 0 {
-		c.InlineOutputBytes = DefaultInlineOutputBytes
-	}
-	if c.ApprovalTTL == 0 {
-		c.ApprovalTTL = DefaultApprovalTTL
-	}
 	if c.ResultLinger == 0 {
 		c.ResultLinger = DefaultResultLinger
+	}
+	if c.AlarmDelay == 0 {
+		c.AlarmDelay = DefaultAlarmDelay
 	}
 	if c.InstanceID == "" {
 		host, _ := os.Hostname()
@@ -191,33 +123,19 @@ func ParsePlanLimit(s string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("dispatch: max plan actions %q is not a whole number", s)
 	}
-	if n < 1 || n > MaxPlanActionsCeiling {
-		return 0, fmt.Errorf("dispatch: max plan actions must be 1 to %d (hard ceiling), got %d", MaxPlanActionsCeiling, n)
+	if n < 1 || n > run.MaxPlanActionsCeiling {
+		return 0, fmt.Errorf("dispatch: max plan actions must be 1 to %d (hard ceiling), got %d", run.MaxPlanActionsCeiling, n)
 	}
 	return n, nil
 }
 
 // Validate reports configuration errors.
 func (c *Config) Validate() error {
-	switch {
-	case c.MaxPlanActions < 1 || c.MaxPlanActions > MaxPlanActionsCeiling:
-		return fmt.Errorf("dispatch: MaxPlanActions must be 1 to %d, got %d", MaxPlanActionsCeiling, c.MaxPlanActions)
-	case c.MaxPlanParallel < 1:
-		return fmt.Errorf("dispatch: MaxPlanParallel must be at least 1, got %d", c.MaxPlanParallel)
-	case c.MaxSectionParallel < 1:
-		return fmt.Errorf("dispatch: MaxSectionParallel must be at least 1, got %d", c.MaxSectionParallel)
-	case c.MaxCycles < 1:
-		return fmt.Errorf("dispatch: MaxCycles must be at least 1, got %d", c.MaxCycles)
-	case c.Concurrency < 1:
+	if err := c.Limits.Validate(); err != nil {
+		return fmt.Errorf("dispatch: %w", err)
+	}
+	if c.Concurrency < 1 {
 		return fmt.Errorf("dispatch: Concurrency must be at least 1, got %d", c.Concurrency)
-	case c.MaxFailedRounds < 1:
-		return fmt.Errorf("dispatch: MaxFailedRounds must be at least 1, got %d", c.MaxFailedRounds)
-	case c.RunDeadline < time.Second || c.DecisionTimeout < time.Second || c.ActionGrace < 0 || c.InputTimeout < time.Second:
-		return fmt.Errorf("dispatch: deadlines must be at least one second (timers have second precision)")
-	case c.ObservationBytes < 256:
-		return fmt.Errorf("dispatch: ObservationBytes must be at least 256, got %d", c.ObservationBytes)
-	case c.InlineOutputBytes < 1024:
-		return fmt.Errorf("dispatch: InlineOutputBytes must be at least 1024, got %d", c.InlineOutputBytes)
 	}
 	return events.Topology{Prefix: c.Prefix}.Validate()
 }
@@ -242,6 +160,7 @@ type Dispatcher struct {
 	limits    *limits.Store
 	wakes     *wakeups
 	alarms    *endedAlarms
+	deferred  *deferredAlarms
 	unsent    *unpublished
 	// outboxFresh is how long a stored outbox may still be unsent (half
 	// the streams' duplicate window); see carriedOutbox.
@@ -281,11 +200,9 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	d.policy.Store(&policy.Evaluator{Config: cfg.Policy})
 	d.wakes = newWakeups(d)
 	d.alarms = newEndedAlarms(log)
+	d.deferred = newDeferredAlarms(d, cfg.AlarmDelay)
 	d.unsent = newUnpublished()
-	d.machine = run.New(env{d}, run.Limits{MaxCycles: cfg.MaxCycles, MaxPlanActions: cfg.MaxPlanActions, MaxPlanParallel: cfg.MaxPlanParallel,
-		MaxSectionParallel: cfg.MaxSectionParallel, MaxFailedRounds: cfg.MaxFailedRounds, RunDeadline: cfg.RunDeadline,
-		DecisionTimeout: cfg.DecisionTimeout, ActionGrace: cfg.ActionGrace, InputTimeout: cfg.InputTimeout, ApprovalTTL: cfg.ApprovalTTL,
-		ObservationBytes: cfg.ObservationBytes, InlineOutputBytes: cfg.InlineOutputBytes})
+	d.machine = run.New(env{d}, cfg.Limits)
 	return d, nil
 }
 
@@ -332,6 +249,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return err
 	}
 	d.alarms.start(ctx, timers)
+	stopDeferred := context.AfterFunc(ctx, d.deferred.release)
+	defer stopDeferred()
 	go d.republish(ctx)
 	// Two consumers: what services write (decisions, results, timers)
 	// and what clients and approvers write (requests, cancels, inputs,
@@ -462,7 +381,13 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 	rev, err := d.runs.Create(cctx, st.RunID, val)
 	cancel()
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		return d.flushStored(ctx, st.RunID, false)
+		// A request delivered again: its first delivery may have been
+		// held with its run's alarm by a dispatcher that crashed
+		// (deferredAlarms), so the alarm is armed again.
+		if err := d.flushStored(ctx, st.RunID, false); err != nil {
+			return err
+		}
+		return d.rearm(ctx, st.RunID)
 	}
 	if err != nil {
 		return err
@@ -471,7 +396,35 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 	if st.IsTerminal() {
 		d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), 0)
 	}
-	return d.flush(ctx, st, rev)
+	// The run's alarm is held (deferredAlarms): the request is settled
+	// when the run ends or the alarm is armed.
+	rest, settled := d.deferred.hold(ctx, st, st.Outbox)
+	if settled == nil {
+		return d.flush(ctx, st, rev)
+	}
+	st.Outbox = rest
+	if err := d.flush(ctx, st, rev); err != nil {
+		d.deferred.take(st.RunID, nil) // the request is redelivered and arms it
+		return err
+	}
+	return events.Later(settled)
+}
+
+// rearm arms the alarm of the stored run runID again, unless this
+// dispatcher holds it (see [run.Rearm]).
+func (d *Dispatcher) rearm(ctx context.Context, runID string) error {
+	if d.deferred.holds(runID) {
+		return nil
+	}
+	st, _, err := d.loadStored(ctx, runID)
+	if err != nil {
+		return err
+	}
+	alarm, ok := run.Rearm(st)
+	if !ok {
+		return nil
+	}
+	return d.publish(ctx, st, []run.Effect{alarm})
 }
 
 // loadStored reads the stored state of runID from the bucket.
@@ -569,8 +522,9 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev uint64) error
 		}
 		return err
 	}
-	if st.IsTerminal() {
-		// Its end is published: its alarm has nothing left to watch.
+	if st.IsTerminal() && !d.deferred.ended(st.RunID) {
+		// Its end is published: its alarm has nothing left to watch
+		// (unless it was never armed).
 		d.alarms.cancel(d.bus.Subjects().Schedule(st.TenantOrDefault(), st.RunID, "*"))
 	}
 	d.cache.put(st, rev)
@@ -908,7 +862,18 @@ func (d *Dispatcher) publish(ctx context.Context, st *run.State, effects []run.E
 	if len(batch) == 0 {
 		return nil
 	}
-	return d.bus.EmitAll(ctx, batch)
+	if err := d.bus.EmitAll(ctx, batch); err != nil {
+		return err
+	}
+	for _, e := range effects {
+		if e.Kind == run.EffectTimer && e.Timer.Name != run.AdmittedAlarm {
+			// A schedule of the run is stored: an admission alarm held
+			// is not needed.
+			d.deferred.superseded(st.RunID)
+			break
+		}
+	}
+	return nil
 }
 
 // stateHeadroom is kept below the server's max payload for the headers of

@@ -18,6 +18,7 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/run"
 )
 
 type anyIn = map[string]any
@@ -244,7 +245,7 @@ func TestPlanLimitConfiguration(t *testing.T) {
 		assert.NoError(t, err, "%q", good)
 	}
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	_, err := dispatch.New(srv.Conn, dispatch.Config{MaxPlanActions: 21})
+	_, err := dispatch.New(srv.Conn, dispatch.Config{Limits: run.Limits{MaxPlanActions: 21}})
 	assert.ErrorContains(t, err, "MaxPlanActions must be 1 to 20")
 }
 

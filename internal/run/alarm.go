@@ -153,3 +153,46 @@ func (m *Machine) onAlarm(ctx context.Context, st *State) ([]Effect, error) {
 	}
 	return out, nil
 }
+
+// AdmittedAlarm is the schedule name of a run's admission alarm when the
+// shell defers arming it (see the dispatcher's Config.AlarmDelay): a
+// schedule subject of its own, so that arming it late never replaces a
+// sooner alarm a later transition armed meanwhile.
+const AdmittedAlarm = "admitted"
+
+// SplitAlarm takes the alarm out of effects: the rest, and the alarm
+// effect (ok false when effects arm none).
+func SplitAlarm(effects []Effect) (rest []Effect, alarm Effect, ok bool) {
+	rest = make([]Effect, 0, len(effects))
+	for _, e := range effects {
+		if !ok && e.Kind == EffectTimer && e.Timer != nil && e.Timer.Name == alarmName {
+			alarm, ok = e, true
+			continue
+		}
+		rest = append(rest, e)
+	}
+	return rest, alarm, ok
+}
+
+// Deferred returns the alarm effect e under the admission alarm's
+// schedule name ([AdmittedAlarm]), with its id.
+func Deferred(e Effect) Effect {
+	t := *e.Timer
+	t.Name = AdmittedAlarm
+	e.Timer = &t
+	return e
+}
+
+// Rearm returns the admission alarm for the time the state says its alarm
+// is armed at (ok false for a run that ended or has none): what a shell
+// publishes again when it cannot tell whether an alarm it deferred was
+// armed (its holder crashed). A schedule armed twice fires twice; the
+// second finds nothing due.
+func Rearm(st *State) (Effect, bool) {
+	if st.IsTerminal() || st.AlarmAt.IsZero() {
+		return Effect{}, false
+	}
+	f := events.TimerFired{Kind: events.TimerAlarm, Stage: "alarm", RunID: st.RunID, Cycle: st.Cycle}
+	id := st.derive("timer", alarmName, st.AlarmAt.UnixMilli())
+	return Effect{Kind: EffectTimer, ID: id, Timer: &Timer{Name: AdmittedAlarm, At: st.AlarmAt, Fired: f}}, true
+}

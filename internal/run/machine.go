@@ -110,6 +110,24 @@ type Limits struct {
 	InlineOutputBytes int
 }
 
+// The defaults of [Limits], named once: for SetDefaults, the dispatcher's
+// flags and the docs.
+const (
+	DefaultMaxCycles          = 12
+	DefaultMaxPlanActions     = 10
+	MaxPlanActionsCeiling     = 20
+	DefaultMaxPlanParallel    = 8
+	DefaultMaxSectionParallel = 4
+	DefaultMaxFailedRounds    = 2
+	DefaultObservationBytes   = 4096
+	DefaultInlineOutputBytes  = 16 << 10
+	DefaultRunDeadline        = 10 * time.Minute
+	DefaultDecisionTimeout    = 2 * time.Minute
+	DefaultActionGrace        = 30 * time.Second
+	DefaultInputTimeout       = 24 * time.Hour
+	DefaultApprovalTTL        = time.Hour
+)
+
 // SetDefaults fills zero fields with their defaults.
 func (l *Limits) SetDefaults() {
 	def := func(v *int, d int) {
@@ -122,18 +140,42 @@ func (l *Limits) SetDefaults() {
 			*v = d
 		}
 	}
-	def(&l.MaxCycles, 12)
-	def(&l.MaxPlanActions, 10)
-	def(&l.MaxPlanParallel, 8)
-	def(&l.MaxSectionParallel, 4)
-	def(&l.MaxFailedRounds, 2)
-	def(&l.ObservationBytes, 4096)
-	def(&l.InlineOutputBytes, 16<<10)
-	defD(&l.RunDeadline, 10*time.Minute)
-	defD(&l.DecisionTimeout, 2*time.Minute)
-	defD(&l.ActionGrace, 30*time.Second)
-	defD(&l.InputTimeout, 24*time.Hour)
-	defD(&l.ApprovalTTL, time.Hour)
+	def(&l.MaxCycles, DefaultMaxCycles)
+	def(&l.MaxPlanActions, DefaultMaxPlanActions)
+	def(&l.MaxPlanParallel, DefaultMaxPlanParallel)
+	def(&l.MaxSectionParallel, DefaultMaxSectionParallel)
+	def(&l.MaxFailedRounds, DefaultMaxFailedRounds)
+	def(&l.ObservationBytes, DefaultObservationBytes)
+	def(&l.InlineOutputBytes, DefaultInlineOutputBytes)
+	defD(&l.RunDeadline, DefaultRunDeadline)
+	defD(&l.DecisionTimeout, DefaultDecisionTimeout)
+	defD(&l.ActionGrace, DefaultActionGrace)
+	defD(&l.InputTimeout, DefaultInputTimeout)
+	defD(&l.ApprovalTTL, DefaultApprovalTTL)
+}
+
+// Validate reports limits out of range (after SetDefaults: zero is a
+// default, not an error).
+func (l *Limits) Validate() error {
+	switch {
+	case l.MaxPlanActions < 1 || l.MaxPlanActions > MaxPlanActionsCeiling:
+		return fmt.Errorf("run: MaxPlanActions must be 1 to %d, got %d", MaxPlanActionsCeiling, l.MaxPlanActions)
+	case l.MaxPlanParallel < 1:
+		return fmt.Errorf("run: MaxPlanParallel must be at least 1, got %d", l.MaxPlanParallel)
+	case l.MaxSectionParallel < 1:
+		return fmt.Errorf("run: MaxSectionParallel must be at least 1, got %d", l.MaxSectionParallel)
+	case l.MaxCycles < 1:
+		return fmt.Errorf("run: MaxCycles must be at least 1, got %d", l.MaxCycles)
+	case l.MaxFailedRounds < 1:
+		return fmt.Errorf("run: MaxFailedRounds must be at least 1, got %d", l.MaxFailedRounds)
+	case l.RunDeadline < time.Second || l.DecisionTimeout < time.Second || l.ActionGrace < 0 || l.InputTimeout < time.Second:
+		return fmt.Errorf("run: deadlines must be at least one second (timers have second precision)")
+	case l.ObservationBytes < 256:
+		return fmt.Errorf("run: ObservationBytes must be at least 256, got %d", l.ObservationBytes)
+	case l.InlineOutputBytes < 1024:
+		return fmt.Errorf("run: InlineOutputBytes must be at least 1024, got %d", l.InlineOutputBytes)
+	}
+	return nil
 }
 
 // Machine applies events to runs. It holds no run state: one Machine

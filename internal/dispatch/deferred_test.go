@@ -1,0 +1,143 @@
+package dispatch_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/dispatch"
+	"github.com/actionbus/actionbus/internal/events"
+)
+
+// alarmDelay is the dispatchers' AlarmDelay in these tests.
+const alarmDelay = 300 * time.Millisecond
+
+// gatedActions hosts hold.quick, which answers at once, and hold.gated,
+// which answers when the gate closes (or its context ends).
+type gatedActions struct{ gate chan struct{} }
+
+func (g *gatedActions) register(ex *executor.Executor) error {
+	quick := func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+		return executor.Result[map[string]any]{Output: in}, nil
+	}
+	gated := func(ctx context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+		select {
+		case <-g.gate:
+			return executor.Result[map[string]any]{Output: in}, nil
+		case <-ctx.Done():
+			return executor.Result[map[string]any]{}, ctx.Err()
+		}
+	}
+	return errors.Join(
+		executor.Register(ex, executor.Action{Name: "hold.quick"}, quick),
+		executor.Register(ex, executor.Action{Name: "hold.gated", Timeout: time.Minute}, gated),
+	)
+}
+
+func startGated(t *testing.T, prepare ...func(*dispatch.Dispatcher)) (*actionbustest.Server, *actionbustest.Stack, *gatedActions) {
+	t.Helper()
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	g := &gatedActions{gate: make(chan struct{})}
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: g.register})
+	startDispatcher(t, srv, dispatch.Config{AlarmDelay: alarmDelay, InstanceID: "deferring"}, prepare...)
+	return srv, st, g
+}
+
+// timersWritten is how many messages the timers stream has ever stored
+// (its last sequence: a purge does not lower it).
+func timersWritten(t *testing.T, srv *actionbustest.Server) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := srv.JS.Stream(ctx, events.Topology{Prefix: events.DefaultPrefix}.StreamTimers())
+	require.NoError(t, err)
+	info, err := s.Info(ctx)
+	require.NoError(t, err)
+	return info.State.LastSeq
+}
+
+// requestsPending is how many run requests the dispatcher holds
+// unacknowledged.
+func requestsPending(t *testing.T, srv *actionbustest.Server) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := srv.JS.Consumer(ctx, events.Topology{Prefix: events.DefaultPrefix}.StreamRequests(), events.ConsumerDispatcherRequests)
+	require.NoError(t, err)
+	info, err := c.Info(ctx)
+	require.NoError(t, err)
+	return info.NumAckPending + int(info.NumPending)
+}
+
+// TestARunThatEndsWithinTheAlarmDelayStoresNoSchedule: a one-action run
+// ends in milliseconds; its request is acknowledged when it ends, and no
+// schedule was ever written to the timers stream for it.
+func TestARunThatEndsWithinTheAlarmDelayStoresNoSchedule(t *testing.T) {
+	srv, st, _ := startGated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	before := timersWritten(t, srv)
+	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "hold.quick", Args: map[string]any{"n": 1}}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	require.Eventually(t, func() bool { return requestsPending(t, srv) == 0 }, 10*time.Second, 20*time.Millisecond, "the request is acknowledged once the run ended")
+	assert.Equal(t, before, timersWritten(t, srv), "no schedule was stored for a run that ended within the alarm delay")
+}
+
+// TestARunStillGoingAfterTheAlarmDelayHasItsAlarmArmed: a run whose action
+// is still running when the delay ends has its alarm armed (a schedule of
+// its own in the timers stream) and only then its request acknowledged;
+// when it ends, the schedule is purged.
+func TestARunStillGoingAfterTheAlarmDelayHasItsAlarmArmed(t *testing.T) {
+	srv, st, g := startGated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	runID, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "hold.gated", Args: map[string]any{}}})
+	require.NoError(t, err)
+	schedules := "ab.run.*." + runID + ".sched.>"
+	require.Eventually(t, func() bool { return srv.Stored(t, "AB_TIMERS", schedules) == 1 }, 10*time.Second, 20*time.Millisecond, "the alarm is armed after the delay")
+	require.Eventually(t, func() bool { return requestsPending(t, srv) == 0 }, 10*time.Second, 20*time.Millisecond, "the request is acknowledged once the alarm is armed")
+	close(g.gate)
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	require.Eventually(t, func() bool { return srv.Stored(t, "AB_TIMERS", schedules) == 0 }, 10*time.Second, 20*time.Millisecond, "the ended run's alarm is canceled")
+}
+
+// TestACrashHoldingANewRunsAlarmLosesNoAlarm: the dispatcher crashes while
+// it holds a new run's alarm (never arming it). The run's request, not
+// acknowledged, is delivered again, finds the run stored and arms its
+// alarm: the run, whose action never answers, ends at its 2 s deadline
+// instead of waiting for the action's one-minute timeout.
+func TestACrashHoldingANewRunsAlarmLosesNoAlarm(t *testing.T) {
+	var mu sync.Mutex
+	crashed := map[string]bool{}
+	srv, st, _ := startGated(t, func(d *dispatch.Dispatcher) {
+		dispatch.SetCrashHoldingAlarm(d, func(runID string) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			first := !crashed[runID]
+			crashed[runID] = true
+			return first
+		})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "hold.gated", Args: map[string]any{}}, Deadline: 2 * time.Second}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	assert.Equal(t, actionbus.CodeRunDeadline, res.Error.Code, "%+v", res.Error)
+	mu.Lock()
+	assert.Len(t, crashed, 1, "the holder crashed")
+	mu.Unlock()
+	assert.Zero(t, srv.Stored(t, "AB_TIMERS", "ab.run.*."+res.RunID+".sched.>"), "the ended run's alarms are canceled")
+}
