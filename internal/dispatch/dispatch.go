@@ -936,13 +936,9 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 		if err := d.publish(ctx, st, st.Outbox); err != nil {
 			return err
 		}
-		st.Outbox = nil
-		if val, err = st.Encode(); err == nil {
-			cctx, cancel := events.Bounded(ctx)
-			_, _ = d.runs.Update(cctx, runID, val, rev) // best effort: the outbox was published
-			cancel()
-		}
-		d.cache.drop(runID)
+		// The outbox stays stored, as every published outbox does (see
+		// carriedOutbox): the cache knows it sent.
+		d.cache.put(st, rev)
 		return nil
 	}
 	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
