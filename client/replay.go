@@ -192,7 +192,9 @@ func compact(v any) string {
 // action again (its idempotency key replays a stored result). The failed
 // run's events and audit trail get a "retried" step naming the new run.
 // The dispatcher refuses with retry_refused a run that has not failed,
-// belongs to another tenant or user, or had another definition or prompt.
+// belongs to another tenant or user, had another definition or prompt, or
+// was already retried by another run (a run is retried into one run: the
+// refusal's details name it as retriedBy; retry that run instead).
 func (c *Client) Retry(ctx context.Context, runID string) (string, error) {
 	req, _, err := c.request(ctx, runID)
 	if err != nil {

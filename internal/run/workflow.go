@@ -65,6 +65,14 @@ func (mm *Machine) startWorkflow(ctx context.Context, st *State, doc map[string]
 		if err != nil {
 			return append(out, mm.fail(st, err)...), nil
 		}
+		refused, cerr := mm.claimRetry(ctx, st, prior)
+		if cerr != nil {
+			return nil, cerr
+		}
+		if refused != nil {
+			return append(out, mm.fail(st, refused)...), nil
+		}
+		out = append(out, retriedLink(st, prior))
 		for _, i := range reused {
 			pi := i
 			out = append(out, stepWith(st, StepWorkflowStepReused, &pi, def.Steps[i].Action, "completed by run "+prior.RunID, "ok",
