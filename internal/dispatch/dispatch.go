@@ -239,6 +239,7 @@ type Dispatcher struct {
 	checkers  *checkerCache
 	policy    atomic.Pointer[policy.Evaluator]
 	machine   *run.Machine
+	lim       run.Limits // the machine's (ReplayLog builds its own)
 	limits    *limits.Store
 	wakes     *wakeups
 	alarms    *endedAlarms
@@ -282,10 +283,11 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	d.wakes = newWakeups(d)
 	d.alarms = newEndedAlarms(log)
 	d.unsent = newUnpublished()
-	d.machine = run.New(env{d}, run.Limits{MaxCycles: cfg.MaxCycles, MaxPlanActions: cfg.MaxPlanActions, MaxPlanParallel: cfg.MaxPlanParallel,
+	d.lim = run.Limits{MaxCycles: cfg.MaxCycles, MaxPlanActions: cfg.MaxPlanActions, MaxPlanParallel: cfg.MaxPlanParallel,
 		MaxSectionParallel: cfg.MaxSectionParallel, MaxFailedRounds: cfg.MaxFailedRounds, RunDeadline: cfg.RunDeadline,
 		DecisionTimeout: cfg.DecisionTimeout, ActionGrace: cfg.ActionGrace, InputTimeout: cfg.InputTimeout, ApprovalTTL: cfg.ApprovalTTL,
-		ObservationBytes: cfg.ObservationBytes, InlineOutputBytes: cfg.InlineOutputBytes})
+		ObservationBytes: cfg.ObservationBytes, InlineOutputBytes: cfg.InlineOutputBytes}
+	d.machine = run.New(env{d}, d.lim)
 	return d, nil
 }
 
