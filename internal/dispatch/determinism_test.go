@@ -151,7 +151,9 @@ func replaysToItsState(t *testing.T, d *dispatch.Dispatcher, res *client.Result)
 // consumed, read from the streams) is replayed through a new machine from
 // the run's stored id key, and reaches the state the runs bucket holds —
 // the same ids (calls, events, the patch), observations, workspace,
-// outputs and answer — but for the clock (see sameUpToTheClock).
+// outputs and answer — but for the clock (see sameUpToTheClock). The
+// planner runs are also replayed as `actionbus replay` does, as new runs
+// given the recorded decisions, without a divergence.
 func TestAReplayOfAStoredLogReachesTheStoredState(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	w := &wfActions{gate: make(chan struct{})}
@@ -181,6 +183,14 @@ func TestAReplayOfAStoredLogReachesTheStoredState(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
 			replaysToItsState(t, d, res)
+			if tc.req.Workflow == nil {
+				// `actionbus replay`: a new run given the recorded
+				// decisions reproduces the run.
+				rep, err := st.Client.Replay(ctx, res.RunID)
+				require.NoError(t, err)
+				assert.Empty(t, rep.Divergences)
+				assert.Equal(t, res.Answer, rep.Replayed.Result.Answer)
+			}
 		})
 	}
 
