@@ -16,6 +16,7 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/cli"
 	"github.com/actionbus/actionbus/internal/dispatch"
+	"github.com/actionbus/actionbus/internal/events"
 )
 
 // countedSteps is a stack whose action wf.count counts its calls per step
@@ -130,4 +131,40 @@ func TestConcurrentRetriesOfOneRunRunItsRemainingStepsOnce(t *testing.T) {
 	require.Len(t, completed, 1, "one retry runs")
 	assert.Equal(t, map[any]int{completed[0]: n - 1}, refusedBy, "every other names it")
 	assert.Equal(t, map[string]int{"s1": 1, "s2": 1, "s3": 2, "s4": 1}, c.counts())
+}
+
+// TestConcurrentClaimsOfARetryAgreeOnOne: eight retries claim one failed
+// run at once, each a read and a revision-checked write of its stored
+// state; every claim answers the same run, one of the eight, and the
+// stored state names it.
+func TestConcurrentClaimsOfARetryAgreeOnOne(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true})
+	var d *dispatch.Dispatcher
+	startDispatcher(t, srv, dispatch.Config{}, func(x *dispatch.Dispatcher) { d = x })
+	ctx := ctxT(t)
+	failed, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "no.such.action"}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, failed.Status)
+
+	const n = 8
+	claimers, holders, errs := make([]string, n), make([]string, n), make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		claimers[i] = events.NewID()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			holders[i], errs[i] = dispatch.ClaimRetry(ctx, d, failed.RunID, claimers[i])
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i])
+		assert.Equal(t, holders[0], holders[i], "every claim answers the same run")
+	}
+	assert.Contains(t, claimers, holders[0])
+	again, err := dispatch.ClaimRetry(ctx, d, failed.RunID, events.NewID())
+	require.NoError(t, err)
+	assert.Equal(t, holders[0], again, "the stored state names it")
 }
