@@ -105,7 +105,6 @@ type logged struct {
 	rec *events.Received
 	typ string
 	at  time.Time
-	seq uint64
 }
 
 // storedLog reads the events of one run the dispatcher consumes from the
@@ -141,6 +140,9 @@ func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []st
 	}
 	var out []logged
 	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		fctx, cancel := events.Bounded(ctx)
 		info, err := cons.Info(fctx)
 		cancel()
@@ -150,7 +152,7 @@ func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []st
 		if info.NumPending == 0 {
 			return out, nil
 		}
-		batch, err := cons.FetchNoWait(int(min(info.NumPending, 256)))
+		batch, err := cons.Fetch(int(min(info.NumPending, 256)), jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			return nil, err
 		}
@@ -163,7 +165,7 @@ func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []st
 			if err != nil {
 				continue
 			}
-			out = append(out, logged{rec: rec, typ: rec.Event.Type(), at: meta.Timestamp, seq: meta.Sequence.Stream})
+			out = append(out, logged{rec: rec, typ: rec.Event.Type(), at: meta.Timestamp})
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return nil, err
