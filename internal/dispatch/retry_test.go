@@ -66,7 +66,8 @@ func (c *countedSteps) counts() map[string]int {
 // TestASecondRetryOfARetriedRunIsRefusedNamingTheRetry: the failed run's
 // retry completes (s3 and s4 run once more); retrying the failed run again
 // — through the client and through `actionbus retry` — is refused with
-// retry_refused naming the first retry, and no step runs again.
+// retry_refused naming the first retry, as is a retry of the refused
+// retry, and no step runs again.
 func TestASecondRetryOfARetriedRunIsRefusedNamingTheRetry(t *testing.T) {
 	c := newCountedSteps(t)
 	ctx := ctxT(t)
@@ -86,6 +87,16 @@ func TestASecondRetryOfARetriedRunIsRefusedNamingTheRetry(t *testing.T) {
 	assert.Equal(t, actionbus.CodeRetryRefused, res.Error.Code)
 	assert.Equal(t, id, res.Error.Details["retriedBy"])
 	assert.Contains(t, res.Error.Message, "already retried by run "+id)
+
+	// Nor is the refused retry retried (from the start, it would run
+	// every step again).
+	third, err := c.st.Client.Retry(ctx, again)
+	require.NoError(t, err)
+	res, err = c.st.Client.Wait(ctx, third)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	assert.Equal(t, actionbus.CodeRetryRefused, res.Error.Code)
+	assert.Equal(t, id, res.Error.Details["retriedBy"])
 
 	var out, errOut bytes.Buffer
 	code := cli.Execute(ctx, []string{"--nats", c.srv.URL, "retry", c.first.RunID}, nil, &out, &errOut)

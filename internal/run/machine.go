@@ -348,7 +348,7 @@ func (m *Machine) priorRun(ctx context.Context, st *State, runID string) (*State
 	if err != nil {
 		return nil, err
 	}
-	refuse := func(format string, args ...any) error {
+	refuse := func(format string, args ...any) *actionbus.Error {
 		return actionbus.Errorf(actionbus.CodeRetryRefused, format, args...).WithDetail("retryOf", runID)
 	}
 	// Another tenant's run is not there: it is refused as a missing one,
@@ -364,6 +364,14 @@ func (m *Machine) priorRun(ctx context.Context, st *State, runID string) (*State
 		return nil, refuse("run %s belongs to another user", runID)
 	case st.Agent != nil && (prior.Agent == nil || prior.Agent.Prompt != st.Agent.Prompt || prior.Agent.Scenario != st.Agent.Scenario):
 		return nil, refuse("run %s had another prompt or scenario", runID)
+	case prior.Terminal != nil && prior.Terminal.Error != nil && prior.Terminal.Error.Code == actionbus.CodeRetryRefused:
+		// A refused retry did nothing: there is nothing of it to retry,
+		// and running it again from the start would repeat what the run
+		// it named (or that run's retry) did.
+		if by, _ := prior.Terminal.Error.Details["retriedBy"].(string); by != "" {
+			return nil, refuse("run %s is a refused retry; retry run %s instead", runID, by).WithDetail("retriedBy", by)
+		}
+		return nil, refuse("run %s is a refused retry; there is nothing of it to retry", runID)
 	case st.Kind == KindWorkflow && prior.Workflow == nil:
 		// It failed before its steps were set up (its retry, if it was
 		// one, claimed nothing): what it retried is retried instead.

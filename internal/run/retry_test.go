@@ -243,6 +243,24 @@ func TestARunIsRetriedIntoOneRunOnly(t *testing.T) {
 			assert.False(t, has(out, EffectAct), "nothing runs")
 			assert.NotContains(t, stepNames(out), string(StepRetried), "the failed run is not told of a refused retry")
 			assert.Equal(t, retryRunID, h.env.runs[testRunID].RetriedBy)
+
+			// The refused retry holds nothing of the failed run, and
+			// is not retried itself (from the start, it would repeat
+			// what the first retry did).
+			if st.Workflow != nil {
+				for _, s := range st.Workflow.Steps {
+					assert.NotEqual(t, StepStatusDone, s.Status, "a refused retry reuses no step")
+				}
+			}
+			h.env.runs[second] = st
+			req := tc.req(wf)
+			req.RunID, req.RetryOf = "01JB0000000000000000000004", second
+			third, out, err := h.m.Start(context.Background(), &req, "k-third")
+			require.NoError(t, err)
+			require.True(t, third.IsTerminal())
+			assert.Equal(t, actionbus.CodeRetryRefused, third.Terminal.Error.Code)
+			assert.Equal(t, retryRunID, third.Terminal.Error.Details["retriedBy"], "it names the retry to go on from")
+			assert.False(t, has(out, EffectAct))
 		})
 	}
 }
