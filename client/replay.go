@@ -325,7 +325,8 @@ func window(s string, at int) string {
 // The dispatcher refuses with retry_refused a run that has not failed,
 // belongs to another tenant or user, had another definition or prompt, or
 // was already retried by another run (a run is retried into one run: the
-// refusal's details name it as retriedBy; retry that run instead).
+// refusal's details name it as retriedBy; retry that run instead), or is
+// itself a refused retry.
 func (c *Client) Retry(ctx context.Context, runID string) (string, error) {
 	req, _, err := c.request(ctx, runID)
 	if err != nil {
