@@ -6,7 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/actionbus/actionbus/internal/events"
 )
@@ -80,8 +84,15 @@ type ReplayReport struct {
 // Divergence is one difference between a recorded run and its replay.
 type Divergence struct {
 	// Cycle is the planner cycle (0 for the result).
-	Cycle    int
-	What     string
+	Cycle int
+	What  string
+	// Path is the JSON Pointer (RFC 6901) of the first value that differs
+	// inside What ("" when What itself differs, a scalar or a value on one
+	// side only).
+	Path string
+	// Recorded and Replayed are the two values at Path, as compact JSON;
+	// a long value is cut to a window of about 240 characters around
+	// where the two first differ, with "…" marking what was cut.
 	Recorded string
 	Replayed string
 }
@@ -125,8 +136,9 @@ func (c *Client) startReplay(ctx context.Context, req *events.RunRequested, deci
 func compareRuns(a, b *Recording) []Divergence {
 	var out []Divergence
 	diff := func(cycle int, what string, x, y any) {
-		if !reflect.DeepEqual(x, y) {
-			out = append(out, Divergence{Cycle: cycle, What: what, Recorded: compact(x), Replayed: compact(y)})
+		if d, ok := firstDifference(normalize(x), normalize(y)); ok {
+			d.Cycle, d.What = cycle, what
+			out = append(out, d)
 		}
 	}
 	n := max(len(a.Decisions), len(b.Decisions))
@@ -172,15 +184,134 @@ func normalize(v any) any {
 	return out
 }
 
-func compact(v any) string {
+// divergenceWindow is how many bytes of a long value a divergence shows
+// on each side of where the two values first differ.
+const divergenceWindow = 120
+
+// firstDifference finds the first place where two JSON values (as
+// [normalize] gives them: maps, slices, strings, float64, bool, nil)
+// differ, in document order (object keys sorted), and reports its JSON
+// Pointer and the two values there, a long one cut around the first
+// differing byte. It reports false when the values are equal.
+func firstDifference(a, b any) (Divergence, bool) {
+	path, x, y, ok := locate("", a, b)
+	if !ok {
+		return Divergence{}, false
+	}
+	xs, ys := jsonText(x), jsonText(y)
+	at := commonPrefix(xs, ys)
+	return Divergence{Path: path, Recorded: window(xs, at), Replayed: window(ys, at)}, true
+}
+
+// locate descends into a and b while both are objects or both arrays and
+// returns the pointer and values of the first difference.
+func locate(path string, a, b any) (string, any, any, bool) {
+	switch x := a.(type) {
+	case map[string]any:
+		y, same := b.(map[string]any)
+		if !same {
+			break
+		}
+		keys := make([]string, 0, len(x)+len(y))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		for k := range y {
+			if _, dup := x[k]; !dup {
+				keys = append(keys, k)
+			}
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			xv, inX := x[k]
+			yv, inY := y[k]
+			p := path + "/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(k)
+			if inX != inY {
+				return p, absent(xv, inX), absent(yv, inY), true
+			}
+			if p, xd, yd, ok := locate(p, xv, yv); ok {
+				return p, xd, yd, true
+			}
+		}
+		return "", nil, nil, false
+	case []any:
+		y, same := b.([]any)
+		if !same {
+			break
+		}
+		for i := range max(len(x), len(y)) {
+			p := path + "/" + strconv.Itoa(i)
+			if i >= len(x) || i >= len(y) {
+				var xv, yv any = missing{}, missing{}
+				if i < len(x) {
+					xv = x[i]
+				}
+				if i < len(y) {
+					yv = y[i]
+				}
+				return p, xv, yv, true
+			}
+			if p, xd, yd, ok := locate(p, x[i], y[i]); ok {
+				return p, xd, yd, true
+			}
+		}
+		return "", nil, nil, false
+	}
+	if reflect.DeepEqual(a, b) {
+		return "", nil, nil, false
+	}
+	return path, a, b, true
+}
+
+// missing stands for a value one side does not have.
+type missing struct{}
+
+func absent(v any, present bool) any {
+	if !present {
+		return missing{}
+	}
+	return v
+}
+
+// jsonText is v as compact JSON ("(absent)" for a missing value).
+func jsonText(v any) string {
+	if _, ok := v.(missing); ok {
+		return "(absent)"
+	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Sprint(v)
 	}
-	if len(b) > 300 {
-		return string(b[:300]) + "…"
-	}
 	return string(b)
+}
+
+// commonPrefix is the length of the longest common prefix of a and b.
+func commonPrefix(a, b string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+// window cuts s to divergenceWindow bytes on each side of at, on rune
+// boundaries, marking cuts with "…".
+func window(s string, at int) string {
+	from, to := max(0, at-divergenceWindow), min(len(s), at+divergenceWindow)
+	for from > 0 && !utf8.RuneStart(s[from]) {
+		from--
+	}
+	for to < len(s) && !utf8.RuneStart(s[to]) {
+		to++
+	}
+	out := s[from:to]
+	if from > 0 {
+		out = "…" + out
+	}
+	if to < len(s) {
+		out += "…"
+	}
+	return out
 }
 
 // Retry starts a retry of a failed or canceled run and returns the new
@@ -192,7 +323,10 @@ func compact(v any) string {
 // action again (its idempotency key replays a stored result). The failed
 // run's events and audit trail get a "retried" step naming the new run.
 // The dispatcher refuses with retry_refused a run that has not failed,
-// belongs to another tenant or user, or had another definition or prompt.
+// belongs to another tenant or user, had another definition or prompt, or
+// was already retried by another run (a run is retried into one run: the
+// refusal's details name it as retriedBy; retry that run instead), or is
+// itself a refused retry.
 func (c *Client) Retry(ctx context.Context, runID string) (string, error) {
 	req, _, err := c.request(ctx, runID)
 	if err != nil {

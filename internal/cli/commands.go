@@ -928,7 +928,11 @@ func replayCmd(g *globals) *cobra.Command {
 				if d.Cycle == 0 {
 					where = "result"
 				}
-				fmt.Fprintf(g.out, "✘ %s: %s differs\n    recorded: %s\n    replayed: %s\n", where, d.What, d.Recorded, d.Replayed)
+				at := ""
+				if d.Path != "" {
+					at = " at " + d.Path
+				}
+				fmt.Fprintf(g.out, "✘ %s: %s differs%s\n    recorded: %s\n    replayed: %s\n", where, d.What, at, d.Recorded, d.Replayed)
 			}
 			return exitError{1}
 		}),

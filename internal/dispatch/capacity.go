@@ -14,11 +14,10 @@ import (
 // the action's declared one) for a slot, in the limits bucket shared by
 // every dispatcher.
 func (e env) Acquire(ctx context.Context, st *run.State, c run.CallState) (run.Capacity, error) {
-	entry, err := e.d.cat.Get(ctx, c.Action)
+	spec, err := e.limitOf(ctx, c.Action)
 	if err != nil {
 		return run.Capacity{}, err
 	}
-	spec := e.d.policy.Load().Config.LimitFor(c.Action, entry.Limits)
 	if spec.IsZero() {
 		return run.Capacity{OK: true}, nil
 	}
@@ -38,6 +37,15 @@ func (e env) Acquire(ctx context.Context, st *run.State, c run.CallState) (run.C
 		e.d.cfg.Metrics.CapacityWait(c.Action, g.Waiting)
 	}
 	return run.Capacity{Key: key, OK: g.OK, RetryAt: g.RetryAt, Position: g.Position, Waiting: g.Waiting}, nil
+}
+
+// limitOf is the limit in force for action (zero: none).
+func (e env) limitOf(ctx context.Context, action string) (limits.Spec, error) {
+	entry, err := e.d.cat.Get(ctx, action)
+	if err != nil {
+		return limits.Spec{}, err
+	}
+	return e.d.policy.Load().Config.LimitFor(action, entry.Limits), nil
 }
 
 // wakeFirst is how many waiters a freed slot wakes: the first may be gone

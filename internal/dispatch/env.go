@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -74,6 +75,40 @@ func (e env) PriorRun(ctx context.Context, runID string) (*run.State, error) {
 		return nil, nil
 	}
 	return st, err
+}
+
+// ClaimRetry sets RetriedBy on the stored state of priorID with a
+// revision-checked update, read again after a lost race; a state that
+// already names a retry is left as it is. Nothing else of the state
+// changes (its UpdatedAt neither, so an outbox it holds is not taken for
+// a fresh one).
+func (e env) ClaimRetry(ctx context.Context, priorID, retryID string) (string, error) {
+	for attempt := 0; attempt < 20; attempt++ {
+		st, entry, err := e.d.loadStored(ctx, priorID)
+		if err != nil {
+			return "", err
+		}
+		if st.RetriedBy != "" {
+			return st.RetriedBy, nil
+		}
+		st.RetriedBy = retryID
+		val, err := st.Encode()
+		if err != nil {
+			return "", events.Permanent(err)
+		}
+		uctx, cancel := events.Bounded(ctx)
+		_, err = e.d.runs.Update(uctx, priorID, val, entry.Revision())
+		cancel()
+		e.d.cache.drop(priorID)
+		if events.IsRevisionConflict(err) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		return retryID, nil
+	}
+	return "", fmt.Errorf("dispatch: claim the retry of run %s: too many concurrent updates", priorID)
 }
 
 func (env) Now() time.Time { return time.Now() }

@@ -1,5 +1,7 @@
 package dispatch
 
+import "context"
+
 // SetCrashAfterWrite makes d simulate a crash between storing a run's
 // state and publishing its outbox whenever f returns true.
 func SetCrashAfterWrite(d *Dispatcher, f func(runID string) bool) { d.crashAfterWrite = f }
@@ -8,3 +10,8 @@ func SetCrashAfterWrite(d *Dispatcher, f func(runID string) bool) { d.crashAfter
 // alarm whenever f returns true: the alarm is never armed and the run's
 // request is handed back.
 func SetCrashHoldingAlarm(d *Dispatcher, f func(runID string) bool) { d.deferred.crash = f }
+
+// ClaimRetry is d's run.Env.ClaimRetry.
+func ClaimRetry(ctx context.Context, d *Dispatcher, priorID, retryID string) (string, error) {
+	return env{d}.ClaimRetry(ctx, priorID, retryID)
+}

@@ -11,15 +11,9 @@ import (
 	"github.com/actionbus/actionbus/internal/events"
 )
 
-// A report repaired through the real services with the script planner:
-// a whole-document replace previews blocked, the next surface withholds
-// propose and apply, the planner grows the report instead, proposes a
-// valid patch, applies it on the version it previewed and publishes the
-// document as the run's answer.
-func TestAReportIsRepairedProposedBlockedRevisedAppliedPublished(t *testing.T) {
-	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	rec := srv.Record(t, "ab.run.>")
-	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: `
+// repairScenario repairs a report: a blocked whole-document replace, a
+// growth, a valid patch proposed, applied and the document published.
+const repairScenario = `
 scenarios:
   repair:
     decisions:
@@ -38,7 +32,20 @@ scenarios:
           patchId: '{{ index .Results "workspace_propose_patch" "patchId" }}'
           baseVersion: '{{ toJson (index .Results "workspace_propose_patch" "baseVersion") }}'
       - {type: action, name: workspace_publish, args: {path: report.md}}
-`})
+`
+
+// repairDoc is the report repairScenario repairs.
+const repairDoc = "# Delivery report\n\n## Summary\n\nThree jobs failed.\n\n## Failures\n\njob_1041 timed out.\n\n## Next steps\n\nRetry them."
+
+// A report repaired through the real services with the script planner:
+// a whole-document replace previews blocked, the next surface withholds
+// propose and apply, the planner grows the report instead, proposes a
+// valid patch, applies it on the version it previewed and publishes the
+// document as the run's answer.
+func TestAReportIsRepairedProposedBlockedRevisedAppliedPublished(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	rec := srv.Record(t, "ab.run.>")
+	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: repairScenario})
 	ctx := ctxT(t)
 	doc := "# Delivery report\n\n## Summary\n\nThree jobs failed.\n\n## Failures\n\njob_1041 timed out.\n\n## Next steps\n\nRetry them."
 	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "repair", Prompt: "Repair the report.", Workspace: map[string]string{"report.md": doc}}, nil)
@@ -65,4 +72,23 @@ scenarios:
 	assert.Equal(t, []string{"workspace_propose_patch", "workspace_apply_patch"}, reqs[2].Hidden, "withheld after the blocked preview")
 	assert.Empty(t, reqs[3].Hidden)
 	assert.Equal(t, "ready", reqs[4].Workspace.PendingPatch["status"])
+}
+
+// TestAReplayOfAWorkspaceRunProposesTheSamePatchAndApplies: `actionbus
+// replay` of a run that proposed and applied a patch: the replayed run
+// proposes the patch under the id the recorded apply names (a patch's id
+// derives from the proposal, not from the run), so the apply is not
+// refused patch_id_mismatch and nothing diverges.
+func TestAReplayOfAWorkspaceRunProposesTheSamePatchAndApplies(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: repairScenario})
+	ctx := ctxT(t)
+	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "repair", Prompt: "Repair the report.", Workspace: map[string]string{"report.md": repairDoc}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	rep, err := st.Client.Replay(ctx, res.RunID)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Divergences)
+	assert.Equal(t, client.StatusCompleted, rep.Replayed.Result.Status, "%+v", rep.Replayed.Result.Error)
+	assert.Equal(t, res.Answer, rep.Replayed.Result.Answer)
 }

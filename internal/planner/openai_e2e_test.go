@@ -144,8 +144,9 @@ scenarios:
 	d := rep.Divergences[0]
 	assert.Equal(t, 2, d.Cycle)
 	assert.Equal(t, "observations before the decision", d.What)
-	assert.Contains(t, d.Recorded, `"count":4`)
-	assert.Contains(t, d.Replayed, `"count":14`)
+	assert.Equal(t, "/0/output/count", d.Path, "the first value that differs")
+	assert.Equal(t, "4", d.Recorded)
+	assert.Equal(t, "14", d.Replayed)
 	assert.Equal(t, "4 notes", rep.Replayed.Result.Answer, "the recorded decision is replayed as recorded")
 }
 

@@ -36,6 +36,9 @@ type memEnv struct {
 	catalogDown bool
 	// runs are other runs' stored states (for retries).
 	runs map[string]*State
+	// claimedFirst, when set, is a retry that claims a run between a
+	// retry's read of it and its claim.
+	claimedFirst string
 	// tamper overwrites every artifact right after it is stored (another
 	// writer of the store).
 	tamper bool
@@ -200,6 +203,23 @@ func (e *memEnv) PriorRun(_ context.Context, runID string) (*State, error) {
 	}
 	var cp State
 	return &cp, json.Unmarshal(b, &cp)
+}
+
+func (e *memEnv) ClaimRetry(_ context.Context, priorID, retryID string) (string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st, ok := e.runs[priorID]
+	if !ok {
+		return "", fmt.Errorf("no run %s", priorID)
+	}
+	if e.claimedFirst != "" {
+		// Another retry wrote its claim after this one's read.
+		st.RetriedBy, e.claimedFirst = e.claimedFirst, ""
+	}
+	if st.RetriedBy == "" {
+		st.RetriedBy = retryID
+	}
+	return st.RetriedBy, nil
 }
 
 func (e *memEnv) Now() time.Time {

@@ -61,6 +61,12 @@ type Env interface {
 	// PriorRun returns the stored state of another run (the one a retry
 	// names), or nil when there is none.
 	PriorRun(ctx context.Context, runID string) (*State, error)
+	// ClaimRetry records on the stored state of the ended run priorID that
+	// run retryID retries it, unless another run already does, and returns
+	// the run that does (retryID when the claim is this run's, or already
+	// was). The write is revision-checked: of two retries admitted at once,
+	// one claims the run and the other learns of it.
+	ClaimRetry(ctx context.Context, priorID, retryID string) (string, error)
 	// Acquire asks the limit of call c's action (its concurrency key and
 	// rate) for a slot; an action without a limit is always granted, with
 	// no key. Asking again for a call that holds its slot is harmless.
@@ -304,7 +310,18 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 			}
 			return nil, nil, err
 		}
-		out = append(out, retriedLink(st, prior))
+		st.RetryOf = prior.RunID
+		if st.Kind != KindWorkflow {
+			// A workflow claims its prior run once its definition is
+			// known to match (startWorkflow).
+			if refused, err := m.claimRetry(ctx, st, prior); err != nil || refused != nil {
+				if err != nil {
+					return nil, nil, err
+				}
+				return st, append(out, m.fail(st, refused)...), nil
+			}
+			out = append(out, retriedLink(st, prior))
+		}
 	}
 	var more []Effect
 	var err error
@@ -373,7 +390,7 @@ func (m *Machine) priorRun(ctx context.Context, st *State, runID string) (*State
 	if err != nil {
 		return nil, err
 	}
-	refuse := func(format string, args ...any) error {
+	refuse := func(format string, args ...any) *actionbus.Error {
 		return actionbus.Errorf(actionbus.CodeRetryRefused, format, args...).WithDetail("retryOf", runID)
 	}
 	// Another tenant's run is not there: it is refused as a missing one,
@@ -389,8 +406,52 @@ func (m *Machine) priorRun(ctx context.Context, st *State, runID string) (*State
 		return nil, refuse("run %s belongs to another user", runID)
 	case st.Agent != nil && (prior.Agent == nil || prior.Agent.Prompt != st.Agent.Prompt || prior.Agent.Scenario != st.Agent.Scenario):
 		return nil, refuse("run %s had another prompt or scenario", runID)
+	case prior.Terminal != nil && prior.Terminal.Error != nil && prior.Terminal.Error.Code == actionbus.CodeRetryRefused:
+		// A refused retry did nothing: there is nothing of it to retry,
+		// and running it again from the start would repeat what the run
+		// it named (or that run's retry) did.
+		if by, _ := prior.Terminal.Error.Details["retriedBy"].(string); by != "" {
+			return nil, refuse("run %s is a refused retry; retry run %s instead", runID, by).WithDetail("retriedBy", by)
+		}
+		return nil, refuse("run %s is a refused retry; there is nothing of it to retry", runID)
+	case st.Kind == KindWorkflow && prior.Workflow == nil:
+		// It failed before its steps were set up (its retry, if it was
+		// one, claimed nothing): what it retried is retried instead.
+		return nil, refuse("run %s started no step; retry %s instead", runID, orSelf(prior.RetryOf, "the run again"))
+	}
+	if refused := retriedAlready(runID, st.RunID, prior.RetriedBy); refused != nil {
+		return nil, refused
 	}
 	return prior, nil
+}
+
+func orSelf(runID, otherwise string) string {
+	if runID == "" {
+		return otherwise
+	}
+	return "run " + runID
+}
+
+// claimRetry claims prior for st's retry (see [Env.ClaimRetry]) and
+// returns the refusal when another run already retries it.
+func (m *Machine) claimRetry(ctx context.Context, st, prior *State) (*actionbus.Error, error) {
+	holder, err := m.env.ClaimRetry(ctx, prior.RunID, st.RunID)
+	if err != nil {
+		return nil, err
+	}
+	return retriedAlready(prior.RunID, st.RunID, holder), nil
+}
+
+// retriedAlready is the refusal of retry retryID of run priorID when
+// retriedBy, another run, already retries it: a run is retried into one
+// new run, so that the effects it completed are reused once, never copied
+// twice. The chain goes on from its latest run, which the refusal names.
+func retriedAlready(priorID, retryID, retriedBy string) *actionbus.Error {
+	if retriedBy == "" || retriedBy == retryID {
+		return nil
+	}
+	return actionbus.Errorf(actionbus.CodeRetryRefused, "run %s was already retried by run %s; retry run %s instead if it failed", priorID, retriedBy, retriedBy).
+		WithDetail("retryOf", priorID).WithDetail("retriedBy", retriedBy)
 }
 
 // Rejected is the state of a run whose request was refused before it could

@@ -196,3 +196,98 @@ func TestARetryOfAnotherTenantsRunIsRefusedAsAMissingOne(t *testing.T) {
 		assert.Equal(t, missing, got, "another tenant's %s run", status)
 	}
 }
+
+// TestARunIsRetriedIntoOneRunOnly: once a retry has claimed the failed
+// run, a second retry of it is refused, naming the first, and runs
+// nothing; the first retry's admission computed again (a redelivered
+// request) is still admitted.
+func TestARunIsRetriedIntoOneRunOnly(t *testing.T) {
+	const second = "01JB0000000000000000000003"
+	for _, tc := range []struct {
+		name   string
+		failed func(t *testing.T) *harness
+		req    func(wf map[string]any) events.RunRequested
+	}{
+		{"workflow", func(t *testing.T) *harness { h, _ := failedRun(t, "u1"); return h },
+			func(wf map[string]any) events.RunRequested { return events.RunRequested{Workflow: wf, UserID: "u1"} }},
+		{"agent", failedAgentRun,
+			func(map[string]any) events.RunRequested {
+				return events.RunRequested{Prompt: "help", Scenario: "s", UserID: "u1"}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := tc.failed(t)
+			var wf map[string]any
+			require.NoError(t, json.Unmarshal([]byte(fourSteps), &wf))
+			start := func(runID string) (*State, []Effect) {
+				req := tc.req(wf)
+				req.RunID, req.RetryOf = runID, testRunID
+				st, out, err := h.m.Start(context.Background(), &req, "k-"+runID)
+				require.NoError(t, err)
+				return st, out
+			}
+			first, out := start(retryRunID)
+			require.False(t, first.IsTerminal(), "%+v", first.Terminal)
+			assert.Equal(t, testRunID, first.RetryOf)
+			assert.Equal(t, retryRunID, h.env.runs[testRunID].RetriedBy, "the failed run's stored state names its retry")
+			assert.Contains(t, stepNames(out), string(StepRetried))
+
+			again, _ := start(retryRunID)
+			assert.False(t, again.IsTerminal(), "the same retry admitted again is not refused")
+
+			st, out := start(second)
+			require.True(t, st.IsTerminal())
+			assert.Equal(t, actionbus.CodeRetryRefused, st.Terminal.Error.Code)
+			assert.Contains(t, st.Terminal.Error.Message, "already retried by run "+retryRunID)
+			assert.Equal(t, retryRunID, st.Terminal.Error.Details["retriedBy"])
+			assert.False(t, has(out, EffectAct), "nothing runs")
+			assert.NotContains(t, stepNames(out), string(StepRetried), "the failed run is not told of a refused retry")
+			assert.Equal(t, retryRunID, h.env.runs[testRunID].RetriedBy)
+
+			// The refused retry holds nothing of the failed run, and
+			// is not retried itself (from the start, it would repeat
+			// what the first retry did).
+			if st.Workflow != nil {
+				for _, s := range st.Workflow.Steps {
+					assert.NotEqual(t, StepStatusDone, s.Status, "a refused retry reuses no step")
+				}
+			}
+			h.env.runs[second] = st
+			req := tc.req(wf)
+			req.RunID, req.RetryOf = "01JB0000000000000000000004", second
+			third, out, err := h.m.Start(context.Background(), &req, "k-third")
+			require.NoError(t, err)
+			require.True(t, third.IsTerminal())
+			assert.Equal(t, actionbus.CodeRetryRefused, third.Terminal.Error.Code)
+			assert.Equal(t, retryRunID, third.Terminal.Error.Details["retriedBy"], "it names the retry to go on from")
+			assert.False(t, has(out, EffectAct))
+		})
+	}
+}
+
+// A workflow retry that lost the claim (a concurrent retry got it between
+// its read and its write) is refused by the claim, not by the read.
+func TestAWorkflowRetryThatLosesTheClaimIsRefused(t *testing.T) {
+	h, wf := failedRun(t, "u1")
+	h.env.claimedFirst = "01JB0000000000000000000009"
+	st, out, err := h.m.Start(context.Background(), &events.RunRequested{RunID: retryRunID, Workflow: wf, UserID: "u1", RetryOf: testRunID}, "k2")
+	require.NoError(t, err)
+	require.True(t, st.IsTerminal())
+	assert.Equal(t, actionbus.CodeRetryRefused, st.Terminal.Error.Code)
+	assert.Equal(t, "01JB0000000000000000000009", st.Terminal.Error.Details["retriedBy"])
+	assert.False(t, has(out, EffectAct))
+}
+
+func TestRetriedAlready(t *testing.T) {
+	for _, tc := range []struct {
+		retriedBy string
+		refused   bool
+	}{{"", false}, {"R", false}, {"S", true}} {
+		got := retriedAlready("P", "R", tc.retriedBy)
+		assert.Equal(t, tc.refused, got != nil, "retriedBy %q", tc.retriedBy)
+		if got != nil {
+			assert.Equal(t, actionbus.CodeRetryRefused, got.Code)
+			assert.Equal(t, map[string]any{"retryOf": "P", "retriedBy": "S"}, got.Details)
+		}
+	}
+}

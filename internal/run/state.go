@@ -92,6 +92,12 @@ type State struct {
 	Deadline time.Time `json:"deadline"`
 	// Terminal holds the run's terminal event once it has one.
 	Terminal *Terminal `json:"terminal,omitempty"`
+	// RetryOf is the run this run retries, if any.
+	RetryOf string `json:"retryOf,omitempty"`
+	// RetriedBy is the run that retries this (ended) run: set once, by a
+	// revision-checked write of the retry's admission ([Env.ClaimRetry]),
+	// so that a run is retried into at most one new run.
+	RetriedBy string `json:"retriedBy,omitempty"`
 	// Trace is the run's starting trace context (W3C): every event of the
 	// run carries it, so that every span of the run joins one trace.
 	Trace *tracing.Run `json:"trace,omitempty"`

@@ -61,11 +61,20 @@ func (mm *Machine) startWorkflow(ctx context.Context, st *State, doc map[string]
 	}
 	out := []Effect{step(st, StepWorkflowValidated, nil, "", fmt.Sprintf("%s: %d steps", def.WorkflowName, len(def.Steps)), "ok")}
 	if prior != nil {
-		reused, err := reuseSteps(st, prior)
-		if err != nil {
+		if err := sameDefinition(st, prior); err != nil {
 			return append(out, mm.fail(st, err)...), nil
 		}
-		for _, i := range reused {
+		// Claimed before anything of the prior run is reused: a refused
+		// retry holds none of its results.
+		refused, cerr := mm.claimRetry(ctx, st, prior)
+		if cerr != nil {
+			return nil, cerr
+		}
+		if refused != nil {
+			return append(out, mm.fail(st, refused)...), nil
+		}
+		out = append(out, retriedLink(st, prior))
+		for _, i := range reuseSteps(st, prior) {
 			pi := i
 			out = append(out, stepWith(st, StepWorkflowStepReused, &pi, def.Steps[i].Action, "completed by run "+prior.RunID, "ok",
 				map[string]any{"step": def.Steps[i].ID, "retryOf": prior.RunID}))
@@ -75,16 +84,21 @@ func (mm *Machine) startWorkflow(ctx context.Context, st *State, doc map[string]
 	return append(out, more...), err
 }
 
-// reuseSteps marks done the steps the prior run completed, with their
-// outputs, so that they do not run again; the prior run must have had the
-// same definition.
-func reuseSteps(st *State, prior *State) ([]int, *actionbus.Error) {
+// sameDefinition refuses a retry of a workflow run that had another
+// definition.
+func sameDefinition(st *State, prior *State) *actionbus.Error {
 	a, _ := json.Marshal(prior.Workflow.Def)
 	b, _ := json.Marshal(st.Workflow.Def)
 	if string(a) != string(b) {
-		return nil, actionbus.Errorf(actionbus.CodeRetryRefused, "run %s had another workflow definition", prior.RunID).
+		return actionbus.Errorf(actionbus.CodeRetryRefused, "run %s had another workflow definition", prior.RunID).
 			WithDetail("retryOf", prior.RunID)
 	}
+	return nil
+}
+
+// reuseSteps marks done the steps the prior run (of the same definition)
+// completed, with their outputs, so that they do not run again.
+func reuseSteps(st *State, prior *State) []int {
 	var reused []int
 	for i, ps := range prior.Workflow.Steps {
 		if ps.Status == StepStatusDone && ps.Error == nil {
@@ -92,7 +106,7 @@ func reuseSteps(st *State, prior *State) ([]int, *actionbus.Error) {
 			reused = append(reused, i)
 		}
 	}
-	return reused, nil
+	return reused
 }
 
 // advanceWorkflow readies every pending step whose references are

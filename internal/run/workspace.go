@@ -94,7 +94,7 @@ func (m *Machine) onWorkspaceAction(ctx context.Context, st *State, dec events.D
 		if failed = err; err != nil {
 			break
 		}
-		p, err := ws.Propose(str("path"), ops, st.derive("patch", st.Cycle))
+		p, err := ws.Propose(str("path"), ops, patchID(st.Cycle, str("path"), ws.Version, dec.Args["operations"]))
 		if failed = err; err == nil {
 			out, summary = p, fmt.Sprintf("patch %s %s: %s", p.PatchID, p.Status, p.PreviewSummary)
 		}
@@ -123,6 +123,20 @@ func (m *Machine) onWorkspaceAction(ctx context.Context, st *State, dec events.D
 		return nil, err
 	}
 	return append(steps, m.askPlanner(st)...), nil
+}
+
+// patchID is the id of a proposed patch: derived from what the proposal
+// is — its cycle, path, the workspace's version and its operations — and
+// not from the run's id key, so that a replay of the run (a new run given
+// the recorded decisions, `actionbus replay`) proposes the same id and the
+// recorded apply names it. It is no secret: the planner is told it, and
+// it names a patch of the run's own workspace only.
+func patchID(cycle int, path string, wsVersion int, operations any) string {
+	ops, err := json.Marshal(operations)
+	if err != nil {
+		ops = nil // not reached: the operations were decoded from JSON
+	}
+	return events.DerivedID("workspace-patch", path, cycle, wsVersion, string(ops))
 }
 
 // publishDocument ends the run with a workspace document: as its answer

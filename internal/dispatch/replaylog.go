@@ -1,0 +1,207 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/run"
+)
+
+// ReplayedLog is a run as its stored log implies it, beside the state the
+// runs bucket holds for it.
+type ReplayedLog struct {
+	// Stored is the run's state in the runs bucket.
+	Stored *run.State
+	// Replayed is the state the run's log implies: its request and every
+	// event of it the dispatcher consumed, applied in stored order.
+	Replayed *run.State
+	// Events are the types of the events applied, in order.
+	Events []string
+}
+
+// ReplayLog reads the stored log of run runID of tenant — what the
+// dispatcher consumed of it: its request, cancels, inputs and approvals'
+// answers (the requests stream), decisions, results and synthesis parts
+// (the runs stream) and fired timers (the timers stream) — and applies it
+// through a new machine, as a dispatcher does: [run.Machine.Start] with
+// the run's stored id key for the request, then [run.Machine.Apply] for
+// every other event in the order the server stored them, arming timers
+// the same way. It reads the world as it is now (catalog, policy,
+// skills, artifacts) and writes nothing: the clock of each transition is
+// the stored time of its event, a retry's claim on the run it retries is
+// read and not written, and an action under a limit is refused (the grant
+// it got is not in the log). The run must have ended.
+func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*ReplayedLog, error) {
+	stored, _, err := d.loadStored(ctx, runID)
+	if err != nil {
+		return nil, fmt.Errorf("dispatch: replay %s: %w", runID, err)
+	}
+	if !stored.IsTerminal() {
+		return nil, fmt.Errorf("dispatch: replay %s: the run has not ended", runID)
+	}
+	log, err := d.storedLog(ctx, tenant, runID)
+	if err != nil {
+		return nil, fmt.Errorf("dispatch: replay %s: %w", runID, err)
+	}
+	if len(log) == 0 || log[0].typ != events.TypeRunRequested {
+		return nil, fmt.Errorf("dispatch: replay %s: the log does not start with its request", runID)
+	}
+	clock := &replayEnv{env: env{d}}
+	m := run.New(clock, d.cfg.Limits)
+	out := &ReplayedLog{Stored: stored}
+	var st *run.State
+	for _, e := range log {
+		clock.now = e.at
+		out.Events = append(out.Events, e.typ)
+		if req, ok := e.rec.Data.(*events.RunRequested); ok {
+			if st != nil {
+				continue // a republished request changes nothing
+			}
+			req.Tenant = e.rec.Tenant
+			var effects []run.Effect
+			if st, effects, err = m.Start(ctx, req, stored.IDKey); err != nil {
+				return nil, err
+			}
+			// The run's trace is the caller's, else the dispatcher's span:
+			// the shell's choice, taken from the stored state.
+			if st.Trace = e.rec.TraceRun(); st.Trace == nil {
+				st.Trace = stored.Trace
+			}
+			st.Outbox = run.Dedupe(run.ArmAdmitted(st, effects, e.at, d.cfg.ActionGrace))
+			continue
+		}
+		if st == nil {
+			continue
+		}
+		if st.CheckTenant(e.rec.Tenant) != nil {
+			continue
+		}
+		effects, err := m.Apply(ctx, st, run.Event{ID: e.rec.Event.ID(), Data: e.rec.Data})
+		if err != nil {
+			return nil, err
+		}
+		effects, _ = run.Stored(effects)
+		if len(effects) == 0 {
+			continue
+		}
+		st.Outbox = run.Dedupe(run.Arm(st, effects, e.at))
+		st.UpdatedAt = e.at.UTC()
+	}
+	if st == nil {
+		return nil, fmt.Errorf("dispatch: replay %s: no request in the log", runID)
+	}
+	out.Replayed = st
+	return out, nil
+}
+
+// logged is one stored event of a run's log.
+type logged struct {
+	rec *events.Received
+	typ string
+	at  time.Time
+}
+
+// storedLog reads the events of one run the dispatcher consumes from the
+// three streams it consumes, ordered by the time the server stored them.
+func (d *Dispatcher) storedLog(ctx context.Context, tenant, runID string) ([]logged, error) {
+	s := d.bus.Subjects()
+	var all []logged
+	for _, src := range []struct {
+		stream  string
+		filters []string
+	}{
+		{d.topo.StreamRequests(), []string{s.RunEvents(tenant, runID)}},
+		{d.topo.StreamRuns(), []string{s.Run(tenant, runID, "decision"), s.Run(tenant, runID, "result"), s.Run(tenant, runID, "synthesized")}},
+		{d.topo.StreamTimers(), []string{s.Run(tenant, runID, "timer")}},
+	} {
+		got, err := d.readStream(ctx, src.stream, src.filters)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, got...)
+	}
+	slices.SortStableFunc(all, func(a, b logged) int { return a.at.Compare(b.at) })
+	return all, nil
+}
+
+// readStream reads every message of stream on filters, decoded as the
+// dispatcher decodes what it consumes (a message it would reject is left
+// out: it never reached the machine).
+func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []string) ([]logged, error) {
+	cons, err := d.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverAllPolicy})
+	if err != nil {
+		return nil, err
+	}
+	var out []logged
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		fctx, cancel := events.Bounded(ctx)
+		info, err := cons.Info(fctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if info.NumPending == 0 {
+			return out, nil
+		}
+		batch, err := cons.Fetch(int(min(info.NumPending, 256)), jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return nil, err
+		}
+		for msg := range batch.Messages() {
+			meta, err := msg.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			rec, err := d.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
+			if err != nil {
+				continue
+			}
+			out = append(out, logged{rec: rec, typ: rec.Event.Type(), at: meta.Timestamp})
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, err
+		}
+	}
+}
+
+// replayEnv is the dispatcher's world for a replay: its clock is the
+// stored time of the event being applied, and it writes nothing.
+type replayEnv struct {
+	env
+	now time.Time
+}
+
+func (e *replayEnv) Now() time.Time { return e.now }
+
+// ClaimRetry reads the claim the run's admission wrote.
+func (e *replayEnv) ClaimRetry(ctx context.Context, priorID, retryID string) (string, error) {
+	prior, _, err := e.d.loadStored(ctx, priorID)
+	if err != nil {
+		return "", err
+	}
+	if prior.RetriedBy == "" {
+		return retryID, nil
+	}
+	return prior.RetriedBy, nil
+}
+
+// Acquire grants an action without a limit and refuses one under a limit.
+func (e *replayEnv) Acquire(ctx context.Context, _ *run.State, c run.CallState) (run.Capacity, error) {
+	spec, err := e.limitOf(ctx, c.Action)
+	if err != nil {
+		return run.Capacity{}, err
+	}
+	if !spec.IsZero() {
+		return run.Capacity{}, fmt.Errorf("dispatch: replay: action %s is under a limit, whose grant is not in the log", c.Action)
+	}
+	return run.Capacity{OK: true}, nil
+}
