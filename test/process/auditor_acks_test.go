@@ -38,12 +38,13 @@ func buildAuditor(t *testing.T) string {
 // new auditor records A's request once (it was not acknowledged, so it
 // comes again) and B's events not again — they come again too, since the
 // acknowledgement waited for A, and the first three have their records in
-// B's first append, not its last — and both chains verify.
+// B's first append, not its last — and both chains verify. The auditor
+// runs as the deployed auditor user.
 func TestAnAuditorKilledWithARecordUnstoredLosesNoneAndRecordsNoneTwice(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and kills the auditor process")
 	}
-	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: 2 * time.Second})
+	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: 2 * time.Second, Users: true})
 	srv.ServeIngress(t)
 	bin := buildAuditor(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -51,7 +52,7 @@ func TestAnAuditorKilledWithARecordUnstoredLosesNoneAndRecordsNoneTwice(t *testi
 
 	out := &actionbustest.LogBuffer{}
 	cmd := exec.Command(bin, "--flush-after", "1h", "--max-batch", "3", "--ack-every", "10ms", "--key-file", filepath.Join(t.TempDir(), "k.nk"))
-	cmd.Env = append(os.Environ(), "NATS_URL="+srv.URL)
+	cmd.Env = append(os.Environ(), "NATS_URL="+srv.UserURL("auditor"))
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	killed := false
@@ -107,7 +108,7 @@ func TestAnAuditorKilledWithARecordUnstoredLosesNoneAndRecordsNoneTwice(t *testi
 	// in other groups than they were appended in, which JetStream's
 	// duplicate window (the id of an append names its events) does not
 	// catch.
-	startService(t, bin, srv.URL, "--key-file", filepath.Join(t.TempDir(), "k2.nk"), "--max-batch", "2")
+	startService(t, bin, srv.UserURL("auditor"), "--key-file", filepath.Join(t.TempDir(), "k2.nk"), "--max-batch", "2")
 
 	n := requireAuditComplete(t, ctx, srv.JS, map[string]bool{runA: true, runB: true}, 30*time.Second)
 	assert.Equal(t, 7, n, "the seven stored events were checked")
