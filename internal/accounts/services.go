@@ -99,7 +99,7 @@ var serviceUsers = []serviceUser{
 			"$JS.API.CONSUMER.INFO.AB_WORK.auditor-work", "$JS.API.CONSUMER.MSG.NEXT.AB_WORK.auditor-work",
 			"$JS.ACK.AB_WORK.auditor-work.>", "$JS.API.CONSUMER.INFO.AB_REJECTED.auditor-rejected",
 			"$JS.API.CONSUMER.MSG.NEXT.AB_REJECTED.auditor-rejected", "$JS.ACK.AB_REJECTED.auditor-rejected.>",
-			"$JS.API.STREAM.MSG.GET.AB_AUDIT", "$JS.API.DIRECT.GET.AB_AUDIT.>",
+			"$JS.API.STREAM.MSG.GET.AB_AUDIT", "$JS.API.DIRECT.GET.AB_AUDIT", "$JS.API.DIRECT.GET.AB_AUDIT.>",
 			"$JS.API.CONSUMER.CREATE.AB_AUDIT.sink-jsonl.>", "$JS.API.CONSUMER.INFO.AB_AUDIT.sink-jsonl",
 			"$JS.API.CONSUMER.CREATE.AB_AUDIT.sink-sqlite.>", "$JS.API.CONSUMER.INFO.AB_AUDIT.sink-sqlite",
 			"$JS.API.CONSUMER.MSG.NEXT.AB_AUDIT.sink-jsonl", "$JS.ACK.AB_AUDIT.sink-jsonl.>",

@@ -48,6 +48,10 @@ type Config struct {
 	// MaxBatch bounds the records of one append; default 64 (at most
 	// 256, what the audit.appended schema allows).
 	MaxBatch int
+	// AckEvery spaces the acknowledgements of each consumer: one
+	// acknowledges every event up to the last whose record, and every
+	// record before it, is stored; default 50ms.
+	AckEvery time.Duration
 	// Logger receives the auditor's logs; nil discards them.
 	Logger *slog.Logger
 	// Payload is the default payload policy; actions override it with
@@ -90,6 +94,7 @@ const DefaultConcurrency = 16
 const (
 	DefaultFlushAfter = 100 * time.Millisecond
 	DefaultMaxBatch   = 64
+	DefaultAckEvery   = 50 * time.Millisecond
 	maxBatchLimit     = 256
 )
 
@@ -105,6 +110,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.AckEvery <= 0 {
+		c.AckEvery = DefaultAckEvery
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -196,14 +204,31 @@ func (s *Service) Run(ctx context.Context) error {
 			return err
 		}
 		name := c.Config.Durable
+		// A run's events are audited in the order they were stored, so
+		// its chain ends with its terminal record.
+		opts := events.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency, OrderBy: s.bus.Subjects().RunIDFromSubject}
+		if s.cfg.Metrics != nil {
+			opts.Observer = s.cfg.Metrics
+		}
+		var acks *acks
+		if cons.CachedInfo().Config.AckPolicy == jetstream.AckAllPolicy {
+			// Provisioned as declared: events are acknowledged by
+			// position. (A consumer provisioned before has each event
+			// acknowledged until it is provisioned again.)
+			acks = newAcks(name, cons, s.cfg.AckEvery, s.log)
+			opts.AckAll = acks
+		}
 		g.Go(func() error {
-			// A run's events are audited in the order they were stored,
-			// so its chain ends with its terminal record.
-			opts := events.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency, OrderBy: s.bus.Subjects().RunIDFromSubject}
-			if s.cfg.Metrics != nil {
-				opts.Observer = s.cfg.Metrics
+			if acks == nil {
+				return s.bus.Serve(gctx, cons, opts, s.handler(nil))
 			}
-			return s.bus.Serve(gctx, cons, opts, s.handle)
+			served := make(chan struct{})
+			acked := make(chan struct{})
+			go func() { defer close(acked); acks.run(gctx, served) }()
+			err := s.bus.Serve(gctx, cons, opts, s.handler(acks))
+			close(served)
+			<-acked
+			return err
 		})
 	}
 	for _, sink := range s.cfg.Sinks {

@@ -53,6 +53,10 @@ type batch struct {
 	// trace is the run's starting trace context (its append's span joins
 	// the run's trace).
 	trace *tracing.Run
+	// again says a record's event may have its record stored already (it
+	// was delivered before): the chain's events are then read from the
+	// whole chain, not from its cached head or last append.
+	again bool
 	timer *time.Timer
 }
 
@@ -123,7 +127,7 @@ func newChains(flushAfter time.Duration, maxBatch int, appendFn func(context.Con
 // add queues rec, whose event was stored at stored, on its chain and
 // returns where the outcome of its append is sent. A full batch is
 // appended before add returns.
-func (c *chains) add(chain, tenant string, rec events.AuditRecorded, stored time.Time, tr *tracing.Run) <-chan error {
+func (c *chains) add(chain, tenant string, rec events.AuditRecorded, stored time.Time, again bool, tr *tracing.Run) <-chan error {
 	done := make(chan error, 1)
 	c.mu.Lock()
 	b := c.pending[chain]
@@ -134,6 +138,7 @@ func (c *chains) add(chain, tenant string, rec events.AuditRecorded, stored time
 	}
 	b.records = append(b.records, rec)
 	b.stored = append(b.stored, stored)
+	b.again = b.again || again
 	b.done = append(b.done, done)
 	now := len(b.records) >= c.maxBatch || c.stopping
 	c.mu.Unlock()
@@ -254,21 +259,26 @@ func (c *chains) forget(chain string) {
 	delete(c.heads, chain)
 }
 
-// handle builds an event's record and queues it on its run's chain; the
-// event is acknowledged once the record is stored.
-func (s *Service) handle(_ context.Context, r *events.Received, msg jetstream.Msg) error {
-	rec := s.build.Record(r)
-	tenant := events.TenantOr(rec.Tenant)
-	var stored time.Time
-	if msg != nil {
-		if md, err := msg.Metadata(); err == nil {
-			stored = md.Timestamp
-			if rec.Source == nil {
-				rec.Source = &events.AuditSource{Stream: md.Stream, Seq: md.Sequence.Stream}
+// handler returns the handler of a consumer settled by a (nil: each event
+// acknowledged): it builds an event's record and queues it on its run's
+// chain; the event is settled once the record is stored.
+func (s *Service) handler(a *acks) events.HandlerFunc {
+	return func(_ context.Context, r *events.Received, msg jetstream.Msg) error {
+		rec := s.build.Record(r)
+		tenant := events.TenantOr(rec.Tenant)
+		var stored time.Time
+		again := false
+		if msg != nil {
+			if md, err := msg.Metadata(); err == nil {
+				stored = md.Timestamp
+				if rec.Source == nil {
+					rec.Source = &events.AuditSource{Stream: md.Stream, Seq: md.Sequence.Stream}
+				}
+				again = md.NumDelivered > 1 || a != nil && a.maybeStored(md)
 			}
 		}
+		return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, stored, again, r.TraceRun()))
 	}
-	return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, stored, r.TraceRun()))
 }
 
 // append stores one batch at the end of its chain.
@@ -283,11 +293,20 @@ func (s *Service) append(ctx context.Context, b *batch) error {
 		// A run's request is its first record as a rule: its chain is
 		// taken to be empty without reading it (the expected sequence 0
 		// fails the append when it is not, and the chain is read then).
-		first := !cached && attempt == 0 && b.records[0].EventType == events.TypeRunRequested
+		first := !cached && attempt == 0 && b.records[0].EventType == events.TypeRunRequested && !b.again
 		if first {
 			h.full = true // an empty chain holds no outcome
 		}
-		if (!cached || attempt > 0) && !first {
+		switch {
+		case b.again:
+			// An event delivered again may have its record anywhere in
+			// the chain (its acknowledgement waited for other events'
+			// records, and the run went on meanwhile).
+			var err error
+			if h, err = s.scan(ctx, b.chain); err != nil {
+				return err
+			}
+		case (!cached || attempt > 0) && !first:
 			var err error
 			if h, err = s.last(ctx, b.chain); err != nil {
 				return err
@@ -386,6 +405,39 @@ func (s *Service) last(ctx context.Context, chain string) (head, error) {
 		}
 	}
 	return h, nil
+}
+
+// scan reads the whole chain: its end, the events of all its records and
+// the calls whose outcome it holds.
+func (s *Service) scan(ctx context.Context, chain string) (head, error) {
+	h := head{ids: map[string]struct{}{}, outcomes: map[string]string{}, full: true}
+	for seq := uint64(1); ; {
+		msg, err := s.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(chain))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return h, nil
+		}
+		if err != nil {
+			return head{}, err
+		}
+		seq = msg.Sequence + 1
+		r, err := s.bus.Receive(msg.Subject, msg.Header, msg.Data)
+		if err != nil {
+			continue // not a record; verify reports it
+		}
+		recs, err := events.AuditRecordsOf(r)
+		if err != nil || len(recs) == 0 {
+			continue
+		}
+		h.hash, h.seq, h.n = recs[len(recs)-1].Hash, msg.Sequence, recs[len(recs)-1].N
+		for _, rec := range recs {
+			h.ids[storedKey(rec)] = struct{}{}
+			if k, ok := outcomeKey(rec); ok && rec.Status != StatusDuplicate {
+				if _, seen := h.outcomes[k]; !seen {
+					h.outcomes[k] = rec.EventID
+				}
+			}
+		}
+	}
 }
 
 // outcomes reads the calls whose outcome chain holds, from its messages up

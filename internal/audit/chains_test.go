@@ -3,6 +3,7 @@ package audit_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -181,4 +182,66 @@ func TestEventsDeliveredAgainAreNotRecordedTwice(t *testing.T) {
 	// (The stream is what counts: a core subscriber also sees an append
 	// the stream refused for its expected last sequence.)
 	assert.Equal(t, before, appendsOf(t, srv, res.RunID), "nothing appended to the run's chain")
+}
+
+// The auditor acknowledges by position, not each event: under concurrent
+// one-action runs (four audited events each) it sends about one message
+// per run — its appends, pulls and a few acknowledgements that each cover
+// many events — where acknowledging each event took five or more. Every
+// event is acknowledged in the end.
+func TestTheAuditorSendsFewerMessagesThanARunHasEvents(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{NoAuditor: true, Register: registerEcho})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nc := srv.Connect(t)
+	a, err := audit.New(nc, audit.Config{})
+	require.NoError(t, err)
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(actx) }()
+	t.Cleanup(func() { stop(); <-done })
+	consumers := events.Topology{}.Needs("auditor", "").Consumers
+	consumerInfo := func(c events.ConsumerSpec) *jetstream.ConsumerInfo {
+		cons, err := srv.JS.Consumer(ctx, c.Stream, c.Config.Durable)
+		require.NoError(t, err)
+		info, err := cons.Info(ctx)
+		require.NoError(t, err)
+		return info
+	}
+	require.Eventually(t, func() bool {
+		for _, c := range consumers {
+			if consumerInfo(c).NumWaiting == 0 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "the auditor pulls from every consumer")
+
+	before := nc.Stats()
+	const runs, parallel = 200, 16
+	var wg sync.WaitGroup
+	for w := range parallel {
+		wg.Go(func() {
+			for i := w; i < runs; i += parallel {
+				_, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "t.echo", Args: map[string]any{}}}, nil)
+				assert.NoError(t, err)
+			}
+		})
+	}
+	wg.Wait()
+	require.Eventually(t, func() bool {
+		for _, c := range consumers {
+			info := consumerInfo(c)
+			if info.NumPending > 0 || info.NumAckPending > 0 || info.AckFloor.Stream != info.Delivered.Stream {
+				return false
+			}
+		}
+		return true
+	}, 20*time.Second, 10*time.Millisecond, "every audited event is acknowledged")
+	after := nc.Stats()
+	sent := float64(after.OutMsgs-before.OutMsgs) / runs
+	received := float64(after.InMsgs-before.InMsgs) / runs
+	t.Logf("the auditor per one-action run: sent %.2f, received %.2f messages", sent, received)
+	assert.Less(t, sent, 3.0, "fewer messages sent than the run's four audited events")
 }

@@ -580,3 +580,104 @@ func TestServeSettlesLaterAnswersByWhatTheyReceive(t *testing.T) {
 	default:
 	}
 }
+
+// recordingSettler is an [events.AckAllSettler] that acknowledges nothing
+// and notes what Serve tells it.
+type recordingSettler struct {
+	mu   sync.Mutex
+	took []string
+	done []string
+	fail []string
+}
+
+func promptOf(msg jetstream.Msg) string {
+	e, err := events.Decode(msg.Subject(), msg.Headers(), msg.Data())
+	if err != nil {
+		return ""
+	}
+	var req events.RunRequested
+	_ = events.DataAs(e, &req)
+	return req.Prompt
+}
+
+func (r *recordingSettler) Take(msg jetstream.Msg) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.took = append(r.took, promptOf(msg))
+	return promptOf(msg) != "skip"
+}
+
+func (r *recordingSettler) Done(msg jetstream.Msg) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.done = append(r.done, promptOf(msg))
+}
+
+func (r *recordingSettler) Failed(msg jetstream.Msg) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fail = append(r.fail, promptOf(msg))
+}
+
+// On an ack-all consumer an acknowledgement or a termination covers every
+// message before it, so Serve leaves them to the consumer's settler: a
+// handled message, a permanent failure and a failure on the last delivery
+// are Done, a retried one Failed (and nak'd), a message the settler does
+// not Take is not handled; Serve itself never moves the ack floor.
+func TestServeLeavesAnAckAllConsumersAcknowledgementsToItsSettler(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	bus := newBus(t, srv, events.ModeBinary, "")
+	ctx := ctxT(t)
+	prompts := []string{"ok", "permanent", "skip", "retry"}
+	for _, p := range prompts {
+		runID := events.NewID()
+		_, err := bus.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID, Prompt: p})
+		require.NoError(t, err)
+	}
+	cons, err := srv.JS.CreateConsumer(ctx, events.Topology{}.StreamRequests(), jetstream.ConsumerConfig{
+		Durable: "all", AckPolicy: jetstream.AckAllPolicy, MaxDeliver: 2})
+	require.NoError(t, err)
+	settler := &recordingSettler{}
+	handled := make(chan string, 8)
+	sctx, cancel := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() {
+		served <- bus.Serve(sctx, cons, events.ServeOptions{Name: "all", NakDelay: time.Millisecond, AckAll: settler},
+			func(_ context.Context, r *events.Received, _ jetstream.Msg) error {
+				p := r.Data.(*events.RunRequested).Prompt
+				handled <- p
+				switch p {
+				case "permanent":
+					return events.Permanent(errors.New("never"))
+				case "retry":
+					return errors.New("not now")
+				}
+				return nil
+			})
+	}()
+	var got []string
+	for len(got) < 4 {
+		select {
+		case p := <-handled:
+			got = append(got, p)
+		case <-ctx.Done():
+			t.Fatalf("handled only %v", got)
+		}
+	}
+	assert.Equal(t, []string{"ok", "permanent", "retry", "retry"}, got, "the skipped one is not handled; the retried one twice")
+	require.Eventually(t, func() bool {
+		settler.mu.Lock()
+		defer settler.mu.Unlock()
+		return len(settler.done) == 3
+	}, 10*time.Second, 5*time.Millisecond)
+	cancel()
+	require.NoError(t, <-served)
+	settler.mu.Lock()
+	assert.Equal(t, []string{"ok", "permanent", "skip", "retry", "retry"}, settler.took)
+	assert.ElementsMatch(t, []string{"ok", "permanent", "retry"}, settler.done, "the last delivery's failure is done")
+	assert.Equal(t, []string{"retry"}, settler.fail, "the first failure is retried")
+	settler.mu.Unlock()
+	info, err := cons.Info(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, info.AckFloor.Stream, "Serve acknowledged or terminated nothing itself")
+}

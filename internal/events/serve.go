@@ -76,9 +76,33 @@ type ServeOptions struct {
 	// they were pulled (a run's events, for the auditor's chain); others
 	// run concurrently.
 	OrderBy func(subject string) string
+	// AckAll, when set, settles the messages of a consumer whose
+	// AckPolicy is all instead of acknowledging each: see [AckAllSettler].
+	// Nil acknowledges each message (AckPolicy explicit).
+	AckAll AckAllSettler
 
 	// maxDeliver is the consumer's MaxDeliver (0: unknown or unbounded).
 	maxDeliver int
+}
+
+// AckAllSettler settles the messages of an ack-all consumer for
+// [Bus.Serve], which never acknowledges or terminates one itself: on such
+// a consumer an acknowledgement (and a termination) covers every message
+// at or before it, so only the settler, which knows which messages are
+// done, may send one. Serve still naks a message to have it delivered
+// again.
+type AckAllSettler interface {
+	// Take is called with each message as it is pulled, in delivery
+	// order, before it is handled; false: do not handle it (it is done,
+	// or being handled, and was only delivered again).
+	Take(msg jetstream.Msg) bool
+	// Done is called once a message needs no more handling: its handler
+	// answered nil, its rejection is published, its failure is permanent,
+	// or it failed on its last delivery.
+	Done(msg jetstream.Msg)
+	// Failed is called before a failed message is nak'd: its next
+	// delivery is to be handled again.
+	Failed(msg jetstream.Msg)
 }
 
 // ServeObserver sees what [Bus.Serve] does with each message.
@@ -216,6 +240,10 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 			}
 			continue
 		}
+		if opts.AckAll != nil && !opts.AckAll.Take(msg) {
+			<-slots
+			continue
+		}
 		key := ""
 		if opts.OrderBy != nil {
 			key = opts.OrderBy(msg.Subject())
@@ -279,6 +307,8 @@ func (b *Bus) settle(ctx context.Context, log *slog.Logger, opts ServeOptions, m
 	case errors.As(herr, &rejected):
 		outcome = "rejected"
 		b.rejectServed(ctx, log, opts, msg, rejected.err)
+	case herr == nil && opts.AckAll != nil:
+		opts.AckAll.Done(msg)
 	case herr == nil:
 		if err := msg.Ack(); err != nil && ctx.Err() == nil {
 			log.Warn("ack failed", "subject", msg.Subject(), "err", err)
@@ -286,6 +316,10 @@ func (b *Bus) settle(ctx context.Context, log *slog.Logger, opts ServeOptions, m
 	case errors.As(herr, new(permanentError)):
 		outcome = "permanent"
 		log.Error("event handling failed permanently", "subject", msg.Subject(), "type", rec.Event.Type(), "id", rec.Event.ID(), "err", herr)
+		if opts.AckAll != nil {
+			opts.AckAll.Done(msg) // a termination would acknowledge every message before it
+			return
+		}
 		_ = msg.TermWithReason(herr.Error())
 	default:
 		outcome = "retry"
@@ -296,14 +330,22 @@ func (b *Bus) settle(ctx context.Context, log *slog.Logger, opts ServeOptions, m
 				delay *= 2
 			}
 		}
+		last := err == nil && opts.maxDeliver > 0 && md.NumDelivered >= uint64(opts.maxDeliver)
 		switch {
 		case ctx.Err() != nil:
-		case err == nil && opts.maxDeliver > 0 && md.NumDelivered >= uint64(opts.maxDeliver):
+		case last:
 			// The server delivers it no more: said once, loudly.
 			log.Error("event handling failed on its last delivery; it will not be delivered again", "subject", msg.Subject(),
 				"type", rec.Event.Type(), "id", rec.Event.ID(), "deliveries", md.NumDelivered, "err", herr)
 		default:
 			log.Debug("event handling failed; will retry", "subject", msg.Subject(), "type", rec.Event.Type(), "delay", delay, "err", herr)
+		}
+		if opts.AckAll != nil {
+			if last && ctx.Err() == nil {
+				opts.AckAll.Done(msg)
+				return
+			}
+			opts.AckAll.Failed(msg)
 		}
 		_ = msg.NakWithDelay(delay)
 	}
@@ -320,15 +362,27 @@ func (b *Bus) rejectServed(ctx context.Context, log *slog.Logger, opts ServeOpti
 	defer cancel()
 	if rerr := b.Reject(rctx, msg, opts.Name, err); rerr != nil {
 		log.Error("reject failed; message will be redelivered", "subject", clip(msg.Subject(), 256), "err", rerr)
-		_ = msg.NakWithDelay(opts.NakDelay)
+		nakServed(opts, msg)
 		return
 	}
 	if opts.OnReject != nil {
 		if rerr := opts.OnReject(rctx, msg, err); rerr != nil {
 			log.Error("answering a rejected event failed; message will be redelivered", "subject", clip(msg.Subject(), 256), "err", rerr)
-			_ = msg.NakWithDelay(opts.NakDelay)
+			nakServed(opts, msg)
 			return
 		}
 	}
+	if opts.AckAll != nil {
+		opts.AckAll.Done(msg)
+		return
+	}
 	_ = msg.Ack()
+}
+
+// nakServed naks msg to have it delivered again after opts.NakDelay.
+func nakServed(opts ServeOptions, msg jetstream.Msg) {
+	if opts.AckAll != nil {
+		opts.AckAll.Failed(msg)
+	}
+	_ = msg.NakWithDelay(opts.NakDelay)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -390,10 +391,74 @@ func work(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
 	return c
 }
 
-// auditor sets what the auditor's consumers need beyond the defaults.
+// auditor sets what the auditor's consumers need beyond the defaults:
+// the auditor acknowledges the last event of each run of events whose
+// records are stored, which acknowledges every event before it (AckPolicy
+// all), instead of each event.
 func auditor(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
 	c.MaxAckPending = AuditorMaxAckPending
+	c.AckPolicy = jetstream.AckAllPolicy
 	return c
+}
+
+// MetaDeliveredBefore is the metadata key of a consumer that replaced
+// another one (see [Topology.Provision]): the last stream sequence the
+// replaced consumer had delivered. The messages up to it are delivered
+// again from the replaced consumer's ack floor, and some of them were
+// handled already.
+const MetaDeliveredBefore = "actionbus.delivered-before"
+
+// consumerChange decides how provisioning brings an existing consumer
+// (have) to its declared configuration (want): the configuration to
+// write, and whether the consumer must be deleted and created again
+// (the server cannot change a consumer's ack policy in place). A replaced
+// consumer starts after the old one's ack floor, so that nothing it did
+// not acknowledge is skipped and nothing it did is delivered again but
+// what it had delivered past its floor, which [MetaDeliveredBefore]
+// names. A consumer that was replaced keeps its start and that
+// metadata on later updates.
+func consumerChange(have *jetstream.ConsumerInfo, want jetstream.ConsumerConfig) (cfg jetstream.ConsumerConfig, replace bool) {
+	cfg = want
+	if have.Config.AckPolicy != want.AckPolicy {
+		if have.Delivered.Stream == 0 {
+			return cfg, true
+		}
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, have.AckFloor.Stream+1
+		if have.Delivered.Stream > have.AckFloor.Stream {
+			cfg.Metadata = map[string]string{MetaDeliveredBefore: strconv.FormatUint(have.Delivered.Stream, 10)}
+		}
+		return cfg, true
+	}
+	if have.Config.DeliverPolicy == jetstream.DeliverByStartSequencePolicy && want.DeliverPolicy == jetstream.DeliverAllPolicy {
+		cfg.DeliverPolicy, cfg.OptStartSeq = have.Config.DeliverPolicy, have.Config.OptStartSeq
+		if v, ok := have.Config.Metadata[MetaDeliveredBefore]; ok {
+			cfg.Metadata = map[string]string{MetaDeliveredBefore: v}
+		}
+	}
+	return cfg, false
+}
+
+// provisionConsumer creates or updates one consumer, replacing it when
+// [consumerChange] says so.
+func (t Topology) provisionConsumer(ctx context.Context, js jetstream.JetStream, cs ConsumerSpec) error {
+	cfg := cs.Config
+	cons, err := js.Consumer(ctx, cs.Stream, cs.Config.Durable)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	case err != nil:
+		return fmt.Errorf("events: provision consumer %s on %s: %w", cs.Config.Durable, cs.Stream, err)
+	default:
+		var replace bool
+		if cfg, replace = consumerChange(cons.CachedInfo(), cs.Config); replace {
+			if err := js.DeleteConsumer(ctx, cs.Stream, cs.Config.Durable); err != nil {
+				return fmt.Errorf("events: provision consumer %s on %s: replace: %w", cs.Config.Durable, cs.Stream, err)
+			}
+		}
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, cs.Stream, cfg); err != nil {
+		return fmt.Errorf("events: provision consumer %s on %s: %w", cs.Config.Durable, cs.Stream, err)
+	}
+	return nil
 }
 
 // Consumers returns the durable consumers.
@@ -411,7 +476,7 @@ func (t Topology) Consumers() []ConsumerSpec {
 		{t.StreamTimers(), auditor(t.durable(ConsumerAuditorTimers, "auditor: every fired timer (not the schedules)", s.AnyRun(timerVerb)))},
 		{t.StreamRequests(), auditor(t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.AnyRun("*")))},
 		{t.StreamWork(), auditor(t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools()))},
-		{t.StreamRejected(), t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected())},
+		{t.StreamRejected(), auditor(t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected()))},
 	}
 	for _, p := range t.Pools {
 		out = append(out, ConsumerSpec{t.StreamWork(), work(t.durable(PoolConsumer(p), "executors of pool "+p, s.PoolRequest(p)))})
@@ -519,6 +584,10 @@ func (t Topology) sealRecords(ctx context.Context, js jetstream.JetStream, strea
 
 // Provision creates or updates every stream, consumer and bucket. It is
 // idempotent: running it again changes nothing that is already as declared.
+// A consumer whose ack policy differs from the declared one (the
+// auditor's, provisioned before they acknowledged by position) is deleted
+// and created again from its ack floor (see [MetaDeliveredBefore]); the
+// auditor is to be stopped while it is.
 // It needs JetStream admin rights; services only [Topology.Check].
 func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 	if err := t.Validate(); err != nil {
@@ -533,8 +602,8 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 		}
 	}
 	for _, cs := range t.Consumers() {
-		if _, err := js.CreateOrUpdateConsumer(ctx, cs.Stream, cs.Config); err != nil {
-			return fmt.Errorf("events: provision consumer %s on %s: %w", cs.Config.Durable, cs.Stream, err)
+		if err := t.provisionConsumer(ctx, js, cs); err != nil {
+			return err
 		}
 	}
 	for _, kc := range t.Buckets() {

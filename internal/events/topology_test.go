@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,11 +30,14 @@ func TestProvisionIsIdempotent(t *testing.T) {
 		cons, err := srv.JS.Consumer(ctx, cs.Stream, cs.Config.Durable)
 		require.NoError(t, err)
 		cfg := cons.CachedInfo().Config
-		want := events.DefaultMaxAckPending
-		if cs.Stream != "AB_REJECTED" && strings.HasPrefix(cs.Config.Durable, "auditor-") {
-			want = events.AuditorMaxAckPending // events wait while their records are batched
+		want, ackPolicy := events.DefaultMaxAckPending, jetstream.AckExplicitPolicy
+		if strings.HasPrefix(cs.Config.Durable, "auditor-") {
+			// Events wait while their records are batched, and are
+			// acknowledged by position.
+			want, ackPolicy = events.AuditorMaxAckPending, jetstream.AckAllPolicy
 		}
 		assert.Equal(t, want, cfg.MaxAckPending, cs.Config.Durable)
+		assert.Equal(t, ackPolicy, cfg.AckPolicy, cs.Config.Durable)
 		// Action requests are run again only a few times (an executor
 		// answers the last delivery delivery_exhausted); the services'
 		// idempotent handlers are retried through a failover.
@@ -149,4 +153,74 @@ func TestIdempotencyBucketsArePerPoolAndSealed(t *testing.T) {
 		assert.Error(t, kv.Purge(ctx, pool+".default.k"), "a purge (a rollup of the key) is refused")
 	}
 	assert.NotEqual(t, topo.BucketIdempotency("default"), topo.BucketIdempotency("gpu"))
+}
+
+// An auditor consumer provisioned when the auditor acknowledged each
+// event cannot be changed to acknowledge by position in place: provision
+// replaces it, starting after its ack floor, so the events it did not
+// acknowledge are delivered again (and named as possibly recorded: the
+// metadata says up to where it had delivered), and none is skipped.
+// Provisioning again keeps the replacement.
+func TestProvisionReplacesAnAuditorConsumerThatAcknowledgedEachEvent(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{SkipProvision: true})
+	ctx := ctxT(t)
+	topo := events.Topology{}
+	require.NoError(t, topo.Provision(ctx, srv.JS))
+	var spec events.ConsumerSpec
+	for _, cs := range topo.Consumers() {
+		if cs.Config.Durable == events.ConsumerAuditorRuns {
+			spec = cs
+		}
+	}
+	// The consumer as provisioned before: each event acknowledged.
+	require.NoError(t, srv.JS.DeleteConsumer(ctx, spec.Stream, spec.Config.Durable))
+	old := spec.Config
+	old.AckPolicy = jetstream.AckExplicitPolicy
+	cons, err := srv.JS.CreateConsumer(ctx, spec.Stream, old)
+	require.NoError(t, err)
+	for i := range 5 {
+		_, err := srv.JS.Publish(ctx, "ab.run.default.01JB00000000000000000000"+string(rune('A'+i))+"0.decision", []byte("{}"))
+		require.NoError(t, err)
+	}
+	batch, err := cons.Fetch(4, jetstream.FetchMaxWait(5*time.Second))
+	require.NoError(t, err)
+	var got []jetstream.Msg
+	for m := range batch.Messages() {
+		got = append(got, m)
+	}
+	require.Len(t, got, 4)
+	require.NoError(t, got[0].DoubleAck(ctx))
+	require.NoError(t, got[1].DoubleAck(ctx))
+	require.NoError(t, got[3].DoubleAck(ctx)) // the third is left unacknowledged
+	seqOf := func(m jetstream.Msg) uint64 {
+		md, err := m.Metadata()
+		require.NoError(t, err)
+		return md.Sequence.Stream
+	}
+
+	require.NoError(t, topo.Provision(ctx, srv.JS))
+	cons, err = srv.JS.Consumer(ctx, spec.Stream, spec.Config.Durable)
+	require.NoError(t, err)
+	cfg := cons.CachedInfo().Config
+	assert.Equal(t, jetstream.AckAllPolicy, cfg.AckPolicy)
+	assert.Equal(t, jetstream.DeliverByStartSequencePolicy, cfg.DeliverPolicy)
+	assert.Equal(t, seqOf(got[2]), cfg.OptStartSeq, "starts at the first event not acknowledged")
+	assert.Equal(t, strconv.FormatUint(seqOf(got[3]), 10), cfg.Metadata[events.MetaDeliveredBefore])
+
+	require.NoError(t, topo.Provision(ctx, srv.JS), "provisioning again changes nothing")
+	cons, err = srv.JS.Consumer(ctx, spec.Stream, spec.Config.Durable)
+	require.NoError(t, err)
+	info := cons.CachedInfo()
+	assert.Equal(t, seqOf(got[2]), info.Config.OptStartSeq)
+	assert.Equal(t, strconv.FormatUint(seqOf(got[3]), 10), info.Config.Metadata[events.MetaDeliveredBefore])
+	assert.EqualValues(t, 0, info.Delivered.Consumer, "the replacement has delivered nothing yet")
+
+	batch, err = cons.Fetch(10, jetstream.FetchMaxWait(time.Second))
+	require.NoError(t, err)
+	var seqs []uint64
+	for m := range batch.Messages() {
+		seqs = append(seqs, seqOf(m))
+	}
+	assert.Equal(t, []uint64{seqOf(got[2]), seqOf(got[3]), seqOf(got[3]) + 1}, seqs,
+		"the unacknowledged event, the one acknowledged past it, and the one never delivered")
 }

@@ -95,8 +95,10 @@ func envOr(key string, def int) int {
 // the bus, once per idempotency key.
 //
 // It asserts that every accepted run ended exactly once (one terminal
-// event stored), that every completed run's effect was applied, and that
-// no business effect was applied twice (under two keys). SOAK_SECONDS
+// event stored), that every completed run's effect was applied, that no
+// business effect was applied twice (under two keys), and that every
+// stored event of the runs has exactly one audit record in a chain that
+// verifies. SOAK_SECONDS
 // (default 60) and SOAK_RUNS (default 150) size it; make soak runs 300 s
 // and 1 000 runs.
 func TestChaosSoak(t *testing.T) {
@@ -305,6 +307,15 @@ func TestChaosSoak(t *testing.T) {
 			assert.Equal(t, 1, applied[r.id+"/"+r.kind], "the effect of completed run %s (%s)", r.id, r.kind)
 		}
 	}
+	// Every stored event of the soak's runs (run events, requests, work
+	// items, fired timers) has exactly one audit record, though the
+	// auditor was killed too, and every run's chain verifies.
+	ids := make(map[string]bool, len(all))
+	for _, r := range all {
+		ids[r.id] = true
+	}
+	audited := requireAuditComplete(t, ctx, srv.JS, ids, time.Minute)
+
 	kills := []string{}
 	total := 0
 	for _, s := range services {
@@ -319,8 +330,8 @@ func TestChaosSoak(t *testing.T) {
 	approvalsMu.Lock()
 	granted := approvals
 	approvalsMu.Unlock()
-	t.Logf("soak: %d runs over %s; %d SIGKILLs (%s); terminal events per run: 1 for all %d; outcomes {%s}; by kind %v; approvals granted %d; effects applied %d, duplicate effects %d",
-		len(all), chaosFor, total, strings.Join(kills, ", "), len(all), strings.Join(outcome, ", "), byKind, granted, len(applied), duplicates)
+	t.Logf("soak: %d runs over %s; %d SIGKILLs (%s); terminal events per run: 1 for all %d; outcomes {%s}; by kind %v; approvals granted %d; effects applied %d, duplicate effects %d; audit: %d stored events, each with one record, %d chains verified",
+		len(all), chaosFor, total, strings.Join(kills, ", "), len(all), strings.Join(outcome, ", "), byKind, granted, len(applied), duplicates, audited, len(all))
 	assert.Equal(t, len(all), statuses[string(client.StatusCompleted)], "every run completes despite the kills: %v", statuses)
 }
 
