@@ -72,3 +72,22 @@ func TestATransitionsLiveStepsTravelAsOneProgressMessageInOrder(t *testing.T) {
 	}
 	assert.Equal(t, carried, followed, "the follower sees every step, in order")
 }
+
+// TestAHeldResultsProgressIsOneMessage: a result that only changes the
+// state (four of five parallel steps) is held, not written; its
+// transition's progress still goes out at once, as one run.progress
+// message of version 2 carrying its step.
+func TestAHeldResultsProgressIsOneMessage(t *testing.T) {
+	_, rec, st, w, _ := startHolding(t)
+	ctx := ctxT(t)
+	runID := fanOut(t, ctx, st, w)
+	admission := len(progressMessages(t, rec, runID))
+	for i := 1; i <= 4; i++ {
+		w.gate <- struct{}{}
+		completedSteps(t, rec, runID, i)
+		msgs := progressMessages(t, rec, runID)
+		require.Len(t, msgs, admission+i, "one message per held result")
+		assert.Equal(t, []string{"action-completed"}, msgs[len(msgs)-1])
+	}
+	finishFanOut(t, ctx, st, w, runID)
+}
