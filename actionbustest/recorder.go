@@ -180,6 +180,66 @@ func (r Recorded) AuditRecords() []client.AuditRecord {
 	return recs
 }
 
+// Steps returns the steps of a run a message carries: the one of a
+// run.step, those of a run.progress (the live steps of one transition, in
+// order; one for a version 1 message), none for any other message.
+func (r Recorded) Steps() []events.RunStep {
+	if r.Event == nil {
+		return nil
+	}
+	switch r.Event.Type() {
+	case events.TypeRunStep:
+	case events.TypeRunProgress:
+		var p events.RunProgress
+		if events.DataAs(r.Event, &p) != nil {
+			return nil
+		}
+		if p.Version == events.ProgressVersion {
+			return p.Steps
+		}
+	default:
+		return nil
+	}
+	var s events.RunStep
+	if events.DataAs(r.Event, &s) != nil || s.Name == "" {
+		return nil
+	}
+	return []events.RunStep{s}
+}
+
+// WaitForSteps blocks until n steps satisfying match are recorded (steps,
+// not messages: one run.progress carries several) and returns them in the
+// order recorded. It fails the test when the deadline (DefaultWait when 0)
+// passes first.
+func (r *Recorder) WaitForSteps(t testing.TB, timeout time.Duration, n int, match func(events.RunStep) bool) []events.RunStep {
+	t.Helper()
+	matching := func(rec Recorded) []events.RunStep {
+		var out []events.RunStep
+		for _, s := range rec.Steps() {
+			if match(s) {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	msgs, ok := r.waitCount(context.Background(), timeout, n, func(rec Recorded) int { return len(matching(rec)) })
+	var out []events.RunStep
+	for _, m := range msgs {
+		out = append(out, matching(m)...)
+	}
+	if !ok {
+		t.Fatalf("actionbustest: %d matching steps not seen within %s (got %d); saw:\n%s", n, orDefault(timeout), len(out), r.describe())
+	}
+	return out[:n]
+}
+
+// WaitForStep blocks until a step satisfying match is recorded and
+// returns the first such step ([Recorder.WaitForSteps] for one).
+func (r *Recorder) WaitForStep(t testing.TB, timeout time.Duration, match func(events.RunStep) bool) events.RunStep {
+	t.Helper()
+	return r.WaitForSteps(t, timeout, 1, match)[0]
+}
+
 // WaitForAudit blocks until n audit records satisfying match are recorded
 // (records, not messages: one audit append holds several) and returns
 // them in the order recorded. It fails the test when the deadline

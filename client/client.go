@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -419,7 +420,14 @@ func (c *Client) answer(ctx context.Context, runID, answerID string, publish fun
 	}
 }
 
-// Event is one event of a run, as followed by [Client.Follow].
+// Event is one event of a run, as followed by [Client.Follow] and
+// [Client.Watch]. A run.progress event carries the live steps of one
+// transition in one message; it is delivered as one Event per step, in
+// order, each with the event's type, subject and time and the step as its
+// Data (the shape of run.step data, so [Event.Step] reads it). Such an
+// Event's ID is the message's id when it carried one step, and otherwise
+// the message's id followed by "#" and the step's position from 1
+// ("<id>#1", "<id>#2", …).
 type Event struct {
 	ID      string
 	Type    string
@@ -430,7 +438,8 @@ type Event struct {
 	Data json.RawMessage
 }
 
-// Step decodes the data of a run's step (run.step or run.progress).
+// Step decodes the data of a run's step (run.step, or one step of a
+// run.progress event: see [Event]).
 func (e Event) Step() (Step, bool) {
 	var s Step
 	if !events.IsRunStep(e.Type) || json.Unmarshal(e.Data, &s) != nil {
@@ -494,6 +503,55 @@ func (c *Client) Follow(ctx context.Context, runID string, fn func(Event)) (*Res
 func eventOf(r *events.Received, runID string) Event {
 	data, _ := json.Marshal(r.Data)
 	return Event{ID: r.Event.ID(), Type: r.Event.Type(), Subject: r.Subject, Time: r.Event.Time(), RunID: runID, Data: data}
+}
+
+// eventsOf is the public view of a received event of runID as Follow and
+// Watch deliver it: a run.progress event, which carries the live steps of
+// one transition, is one [Event] per step, in order (see [Event]); any
+// other event is itself.
+func eventsOf(r *events.Received, runID string) []Event {
+	if r.Event.Type() != events.TypeRunProgress {
+		return []Event{eventOf(r, runID)}
+	}
+	steps := progressSteps(r)
+	out := make([]Event, 0, len(steps))
+	for i, s := range steps {
+		data, _ := json.Marshal(s)
+		out = append(out, Event{ID: stepEventID(r.Event.ID(), i, len(steps)), Type: r.Event.Type(), Subject: r.Subject,
+			Time: r.Event.Time(), RunID: runID, Data: data})
+	}
+	return out
+}
+
+// stepEventID is the id of the i-th of n steps of a run.progress event:
+// the event's own id for a single step, and the id followed by "#" and
+// the step's position (from 1) otherwise.
+func stepEventID(id string, i, n int) string {
+	if n == 1 {
+		return id
+	}
+	return id + "#" + strconv.Itoa(i+1)
+}
+
+// progressSteps returns the steps of a run.progress event: the list of a
+// version 2 event; the one step of a version 1 event (the data of a
+// dispatcher that predates lists: one step, the shape of run.step data,
+// no version); none for a version this client does not know.
+func progressSteps(r *events.Received) []events.RunStep {
+	p, ok := r.Data.(*events.RunProgress)
+	if !ok {
+		return nil
+	}
+	switch p.Version {
+	case events.ProgressVersion:
+		return p.Steps
+	case 0:
+		var s events.RunStep
+		if events.DataAs(r.Event, &s) == nil && s.Name != "" {
+			return []events.RunStep{s}
+		}
+	}
+	return nil
 }
 
 func terminal(r *events.Received) *Result {

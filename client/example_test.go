@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -112,6 +113,32 @@ func ExampleRunRequest_action() {
 	}
 	fmt.Println(res.Status, res.Output)
 	// Output: completed map[message:hi]
+}
+
+// Follow every step of a run. Each transition's live steps cross the
+// server as one run.progress message; Run and Follow deliver them as one
+// Event per step, in order, so that Step reads each.
+func ExampleEvent_Step() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, stop := startDeployment(ctx, `scenarios: {}`, registerEcho)
+	defer stop()
+
+	c, _ := client.New(nc, client.Options{})
+	_, err := c.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "demo.echo", Args: map[string]any{"message": "hi"}}}, func(e client.Event) {
+		if s, ok := e.Step(); ok {
+			fmt.Println(strings.TrimSpace(e.Type + " " + s.Name + " " + s.Action))
+		}
+	})
+	if err != nil {
+		panic(err)
+	}
+	// Output:
+	// io.actionbus.run.progress policy-evaluated demo.echo
+	// io.actionbus.run.progress act
+	// io.actionbus.run.progress action-dispatched demo.echo
+	// io.actionbus.run.progress action-completed demo.echo
+	// io.actionbus.run.progress observe
 }
 
 // A mutation waits for an approval; an approver holding an approval key

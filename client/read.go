@@ -129,7 +129,9 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 			select {
 			case m := <-live:
 				if r, err := c.bus.Receive(m.Subject, m.Header, m.Data); err == nil && liveOnly(r.Event.Type()) && followed(m.Subject) {
-					fn(eventOf(r, runID))
+					for _, e := range eventsOf(r, runID) {
+						fn(e)
+					}
 				}
 			default:
 				return
@@ -159,7 +161,9 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 			if res != nil {
 				drainLive()
 			}
-			fn(eventOf(r, runID))
+			for _, e := range eventsOf(r, runID) {
+				fn(e)
+			}
 			return res == nil
 		})
 		after = next
@@ -189,13 +193,17 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 				continue
 			}
 			if liveOnly(r.Event.Type()) {
-				fn(eventOf(r, runID))
+				for _, e := range eventsOf(r, runID) {
+					fn(e)
+				}
 				continue
 			}
 			res := terminal(r)
 			if res == nil {
 				if seen.first(r.Event.ID()) {
-					fn(eventOf(r, runID))
+					for _, e := range eventsOf(r, runID) {
+						fn(e)
+					}
 				}
 				continue
 			}
@@ -206,7 +214,9 @@ func (c *Client) follow(ctx context.Context, runID string, fn func(Event), start
 			}
 			drainLive()
 			if seen.first(r.Event.ID()) {
-				fn(eventOf(r, runID))
+				for _, e := range eventsOf(r, runID) {
+					fn(e)
+				}
 			}
 			return res, nil
 		case <-recheck.C:
@@ -324,7 +334,9 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 				return true // schedules and bad events: nothing to show
 			}
 			if seen.first(r.Event.ID()) {
-				fn(eventOf(r, subjects.RunIDFromSubject(m.Subject)))
+				for _, e := range eventsOf(r, subjects.RunIDFromSubject(m.Subject)) {
+					fn(e)
+				}
 			}
 			return true
 		})
@@ -354,7 +366,9 @@ func (c *Client) Watch(ctx context.Context, since time.Time, fn func(Event)) err
 				continue
 			}
 			if seen.first(r.Event.ID()) {
-				fn(eventOf(r, subjects.RunIDFromSubject(m.Subject)))
+				for _, e := range eventsOf(r, subjects.RunIDFromSubject(m.Subject)) {
+					fn(e)
+				}
 			}
 		case <-tick.C:
 			_ = page(recheckBound) // a failed read is retried next time

@@ -60,6 +60,8 @@ func (p *progress) event(e client.Event) {
 		_ = json.Unmarshal(e.Data, &d)
 		fmt.Fprintf(p.w, "%s▶ run %s started (%s)\n", prefix, e.RunID, d.Kind)
 	case events.TypeRunStep, events.TypeRunProgress:
+		// One step: Follow delivers a run.progress message (a
+		// transition's steps) as one event per step, in order.
 		s, _ := e.Step()
 		where := ""
 		if s.PlanIndex != nil {

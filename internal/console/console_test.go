@@ -297,6 +297,45 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, injected, "markup in an approval's input ran in the console")
 
+	// A run followed while it goes on: each transition's live steps
+	// arrive as one run.progress message, and the timeline shows a row per
+	// step, in order (the result's action-completed, then observe).
+	require.NoError(t, do(
+		chromedp.Navigate(url+"/#token="+token),
+		poll(`document.getElementById("live").textContent === "live"`),
+		chromedp.Click(css(`nav a[data-view="start"]`)),
+		fill("start-action", "inv.reorder"),
+		fill("start-args", `{"sku": "C-3"}`),
+		check(`#start-modes input[value="mutate"]`),
+		chromedp.Click(css(`#start-submit`)),
+		poll(`location.hash.startsWith("#run/") && location.hash !== "#run/`+mutation+`" && location.hash !== "#run/`+readRun+`"`),
+		shows(`#run-status.awaiting_approval`),
+		shows(`#timeline tr[data-type="approval.requested"]`),
+	))
+	followed := strings.TrimPrefix(hash(), "#run/")
+	var pendingID string
+	require.Eventually(t, func() bool {
+		for _, x := range apiGet(t, url, token, "/v1/approvals")["approvals"].([]any) {
+			if ap := x.(map[string]any); ap["runId"] == followed {
+				pendingID, _ = ap["approvalId"].(string)
+			}
+		}
+		return pendingID != ""
+	}, 20*time.Second, 20*time.Millisecond, "the followed run's approval is listed")
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/approvals/"+pendingID+"/approve", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.NoError(t, do(shows(`#timeline tr[data-type="run.completed"]`)))
+	progress, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll('#timeline tr[data-type="run.progress"] td:nth-child(4)')].map(td => td.textContent.split(/[ :]/)[0])`))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(progress), 2, "the timeline shows the live steps: %q", progress)
+	assert.Equal(t, []string{"action-completed", "observe"}, progress[len(progress)-2:], "one row per step, in order: %q", progress)
+
 	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)
 	file := filepath.Join(t.TempDir(), "console.png")

@@ -839,11 +839,12 @@ func (d *Dispatcher) traceTransition(ctx context.Context, st *run.State, batch [
 }
 
 // publish renders effects from st and publishes them in one batch, work
-// for other services first (run.WorkFirst).
+// for other services first (run.WorkFirst), the live steps as one
+// run.progress event (run.Progress).
 func (d *Dispatcher) publish(ctx context.Context, st *run.State, effects []run.Effect) error {
 	ctx = tracing.WithRun(ctx, st.Trace)
 	batch := make([]events.Emission, 0, len(effects))
-	for _, e := range run.WorkFirst(effects) {
+	for _, e := range run.Progress(st, run.WorkFirst(effects)) {
 		if e.Kind == run.EffectRelease {
 			if err := d.release(ctx, e); err != nil {
 				return err

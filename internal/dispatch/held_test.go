@@ -97,9 +97,8 @@ func finishFanOut(t *testing.T, ctx context.Context, st *actionbustest.Stack, w 
 // decided to hold it: once they are seen, no write for them is pending.
 func completedSteps(t *testing.T, rec *actionbustest.Recorder, runID string, n int) {
 	t.Helper()
-	rec.WaitForN(t, 10*time.Second, n, func(r actionbustest.Recorded) bool {
-		var s events.RunStep
-		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == string(run.StepActionCompleted)
+	rec.WaitForSteps(t, 10*time.Second, n, func(s events.RunStep) bool {
+		return s.RunID == runID && s.Name == string(run.StepActionCompleted)
 	})
 }
 

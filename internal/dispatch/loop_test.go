@@ -182,10 +182,7 @@ func decisionRequest(t *testing.T, rec *actionbustest.Recorder, runID string, cy
 // waitStep waits until the run has published a step of that name.
 func waitStep(t *testing.T, rec *actionbustest.Recorder, runID, name string) {
 	t.Helper()
-	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
-		var s events.RunStep
-		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == name
-	})
+	rec.WaitForStep(t, 0, func(s events.RunStep) bool { return s.RunID == runID && s.Name == name })
 }
 
 func TestClarifyWaitsForInputThenResumes(t *testing.T) {

@@ -33,7 +33,7 @@ var Catalog = []Entry{
 	{TypeRunRequested, "{prefix}.run.{tenant}.{runId}.requested", "client", []string{"dispatcher", "auditor"}, "run.requested.json", func() any { return new(RunRequested) }, false},
 	{TypeRunStarted, "{prefix}.run.{tenant}.{runId}.started", "dispatcher", []string{"client"}, "run.started.json", func() any { return new(RunStarted) }, true},
 	{TypeRunStep, "{prefix}.run.{tenant}.{runId}.step", "dispatcher", []string{"auditor", "client"}, "run.step.json", func() any { return new(RunStep) }, false},
-	{TypeRunProgress, "{prefix}.run.{tenant}.{runId}.progress", "dispatcher", []string{"client"}, "run.step.json", func() any { return new(RunStep) }, true},
+	{TypeRunProgress, "{prefix}.run.{tenant}.{runId}.progress", "dispatcher", []string{"client"}, "run.progress.json", func() any { return new(RunProgress) }, true},
 	{TypeRunCompleted, "{prefix}.run.{tenant}.{runId}.completed", "dispatcher", []string{"auditor", "client"}, "run.completed.json", func() any { return new(RunCompleted) }, false},
 	{TypeRunFailed, "{prefix}.run.{tenant}.{runId}.failed", "dispatcher", []string{"auditor", "client"}, "run.failed.json", func() any { return new(RunFailed) }, false},
 	{TypeRunCanceled, "{prefix}.run.{tenant}.{runId}.canceled", "dispatcher", []string{"auditor", "client"}, "run.canceled.json", func() any { return new(RunCanceled) }, false},

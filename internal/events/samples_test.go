@@ -16,9 +16,11 @@ func intp(i int) *int { return &i }
 var samples = map[string]any{
 	events.TypeRunRequested: &events.RunRequested{RunID: sampleRun, Prompt: "retry failed jobs — 100 € “now”", Scenario: "demo",
 		UserID: "operator_1", AllowedModes: []string{"read", "dryRun"}, Metadata: map[string]any{"tenant": "acme", "n": 3.0}, DeadlineMs: 60000},
-	events.TypeRunStarted:  &events.RunStarted{RunID: sampleRun, Kind: "agent", Scenario: "demo"},
-	events.TypeRunStep:     &events.RunStep{RunID: sampleRun, Name: "plan-executing", Cycle: 1, PlanIndex: intp(2), Action: "delivery.searchJobs", Status: "ok"},
-	events.TypeRunProgress: &events.RunStep{RunID: sampleRun, Name: "action-dispatched", Cycle: 1, PlanIndex: intp(2), Action: "delivery.searchJobs"},
+	events.TypeRunStarted: &events.RunStarted{RunID: sampleRun, Kind: "agent", Scenario: "demo"},
+	events.TypeRunStep:    &events.RunStep{RunID: sampleRun, Name: "plan-executing", Cycle: 1, PlanIndex: intp(2), Action: "delivery.searchJobs", Status: "ok"},
+	events.TypeRunProgress: &events.RunProgress{Version: events.ProgressVersion, RunID: sampleRun, Steps: []events.RunStep{
+		{RunID: sampleRun, Name: "act", Cycle: 1, Message: "2 call(s)"},
+		{RunID: sampleRun, Name: "action-dispatched", Cycle: 1, PlanIndex: intp(2), Action: "delivery.searchJobs"}}},
 	events.TypeRunCompleted: &events.RunCompleted{RunID: sampleRun, Answer: "done", Output: map[string]any{"jobIds": []any{"job_1"}},
 		Citations: []string{"https://example.com"}, Cycles: 3},
 	events.TypeRunFailed: &events.RunFailed{RunID: sampleRun, Error: actionbus.Error{Code: actionbus.CodeActionNotFound, Message: "no such action",

@@ -36,9 +36,9 @@ const (
 	TypePoolAnnounced      = "io.actionbus.pool.announced"
 )
 
-// IsRunStep reports whether eventType is a step of a run: a recorded
-// step (run.step, stored and audited) or a progress step (run.progress,
-// live only).
+// IsRunStep reports whether eventType carries steps of a run: a recorded
+// step (run.step, stored and audited, one step) or progress steps
+// (run.progress, live only, a [RunProgress] list of steps).
 func IsRunStep(eventType string) bool {
 	return eventType == TypeRunStep || eventType == TypeRunProgress
 }
@@ -146,6 +146,24 @@ type RunStep struct {
 	Status    string `json:"status,omitempty"`
 	// Details holds structured facts of the step.
 	Details map[string]any `json:"details,omitempty"`
+}
+
+// ProgressVersion is the version of [RunProgress] data: 2, a list of
+// steps (version 1, which no field named, was one step, the shape of
+// run.step data). A reader that finds another version (or no steps) is
+// reading a format it does not know.
+const ProgressVersion = 2
+
+// RunProgress is the data of a run.progress event: the live steps of one
+// transition, in the order the run took them, each the shape of run.step
+// data (the seed's step names unchanged), so that a transition's progress
+// crosses the server as one message.
+type RunProgress struct {
+	// Version is [ProgressVersion].
+	Version int    `json:"version"`
+	RunID   string `json:"runId"`
+	// Steps holds at least one step; each step's RunID is the event's.
+	Steps []RunStep `json:"steps"`
 }
 
 // RunCompleted is the terminal event of a successful run.

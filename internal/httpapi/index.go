@@ -127,6 +127,8 @@ func (x *Index) Apply(e client.Event) *RunView {
 			}
 		}
 	case events.TypeRunStep, events.TypeRunProgress:
+		// One step: Watch delivers a run.progress message (a
+		// transition's steps) as one event per step, in order.
 		var d events.RunStep
 		if json.Unmarshal(e.Data, &d) != nil {
 			return nil

@@ -208,15 +208,15 @@ func TestOpenAIPerActionSynthesisStitchesTheExactLayout(t *testing.T) {
 		}
 	}
 	// The recorder has its own connection: wait for the last step.
-	rec.WaitFor(t, 10*time.Second, func(r actionbustest.Recorded) bool {
-		var s events.RunStep
-		return events.IsRunStep(r.Type()) && r.Event.DataAs(&s) == nil && s.RunID == res.RunID && s.Name == "synthesize-stitch-done"
+	rec.WaitForStep(t, 10*time.Second, func(s events.RunStep) bool {
+		return s.RunID == res.RunID && s.Name == "synthesize-stitch-done"
 	})
 	var steps []string
 	for _, e := range rec.All() {
-		var s events.RunStep
-		if events.IsRunStep(e.Type()) && e.Event.DataAs(&s) == nil && s.RunID == res.RunID && strings.HasPrefix(s.Name, "synthesize-") {
-			steps = append(steps, s.Name)
+		for _, s := range e.Steps() {
+			if s.RunID == res.RunID && strings.HasPrefix(s.Name, "synthesize-") {
+				steps = append(steps, s.Name)
+			}
 		}
 	}
 	require.NotEmpty(t, steps)

@@ -37,6 +37,10 @@ const (
 	// EffectWake asks the dispatcher to wake the run (a [CapacityCheck])
 	// at At. It is not stored: the capacity timer is its durable backstop.
 	EffectWake EffectKind = "wake"
+	// EffectProgress publishes the live steps of one transition (Steps)
+	// as one run.progress event. [Progress] makes it when the effects are
+	// published; it is never stored (the outbox holds the steps).
+	EffectProgress EffectKind = "progress"
 	// EffectSave publishes nothing: the state changed (the alarm fired
 	// only stale timers, or events were applied without being stored:
 	// [Saved]) and is to be written.
@@ -57,6 +61,8 @@ type Effect struct {
 	// carries to the audit trail).
 	Step     *events.RunStep `json:"step,omitempty"`
 	Progress bool            `json:"progress,omitempty"`
+	// Steps are a progress event's ([EffectProgress]), in order.
+	Steps []*events.RunStep `json:"steps,omitempty"`
 	// Timer is a timer's.
 	Timer *Timer `json:"timer,omitempty"`
 	// Cycle, CallID, Part, Index and ApprovalID name what a reference
@@ -88,6 +94,54 @@ type Timer struct {
 // only) rather than a recorded run.step.
 func (e Effect) live() bool { return e.Progress || !StepName(e.Step.Name).Recorded() }
 
+// Progress folds the live steps of effects, taken in publishing order
+// (after [WorkFirst]), into one [EffectProgress] effect carrying them in
+// that order: a transition's progress crosses the server as one
+// run.progress message. The event goes where the last of the steps was,
+// so every step stays ahead of the stored events that followed the last
+// of them (the run's end among them); a recorded step between two live
+// ones is published ahead of both. Its id is derived from the steps' ids,
+// so the same effects (an outbox published again) make the same event.
+// A step published for another run (a retry's link) is left alone, as
+// are effects with fewer than two live steps: a single live step becomes
+// a progress event of one step when rendered ([Render]).
+func Progress(st *State, effects []Effect) []Effect {
+	var steps []*events.RunStep
+	var ids []any
+	last := -1
+	for i, e := range effects {
+		if e.foldable() {
+			steps, ids, last = append(steps, e.Step), append(ids, e.ID), i
+		}
+	}
+	if len(steps) < 2 {
+		return effects
+	}
+	out := make([]Effect, 0, len(effects)-len(steps)+1)
+	for i, e := range effects {
+		switch {
+		case i == last:
+			out = append(out, Effect{Kind: EffectProgress, ID: st.derive(append([]any{"progress"}, ids...)...), Steps: steps})
+		case !e.foldable():
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// foldable reports whether e is a live step of its own run, which
+// [Progress] folds into the transition's progress event.
+func (e Effect) foldable() bool { return e.Kind == EffectStep && e.RunID == "" && e.live() }
+
+// progressData is the data of a run.progress event carrying steps.
+func progressData(runID string, steps []*events.RunStep) *events.RunProgress {
+	p := &events.RunProgress{Version: events.ProgressVersion, RunID: runID, Steps: make([]events.RunStep, len(steps))}
+	for i, s := range steps {
+		p.Steps[i] = *s
+	}
+	return p
+}
+
 // Render returns the event an effect publishes, rendered from st, the
 // state stored with it. ok is false for an effect that no longer applies
 // (a reference to a request the run has moved past: its answer arrived,
@@ -104,8 +158,10 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 	case EffectStep:
 		em.Type, em.Data = events.TypeRunStep, e.Step
 		if e.live() {
-			em.Type = events.TypeRunProgress
+			em.Type, em.Data = events.TypeRunProgress, progressData(em.RunID, []*events.RunStep{e.Step})
 		}
+	case EffectProgress:
+		em.Type, em.Data = events.TypeRunProgress, progressData(st.RunID, e.Steps)
 	case EffectDecide:
 		if st.Agent == nil || st.IsTerminal() || st.Phase != PhaseDeciding || st.Cycle != e.Cycle {
 			return em, false

@@ -1,9 +1,11 @@
 package run
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/internal/events"
 )
@@ -88,4 +90,81 @@ func TestWorkFirstStartsWorkAheadOfProgressAndKeepsStoredOrder(t *testing.T) {
 			assert.Equal(t, tc.want, ids(WorkFirst(tc.in)))
 		})
 	}
+}
+
+func TestProgressFoldsATransitionsLiveStepsIntoOneEventInOrder(t *testing.T) {
+	st := &State{RunID: "01J0000000000000000000000R", Tenant: "default", IDKey: "k"}
+	live := func(id string) Effect {
+		return Effect{Kind: EffectStep, ID: id, Step: &events.RunStep{RunID: st.RunID, Name: id}}
+	}
+	allowed := Effect{Kind: EffectStep, ID: "policy-allowed", Progress: true, Step: &events.RunStep{RunID: st.RunID, Name: string(StepPolicyEvaluated)}}
+	recorded := Effect{Kind: EffectStep, ID: "policy", Step: &events.RunStep{RunID: st.RunID, Name: string(StepPolicyEvaluated)}}
+	link := Effect{Kind: EffectStep, ID: "link", RunID: "01J0000000000000000000000P", Step: &events.RunStep{Name: string(StepAct)}}
+	act := Effect{Kind: EffectAct, ID: "a1"}
+	end := Effect{Kind: EffectEnd, ID: "end"}
+	// shape names each effect: its id, or the steps of a progress event.
+	shape := func(effects []Effect) []string {
+		out := []string{}
+		for _, e := range effects {
+			if e.Kind != EffectProgress {
+				out = append(out, e.ID)
+				continue
+			}
+			names := []string{}
+			for _, s := range e.Steps {
+				names = append(names, s.Name)
+			}
+			out = append(out, "progress("+strings.Join(names, ",")+")")
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		in   []Effect
+		want []string
+	}{
+		{"a one-action admission: every live step in one event, after the work item", []Effect{act, live("observe"), live("orient"), live("decide"), live("act"), live("action-dispatched")},
+			[]string{"a1", "progress(observe,orient,decide,act,action-dispatched)"}},
+		{"the progress stays ahead of the run's end", []Effect{live("action-completed"), live("evaluate"), end},
+			[]string{"progress(action-completed,evaluate)", "end"}},
+		{"an allowed call's policy evaluation is progress", []Effect{allowed, live("action-dispatched"), act},
+			[]string{"progress(policy-evaluated,action-dispatched)", "a1"}},
+		{"a recorded step between live ones goes ahead of them", []Effect{live("observe"), recorded, act, live("action-dispatched")},
+			[]string{"policy", "a1", "progress(observe,action-dispatched)"}},
+		{"a step for another run is not folded", []Effect{live("observe"), link, live("act")},
+			[]string{"link", "progress(observe,act)"}},
+		{"one live step stays a step", []Effect{live("observe"), end}, []string{"observe", "end"}},
+		{"none", nil, []string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, shape(Progress(st, tc.in)))
+		})
+	}
+}
+
+func TestProgressEventIDIsDerivedFromItsSteps(t *testing.T) {
+	st := &State{RunID: "01J0000000000000000000000R", Tenant: "default", IDKey: "k"}
+	two := func(a, b string) []Effect {
+		return []Effect{{Kind: EffectStep, ID: a, Step: &events.RunStep{Name: "observe"}}, {Kind: EffectStep, ID: b, Step: &events.RunStep{Name: "act"}}}
+	}
+	first := Progress(st, two("s1", "s2"))
+	require.Len(t, first, 1)
+	assert.Equal(t, first[0].ID, Progress(st, two("s1", "s2"))[0].ID, "the same effects (an outbox published again) make the same id")
+	assert.NotEqual(t, first[0].ID, Progress(st, two("s1", "s3"))[0].ID, "other steps, another id")
+	assert.NotContains(t, []string{"s1", "s2"}, first[0].ID, "not a step's own id")
+}
+
+func TestRenderedProgressCarriesItsStepsAsVersion2(t *testing.T) {
+	st := &State{RunID: "01J0000000000000000000000R", Tenant: "default", IDKey: "k"}
+	folded := Progress(st, []Effect{step(st, StepObserve, nil, "", "", ""), step(st, StepAct, nil, "", "1 call", "")})
+	require.Len(t, folded, 1)
+	em, ok := Render(st, folded[0])
+	require.True(t, ok)
+	assert.Equal(t, events.TypeRunProgress, em.Type)
+	assert.Equal(t, &events.RunProgress{Version: 2, RunID: st.RunID, Steps: []events.RunStep{
+		{RunID: st.RunID, Name: string(StepObserve)}, {RunID: st.RunID, Name: string(StepAct), Message: "1 call"}}}, em.Data)
+	// A single live step is a progress event of one step.
+	em, ok = Render(st, step(st, StepFinal, nil, "", "", ""))
+	require.True(t, ok)
+	assert.Equal(t, &events.RunProgress{Version: 2, RunID: st.RunID, Steps: []events.RunStep{{RunID: st.RunID, Name: string(StepFinal)}}}, em.Data)
 }
