@@ -16,7 +16,7 @@ demo:
 
 ## test: the whole suite with the race detector, plus the separate example module.
 test: examples
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
 
 ## examples: the example modules outside the main one build and vet
 ## (binaries go to a temporary directory, never into the tree).

@@ -246,6 +246,13 @@ func (x *Index) ApplyRequest(runID string, req *client.RunRequest, at time.Time)
 	if req == nil {
 		return nil
 	}
+	v.setRequest(req, at)
+	out := *v
+	return &out
+}
+
+// setRequest records in v what its run was started with.
+func (v *RunView) setRequest(req *client.RunRequest, at time.Time) {
 	switch {
 	case req.Workflow != nil:
 		v.Kind = string(run.KindWorkflow)
@@ -259,8 +266,6 @@ func (x *Index) ApplyRequest(runID string, req *client.RunRequest, at time.Time)
 	if !at.IsZero() {
 		v.StartedAt = at
 	}
-	out := *v
-	return &out
 }
 
 // Run returns a copy of a run's view.

@@ -418,7 +418,16 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request, _ *Token) {
 	}
 	s.mu.Lock()
 	v, ok := s.idx.Run(id)
+	pending := ok && s.idx.NeedsRequest(id)
 	s.mu.Unlock()
+	if ok && pending {
+		// The index has the run's events but not yet its request (being
+		// read as the run's first event is applied): read it here, so
+		// that the view names the run's user and kind now.
+		if req, at, err := s.cfg.Client.Requested(r.Context(), id); err == nil && req != nil {
+			v.setRequest(req, at)
+		}
+	}
 	if ok {
 		writeJSON(w, http.StatusOK, v)
 		return
