@@ -60,6 +60,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzClean$$' -fuzztime $(FUZZTIME) ./internal/builtin
 	$(GO) test -run '^$$' -fuzz '^FuzzTransitions$$' -fuzztime $(FUZZTIME) ./internal/run
 	$(GO) test -run '^$$' -fuzz '^FuzzMarshalMatchesTheReference$$' -fuzztime $(FUZZTIME) ./internal/canonical
+	$(GO) test -run '^$$' -fuzz '^FuzzFit$$' -fuzztime $(FUZZTIME) ./internal/audit
 	$(GO) test -run '^$$' -fuzz '^FuzzClassRunsMatchAsRegexpDoes$$' -fuzztime $(FUZZTIME) ./internal/schema
 	$(GO) test -run '^$$' -fuzz '^FuzzScannedPatternsMatchAsRegexpDoes$$' -fuzztime $(FUZZTIME) ./internal/schema
 	$(GO) test -run '^$$' -fuzz '^FuzzGenericMatchesTheLibrary$$' -fuzztime $(FUZZTIME) ./internal/jsoncodec

@@ -83,6 +83,8 @@ type Service struct {
 	chains *chains
 	key    nkeys.KeyPair
 	pub    string
+	// maxRecord bounds one record's encoding (see [Fit]).
+	maxRecord int
 }
 
 // New returns an auditor using nc.
@@ -164,7 +166,15 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	js := bus.JetStream()
 	s := &Service{key: key, pub: pub, cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log,
 		build: &Builder{Defaults: cfg.Payload, Prefix: cfg.Prefix}}
-	s.chains = newChains(cfg.FlushAfter, cfg.MaxBatch, s.append)
+	// A record takes at most an eighth of the server's max payload, an
+	// append at most half: the seal, the envelope and the headers fit in
+	// the rest whatever the records hold.
+	maxPayload := int(nc.MaxPayload())
+	if maxPayload <= 0 {
+		maxPayload = 1 << 20 // not connected yet: the server's default
+	}
+	s.maxRecord = min(DefaultMaxRecordBytes, maxPayload/8)
+	s.chains = newChains(cfg.FlushAfter, cfg.MaxBatch, maxPayload/2, s.append)
 	return s, nil
 }
 

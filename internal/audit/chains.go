@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/keymutex"
 	"github.com/actionbus/actionbus/internal/tracing"
@@ -49,7 +50,10 @@ type batch struct {
 	// stored is when each record's event was stored (its stream's
 	// timestamp), by which the batch is ordered before it is appended.
 	stored []time.Time
-	done   []chan<- error
+	// sizes bound each record's encoding (see [Fit]): an append holds
+	// records up to maxBytes.
+	sizes []int
+	done  []chan<- error
 	// trace is the run's starting trace context (its append's span joins
 	// the run's trace).
 	trace *tracing.Run
@@ -107,7 +111,10 @@ func (h head) unseen(recs []events.AuditRecorded) []events.AuditRecorded {
 type chains struct {
 	flushAfter time.Duration
 	maxBatch   int
-	append     func(ctx context.Context, b *batch) error
+	// maxBytes bounds the records of one append (their sizes' sum), well
+	// under the server's max payload: the seal and the envelope add to it.
+	maxBytes int
+	append   func(ctx context.Context, b *batch) error
 	// ctx is the context appends run under; it is not canceled when the
 	// auditor stops, so that waiting records are still stored.
 	ctx   context.Context
@@ -119,15 +126,15 @@ type chains struct {
 	stopping bool // records are appended at once: the auditor stops
 }
 
-func newChains(flushAfter time.Duration, maxBatch int, appendFn func(context.Context, *batch) error) *chains {
-	return &chains{flushAfter: flushAfter, maxBatch: maxBatch, append: appendFn, ctx: context.Background(),
+func newChains(flushAfter time.Duration, maxBatch, maxBytes int, appendFn func(context.Context, *batch) error) *chains {
+	return &chains{flushAfter: flushAfter, maxBatch: maxBatch, maxBytes: maxBytes, append: appendFn, ctx: context.Background(),
 		locks: keymutex.New(256), pending: map[string]*batch{}, heads: map[string]head{}}
 }
 
-// add queues rec, whose event was stored at stored, on its chain and
-// returns where the outcome of its append is sent. A full batch is
-// appended before add returns.
-func (c *chains) add(chain, tenant string, rec events.AuditRecorded, stored time.Time, again bool, tr *tracing.Run) <-chan error {
+// add queues rec, whose event was stored at stored and whose encoding is
+// at most size bytes, on its chain and returns where the outcome of its
+// append is sent. A full batch is appended before add returns.
+func (c *chains) add(chain, tenant string, rec events.AuditRecorded, size int, stored time.Time, again bool, tr *tracing.Run) <-chan error {
 	done := make(chan error, 1)
 	c.mu.Lock()
 	b := c.pending[chain]
@@ -138,6 +145,7 @@ func (c *chains) add(chain, tenant string, rec events.AuditRecorded, stored time
 	}
 	b.records = append(b.records, rec)
 	b.stored = append(b.stored, stored)
+	b.sizes = append(b.sizes, size)
 	b.again = b.again || again
 	b.done = append(b.done, done)
 	now := len(b.records) >= c.maxBatch || c.stopping
@@ -183,13 +191,53 @@ func (c *chains) flush(chain string) {
 	ctx, cancel := context.WithTimeout(c.ctx, appendTimeout)
 	defer cancel()
 	var err error
-	for part := *b; len(b.records) > 0 && err == nil; b.records = b.records[len(part.records):] {
-		part.records = b.records[:min(len(b.records), c.maxBatch)]
-		err = c.append(ctx, &part)
+	for part := *b; len(b.records) > 0 && err == nil; b.records, b.sizes = b.records[len(part.records):], b.sizes[len(part.records):] {
+		part.records = b.records[:c.partLen(b.sizes)]
+		if err = c.append(ctx, &part); isPermanent(err) {
+			err = c.appendEach(ctx, part)
+		}
 	}
 	for _, d := range b.done {
 		d <- err
 	}
+}
+
+// partLen is how many of the records (of the given sizes) the next append
+// holds: at most maxBatch, and at most maxBytes (but always one).
+func (c *chains) partLen(sizes []int) int {
+	n, total := 0, 0
+	for n < len(sizes) && n < c.maxBatch && (n == 0 || total+sizes[n] <= c.maxBytes) {
+		total += sizes[n]
+		n++
+	}
+	return n
+}
+
+// appendEach appends part's records one by one, after their append
+// together was refused for good: one record that cannot be stored (it
+// fails its schema, or is too large for the server) must not take the
+// records of its batch with it. A record refused alone is stored
+// [Stripped] of its payloads, so the chain still records its event.
+func (c *chains) appendEach(ctx context.Context, part batch) error {
+	for _, rec := range part.records {
+		one := part
+		one.records = []events.AuditRecorded{rec}
+		err := c.append(ctx, &one)
+		if isPermanent(err) {
+			one.records = []events.AuditRecorded{Stripped(rec, err)}
+			err = c.append(ctx, &one)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isPermanent reports whether an append was refused for good: retrying
+// it could only be refused again.
+func isPermanent(err error) bool {
+	return events.IsPermanent(err)
 }
 
 // inStoredOrder orders the batch's records by when their events were
@@ -204,11 +252,11 @@ func (b *batch) inStoredOrder() {
 		idx[i] = i
 	}
 	slices.SortStableFunc(idx, func(i, j int) int { return b.stored[i].Compare(b.stored[j]) })
-	recs, stored := make([]events.AuditRecorded, len(idx)), make([]time.Time, len(idx))
+	recs, stored, sizes := make([]events.AuditRecorded, len(idx)), make([]time.Time, len(idx)), make([]int, len(idx))
 	for k, i := range idx {
-		recs[k], stored[k] = b.records[i], b.stored[i]
+		recs[k], stored[k], sizes[k] = b.records[i], b.stored[i], b.sizes[i]
 	}
-	b.records, b.stored = recs, stored
+	b.records, b.stored, b.sizes = recs, stored, sizes
 }
 
 // head returns chain's cached head.
@@ -265,6 +313,7 @@ func (c *chains) forget(chain string) {
 func (s *Service) handler(a *acks) events.HandlerFunc {
 	return func(_ context.Context, r *events.Received, msg jetstream.Msg) error {
 		rec := s.build.Record(r)
+		size := Fit(&rec, len(r.Event.Data()), s.maxRecord)
 		tenant := events.TenantOr(rec.Tenant)
 		var stored time.Time
 		again := false
@@ -277,7 +326,7 @@ func (s *Service) handler(a *acks) events.HandlerFunc {
 				again = md.NumDelivered > 1 || a != nil && a.maybeStored(md)
 			}
 		}
-		return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, stored, again, r.TraceRun()))
+		return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, size, stored, again, r.TraceRun()))
 	}
 }
 
@@ -337,6 +386,9 @@ func (s *Service) append(ctx context.Context, b *batch) error {
 		// One writer per chain: the append fails if any message of the
 		// run was stored after the head it extends.
 		ack, err := s.bus.Publish(ctx, subject, e, jetstream.WithExpectLastSequenceForSubject(h.seq, b.chain))
+		if actionbus.CodeOf(err) == actionbus.CodePayloadTooLarge {
+			return events.Permanent(err) // the same records are as large next time
+		}
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
 			continue // another auditor extended the chain; read it again

@@ -4,11 +4,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/jsoncodec"
 	"github.com/actionbus/actionbus/internal/payload"
 )
 
@@ -246,7 +250,9 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 	default:
 		rec.Kind = KindRun
 	}
-	if rec.RunID == "" {
+	if !events.ValidRunID(rec.RunID) {
+		// A run id that is no subject token (a forged rejection's) never
+		// names an audit subject: the record goes to the records of no run.
 		rec.RunID = NoRun
 	}
 	return rec
@@ -320,5 +326,113 @@ func (b *Builder) redactWorkflow(wf map[string]any) any {
 		}
 		steps[i] = step
 	}
+	return out
+}
+
+// Record size bounds. A record's encoding is bounded so that an append
+// always fits the server's max payload: an event whose payload the policy
+// keeps whole (an output in "full" mode, a long approval reason, data in
+// msgpack that JSON escapes six-fold) must not make its run's chain
+// unstorable, which would hold its consumer's acknowledgements, and the
+// audit of every run behind it, for as long as the event is redelivered.
+const (
+	// DefaultMaxRecordBytes bounds one record's JSON encoding unless the
+	// server's max payload asks for less (an eighth of it).
+	DefaultMaxRecordBytes = 64 << 10
+	// maxFieldBytes is what an oversized record keeps of each string.
+	maxFieldBytes = 512
+	// recordOverhead bounds what a record adds to the strings and the
+	// payloads of its event: its own field names, ids, hashes and the
+	// chain's seal.
+	recordOverhead = 4 << 10
+)
+
+// ModeOversize marks, in a record's PayloadModes, each payload that was
+// replaced by its hash because the record was over its size bound.
+const ModeOversize = "hash (oversize)"
+
+// Fit bounds rec's JSON encoding to limit bytes and returns its size (an
+// upper bound when the record is far below the limit, known from the size
+// of the event's data without encoding the record). An oversized record
+// keeps its identity, kind and status: its payloads (input, output, error,
+// policy) are replaced by their hash ({"hash": …, "bytes": …}, marked
+// [ModeOversize]); then, if it is still over, each long string keeps its
+// first bytes and the hash of the whole. A record is never dropped for
+// its size: the chain still holds one record per stored event.
+func Fit(rec *events.AuditRecorded, dataBytes, limit int) int {
+	if est := 6*dataBytes + recordOverhead + len(rec.EventSubject) + len(rec.EventSource) + len(rec.EventID) + len(rec.EventType); est <= limit {
+		return est // JSON escapes a byte to at most six
+	}
+	size := encodedSize(rec)
+	if size <= limit {
+		return size
+	}
+	for _, p := range []struct {
+		name string
+		v    *any
+	}{{"input", &rec.Input}, {"output", &rec.Output}, {"error", &rec.Error}, {"policy", &rec.Policy}} {
+		if *p.v == nil {
+			continue
+		}
+		b, err := jsoncodec.Marshal(*p.v)
+		if err != nil {
+			b = []byte(fmt.Sprint(*p.v))
+		}
+		*p.v = map[string]any{"hash": sha(string(b)), "bytes": len(b)}
+		if rec.PayloadModes == nil {
+			rec.PayloadModes = map[string]string{}
+		}
+		rec.PayloadModes[p.name] = ModeOversize
+	}
+	if size = encodedSize(rec); size <= limit {
+		return size
+	}
+	for _, s := range []*string{&rec.Summary, &rec.OutputSummary, &rec.UserID, &rec.Action, &rec.Mode, &rec.Status,
+		&rec.ExecutionID, &rec.StepID, &rec.EventID, &rec.EventType, &rec.EventSubject, &rec.EventSource} {
+		*s = clipWithHash(*s)
+	}
+	for k, v := range rec.PayloadModes {
+		if len(k) > maxFieldBytes {
+			delete(rec.PayloadModes, k)
+			continue
+		}
+		rec.PayloadModes[k] = clipWithHash(v)
+	}
+	return encodedSize(rec)
+}
+
+// encodedSize is the size of rec as the bus encodes it.
+func encodedSize(rec *events.AuditRecorded) int {
+	b, err := jsoncodec.Marshal(rec)
+	if err != nil {
+		return math.MaxInt
+	}
+	return len(b)
+}
+
+// clipWithHash keeps s when it is short, else its first maxFieldBytes
+// (whole runes) and the SHA-256 of all of it, so that the record still
+// says what it was and no two different values read the same.
+func clipWithHash(s string) string {
+	if len(s) <= maxFieldBytes {
+		return s
+	}
+	cut := maxFieldBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… [%d bytes, sha256 %s]", strings.ToValidUTF8(s[:cut], ""), len(s), sha(s))
+}
+
+// Stripped is what is kept of a record that could not be stored at all
+// (its append was refused for good): the event it records, its kind and
+// status, and why; no payload. The chain then still says that the event
+// was stored and audited, instead of missing it.
+func Stripped(rec events.AuditRecorded, cause error) events.AuditRecorded {
+	out := events.AuditRecorded{RunID: rec.RunID, Tenant: rec.Tenant, EventID: clipWithHash(rec.EventID), EventType: clipWithHash(rec.EventType),
+		EventSubject: clipWithHash(rec.EventSubject), EventSource: clipWithHash(rec.EventSource), EventTime: rec.EventTime,
+		Kind: rec.Kind, Status: clipWithHash(rec.Status), PayloadHash: rec.PayloadHash, Source: rec.Source,
+		Summary:      clipWithHash("record not storable: " + string(actionbus.CodeOf(cause))),
+		PayloadModes: map[string]string{"record": "stripped"}}
 	return out
 }

@@ -20,6 +20,11 @@ func TestARejectionIsAuditedUnderTheTenantOfItsSubject(t *testing.T) {
 		{"a valid run", "ab.run.acme.01JB0000000000000000000000.input", "01JB0000000000000000000000", "acme"},
 		{"no valid run", "ab.run.acme.not-a-run.input", "", "acme"},
 		{"no run subject at all", "ab.pool.default.request", "", ""},
+		// A rejection is published by any service, an executor too: a run
+		// id in its data that is no subject token must not name an audit
+		// subject (the append could never be stored, and would hold the
+		// auditor's acknowledgements of every event behind it).
+		{"a forged run id with dots and wildcards", "ab.run.acme.01JB0000000000000000000000.input", "01JB.acme.>", "acme"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := event.New()
@@ -32,7 +37,7 @@ func TestARejectionIsAuditedUnderTheTenantOfItsSubject(t *testing.T) {
 			if rec.Tenant != tc.tenant {
 				t.Fatalf("tenant %q, want %q", rec.Tenant, tc.tenant)
 			}
-			if tc.runID == "" && rec.RunID != NoRun {
+			if !events.ValidRunID(tc.runID) && rec.RunID != NoRun {
 				t.Fatalf("run %q, want %q", rec.RunID, NoRun)
 			}
 		})

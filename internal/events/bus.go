@@ -2,9 +2,12 @@ package events
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -454,9 +457,13 @@ func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*Received, er
 func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, reason error) error {
 	rej := EventRejected{
 		OriginalSubject: msg.Subject(),
-		OriginalHeaders: map[string][]string(msg.Headers()),
+		OriginalHeaders: boundedHeaders(msg.Headers()),
 		OriginalData:    msg.Data(),
 		Consumer:        consumer,
+	}
+	if n := len(rej.OriginalData); n > MaxRejectedData {
+		sum := sha256.Sum256(rej.OriginalData)
+		rej.OriginalData, rej.OriginalDataBytes, rej.OriginalDataHash = rej.OriginalData[:MaxRejectedData], n, hex.EncodeToString(sum[:])
 	}
 	if abErr := new(actionbus.Error); errors.As(reason, &abErr) {
 		rej.Reason = *abErr
@@ -467,6 +474,7 @@ func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, re
 	if rej.Reason.Message == "" {
 		rej.Reason.Message = reason.Error()
 	}
+	rej.Reason.Message = clip(rej.Reason.Message, MaxRejectedHeader)
 	// A fresh id: a derived one could be predicted, and pre-empted, by
 	// any other publisher of the rejected stream. A message rejected
 	// twice (a lost ack) is recorded twice, with the same stream sequence.
@@ -486,6 +494,40 @@ func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, re
 	b.log.Warn("event rejected", "subject", clip(msg.Subject(), 256), "consumer", consumer,
 		"code", rej.Reason.Code, "reason", rej.Reason.Message, "rejected_id", id)
 	return nil
+}
+
+// Bounds of what a rejection keeps of the original message (see
+// [EventRejected]): its body's first MaxRejectedData bytes, each header
+// value's first MaxRejectedHeader bytes, MaxRejectedHeaders header values
+// in all. The rejection of a message at the server's max payload then
+// still fits in one.
+const (
+	MaxRejectedData    = 32 << 10
+	MaxRejectedHeader  = 1 << 10
+	MaxRejectedHeaders = 64
+)
+
+// boundedHeaders is what a rejection keeps of the original headers.
+func boundedHeaders(h nats.Header) map[string][]string {
+	if len(h) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out, n := make(map[string][]string, len(h)), 0
+	for _, k := range keys {
+		for _, v := range h[k] {
+			if n == MaxRejectedHeaders {
+				return out
+			}
+			out[clip(k, MaxRejectedHeader)] = append(out[clip(k, MaxRejectedHeader)], clip(v, MaxRejectedHeader))
+			n++
+		}
+	}
+	return out
 }
 
 func (b *Bus) emitRejected(ctx context.Context, stream, id string, rej EventRejected) (*event.Event, error) {

@@ -2,6 +2,8 @@ package events_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"runtime"
@@ -138,7 +140,10 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 			"ce-datacontenttype": {"application/json"}, events.HeaderMsgID: {id},
 		}
 	}
-	r1, r2, r3, r4, r5 := events.NewID(), events.NewID(), events.NewID(), events.NewID(), events.NewID()
+	r1, r2, r3, r4, r5, r6 := events.NewID(), events.NewID(), events.NewID(), events.NewID(), events.NewID(), events.NewID()
+	// A message at the server's max payload, headers included: its
+	// rejection, which keeps the original, must still fit in one.
+	huge := []byte(`{"runId":"` + r6 + `","pad":"` + strings.Repeat("<", 960_000) + `"}`)
 	truncated, err := msgpack.Marshal(map[string]any{"runId": r5, "kind": "agent"})
 	require.NoError(t, err)
 
@@ -162,6 +167,11 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 			h["ce-datacontenttype"] = []string{events.ContentTypeMsgpack}
 			return h
 		}(), truncated[:len(truncated)-2], actionbus.CodeMalformedEvent},
+		{"a message at the max payload", r6, func() nats.Header {
+			h := validHeaders("m6", events.TypeDecisionMade)
+			h["X-Pad"] = []string{strings.Repeat("h", 60_000)}
+			return h
+		}(), huge, actionbus.CodeSchemaValidation},
 	}
 	for _, b := range bad {
 		_, err := srv.JS.PublishMsg(ctx, &nats.Msg{Subject: subjects.Run(events.DefaultTenant, b.runID, "decision"), Header: b.header, Data: b.body})
@@ -199,7 +209,20 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 			assert.Equal(t, b.code, rej.Reason.Code, rej.Reason.Message)
 			assert.NotEmpty(t, rej.Reason.Message)
 			assert.Equal(t, subjects.Run(events.DefaultTenant, b.runID, "decision"), rej.OriginalSubject)
-			assert.Equal(t, b.body, rej.OriginalData)
+			if len(b.body) <= events.MaxRejectedData {
+				assert.Equal(t, b.body, rej.OriginalData)
+				assert.Zero(t, rej.OriginalDataBytes)
+			} else {
+				sum := sha256.Sum256(b.body)
+				assert.Equal(t, b.body[:events.MaxRejectedData], rej.OriginalData, "the body's head")
+				assert.Equal(t, len(b.body), rej.OriginalDataBytes)
+				assert.Equal(t, hex.EncodeToString(sum[:]), rej.OriginalDataHash)
+			}
+			for _, v := range rej.OriginalHeaders {
+				for _, s := range v {
+					assert.LessOrEqual(t, len(s), events.MaxRejectedHeader+len("…"))
+				}
+			}
 			assert.Equal(t, b.header[events.HeaderMsgID], rej.OriginalHeaders[events.HeaderMsgID])
 			assert.NotEqual(t, b.header.Get(events.HeaderMsgID), r.Event.ID(), "rejected events get a new id")
 			assert.Equal(t, "dispatcher", rej.Consumer)

@@ -30,6 +30,10 @@ func (p permanentError) Unwrap() error { return p.err }
 // instead of redelivering it.
 func Permanent(err error) error { return permanentError{err} }
 
+// IsPermanent reports whether err, or an error it wraps, was marked
+// [Permanent].
+func IsPermanent(err error) bool { return errors.As(err, new(permanentError)) }
+
 // rejectionError marks an event its handler refuses on its merits.
 type rejectionError struct{ err error }
 
@@ -360,17 +364,21 @@ func (b *Bus) rejectServed(ctx context.Context, log *slog.Logger, opts ServeOpti
 	// Rejections must not be lost to a canceled serve context.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if rerr := b.Reject(rctx, msg, opts.Name, err); rerr != nil {
-		log.Error("reject failed; message will be redelivered", "subject", clip(msg.Subject(), 256), "err", rerr)
-		nakServed(opts, msg)
-		return
-	}
+	// The answer does not wait for the rejection's record: a run whose
+	// request was refused ends (failed) even while the rejected stream
+	// cannot take the record, which the redelivery then stores.
+	rejErr := b.Reject(rctx, msg, opts.Name, err)
 	if opts.OnReject != nil {
 		if rerr := opts.OnReject(rctx, msg, err); rerr != nil {
 			log.Error("answering a rejected event failed; message will be redelivered", "subject", clip(msg.Subject(), 256), "err", rerr)
 			nakServed(opts, msg)
 			return
 		}
+	}
+	if rejErr != nil {
+		log.Error("reject failed; message will be redelivered", "subject", clip(msg.Subject(), 256), "err", rejErr)
+		nakServed(opts, msg)
+		return
 	}
 	if opts.AckAll != nil {
 		opts.AckAll.Done(msg)

@@ -612,16 +612,25 @@ type ActionFailed struct {
 }
 
 // EventRejected carries an event that failed decoding or validation, with
-// the reason and everything needed to inspect or replay it.
+// the reason and everything needed to inspect or replay it — up to a
+// bound: an event near the server's max payload must still be rejectable,
+// so the original body is kept whole up to [MaxRejectedData] bytes, else
+// cut there with its size and hash (OriginalDataBytes, OriginalDataHash),
+// and each header value up to [MaxRejectedHeader] bytes.
 type EventRejected struct {
 	Reason          actionbus.Error     `json:"reason"`
 	RunID           string              `json:"runId,omitempty"`
 	OriginalSubject string              `json:"originalSubject"`
 	OriginalHeaders map[string][]string `json:"originalHeaders,omitempty"`
 	OriginalData    []byte              `json:"originalData,omitempty"`
-	Stream          string              `json:"stream,omitempty"`
-	StreamSequence  uint64              `json:"streamSequence,omitempty"`
-	Consumer        string              `json:"consumer,omitempty"`
+	// OriginalDataBytes and OriginalDataHash (hex SHA-256) are the size
+	// and hash of the whole original body when OriginalData holds only
+	// its first MaxRejectedData bytes (unset when it is whole).
+	OriginalDataBytes int    `json:"originalDataBytes,omitempty"`
+	OriginalDataHash  string `json:"originalDataHash,omitempty"`
+	Stream            string `json:"stream,omitempty"`
+	StreamSequence    uint64 `json:"streamSequence,omitempty"`
+	Consumer          string `json:"consumer,omitempty"`
 }
 
 // AuditAppended is one append to a run's audit chain: the records of one

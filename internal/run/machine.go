@@ -303,7 +303,7 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 	var prior *State
 	if req.RetryOf != "" {
 		var err error
-		if prior, err = m.priorRun(ctx, st, req.RetryOf); err != nil {
+		if prior, err = m.priorRun(ctx, st, req); err != nil {
 			var refused *actionbus.Error
 			if errors.As(err, &refused) {
 				return st, append(out, m.fail(st, refused)...), nil
@@ -380,12 +380,16 @@ func (m *Machine) resumeAgent(st, prior *State) []Effect {
 		map[string]any{"retryOf": prior.RunID, "cycles": good, "observations": len(st.Agent.Observations)})}
 }
 
-// priorRun returns the run a retry names, or a retry_refused error when
-// it cannot be retried by this run: it must exist, have failed or been
-// canceled, be of the same kind (and an agent run of the same prompt and
-// scenario), and belong to the same tenant and user (a retry reuses its
-// results and runs what remains in that user's name).
-func (m *Machine) priorRun(ctx context.Context, st *State, runID string) (*State, error) {
+// priorRun returns the run a retry (st, admitted from req) names, or a
+// retry_refused error when it cannot be retried by this run: it must
+// exist, have failed or been canceled, be of the same kind (an agent run
+// of the same prompt and scenario, an exec run of the same action), and
+// belong to the same tenant and user — a user a gateway authenticated
+// when the run was requested through one (a retry reuses its results and
+// runs what remains in that user's name, and claims the run: a tenant
+// client naming the user must not take a gateway user's retry).
+func (m *Machine) priorRun(ctx context.Context, st *State, req *events.RunRequested) (*State, error) {
+	runID := req.RetryOf
 	prior, err := m.env.PriorRun(ctx, runID)
 	if err != nil {
 		return nil, err
@@ -404,6 +408,10 @@ func (m *Machine) priorRun(ctx context.Context, st *State, runID string) (*State
 		return nil, refuse("run %s is a %s run, not a %s run", runID, prior.Kind, st.Kind)
 	case prior.UserID != st.UserID:
 		return nil, refuse("run %s belongs to another user", runID)
+	case prior.Principal.Gateway != "" && (st.Principal.Gateway == "" || st.Principal.User != prior.Principal.User):
+		return nil, refuse("run %s was requested through a gateway that authenticated its user; retry it through a gateway, as that user", runID)
+	case st.Kind == KindExec && req.Action != nil && len(prior.Calls) > 0 && prior.Calls[0].Action != req.Action.Name:
+		return nil, refuse("run %s called action %s, not %s", runID, prior.Calls[0].Action, req.Action.Name)
 	case st.Agent != nil && (prior.Agent == nil || prior.Agent.Prompt != st.Agent.Prompt || prior.Agent.Scenario != st.Agent.Scenario):
 		return nil, refuse("run %s had another prompt or scenario", runID)
 	case prior.Terminal != nil && prior.Terminal.Error != nil && prior.Terminal.Error.Code == actionbus.CodeRetryRefused:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/policy"
 )
 
 const fourSteps = `{"workflowName": "w", "steps": [
@@ -289,5 +290,79 @@ func TestRetriedAlready(t *testing.T) {
 			assert.Equal(t, actionbus.CodeRetryRefused, got.Code)
 			assert.Equal(t, map[string]any{"retryOf": "P", "retriedBy": "S"}, got.Details)
 		}
+	}
+}
+
+// failedExecRun runs a one-action run of t.read that fails, requested as
+// req, and stores it as a prior run.
+func failedExecRun(t *testing.T, req func(h *harness, runID string) events.RunRequested) *harness {
+	h := newHarness(t, Limits{})
+	h.start(req(h, testRunID))
+	calls := h.dispatched()
+	require.Len(t, calls, 1)
+	h.failCall(calls[0].CallID, "upstream_down")
+	require.Equal(t, StatusFailed, h.st.Status)
+	h.env.runs[testRunID] = h.st
+	return h
+}
+
+// viaGateway is a request of a one-action run of t.read that a gateway
+// authenticated as alice.
+func viaGateway(h *harness, runID string) events.RunRequested {
+	claim := policy.PrincipalClaim{RunID: runID, Tenant: events.DefaultTenant, User: "alice", ExpiresAt: h.env.Now().Add(policy.PrincipalTTL)}
+	token, err := policy.SignPrincipal("gw", testKey, claim)
+	require.NoError(h.t, err)
+	return events.RunRequested{RunID: runID, UserID: "alice", Action: &events.ActionCall{Name: "t.read", Args: map[string]any{}},
+		Principal: &events.Principal{User: "alice", ExpiresAt: claim.ExpiresAt, Token: token}}
+}
+
+// TestARetryOfAGatewayUsersRunIsTheirsAlone: a tenant's NATS client that
+// writes the user's id beside a retry of a run a gateway authenticated
+// is refused, and claims nothing: the user's own retry, through the
+// gateway, still runs.
+func TestARetryOfAGatewayUsersRunIsTheirsAlone(t *testing.T) {
+	h := failedExecRun(t, viaGateway)
+	forged := events.RunRequested{RunID: retryRunID, UserID: "alice", RetryOf: testRunID, Action: &events.ActionCall{Name: "t.read", Args: map[string]any{}}}
+	st, out, err := h.m.Start(context.Background(), &forged, "k2")
+	require.NoError(t, err)
+	require.True(t, st.IsTerminal())
+	assert.Equal(t, actionbus.CodeRetryRefused, st.Terminal.Error.Code)
+	assert.False(t, has(out, EffectAct), "nothing runs")
+	assert.Empty(t, h.env.runs[testRunID].RetriedBy, "the refused retry claimed nothing")
+
+	const ownRetry = "01JB0000000000000000000003"
+	own := viaGateway(h, ownRetry)
+	own.RetryOf = testRunID
+	st, out, err = h.m.Start(context.Background(), &own, "k3")
+	require.NoError(t, err)
+	require.False(t, st.IsTerminal(), "%+v", st.Terminal)
+	assert.True(t, has(out, EffectAct), "the user's own retry runs its action")
+}
+
+// TestAOneActionRetryRunsTheSameAction: a retry names the run it repeats;
+// one that asks for another action is refused, so the chain of retries
+// never records a different effect as the same one.
+func TestAOneActionRetryRunsTheSameAction(t *testing.T) {
+	plain := func(_ *harness, runID string) events.RunRequested {
+		return events.RunRequested{RunID: runID, UserID: "u1", Action: &events.ActionCall{Name: "t.read", Args: map[string]any{}}}
+	}
+	for _, tc := range []struct {
+		action  string
+		refused bool
+	}{{"t.query", true}, {"t.read", false}} {
+		t.Run(tc.action, func(t *testing.T) {
+			h := failedExecRun(t, plain)
+			req := events.RunRequested{RunID: retryRunID, UserID: "u1", RetryOf: testRunID, Action: &events.ActionCall{Name: tc.action, Args: map[string]any{"q": "x"}}}
+			st, out, err := h.m.Start(context.Background(), &req, "k2")
+			require.NoError(t, err)
+			if !tc.refused {
+				require.False(t, st.IsTerminal(), "%+v", st.Terminal)
+				return
+			}
+			require.True(t, st.IsTerminal())
+			assert.Equal(t, actionbus.CodeRetryRefused, st.Terminal.Error.Code)
+			assert.Contains(t, st.Terminal.Error.Message, "called action t.read, not t.query")
+			assert.False(t, has(out, EffectAct), "nothing runs")
+		})
 	}
 }
