@@ -7,6 +7,7 @@ import (
 
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
+	"github.com/actionbus/actionbus/internal/limits/limitstore"
 	"github.com/actionbus/actionbus/internal/run"
 )
 
@@ -139,6 +140,6 @@ func (d *Dispatcher) openLimits(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.limits = limits.NewStore(kv)
+	d.limits = limitstore.New(kv)
 	return nil
 }

@@ -38,7 +38,7 @@ import (
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/ingress"
 	"github.com/actionbus/actionbus/internal/keymutex"
-	"github.com/actionbus/actionbus/internal/limits"
+	"github.com/actionbus/actionbus/internal/limits/limitstore"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/readapi"
@@ -157,7 +157,7 @@ type Dispatcher struct {
 	checkers  *checkerCache
 	policy    atomic.Pointer[policy.Evaluator]
 	machine   *run.Machine
-	limits    *limits.Store
+	limits    *limitstore.Store
 	wakes     *wakeups
 	alarms    *endedAlarms
 	deferred  *deferredAlarms

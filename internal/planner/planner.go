@@ -24,6 +24,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
+	"github.com/actionbus/actionbus/internal/limits/limitstore"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
@@ -91,7 +92,7 @@ type Config struct {
 type Service struct {
 	// llm is the store of LLMLimit (nil without one); llmAction the name
 	// its calls are limited under.
-	llm       *limits.Store
+	llm       *limitstore.Store
 	llmAction string
 	nc        *nats.Conn
 	cfg       Config
@@ -164,7 +165,7 @@ func (s *Service) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("planner: the planner limits bucket: %w", err)
 		}
-		s.llm = limits.NewStore(kv)
+		s.llm = limitstore.New(kv)
 	}
 	cons, err := s.js.Consumer(ctx, s.topo.StreamRuns(), events.ConsumerPlanner)
 	if err != nil {

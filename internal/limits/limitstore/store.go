@@ -1,4 +1,7 @@
-package limits
+// Package limitstore keeps the state of [limits] in a JetStream key-value
+// bucket shared by every dispatcher process. Package limits decides (it
+// links no NATS); this package stores what it decided.
+package limitstore
 
 import (
 	"context"
@@ -10,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/limits"
 )
 
 // Store keeps the state of every key in a JetStream key-value bucket, one
@@ -20,19 +24,19 @@ type Store struct {
 	now func() time.Time
 }
 
-// NewStore returns a store over kv (the topology's limits bucket).
-func NewStore(kv jetstream.KeyValue) *Store {
+// New returns a store over kv (the topology's limits bucket).
+func New(kv jetstream.KeyValue) *Store {
 	return &Store{kv: kv, now: time.Now}
 }
 
 // maxAttempts bounds the revision-conflict retries of one change.
 const maxAttempts = 50
 
-// Acquire asks for a slot of key under spec for req (see [Acquire]).
-func (s *Store) Acquire(ctx context.Context, key string, spec Spec, req Request) (Grant, error) {
-	var g Grant
-	err := s.update(ctx, key, func(st *State) bool {
-		g = Acquire(st, spec, req, s.now())
+// Acquire asks for a slot of key under spec for req (see [limits.Acquire]).
+func (s *Store) Acquire(ctx context.Context, key string, spec limits.Spec, req limits.Request) (limits.Grant, error) {
+	var g limits.Grant
+	err := s.update(ctx, key, func(st *limits.State) bool {
+		g = limits.Acquire(st, spec, req, s.now())
 		return true
 	})
 	return g, err
@@ -40,24 +44,24 @@ func (s *Store) Acquire(ctx context.Context, key string, spec Spec, req Request)
 
 // Release frees callID's slot of key and returns the first waiters a free
 // slot may now serve (up to n), to wake.
-func (s *Store) Release(ctx context.Context, key, callID string, n int) ([]Waiter, error) {
-	var next []Waiter
-	err := s.update(ctx, key, func(st *State) bool {
-		changed := Release(st, callID)
-		next = Next(st, n)
+func (s *Store) Release(ctx context.Context, key, callID string, n int) ([]limits.Waiter, error) {
+	var next []limits.Waiter
+	err := s.update(ctx, key, func(st *limits.State) bool {
+		changed := limits.Release(st, callID)
+		next = limits.Next(st, n)
 		return changed
 	})
 	return next, err
 }
 
 // Get returns the state of key (zero when none).
-func (s *Store) Get(ctx context.Context, key string) (State, error) {
-	st, _, err := s.load(ctx, BucketKey(key))
+func (s *Store) Get(ctx context.Context, key string) (limits.State, error) {
+	st, _, err := s.load(ctx, limits.BucketKey(key))
 	return st, err
 }
 
-func (s *Store) load(ctx context.Context, k string) (State, uint64, error) {
-	var st State
+func (s *Store) load(ctx context.Context, k string) (limits.State, uint64, error) {
+	var st limits.State
 	e, err := s.kv.Get(ctx, k)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return st, 0, nil
@@ -67,15 +71,15 @@ func (s *Store) load(ctx context.Context, k string) (State, uint64, error) {
 	}
 	if err := json.Unmarshal(e.Value(), &st); err != nil {
 		// A corrupt entry must not hold a key for ever: start afresh.
-		return State{}, e.Revision(), nil
+		return limits.State{}, e.Revision(), nil
 	}
 	return st, e.Revision(), nil
 }
 
 // update applies fn to the stored state of key under a revision check,
 // retrying on conflicts; fn reports whether it changed anything.
-func (s *Store) update(ctx context.Context, key string, fn func(*State) bool) error {
-	k := BucketKey(key)
+func (s *Store) update(ctx context.Context, key string, fn func(*limits.State) bool) error {
+	k := limits.BucketKey(key)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		st, rev, err := s.load(ctx, k)
 		if err != nil {

@@ -1,4 +1,4 @@
-package limits_test
+package limitstore_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
+	"github.com/actionbus/actionbus/internal/limits/limitstore"
 )
 
 // Stores of several processes share one bucket: concurrent acquires of
@@ -23,7 +24,7 @@ func TestStoresSharingABucketNeverOvergrant(t *testing.T) {
 	defer cancel()
 	kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketLimits())
 	require.NoError(t, err)
-	a, b := limits.NewStore(kv), limits.NewStore(kv)
+	a, b := limitstore.New(kv), limitstore.New(kv)
 	spec := limits.Spec{MaxInFlight: 3}
 	var mu sync.Mutex
 	granted := 0
