@@ -14,6 +14,7 @@ import (
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/skills"
+	"github.com/actionbus/actionbus/internal/skills/skillstore"
 )
 
 // env is the world as the run state machine sees it from the dispatcher:
@@ -26,11 +27,11 @@ func (e env) Action(ctx context.Context, name string) (*actions.Entry, error) {
 }
 
 func (e env) Skill(ctx context.Context, name string) (*skills.Skill, error) {
-	return skills.Get(ctx, e.d.catKV, name)
+	return skillstore.Get(ctx, e.d.catKV, name)
 }
 
 func (e env) Skills(ctx context.Context) ([]skills.Skill, error) {
-	return skills.List(ctx, e.d.catKV)
+	return skillstore.List(ctx, e.d.catKV)
 }
 
 func (e env) Checker(entry *actions.Entry) (*actions.ArgsChecker, error) {

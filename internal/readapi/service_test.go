@@ -22,6 +22,7 @@ import (
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/readapi"
 	"github.com/actionbus/actionbus/internal/skills"
+	"github.com/actionbus/actionbus/internal/skills/skillstore"
 )
 
 type echoIn struct {
@@ -293,7 +294,7 @@ func TestSkillsAreListedFromTheCatalog(t *testing.T) {
 	kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketCatalog())
 	require.NoError(t, err)
 	for _, name := range []string{"writer", "reviewer"} {
-		require.NoError(t, skills.Publish(ctx, kv, skills.Skill{Name: name, Description: "The " + name + ".", Pool: "default",
+		require.NoError(t, skillstore.Publish(ctx, kv, skills.Skill{Name: name, Description: "The " + name + ".", Pool: "default",
 			Instructions: "Do it."}))
 	}
 	c, err := client.New(srv.Connect(t), client.Options{})

@@ -40,6 +40,7 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/skills"
+	"github.com/actionbus/actionbus/internal/skills/skillstore"
 )
 
 // QueueGroup is the queue group of every registrar: one of them answers
@@ -398,7 +399,7 @@ func (r *Registrar) Register(ctx context.Context, pool string, a *events.PoolAnn
 		reply.Actions = append(reply.Actions, d.Name)
 	}
 	for _, s := range ann.Skills {
-		if err := skills.Publish(ctx, r.catKV, s); err != nil {
+		if err := skillstore.Publish(ctx, r.catKV, s); err != nil {
 			return refused(err)
 		}
 		reply.Skills = append(reply.Skills, s.Name)
