@@ -14,7 +14,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/registrar"
 )
@@ -252,7 +252,7 @@ func TestAnExecutorAnnouncingAnotherPoolsActionDoesNotStart(t *testing.T) {
 	// service, runs here).
 	kv, err := srv.JS.KeyValue(ctxT(t), events.Topology{}.BucketCatalog())
 	require.NoError(t, err)
-	list, err := actions.NewCatalog(kv).List(ctxT(t))
+	list, err := actionstore.NewCatalog(kv).List(ctxT(t))
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, "payments", list[0].Pool)

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
 	"github.com/actionbus/actionbus/internal/canonical"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/metrics"
@@ -181,7 +182,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	view, err := actions.NewCatalog(catKV).Watch(ctx)
+	view, err := actionstore.NewCatalog(catKV).Watch(ctx)
 	if err != nil {
 		return err
 	}

@@ -33,7 +33,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
 	"github.com/actionbus/actionbus/internal/artifacts"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/ingress"
@@ -150,7 +150,7 @@ type Dispatcher struct {
 	locks     *keymutex.Striped
 	runs      jetstream.KeyValue
 	artifacts artifacts.Store
-	cat       *actions.View
+	cat       *actionstore.View
 	catKV     jetstream.KeyValue // skills are read from it
 	ready     chan struct{}
 	cache     *stateCache
@@ -231,7 +231,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err := registrar.New(d.bus, d.catKV, owners, d.log).Serve(ctx, d.js.Conn()); err != nil {
 		return err
 	}
-	if d.cat, err = actions.NewCatalog(d.catKV).Watch(ctx); err != nil {
+	if d.cat, err = actionstore.NewCatalog(d.catKV).Watch(ctx); err != nil {
 		return err
 	}
 	if err := d.watchPolicy(ctx); err != nil {

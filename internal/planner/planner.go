@@ -22,6 +22,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/limits/limitstore"
@@ -100,7 +101,7 @@ type Service struct {
 	bus       *events.Bus
 	topo      events.Topology
 	log       *slog.Logger
-	cat       *actions.View
+	cat       *actionstore.View
 }
 
 // New returns a planner service using nc.
@@ -157,7 +158,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.cat, err = actions.NewCatalog(catKV).Watch(ctx); err != nil {
+	if s.cat, err = actionstore.NewCatalog(catKV).Watch(ctx); err != nil {
 		return err
 	}
 	if s.cfg.LLMLimit != nil && !s.cfg.LLMLimit.IsZero() {

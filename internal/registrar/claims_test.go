@@ -12,6 +12,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/registrar"
 	"github.com/actionbus/actionbus/internal/skills"
@@ -141,7 +142,7 @@ func TestARegistrarRefusesNamesThatCollideForThePlanner(t *testing.T) {
 	owners, err := srv.JS.KeyValue(ctx, topo.BucketCatalogOwners())
 	require.NoError(t, err)
 	reg := registrar.New(bus, catKV, owners, nil)
-	cat := actions.NewCatalog(catKV)
+	cat := actionstore.NewCatalog(catKV)
 	announce := func(pool string, defs ...map[string]any) events.AnnounceReply {
 		return reg.Register(ctx, pool, &events.PoolAnnounced{Executor: pool + "-1", Pool: pool, Actions: defs})
 	}

@@ -38,6 +38,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/skills"
 	"github.com/actionbus/actionbus/internal/skills/skillstore"
@@ -62,7 +63,7 @@ func OwnerKey(kind, name string) string { return kind + "." + name }
 // Registrar records announcements in the catalog.
 type Registrar struct {
 	bus    *events.Bus
-	cat    *actions.Catalog
+	cat    *actionstore.Catalog
 	catKV  jetstream.KeyValue
 	owners jetstream.KeyValue
 	log    *slog.Logger
@@ -75,7 +76,7 @@ func New(bus *events.Bus, catKV, owners jetstream.KeyValue, log *slog.Logger) *R
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Registrar{bus: bus, cat: actions.NewCatalog(catKV), catKV: catKV, owners: owners, log: log.With("component", "registrar")}
+	return &Registrar{bus: bus, cat: actionstore.NewCatalog(catKV), catKV: catKV, owners: owners, log: log.With("component", "registrar")}
 }
 
 // MaxPending is the most announcements of one pool waiting for a

@@ -1,4 +1,4 @@
-package actions_test
+package actionstore_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
 	"github.com/actionbus/actionbus/internal/events"
 )
 
@@ -26,7 +27,7 @@ func TestCatalogEntriesAreBoundToTheirPool(t *testing.T) {
 	defer cancel()
 	kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketCatalog())
 	require.NoError(t, err)
-	cat := actions.NewCatalog(kv)
+	cat := actionstore.NewCatalog(kv)
 	schema := json.RawMessage(`{"type":"object"}`)
 	def := func(name, pool string, mode actions.Mode) actions.Definition {
 		return actions.Definition{Name: name, Pool: pool, Mode: mode, InputSchema: schema, Version: "1"}

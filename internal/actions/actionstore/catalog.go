@@ -1,4 +1,7 @@
-package actions
+// Package actionstore reads, writes and watches the catalog bucket: the
+// shared catalog of actions (package actions defines an action and links
+// no NATS; this package is the JetStream side).
+package actionstore
 
 import (
 	"context"
@@ -13,19 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/events"
 )
-
-// Entry is one action of the shared catalog.
-type Entry struct {
-	Definition
-	// Hash is Definition.Hash().
-	Hash string `json:"hash"`
-	// PublishedAt is when an executor last published the entry.
-	PublishedAt time.Time `json:"publishedAt"`
-	// PublishedBy is the id of that executor.
-	PublishedBy string `json:"publishedBy"`
-}
 
 // Catalog reads and writes the catalog bucket. Keys are
 // "<pool>.<action name>": an executor's NATS user may write only under its
@@ -40,9 +33,6 @@ type Catalog struct {
 // NewCatalog returns a catalog over kv.
 func NewCatalog(kv jetstream.KeyValue) *Catalog { return &Catalog{kv: kv} }
 
-// CatalogKey returns the bucket key of an action of a pool.
-func CatalogKey(pool, name string) string { return pool + "." + name }
-
 // Publish writes def to the catalog under its pool. Publishing the same
 // name and version with the same hash refreshes the entry; with another
 // hash it fails with catalog_conflict (two executors disagree on what the
@@ -50,13 +40,13 @@ func CatalogKey(pool, name string) string { return pool + "." + name }
 // executor published with the same hash is left as it is (not rewritten,
 // so its PublishedAt is its first publication). Concurrent publishers are
 // serialized by the bucket's revisions.
-func (c *Catalog) Publish(ctx context.Context, def Definition, executorID string) error {
-	entry := Entry{Definition: def, Hash: def.Hash(), PublishedAt: time.Now().UTC(), PublishedBy: executorID}
+func (c *Catalog) Publish(ctx context.Context, def actions.Definition, executorID string) error {
+	entry := actions.Entry{Definition: def, Hash: def.Hash(), PublishedAt: time.Now().UTC(), PublishedBy: executorID}
 	val, err := json.Marshal(entry)
 	if err != nil {
 		return err
 	}
-	key := CatalogKey(def.Pool, def.Name)
+	key := actions.CatalogKey(def.Pool, def.Name)
 	for attempt := 0; attempt < 10; attempt++ {
 		cur, err := c.kv.Get(ctx, key)
 		switch {
@@ -70,7 +60,7 @@ func (c *Catalog) Publish(ctx context.Context, def Definition, executorID string
 		case err != nil:
 			return fmt.Errorf("actions: publish %s: %w", def.Name, err)
 		}
-		var old Entry
+		var old actions.Entry
 		err = json.Unmarshal(cur.Value(), &old)
 		if err == nil && old.Hash == entry.Hash && old.PublishedBy == executorID && old.Pool == def.Pool {
 			return nil // unchanged: not rewritten
@@ -91,7 +81,7 @@ func (c *Catalog) Publish(ctx context.Context, def Definition, executorID string
 
 // Remove takes an action of a pool out of the catalog.
 func (c *Catalog) Remove(ctx context.Context, pool, name string) error {
-	if err := c.kv.Delete(ctx, CatalogKey(pool, name)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := c.kv.Delete(ctx, actions.CatalogKey(pool, name)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("actions: remove %s: %w", name, err)
 	}
 	return nil
@@ -99,17 +89,17 @@ func (c *Catalog) Remove(ctx context.Context, pool, name string) error {
 
 // decodeEntry decodes the entry stored under key, or reports false when
 // the entry is not one its key's pool may hold.
-func decodeEntry(key string, val []byte) (Entry, bool) {
-	var e Entry
-	if json.Unmarshal(val, &e) != nil || e.Pool == "" || CatalogKey(e.Pool, e.Name) != key {
-		return Entry{}, false
+func decodeEntry(key string, val []byte) (actions.Entry, bool) {
+	var e actions.Entry
+	if json.Unmarshal(val, &e) != nil || e.Pool == "" || actions.CatalogKey(e.Pool, e.Name) != key {
+		return actions.Entry{}, false
 	}
 	return e, true
 }
 
 // resolve picks the one entry of an action name among those of every
 // pool, or refuses: none is action_not_found, several is catalog_conflict.
-func resolve(name string, found []Entry) (*Entry, error) {
+func resolve(name string, found []actions.Entry) (*actions.Entry, error) {
 	switch len(found) {
 	case 0:
 		return nil, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not in the catalog", name)
@@ -129,8 +119,8 @@ func resolve(name string, found []Entry) (*Entry, error) {
 // Get returns the catalog entry of an action, or an error matching
 // actionbus.ErrActionNotFound (or catalog_conflict when several pools
 // publish the name).
-func (c *Catalog) Get(ctx context.Context, name string) (*Entry, error) {
-	if !namePattern.MatchString(name) {
+func (c *Catalog) Get(ctx context.Context, name string) (*actions.Entry, error) {
+	if !actions.ValidName(name) {
 		return nil, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not in the catalog", name)
 	}
 	lister, err := c.kv.ListKeysFiltered(ctx, "*."+name)
@@ -138,7 +128,7 @@ func (c *Catalog) Get(ctx context.Context, name string) (*Entry, error) {
 		return nil, fmt.Errorf("actions: catalog get %s: %w", name, err)
 	}
 	defer lister.Stop()
-	var found []Entry
+	var found []actions.Entry
 	for key := range lister.Keys() {
 		kve, err := c.kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -155,13 +145,13 @@ func (c *Catalog) Get(ctx context.Context, name string) (*Entry, error) {
 }
 
 // List returns every entry that resolves ([Catalog.Get]), sorted by name.
-func (c *Catalog) List(ctx context.Context) ([]Entry, error) {
+func (c *Catalog) List(ctx context.Context) ([]actions.Entry, error) {
 	lister, err := c.kv.ListKeys(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer lister.Stop()
-	byName := map[string][]Entry{}
+	byName := map[string][]actions.Entry{}
 	for key := range lister.Keys() {
 		kve, err := c.kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -178,8 +168,8 @@ func (c *Catalog) List(ctx context.Context) ([]Entry, error) {
 }
 
 // resolvedList returns the entries whose names resolve, sorted by name.
-func resolvedList(byName map[string][]Entry) []Entry {
-	out := make([]Entry, 0, len(byName))
+func resolvedList(byName map[string][]actions.Entry) []actions.Entry {
+	out := make([]actions.Entry, 0, len(byName))
 	for name, found := range byName {
 		if e, err := resolve(name, found); err == nil {
 			out = append(out, *e)
@@ -194,17 +184,12 @@ func resolvedList(byName map[string][]Entry) []Entry {
 type View struct {
 	cat     *Catalog
 	mu      sync.RWMutex
-	entries map[string]Entry            // by bucket key
-	byName  map[string]map[string]Entry // action name → bucket key → entry
-	skills  map[string]bool             // skill keys (SkillKeyMarker) present
-	seq     uint64                      // the bucket stream sequence applied last
-	changed chan struct{}               // closed (and replaced) when seq moves
+	entries map[string]actions.Entry            // by bucket key
+	byName  map[string]map[string]actions.Entry // action name → bucket key → entry
+	skills  map[string]bool                     // skill keys (SkillKeyMarker) present
+	seq     uint64                              // the bucket stream sequence applied last
+	changed chan struct{}                       // closed (and replaced) when seq moves
 }
-
-// SkillKeyMarker is the token that marks a skill's key in the catalog
-// bucket (<pool>.=skill.<name>): '=' is allowed in bucket keys and never
-// in action names, so a skill's key never collides with an action's.
-const SkillKeyMarker = "=skill"
 
 // HasSkills reports whether the catalog holds any skill.
 func (v *View) HasSkills() bool {
@@ -220,7 +205,7 @@ func (c *Catalog) Watch(ctx context.Context) (*View, error) {
 	if err != nil {
 		return nil, fmt.Errorf("actions: watch catalog: %w", err)
 	}
-	v := &View{cat: c, entries: map[string]Entry{}, byName: map[string]map[string]Entry{}, changed: make(chan struct{})}
+	v := &View{cat: c, entries: map[string]actions.Entry{}, byName: map[string]map[string]actions.Entry{}, changed: make(chan struct{})}
 	loaded := make(chan struct{})
 	go func() {
 		defer w.Stop()
@@ -268,7 +253,7 @@ func (v *View) apply(kve jetstream.KeyValueEntry) {
 			delete(v.byName, old.Name)
 		}
 	}
-	if strings.Contains(key, "."+SkillKeyMarker+".") {
+	if strings.Contains(key, "."+actions.SkillKeyMarker+".") {
 		if v.skills == nil {
 			v.skills = map[string]bool{}
 		}
@@ -285,7 +270,7 @@ func (v *View) apply(kve jetstream.KeyValueEntry) {
 	if e, ok := decodeEntry(key, kve.Value()); ok {
 		v.entries[key] = e
 		if v.byName[e.Name] == nil {
-			v.byName[e.Name] = map[string]Entry{}
+			v.byName[e.Name] = map[string]actions.Entry{}
 		}
 		v.byName[e.Name][key] = e
 	}
@@ -328,9 +313,9 @@ func (v *View) CatchUp(ctx context.Context) {
 // ago is found. The error matches actionbus.ErrActionNotFound when the
 // action is in neither, and is catalog_conflict when several pools publish
 // the name.
-func (v *View) Get(ctx context.Context, name string) (*Entry, error) {
+func (v *View) Get(ctx context.Context, name string) (*actions.Entry, error) {
 	v.mu.RLock()
-	found := make([]Entry, 0, len(v.byName[name]))
+	found := make([]actions.Entry, 0, len(v.byName[name]))
 	for _, e := range v.byName[name] {
 		found = append(found, e)
 	}
@@ -343,10 +328,10 @@ func (v *View) Get(ctx context.Context, name string) (*Entry, error) {
 
 // List returns the entries of the view whose names resolve, sorted by
 // name.
-func (v *View) List() []Entry {
+func (v *View) List() []actions.Entry {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	byName := make(map[string][]Entry, len(v.byName))
+	byName := make(map[string][]actions.Entry, len(v.byName))
 	for name, perKey := range v.byName {
 		for _, e := range perKey {
 			byName[name] = append(byName[name], e)
@@ -358,7 +343,7 @@ func (v *View) List() []Entry {
 // ListForPlanner returns the entries of the view a planner may choose for
 // a run of tenant: planner-visible and hosted for the tenant, sorted by
 // name. It is the source of truth for what a planner may choose.
-func (v *View) ListForPlanner(tenant string) []Entry {
+func (v *View) ListForPlanner(tenant string) []actions.Entry {
 	all := v.List()
 	out := all[:0]
 	for _, e := range all {
