@@ -277,7 +277,7 @@ func (s *Service) handler(a *acks) events.HandlerFunc {
 				again = md.NumDelivered > 1 || a != nil && a.maybeStored(md)
 			}
 		}
-		return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, stored, again, r.TraceRun()))
+		return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, stored, again, tracing.RunFromExtensions(r.Event.Extensions())))
 	}
 }
 

@@ -331,7 +331,7 @@ func (d *Dispatcher) onRejected(ctx context.Context, msg jetstream.Msg, reason e
 func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
 	if req, ok := r.Data.(*events.RunRequested); ok {
 		req.Tenant = r.Tenant // the subject's, which permissions bind
-		ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, r.TraceRun()), "dispatcher run.requested",
+		ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, tracing.RunFromExtensions(r.Event.Extensions())), "dispatcher run.requested",
 			trace.WithSpanKind(trace.SpanKindConsumer),
 			trace.WithAttributes(tracing.RunIDKey.String(req.RunID), tracing.TenantKey.String(r.Tenant), tracing.EventIDKey.String(r.Event.ID())))
 		defer span.End()
@@ -342,7 +342,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 			return err
 		}
 		// The run's trace starts with the caller's span, else with this.
-		if st.Trace = r.TraceRun(); st.Trace == nil {
+		if st.Trace = tracing.RunFromExtensions(r.Event.Extensions()); st.Trace == nil {
 			st.Trace = tracing.RunOf(ctx)
 		}
 		return d.admit(ctx, st, out)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/run"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // ReplayedLog is a run as its stored log implies it, beside the state the
@@ -70,7 +71,7 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 			}
 			// The run's trace is the caller's, else the dispatcher's span:
 			// the shell's choice, taken from the stored state.
-			if st.Trace = e.rec.TraceRun(); st.Trace == nil {
+			if st.Trace = tracing.RunFromExtensions(e.rec.Event.Extensions()); st.Trace == nil {
 				st.Trace = stored.Trace
 			}
 			st.Outbox = run.Dedupe(run.ArmAdmitted(st, effects, e.at, d.cfg.ActionGrace))

@@ -54,7 +54,7 @@ func (c *BusConfig) Validate() error {
 	if c.Source == "" {
 		return errors.New("events: BusConfig.Source is required")
 	}
-	if codecFor(c.DataContentType) == codecUnknown {
+	if !SupportedContentType(c.DataContentType) {
 		return fmt.Errorf("events: unsupported DataContentType %q", c.DataContentType)
 	}
 	if c.Mode != ModeBinary && c.Mode != ModeStructured {
@@ -80,7 +80,7 @@ func NewBus(js jetstream.JetStream, cfg BusConfig) (*Bus, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if _, err := dataSchemas(); err != nil {
+	if err := CompileSchemas(); err != nil {
 		return nil, err
 	}
 	return &Bus{js: js, subjects: MustSubjects(cfg.Prefix), cfg: cfg, log: cfg.Logger}, nil
@@ -107,15 +107,6 @@ type Extension struct {
 	Name  string
 	Value any
 }
-
-// Extension attribute names used by actionbus.
-const (
-	ExtRunID     = "runid"
-	ExtCycle     = "cycle"
-	ExtPlanIndex = "planindex"
-	ExtAttempt   = "attempt"
-	ExtPool      = "pool"
-)
 
 // New builds an event of eventType with the given id and data. A non-empty
 // tenant and runID are also set as the tenant and runid extensions. The
@@ -214,14 +205,10 @@ func traceExtensions(ctx context.Context) []Extension {
 	return ext
 }
 
-// TraceRun returns the run's starting trace context the event carries
-// (its traceparent/tracestate extensions), or nil.
-func (r *Received) TraceRun() *tracing.Run { return tracing.RunFromExtensions(r.Event.Extensions()) }
-
 // validateOutgoing checks the data of an event about to be published,
 // unless receivers validate ([BusConfig.ReceiverValidates]); [Encode]
 // checks its envelope. Receivers do not check the data of the dispatcher's
-// events (validateIncoming): in a test binary they are checked here, so
+// events (ValidateIncoming): in a test binary they are checked here, so
 // that a dispatcher building an invalid event fails its tests.
 func (b *Bus) validateOutgoing(e *event.Event) error {
 	if !b.cfg.ReceiverValidates || (testing.Testing() && FromDispatcher(e.Type())) {
@@ -394,31 +381,6 @@ func Bounded(ctx context.Context) (context.Context, context.CancelFunc) {
 // PublishTimeout bounds the wait for JetStream to acknowledge a batch.
 const PublishTimeout = 10 * time.Second
 
-// Received is a decoded and validated event.
-type Received struct {
-	// Event is the CloudEvent.
-	Event *event.Event
-	// Data is a pointer to the typed data struct of the event's type, e.g.
-	// *RunRequested.
-	Data any
-	// Subject is the subject the message was published on.
-	Subject string
-	// Tenant is the run's tenant: the subject's tenant token on per-run
-	// subjects (checked against the tenant extension), the extension on
-	// work subjects, and "" for events of no run.
-	Tenant string
-}
-
-// RunID returns the runid extension of the event ("" when absent).
-func (r *Received) RunID() string {
-	if v, ok := r.Event.Extensions()[ExtRunID]; ok {
-		if s, ok := v.(string); ok {
-			return s
-		}
-	}
-	return ""
-}
-
 // Receive decodes, validates and types a consumed message, and checks it
 // against its subject ([Subjects.CheckBinding]). The error is an
 // *actionbus.Error; hand it to [Bus.Reject].
@@ -427,7 +389,7 @@ func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*Received, er
 	if err != nil {
 		return nil, err
 	}
-	if err := validateIncoming(e); err != nil {
+	if err := ValidateIncoming(e); err != nil {
 		return nil, err
 	}
 	entry, _ := Lookup(e.Type())

@@ -235,21 +235,21 @@ func (s Subjects) RequestFromSubject(subject string) (tenant, runID, verb string
 func (s Subjects) ServiceRunSubjects() []string {
 	var out []string
 	for _, v := range serviceVerbs() {
-		if v != timerVerb {
+		if v != TimerVerb {
 			out = append(out, s.AnyRun(v))
 		}
 	}
 	return out
 }
 
-// timerVerb is the verb of timer.fired, the event the server writes when
+// TimerVerb is the verb of timer.fired, the event the server writes when
 // a timer schedule falls due.
-const timerVerb = "timer"
+const TimerVerb = "timer"
 
 // TimerSubjects are the subjects of the timers stream: the run's timer
 // schedules and the timer.fired events the server writes from them.
 func (s Subjects) TimerSubjects() []string {
-	return []string{s.AnyRun(timerVerb), s.prefix + ".run.*.*.sched.*"}
+	return []string{s.AnyRun(TimerVerb), s.prefix + ".run.*.*.sched.*"}
 }
 
 // RunEvents matches every event of one run.
@@ -427,7 +427,7 @@ func IsRequestVerb(verb string) bool { return slicesContains(requestVerbs(), ver
 // IsServiceVerb reports whether verb is a per-run verb stored in the runs
 // stream (what services publish, the timers' excepted).
 func IsServiceVerb(verb string) bool {
-	return verb != timerVerb && slicesContains(serviceVerbs(), verb)
+	return verb != TimerVerb && slicesContains(serviceVerbs(), verb)
 }
 
 func slicesContains(list []string, v string) bool {
@@ -438,3 +438,26 @@ func slicesContains(list []string, v string) bool {
 	}
 	return false
 }
+
+// ValidPool reports whether pool is a valid pool name: 1 to 64 letters,
+// digits, '_' or '-' (a subject token and part of bucket names).
+func ValidPool(pool string) bool {
+	if pool == "" || len(pool) > 64 {
+		return false
+	}
+	for _, r := range pool {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Extension attribute names used by actionbus.
+const (
+	ExtRunID     = "runid"
+	ExtCycle     = "cycle"
+	ExtPlanIndex = "planindex"
+	ExtAttempt   = "attempt"
+	ExtPool      = "pool"
+)

@@ -51,7 +51,7 @@ const (
 // it. Nats-Msg-Id is set to the event id so JetStream deduplicates
 // republished events.
 func Encode(subject string, e *event.Event, mode Mode) (*nats.Msg, error) {
-	if err := checkEnvelope(e); err != nil {
+	if err := CheckEnvelope(e); err != nil {
 		return nil, err
 	}
 	msg := &nats.Msg{Subject: subject, Header: nats.Header{}}
@@ -60,7 +60,7 @@ func Encode(subject string, e *event.Event, mode Mode) (*nats.Msg, error) {
 		out := e.Clone()
 		// Data that is not JSON text (msgpack, or bytes that only claim to
 		// be JSON) travels as data_base64, as the JSON event format allows.
-		if len(out.DataEncoded) > 0 && (!isJSONMediaType(out.DataMediaType()) || !json.Valid(out.DataEncoded)) {
+		if len(out.DataEncoded) > 0 && (!IsJSONMediaType(out.DataMediaType()) || !json.Valid(out.DataEncoded)) {
 			out.DataBase64 = true
 		}
 		body, err := json.Marshal(out)
@@ -134,7 +134,7 @@ func decodeStructured(h nats.Header, body []byte) (*event.Event, error) {
 	if e.SpecVersion() != event.CloudEventsVersionV1 {
 		return nil, actionbus.Errorf(actionbus.CodeMalformedEvent, "unsupported specversion %q", e.SpecVersion())
 	}
-	if err := checkEnvelope(&e); err != nil {
+	if err := CheckEnvelope(&e); err != nil {
 		return nil, err
 	}
 	return &e, nil
@@ -199,7 +199,7 @@ func decodeBinary(h nats.Header, body []byte) (*event.Event, error) {
 	if len(body) > 0 {
 		e.DataEncoded = body
 	}
-	if err := checkEnvelope(&e); err != nil {
+	if err := CheckEnvelope(&e); err != nil {
 		return nil, err
 	}
 	return &e, nil

@@ -48,6 +48,18 @@ func codecFor(contentType string) dataCodec {
 	return codecUnknown
 }
 
+// SupportedContentType reports whether contentType names a data codec
+// this package has: JSON ("" means JSON, as do application/json,
+// text/json and any +json type) or msgpack (application/msgpack,
+// application/x-msgpack, application/vnd.msgpack).
+func SupportedContentType(contentType string) bool {
+	return codecFor(contentType) != codecUnknown
+}
+
+// IsJSONMediaType reports whether the media type mt (without
+// parameters) is JSON: "", application/json, text/json or any +json type.
+func IsJSONMediaType(mt string) bool { return isJSONMediaType(mt) }
+
 func isJSONMediaType(mt string) bool {
 	mt = strings.ToLower(mt)
 	return mt == "" || mt == "application/json" || mt == "text/json" || strings.HasSuffix(mt, "+json")

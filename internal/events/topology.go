@@ -236,20 +236,6 @@ func (t Topology) ArtifactStore(name string) bool {
 	return ok && ValidPool(pool)
 }
 
-// ValidPool reports whether pool is a valid pool name: 1 to 64 letters,
-// digits, '_' or '-' (a subject token and part of bucket names).
-func ValidPool(pool string) bool {
-	if pool == "" || len(pool) > 64 {
-		return false
-	}
-	for _, r := range pool {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // PresenceTTL is how long an executor's presence lasts without a refresh.
 const PresenceTTL = 15 * time.Second
 
@@ -468,12 +454,12 @@ func (t Topology) Consumers() []ConsumerSpec {
 	out := []ConsumerSpec{
 		{t.StreamRuns(), t.durable(ConsumerDispatcher, "dispatcher: decisions, results, synthesis parts",
 			s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("synthesized"))},
-		{t.StreamTimers(), t.durable(ConsumerDispatcherTimers, "dispatcher: fired timers", s.AnyRun(timerVerb))},
+		{t.StreamTimers(), t.durable(ConsumerDispatcherTimers, "dispatcher: fired timers", s.AnyRun(TimerVerb))},
 		{t.StreamRequests(), t.durable(ConsumerDispatcherRequests, "dispatcher: run requests, cancels, inputs, approvals' answers",
 			s.AnyRun("*"))},
 		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision and synthesis requests", s.AnyRun("decide"), s.AnyRun("synthesize"))},
 		{t.StreamRuns(), auditor(t.durable(ConsumerAuditorRuns, "auditor: every per-run event of services but timers", s.AnyRun("*")))},
-		{t.StreamTimers(), auditor(t.durable(ConsumerAuditorTimers, "auditor: every fired timer (not the schedules)", s.AnyRun(timerVerb)))},
+		{t.StreamTimers(), auditor(t.durable(ConsumerAuditorTimers, "auditor: every fired timer (not the schedules)", s.AnyRun(TimerVerb)))},
 		{t.StreamRequests(), auditor(t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.AnyRun("*")))},
 		{t.StreamWork(), auditor(t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools()))},
 		{t.StreamRejected(), auditor(t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected()))},

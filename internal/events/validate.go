@@ -18,6 +18,15 @@ var (
 	compileErr  error
 )
 
+// CompileSchemas compiles the embedded data schema of every catalog entry
+// (once per process; later calls return the first outcome). [Validate]
+// compiles them on first use; a service calls CompileSchemas when it
+// starts so that a broken schema fails it at once.
+func CompileSchemas() error {
+	_, err := dataSchemas()
+	return err
+}
+
 // dataSchemas compiles the embedded data schema of every catalog entry once.
 func dataSchemas() (map[string]*schema.Compiled, error) {
 	compileOnce.Do(func() {
@@ -53,14 +62,15 @@ func SchemaURL(eventType string) string {
 // malformed_event, unknown_event_type, unsupported_content_type or
 // schema_validation. Validate never panics on input.
 func Validate(e *event.Event) error {
-	if err := checkEnvelope(e); err != nil {
+	if err := CheckEnvelope(e); err != nil {
 		return err
 	}
 	return validateData(e)
 }
 
-// checkEnvelope checks the CloudEvent attributes (malformed_event).
-func checkEnvelope(e *event.Event) error {
+// CheckEnvelope checks the CloudEvent attributes of e (the envelope, not
+// the data). The error is an *actionbus.Error with code malformed_event.
+func CheckEnvelope(e *event.Event) error {
 	if err := e.Validate(); err != nil {
 		return actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: %w", err)
 	}
@@ -95,14 +105,14 @@ func FromDispatcher(eventType string) bool {
 	return ok && strings.HasPrefix(e.Producer, "dispatcher")
 }
 
-// validateIncoming checks the data of an event a service received ([Decode]
-// checked its envelope): when a client, an approver, a planner or an
+// ValidateIncoming checks the data of an event a service received (the
+// decoder checked its envelope): when a client, an approver, a planner or an
 // executor produced it (the trust boundary where validation belongs), not
 // when the dispatcher did — the dispatcher built it from data it validated
 // when it came in, so every receiver checking it again would only repeat
 // that (a tenth of a service's CPU, measured). Its data is still decoded
-// into its typed struct, and its subject binding checked, by [Bus.Receive].
-func validateIncoming(e *event.Event) error {
+// into its typed struct, and its subject binding checked, by the bus when it receives the event.
+func ValidateIncoming(e *event.Event) error {
 	if FromDispatcher(e.Type()) {
 		return nil
 	}
