@@ -102,12 +102,6 @@ func (b *Bus) Subjects() Subjects { return b.subjects }
 // JetStream returns the underlying JetStream context.
 func (b *Bus) JetStream() jetstream.JetStream { return b.js }
 
-// Extension is a CloudEvent extension attribute set by [Bus.New].
-type Extension struct {
-	Name  string
-	Value any
-}
-
 // New builds an event of eventType with the given id and data. A non-empty
 // tenant and runID are also set as the tenant and runid extensions. The
 // event is validated when it is published.
@@ -222,17 +216,6 @@ func (b *Bus) validateOutgoing(e *event.Event) error {
 func live(eventType string) bool {
 	e, ok := Lookup(eventType)
 	return ok && e.Live
-}
-
-// Emission is one event for [Bus.EmitAll].
-type Emission struct {
-	Type, ID, Tenant, RunID, Pool string
-	Data                          any
-	Ext                           []Extension
-	// Subject overrides the catalog subject (timer schedules).
-	Subject string
-	// Header adds NATS headers (timer schedules).
-	Header nats.Header
 }
 
 // Schedule headers (JetStream message scheduling).
