@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // acks settles the messages of one ack-all auditor consumer for
@@ -39,7 +39,7 @@ func newAcks(name string, cons jetstream.Consumer, every time.Duration, log *slo
 	info := cons.CachedInfo()
 	a := &acks{name: name, cons: cons, every: every, log: log, kick: make(chan struct{}, 1),
 		win: newAckWindow[jetstream.Msg](info.AckFloor.Stream, info.Delivered.Stream, info.NumAckPending)}
-	if v, ok := info.Config.Metadata[events.MetaDeliveredBefore]; ok {
+	if v, ok := info.Config.Metadata[bus.MetaDeliveredBefore]; ok {
 		a.again, _ = strconv.ParseUint(v, 10, 64)
 	}
 	return a
@@ -115,7 +115,7 @@ func (a *acks) ack() {
 func (a *acks) run(ctx context.Context, served <-chan struct{}) {
 	wait := a.cons.CachedInfo().Config.AckWait
 	if wait <= 0 {
-		wait = events.DefaultAckWait
+		wait = bus.DefaultAckWait
 	}
 	check := time.NewTicker(wait)
 	defer check.Stop()

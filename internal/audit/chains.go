@@ -12,7 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/keymutex"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
@@ -262,7 +263,7 @@ func (c *chains) forget(chain string) {
 // handler returns the handler of a consumer settled by a (nil: each event
 // acknowledged): it builds an event's record and queues it on its run's
 // chain; the event is settled once the record is stored.
-func (s *Service) handler(a *acks) events.HandlerFunc {
+func (s *Service) handler(a *acks) bus.HandlerFunc {
 	return func(_ context.Context, r *events.Received, msg jetstream.Msg) error {
 		rec := s.build.Record(r)
 		tenant := events.TenantOr(rec.Tenant)
@@ -277,7 +278,7 @@ func (s *Service) handler(a *acks) events.HandlerFunc {
 				again = md.NumDelivered > 1 || a != nil && a.maybeStored(md)
 			}
 		}
-		return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, stored, again, tracing.RunFromExtensions(r.Event.Extensions())))
+		return bus.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, stored, again, tracing.RunFromExtensions(r.Event.Extensions())))
 	}
 }
 
@@ -327,12 +328,12 @@ func (s *Service) append(ctx context.Context, b *batch) error {
 		}
 		recs = markDuplicates(h.outcomes, recs)
 		if err := s.seal(&h, recs); err != nil {
-			return events.Permanent(err)
+			return bus.Permanent(err)
 		}
 		data := &events.AuditAppended{RunID: b.runID, Tenant: recs[0].Tenant, Records: recs}
 		e, err := s.bus.New(events.TypeAuditAppended, appendID(recs), b.tenant, b.runID, data)
 		if err != nil {
-			return events.Permanent(err)
+			return bus.Permanent(err)
 		}
 		// One writer per chain: the append fails if any message of the
 		// run was stored after the head it extends.

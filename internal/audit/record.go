@@ -7,8 +7,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/payload"
 )
 

@@ -9,7 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
@@ -144,7 +145,7 @@ func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []st
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		fctx, cancel := events.Bounded(ctx)
+		fctx, cancel := bus.Bounded(ctx)
 		info, err := cons.Info(fctx)
 		cancel()
 		if err != nil {

@@ -21,9 +21,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/actions/actionstore"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/limits/limitstore"
 	"github.com/actionbus/actionbus/internal/metrics"
@@ -98,8 +99,8 @@ type Service struct {
 	nc        *nats.Conn
 	cfg       Config
 	js        jetstream.JetStream
-	bus       *events.Bus
-	topo      events.Topology
+	bus       *bus.Bus
+	topo      bus.Topology
 	log       *slog.Logger
 	cat       *actionstore.View
 }
@@ -132,7 +133,7 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("planner: LLMLimit: %w", err)
 		}
 	}
-	return events.Topology{Prefix: c.Prefix}.Validate()
+	return bus.Topology{Prefix: c.Prefix}.Validate()
 }
 
 func New(nc *nats.Conn, cfg Config) (*Service, error) {
@@ -141,12 +142,12 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("service", "planner", "provider", cfg.Provider.Name())
-	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/planner", Logger: log, ReceiverValidates: true})
+	eb, err := bus.Open(nc, bus.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/planner", Logger: log, ReceiverValidates: true})
 	if err != nil {
 		return nil, err
 	}
-	js := bus.JetStream()
-	return &Service{nc: nc, cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, llmAction: llmAction(cfg.Provider)}, nil
+	js := eb.JetStream()
+	return &Service{nc: nc, cfg: cfg, js: js, bus: eb, topo: bus.Topology{Prefix: cfg.Prefix}, log: log, llmAction: llmAction(cfg.Provider)}, nil
 }
 
 // Run serves decision requests until ctx ends.
@@ -168,12 +169,12 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		s.llm = limitstore.New(kv)
 	}
-	cons, err := s.js.Consumer(ctx, s.topo.StreamRuns(), events.ConsumerPlanner)
+	cons, err := s.js.Consumer(ctx, s.topo.StreamRuns(), bus.ConsumerPlanner)
 	if err != nil {
 		return err
 	}
 	s.log.Info("planner serving")
-	opts := events.ServeOptions{Name: events.ConsumerPlanner, Concurrency: s.cfg.Concurrency}
+	opts := bus.ServeOptions{Name: bus.ConsumerPlanner, Concurrency: s.cfg.Concurrency}
 	if s.cfg.Metrics != nil {
 		opts.Observer = s.cfg.Metrics
 	}
@@ -208,7 +209,7 @@ func (s *Service) handle(ctx context.Context, r *events.Received, msg jetstream.
 		defer release()
 		return s.synthesize(ctx, r.Tenant, r.Event.ID(), data)
 	}
-	return events.Permanent(fmt.Errorf("planner: unexpected %s", r.Event.Type()))
+	return bus.Permanent(fmt.Errorf("planner: unexpected %s", r.Event.Type()))
 }
 
 // decide answers one decision request. The decision's id derives from the

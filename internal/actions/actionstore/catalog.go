@@ -17,7 +17,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // Catalog reads and writes the catalog bucket. Keys are
@@ -72,7 +72,7 @@ func (c *Catalog) Publish(ctx context.Context, def actions.Definition, executorI
 		}
 		if _, err := c.kv.Update(ctx, key, val, cur.Revision()); err == nil {
 			return nil
-		} else if !events.IsRevisionConflict(err) {
+		} else if !bus.IsRevisionConflict(err) {
 			return fmt.Errorf("actions: publish %s: %w", def.Name, err)
 		}
 	}

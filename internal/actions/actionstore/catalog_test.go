@@ -13,7 +13,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/actions/actionstore"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // TestCatalogEntriesAreBoundToTheirPool: entries live under
@@ -25,7 +25,7 @@ func TestCatalogEntriesAreBoundToTheirPool(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketCatalog())
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketCatalog())
 	require.NoError(t, err)
 	cat := actionstore.NewCatalog(kv)
 	schema := json.RawMessage(`{"type":"object"}`)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/limits"
 )
 
@@ -101,7 +101,7 @@ func (s *Store) update(ctx context.Context, key string, fn func(*limits.State) b
 		if err == nil {
 			return nil
 		}
-		if !events.IsRevisionConflict(err) {
+		if !bus.IsRevisionConflict(err) {
 			return fmt.Errorf("limits: write %s: %w", key, err)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/actionbustest"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/limits/limitstore"
 )
@@ -22,7 +22,7 @@ func TestStoresSharingABucketNeverOvergrant(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketLimits())
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketLimits())
 	require.NoError(t, err)
 	a, b := limitstore.New(kv), limitstore.New(kv)
 	spec := limits.Spec{MaxInFlight: 3}

@@ -1,4 +1,4 @@
-package events_test
+package bus_test
 
 import (
 	"strconv"
@@ -12,13 +12,14 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 func TestProvisionIsIdempotent(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{SkipProvision: true})
 	ctx := ctxT(t)
-	topo := events.Topology{Pools: []string{"default", "gpu"}}
+	topo := bus.Topology{Pools: []string{"default", "gpu"}}
 	require.NoError(t, topo.Provision(ctx, srv.JS))
 	require.NoError(t, topo.Provision(ctx, srv.JS), "provisioning twice changes nothing")
 	for _, svc := range []string{"dispatcher", "planner", "auditor", "client"} {
@@ -30,24 +31,24 @@ func TestProvisionIsIdempotent(t *testing.T) {
 		cons, err := srv.JS.Consumer(ctx, cs.Stream, cs.Config.Durable)
 		require.NoError(t, err)
 		cfg := cons.CachedInfo().Config
-		want, ackPolicy := events.DefaultMaxAckPending, jetstream.AckExplicitPolicy
+		want, ackPolicy := bus.DefaultMaxAckPending, jetstream.AckExplicitPolicy
 		if strings.HasPrefix(cs.Config.Durable, "auditor-") {
 			// Events wait while their records are batched, and are
 			// acknowledged by position.
-			want, ackPolicy = events.AuditorMaxAckPending, jetstream.AckAllPolicy
+			want, ackPolicy = bus.AuditorMaxAckPending, jetstream.AckAllPolicy
 		}
 		assert.Equal(t, want, cfg.MaxAckPending, cs.Config.Durable)
 		assert.Equal(t, ackPolicy, cfg.AckPolicy, cs.Config.Durable)
 		// Action requests are run again only a few times (an executor
 		// answers the last delivery delivery_exhausted); the services'
 		// idempotent handlers are retried through a failover.
-		wantDeliver := events.HandlerMaxDeliver
+		wantDeliver := bus.HandlerMaxDeliver
 		if strings.HasPrefix(cs.Config.Durable, "pool-") {
-			wantDeliver = events.DefaultMaxDeliver
+			wantDeliver = bus.DefaultMaxDeliver
 		}
 		assert.Equal(t, wantDeliver, cfg.MaxDeliver, cs.Config.Durable)
 		assert.Empty(t, cfg.BackOff, "naks carry their own delays: %s", cs.Config.Durable)
-		assert.Equal(t, events.DefaultAckWait, cfg.AckWait)
+		assert.Equal(t, bus.DefaultAckWait, cfg.AckWait)
 	}
 	for _, sc := range topo.Streams() {
 		st, err := srv.JS.Stream(ctx, sc.Name)
@@ -59,7 +60,7 @@ func TestProvisionIsIdempotent(t *testing.T) {
 func TestCheckNamesWhatIsMissing(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{SkipProvision: true})
 	ctx := ctxT(t)
-	topo := events.Topology{}
+	topo := bus.Topology{}
 	err := topo.Check(ctx, srv.JS, topo.Needs("dispatcher", ""))
 	require.ErrorIs(t, err, actionbus.ErrMissingTopology)
 	for _, want := range []string{"stream AB_RUNS", "consumer AB_RUNS/dispatcher", "bucket ab_runs", "actionbus provision"} {
@@ -70,10 +71,10 @@ func TestCheckNamesWhatIsMissing(t *testing.T) {
 }
 
 func TestTopologyRejectsBadNames(t *testing.T) {
-	assert.Error(t, events.Topology{Prefix: "a.b"}.Validate())
-	assert.Error(t, events.Topology{Pools: []string{"gpu.*"}}.Validate())
-	assert.Error(t, events.Topology{Replicas: 7}.Validate())
-	assert.NoError(t, events.Topology{Prefix: "acme", Pools: []string{"io-bound"}}.Validate())
+	assert.Error(t, bus.Topology{Prefix: "a.b"}.Validate())
+	assert.Error(t, bus.Topology{Pools: []string{"gpu.*"}}.Validate())
+	assert.Error(t, bus.Topology{Replicas: 7}.Validate())
+	assert.NoError(t, bus.Topology{Prefix: "acme", Pools: []string{"io-bound"}}.Validate())
 }
 
 func TestLiveEventsAreInNoStream(t *testing.T) {
@@ -87,7 +88,7 @@ func TestLiveEventsAreInNoStream(t *testing.T) {
 		subject, err := s.SubjectFor(e.Type, "default", runID, "gpu")
 		require.NoError(t, err)
 		stored := false
-		for _, sc := range (events.Topology{}).Streams() {
+		for _, sc := range (bus.Topology{}).Streams() {
 			for _, f := range sc.Subjects {
 				stored = stored || subjectMatches(f, subject)
 				// The requests stream captures the ingress's form of a
@@ -127,7 +128,7 @@ func subjectMatches(filter, subject string) bool {
 func TestIdempotencyBucketsArePerPoolAndSealed(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{SkipProvision: true})
 	ctx := ctxT(t)
-	topo := events.Topology{Pools: []string{"default", "gpu"}, IdempotencyTTL: time.Hour}
+	topo := bus.Topology{Pools: []string{"default", "gpu"}, IdempotencyTTL: time.Hour}
 	require.NoError(t, topo.Provision(ctx, srv.JS))
 	topo.IdempotencyTTL = 2 * time.Hour
 	require.NoError(t, topo.Provision(ctx, srv.JS), "a sealed bucket is provisioned again")
@@ -164,11 +165,11 @@ func TestIdempotencyBucketsArePerPoolAndSealed(t *testing.T) {
 func TestProvisionReplacesAnAuditorConsumerThatAcknowledgedEachEvent(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{SkipProvision: true})
 	ctx := ctxT(t)
-	topo := events.Topology{}
+	topo := bus.Topology{}
 	require.NoError(t, topo.Provision(ctx, srv.JS))
-	var spec events.ConsumerSpec
+	var spec bus.ConsumerSpec
 	for _, cs := range topo.Consumers() {
-		if cs.Config.Durable == events.ConsumerAuditorRuns {
+		if cs.Config.Durable == bus.ConsumerAuditorRuns {
 			spec = cs
 		}
 	}
@@ -205,14 +206,14 @@ func TestProvisionReplacesAnAuditorConsumerThatAcknowledgedEachEvent(t *testing.
 	assert.Equal(t, jetstream.AckAllPolicy, cfg.AckPolicy)
 	assert.Equal(t, jetstream.DeliverByStartSequencePolicy, cfg.DeliverPolicy)
 	assert.Equal(t, seqOf(got[2]), cfg.OptStartSeq, "starts at the first event not acknowledged")
-	assert.Equal(t, strconv.FormatUint(seqOf(got[3]), 10), cfg.Metadata[events.MetaDeliveredBefore])
+	assert.Equal(t, strconv.FormatUint(seqOf(got[3]), 10), cfg.Metadata[bus.MetaDeliveredBefore])
 
 	require.NoError(t, topo.Provision(ctx, srv.JS), "provisioning again changes nothing")
 	cons, err = srv.JS.Consumer(ctx, spec.Stream, spec.Config.Durable)
 	require.NoError(t, err)
 	info := cons.CachedInfo()
 	assert.Equal(t, seqOf(got[2]), info.Config.OptStartSeq)
-	assert.Equal(t, strconv.FormatUint(seqOf(got[3]), 10), info.Config.Metadata[events.MetaDeliveredBefore])
+	assert.Equal(t, strconv.FormatUint(seqOf(got[3]), 10), info.Config.Metadata[bus.MetaDeliveredBefore])
 	assert.EqualValues(t, 0, info.Delivered.Consumer, "the replacement has delivered nothing yet")
 
 	batch, err = cons.Fetch(10, jetstream.FetchMaxWait(time.Second))

@@ -1,4 +1,4 @@
-package events_test
+package bus_test
 
 import (
 	"context"
@@ -20,15 +20,16 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
-func newBus(t *testing.T, srv *actionbustest.Server, mode events.Mode, ct string) *events.Bus {
+func newBus(t *testing.T, srv *actionbustest.Server, mode bus.Mode, ct string) *bus.Bus {
 	t.Helper()
-	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/actionbus/test", Mode: mode, DataContentType: ct})
+	eb, err := bus.NewBus(srv.JS, bus.BusConfig{Source: "/actionbus/test", Mode: mode, DataContentType: ct})
 	require.NoError(t, err)
 	srv.ServeIngress(t) // client events reach the requests stream through it
-	return bus
+	return eb
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -39,22 +40,22 @@ func ctxT(t *testing.T) context.Context {
 
 func TestRepublishedEventIsStoredOnce(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	bus := newBus(t, srv, events.ModeBinary, "")
+	eb := newBus(t, srv, bus.ModeBinary, "")
 	ctx := ctxT(t)
 	runID := events.NewID()
-	e, err := bus.New(events.TypeRunRequested, runID, events.DefaultTenant, runID, &events.RunRequested{RunID: runID, Prompt: "hi"})
+	e, err := eb.New(events.TypeRunRequested, runID, events.DefaultTenant, runID, &events.RunRequested{RunID: runID, Prompt: "hi"})
 	require.NoError(t, err)
-	subject := bus.Subjects().Run(events.DefaultTenant, runID, "requested")
+	subject := eb.Subjects().Run(events.DefaultTenant, runID, "requested")
 
-	first, err := bus.Publish(ctx, subject, e)
+	first, err := eb.Publish(ctx, subject, e)
 	require.NoError(t, err)
 	assert.False(t, first.Duplicate)
-	second, err := bus.Publish(ctx, subject, e)
+	second, err := eb.Publish(ctx, subject, e)
 	require.NoError(t, err)
 	assert.True(t, second.Duplicate)
 	assert.Equal(t, first.Sequence, second.Sequence)
 
-	stream, err := srv.JS.Stream(ctx, events.Topology{}.StreamRequests())
+	stream, err := srv.JS.Stream(ctx, bus.Topology{}.StreamRequests())
 	require.NoError(t, err)
 	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(subject))
 	require.NoError(t, err)
@@ -63,35 +64,35 @@ func TestRepublishedEventIsStoredOnce(t *testing.T) {
 
 func TestTerminalEventsShareOneID(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	bus := newBus(t, srv, events.ModeBinary, "")
+	eb := newBus(t, srv, bus.ModeBinary, "")
 	ctx := ctxT(t)
 	runID := events.NewID()
 	terminalID := events.DerivedID(runID, "run-secret", "terminal")
-	_, err := bus.Emit(ctx, events.TypeRunCompleted, terminalID, events.DefaultTenant, runID, "", &events.RunCompleted{RunID: runID, Cycles: 1})
+	_, err := eb.Emit(ctx, events.TypeRunCompleted, terminalID, events.DefaultTenant, runID, "", &events.RunCompleted{RunID: runID, Cycles: 1})
 	require.NoError(t, err)
-	_, err = bus.Emit(ctx, events.TypeRunFailed, terminalID, events.DefaultTenant, runID, "", &events.RunFailed{RunID: runID, Error: actionbus.Error{Code: "x"}})
+	_, err = eb.Emit(ctx, events.TypeRunFailed, terminalID, events.DefaultTenant, runID, "", &events.RunFailed{RunID: runID, Error: actionbus.Error{Code: "x"}})
 	require.NoError(t, err)
-	stream, err := srv.JS.Stream(ctx, events.Topology{}.StreamRuns())
+	stream, err := srv.JS.Stream(ctx, bus.Topology{}.StreamRuns())
 	require.NoError(t, err)
-	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(bus.Subjects().RunEvents(events.DefaultTenant, runID)))
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(eb.Subjects().RunEvents(events.DefaultTenant, runID)))
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1), info.State.Msgs, "a run stores at most one terminal event")
 }
 
 func TestPublishedEventsReachConsumersInBothModesAndCodecs(t *testing.T) {
-	for _, mode := range []events.Mode{events.ModeBinary, events.ModeStructured} {
+	for _, mode := range []bus.Mode{bus.ModeBinary, bus.ModeStructured} {
 		for _, ct := range []string{events.ContentTypeJSON, events.ContentTypeMsgpack} {
 			t.Run(mode.String()+"/"+ct, func(t *testing.T) {
 				srv := actionbustest.NewServer(t, actionbustest.Options{})
-				bus := newBus(t, srv, mode, ct)
+				eb := newBus(t, srv, mode, ct)
 				ctx := ctxT(t)
 				runID := events.NewID()
 				want := &events.RunRequested{RunID: runID, Prompt: "grüße 100 %", Scenario: "demo", AllowedModes: []string{"read"}}
-				_, err := bus.Emit(ctx, events.TypeRunRequested, runID, events.DefaultTenant, runID, "", want)
+				_, err := eb.Emit(ctx, events.TypeRunRequested, runID, events.DefaultTenant, runID, "", want)
 				require.NoError(t, err)
 
 				got := make(chan *events.Received, 1)
-				serve(t, srv, bus, events.ConsumerDispatcherRequests, func(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
+				serve(t, srv, eb, bus.ConsumerDispatcherRequests, func(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
 					got <- r
 					return nil
 				})
@@ -108,17 +109,17 @@ func TestPublishedEventsReachConsumersInBothModesAndCodecs(t *testing.T) {
 }
 
 // serve runs bus.Serve on a durable consumer until the test ends.
-func serve(t *testing.T, srv *actionbustest.Server, bus *events.Bus, consumer string, h events.HandlerFunc) {
+func serve(t *testing.T, srv *actionbustest.Server, eb *bus.Bus, consumer string, h bus.HandlerFunc) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stream := events.Topology{}.StreamRuns()
-	if consumer == events.ConsumerDispatcherRequests {
-		stream = events.Topology{}.StreamRequests()
+	stream := bus.Topology{}.StreamRuns()
+	if consumer == bus.ConsumerDispatcherRequests {
+		stream = bus.Topology{}.StreamRequests()
 	}
 	cons, err := srv.JS.Consumer(ctx, stream, consumer)
 	require.NoError(t, err)
 	done := make(chan error, 1)
-	go func() { done <- bus.Serve(ctx, cons, events.ServeOptions{Name: consumer, Concurrency: 4}, h) }()
+	go func() { done <- eb.Serve(ctx, cons, bus.ServeOptions{Name: consumer, Concurrency: 4}, h) }()
 	t.Cleanup(func() {
 		cancel()
 		assert.NoError(t, <-done)
@@ -127,15 +128,15 @@ func serve(t *testing.T, srv *actionbustest.Server, bus *events.Bus, consumer st
 
 func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	bus := newBus(t, srv, events.ModeBinary, "")
+	eb := newBus(t, srv, bus.ModeBinary, "")
 	ctx := ctxT(t)
 	rec := srv.Record(t, "")
-	subjects := bus.Subjects()
+	subjects := eb.Subjects()
 
 	validHeaders := func(id, typ string) nats.Header {
 		return nats.Header{
 			"ce-specversion": {"1.0"}, "ce-id": {id}, "ce-source": {"/test"}, "ce-type": {typ},
-			"ce-datacontenttype": {"application/json"}, events.HeaderMsgID: {id},
+			"ce-datacontenttype": {"application/json"}, bus.HeaderMsgID: {id},
 		}
 	}
 	r1, r2, r3, r4, r5 := events.NewID(), events.NewID(), events.NewID(), events.NewID(), events.NewID()
@@ -149,7 +150,7 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 		body   []byte
 		code   actionbus.Code
 	}{
-		{"malformed headers", r1, nats.Header{"ce-specversion": {"1.0"}, "ce-id": {"%ZZ"}, events.HeaderMsgID: {"m1"}}, []byte(`{}`), actionbus.CodeMalformedEvent},
+		{"malformed headers", r1, nats.Header{"ce-specversion": {"1.0"}, "ce-id": {"%ZZ"}, bus.HeaderMsgID: {"m1"}}, []byte(`{}`), actionbus.CodeMalformedEvent},
 		{"unknown type", r2, validHeaders("m2", "io.actionbus.nope.happened"), []byte(`{}`), actionbus.CodeUnknownEventType},
 		{"data violating its schema", r3, validHeaders("m3", events.TypeDecisionMade), []byte(`{"runId":"` + r3 + `"}`), actionbus.CodeSchemaValidation},
 		{"wrong datacontenttype", r4, func() nats.Header {
@@ -169,13 +170,13 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 	}
 	runID := events.NewID()
 	decision := &events.DecisionMade{RunID: runID, Cycle: 1, Decision: events.Decision{Type: "final", Answer: "ok"}}
-	_, err = bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(runID, "decision", 1), events.DefaultTenant, runID, "", decision)
+	_, err = eb.Emit(ctx, events.TypeDecisionMade, events.DerivedID(runID, "decision", 1), events.DefaultTenant, runID, "", decision)
 	require.NoError(t, err)
 
 	var mu sync.Mutex
 	var handled []string
 	validSeen := make(chan struct{})
-	serve(t, srv, bus, events.ConsumerDispatcher, func(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
+	serve(t, srv, eb, bus.ConsumerDispatcher, func(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
 		mu.Lock()
 		handled = append(handled, r.RunID())
 		mu.Unlock()
@@ -200,8 +201,8 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 			assert.NotEmpty(t, rej.Reason.Message)
 			assert.Equal(t, subjects.Run(events.DefaultTenant, b.runID, "decision"), rej.OriginalSubject)
 			assert.Equal(t, b.body, rej.OriginalData)
-			assert.Equal(t, b.header[events.HeaderMsgID], rej.OriginalHeaders[events.HeaderMsgID])
-			assert.NotEqual(t, b.header.Get(events.HeaderMsgID), r.Event.ID(), "rejected events get a new id")
+			assert.Equal(t, b.header[bus.HeaderMsgID], rej.OriginalHeaders[bus.HeaderMsgID])
+			assert.NotEqual(t, b.header.Get(bus.HeaderMsgID), r.Event.ID(), "rejected events get a new id")
 			assert.Equal(t, "dispatcher", rej.Consumer)
 			assert.NotZero(t, rej.StreamSequence)
 		})
@@ -211,7 +212,7 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 	mu.Unlock()
 
 	// Every message was acked: nothing is left pending or to redeliver.
-	cons, err := srv.JS.Consumer(ctx, "AB_RUNS", events.ConsumerDispatcher)
+	cons, err := srv.JS.Consumer(ctx, "AB_RUNS", bus.ConsumerDispatcher)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		info, err := cons.Info(ctx)
@@ -232,25 +233,25 @@ func rejectedRun(r actionbustest.Recorded) string {
 // OnReject whether the run can be failed), and OnReject sees the reason.
 func TestRejectionSpeaksForNoRun(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	bus := newBus(t, srv, events.ModeBinary, "")
+	eb := newBus(t, srv, bus.ModeBinary, "")
 	ctx := ctxT(t)
 	rec := srv.Record(t, "")
 	runID := events.NewID()
 	_, err := srv.JS.PublishMsg(ctx, &nats.Msg{
-		Subject: bus.Subjects().Run(events.DefaultTenant, runID, "requested"),
+		Subject: eb.Subjects().Run(events.DefaultTenant, runID, "requested"),
 		Header: nats.Header{"ce-specversion": {"1.0"}, "ce-id": {runID}, "ce-source": {"/client"},
 			"ce-type": {events.TypeRunRequested}, "ce-datacontenttype": {"application/json"},
-			events.HeaderMsgID: {runID}},
+			bus.HeaderMsgID: {runID}},
 		Data: []byte(`{"runId":"` + runID + `","allowedModes":"everything"}`),
 	})
 	require.NoError(t, err)
 	reasons := make(chan error, 1)
-	cons, err := srv.JS.Consumer(ctx, events.Topology{}.StreamRequests(), events.ConsumerDispatcherRequests)
+	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.ConsumerDispatcherRequests)
 	require.NoError(t, err)
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- bus.Serve(sctx, cons, events.ServeOptions{Name: "dispatcher-requests", OnReject: func(_ context.Context, msg jetstream.Msg, reason error) error {
+		done <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "dispatcher-requests", OnReject: func(_ context.Context, msg jetstream.Msg, reason error) error {
 			reasons <- reason
 			return nil
 		}}, func(context.Context, *events.Received, jetstream.Msg) error {
@@ -275,23 +276,23 @@ func TestRejectionSpeaksForNoRun(t *testing.T) {
 
 func TestHandlerErrorsAreRetriedAndPermanentOnesTerminated(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	bus := newBus(t, srv, events.ModeBinary, "")
+	eb := newBus(t, srv, bus.ModeBinary, "")
 	ctx := ctxT(t)
 	transient, permanent := events.NewID(), events.NewID()
 	for _, id := range []string{transient, permanent} {
-		_, err := bus.Emit(ctx, events.TypeDecisionMade, events.DerivedID(id, "decision"), events.DefaultTenant, id, "", &events.DecisionMade{RunID: id, Cycle: 1, Decision: events.Decision{Type: "final", Answer: "ok"}})
+		_, err := eb.Emit(ctx, events.TypeDecisionMade, events.DerivedID(id, "decision"), events.DefaultTenant, id, "", &events.DecisionMade{RunID: id, Cycle: 1, Decision: events.Decision{Type: "final", Answer: "ok"}})
 		require.NoError(t, err)
 	}
 	var mu sync.Mutex
 	deliveries := map[string]int{}
 	retried := make(chan struct{})
-	serve(t, srv, bus, events.ConsumerDispatcher, func(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
+	serve(t, srv, eb, bus.ConsumerDispatcher, func(ctx context.Context, r *events.Received, _ jetstream.Msg) error {
 		mu.Lock()
 		defer mu.Unlock()
 		deliveries[r.RunID()]++
 		switch {
 		case r.RunID() == permanent:
-			return events.Permanent(assert.AnError)
+			return bus.Permanent(assert.AnError)
 		case deliveries[r.RunID()] == 1:
 			return assert.AnError
 		default:
@@ -304,7 +305,7 @@ func TestHandlerErrorsAreRetriedAndPermanentOnesTerminated(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("a transient handler error was not retried")
 	}
-	cons, err := srv.JS.Consumer(ctx, "AB_RUNS", events.ConsumerDispatcher)
+	cons, err := srv.JS.Consumer(ctx, "AB_RUNS", bus.ConsumerDispatcher)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		info, err := cons.Info(ctx)
@@ -328,17 +329,17 @@ func TestDataIsValidatedOnceAtTheReceiver(t *testing.T) {
 	bad := &events.DecisionMade{RunID: runID} // a decision is required by its schema
 	subject := srv.Prefix + ".run." + events.DefaultTenant + "." + runID + ".decision"
 
-	client := newBus(t, srv, events.ModeBinary, "")
+	client := newBus(t, srv, bus.ModeBinary, "")
 	e, err := client.New(events.TypeDecisionMade, events.NewID(), events.DefaultTenant, runID, bad)
 	require.NoError(t, err)
 	_, err = client.Publish(ctx, subject, e)
 	require.ErrorIs(t, err, actionbus.ErrSchemaValidation, "a client's bus checks what it publishes")
 
-	service, err := events.NewBus(srv.JS, events.BusConfig{Source: "/actionbus/test-service", ReceiverValidates: true})
+	service, err := bus.NewBus(srv.JS, bus.BusConfig{Source: "/actionbus/test-service", ReceiverValidates: true})
 	require.NoError(t, err)
 	ack, err := service.Publish(ctx, subject, e)
 	require.NoError(t, err)
-	msg, err := srv.JS.Stream(ctx, events.Topology{}.StreamRuns())
+	msg, err := srv.JS.Stream(ctx, bus.Topology{}.StreamRuns())
 	require.NoError(t, err)
 	stored, err := msg.GetMsg(ctx, ack.Sequence)
 	require.NoError(t, err)
@@ -352,7 +353,7 @@ func TestDataIsValidatedOnceAtTheReceiver(t *testing.T) {
 	_, err = service.Publish(ctx, stepSubject, step)
 	require.ErrorIs(t, err, actionbus.ErrSchemaValidation, "a test binary checks the dispatcher's events at publish")
 	// ...and received on its envelope, type, binding and typed decoding.
-	msgOut, err := events.Encode(stepSubject, step, events.ModeBinary)
+	msgOut, err := bus.Encode(stepSubject, step, bus.ModeBinary)
 	require.NoError(t, err)
 	got, err := service.Receive(msgOut.Subject, msgOut.Header, msgOut.Data)
 	require.NoError(t, err, "the dispatcher's events are not checked against their schema again")
@@ -365,18 +366,18 @@ func TestDataIsValidatedOnceAtTheReceiver(t *testing.T) {
 // order, while other runs' events run beside them.
 func TestServeOrderByKeepsEachRunInOrder(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	bus := newBus(t, srv, events.ModeBinary, "")
+	eb := newBus(t, srv, bus.ModeBinary, "")
 	ctx := ctxT(t)
 	runs := []string{events.NewID(), events.NewID()}
 	const per = 40
 	for i := 0; i < per; i++ {
 		for _, runID := range runs {
-			_, err := bus.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
+			_, err := eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
 				&events.RunRequested{RunID: runID, Prompt: strconv.Itoa(i)})
 			require.NoError(t, err)
 		}
 	}
-	cons, err := srv.JS.Consumer(ctx, events.Topology{}.StreamRequests(), events.ConsumerDispatcherRequests)
+	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.ConsumerDispatcherRequests)
 	require.NoError(t, err)
 	var mu sync.Mutex
 	seen := map[string][]int{}
@@ -386,7 +387,7 @@ func TestServeOrderByKeepsEachRunInOrder(t *testing.T) {
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- bus.Serve(sctx, cons, events.ServeOptions{Name: "ordered", Concurrency: 8, OrderBy: bus.Subjects().RunIDFromSubject},
+		done <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "ordered", Concurrency: 8, OrderBy: eb.Subjects().RunIDFromSubject},
 			func(_ context.Context, r *events.Received, _ jetstream.Msg) error {
 				req := r.Data.(*events.RunRequested)
 				mu.Lock()
@@ -429,20 +430,20 @@ func TestServeOrderByKeepsEachRunInOrder(t *testing.T) {
 // dropped the event.
 func TestServeRetriesATransientFailureUntilItPasses(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	bus := newBus(t, srv, events.ModeBinary, "")
+	eb := newBus(t, srv, bus.ModeBinary, "")
 	ctx := ctxT(t)
 	runID := events.NewID()
-	_, err := bus.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
+	_, err := eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
 		&events.RunRequested{RunID: runID, Prompt: "through a failover"})
 	require.NoError(t, err)
-	cons, err := srv.JS.Consumer(ctx, events.Topology{}.StreamRequests(), events.ConsumerDispatcherRequests)
+	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.ConsumerDispatcherRequests)
 	require.NoError(t, err)
 	const failures = 8
 	handled := make(chan uint64, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	served := make(chan error, 1)
 	go func() {
-		served <- bus.Serve(sctx, cons, events.ServeOptions{Name: "failover", Concurrency: 1, NakDelay: time.Millisecond},
+		served <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "failover", Concurrency: 1, NakDelay: time.Millisecond},
 			func(_ context.Context, _ *events.Received, msg jetstream.Msg) error {
 				md, err := msg.Metadata()
 				if err != nil {
@@ -476,21 +477,21 @@ func TestServeLogsAnEventItsServerWillNotDeliverAgain(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	var logs actionbustest.LogBuffer
 	srv.ServeIngress(t)
-	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/actionbus/test", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	eb, err := bus.NewBus(srv.JS, bus.BusConfig{Source: "/actionbus/test", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	ctx := ctxT(t)
 	runID := events.NewID()
 	id := events.NewID()
-	_, err = bus.Emit(ctx, events.TypeRunRequested, id, events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID})
+	_, err = eb.Emit(ctx, events.TypeRunRequested, id, events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID})
 	require.NoError(t, err)
-	cons, err := srv.JS.CreateConsumer(ctx, events.Topology{}.StreamRequests(), jetstream.ConsumerConfig{
+	cons, err := srv.JS.CreateConsumer(ctx, bus.Topology{}.StreamRequests(), jetstream.ConsumerConfig{
 		Durable: "twice", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 2})
 	require.NoError(t, err)
 	deliveries := make(chan uint64, 4)
 	sctx, cancel := context.WithCancel(ctx)
 	served := make(chan error, 1)
 	go func() {
-		served <- bus.Serve(sctx, cons, events.ServeOptions{Name: "twice", NakDelay: time.Millisecond},
+		served <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "twice", NakDelay: time.Millisecond},
 			func(_ context.Context, _ *events.Received, msg jetstream.Msg) error {
 				md, _ := msg.Metadata()
 				deliveries <- md.NumDelivered
@@ -517,16 +518,16 @@ func TestServeLogsAnEventItsServerWillNotDeliverAgain(t *testing.T) {
 
 func TestServeSettlesLaterAnswersByWhatTheyReceive(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	bus := newBus(t, srv, events.ModeBinary, "")
+	eb := newBus(t, srv, bus.ModeBinary, "")
 	ctx := ctxT(t)
 	runID := events.NewID()
 	const n = 3
 	for i := 0; i < n; i++ {
-		_, err := bus.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
+		_, err := eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
 			&events.RunRequested{RunID: runID, Prompt: strconv.Itoa(i)})
 		require.NoError(t, err)
 	}
-	cons, err := srv.JS.Consumer(ctx, events.Topology{}.StreamRequests(), events.ConsumerDispatcherRequests)
+	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.ConsumerDispatcherRequests)
 	require.NoError(t, err)
 	type taken struct {
 		prompt    string
@@ -537,13 +538,13 @@ func TestServeSettlesLaterAnswersByWhatTheyReceive(t *testing.T) {
 	sctx, cancel := context.WithCancel(ctx)
 	served := make(chan error, 1)
 	go func() {
-		served <- bus.Serve(sctx, cons, events.ServeOptions{Name: "later", Concurrency: 1, NakDelay: time.Millisecond, OrderBy: bus.Subjects().RunIDFromSubject},
+		served <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "later", Concurrency: 1, NakDelay: time.Millisecond, OrderBy: eb.Subjects().RunIDFromSubject},
 			func(_ context.Context, r *events.Received, msg jetstream.Msg) error {
 				md, err := msg.Metadata()
 				require.NoError(t, err)
 				done := make(chan error, 1)
 				took <- taken{r.Data.(*events.RunRequested).Prompt, md.NumDelivered, done}
-				return events.Later(done)
+				return bus.Later(done)
 			})
 	}()
 	next := func() taken {
@@ -591,7 +592,7 @@ type recordingSettler struct {
 }
 
 func promptOf(msg jetstream.Msg) string {
-	e, err := events.Decode(msg.Subject(), msg.Headers(), msg.Data())
+	e, err := bus.Decode(msg.Subject(), msg.Headers(), msg.Data())
 	if err != nil {
 		return ""
 	}
@@ -626,15 +627,15 @@ func (r *recordingSettler) Failed(msg jetstream.Msg) {
 // not Take is not handled; Serve itself never moves the ack floor.
 func TestServeLeavesAnAckAllConsumersAcknowledgementsToItsSettler(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	bus := newBus(t, srv, events.ModeBinary, "")
+	eb := newBus(t, srv, bus.ModeBinary, "")
 	ctx := ctxT(t)
 	prompts := []string{"ok", "permanent", "skip", "retry"}
 	for _, p := range prompts {
 		runID := events.NewID()
-		_, err := bus.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID, Prompt: p})
+		_, err := eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID, Prompt: p})
 		require.NoError(t, err)
 	}
-	cons, err := srv.JS.CreateConsumer(ctx, events.Topology{}.StreamRequests(), jetstream.ConsumerConfig{
+	cons, err := srv.JS.CreateConsumer(ctx, bus.Topology{}.StreamRequests(), jetstream.ConsumerConfig{
 		Durable: "all", AckPolicy: jetstream.AckAllPolicy, MaxDeliver: 2})
 	require.NoError(t, err)
 	settler := &recordingSettler{}
@@ -642,13 +643,13 @@ func TestServeLeavesAnAckAllConsumersAcknowledgementsToItsSettler(t *testing.T) 
 	sctx, cancel := context.WithCancel(ctx)
 	served := make(chan error, 1)
 	go func() {
-		served <- bus.Serve(sctx, cons, events.ServeOptions{Name: "all", NakDelay: time.Millisecond, AckAll: settler},
+		served <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "all", NakDelay: time.Millisecond, AckAll: settler},
 			func(_ context.Context, r *events.Received, _ jetstream.Msg) error {
 				p := r.Data.(*events.RunRequested).Prompt
 				handled <- p
 				switch p {
 				case "permanent":
-					return events.Permanent(errors.New("never"))
+					return bus.Permanent(errors.New("never"))
 				case "retry":
 					return errors.New("not now")
 				}

@@ -1,4 +1,4 @@
-package events
+package bus
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 )
 
 // DefaultPool is the executor pool used when none is named.
@@ -68,7 +69,7 @@ const DefaultAckWait = 30 * time.Second
 
 func (t Topology) withDefaults() Topology {
 	if t.Prefix == "" {
-		t.Prefix = DefaultPrefix
+		t.Prefix = events.DefaultPrefix
 	}
 	if len(t.Pools) == 0 {
 		t.Pools = []string{DefaultPool}
@@ -97,14 +98,14 @@ func (t Topology) withDefaults() Topology {
 // Validate reports an invalid topology.
 func (t Topology) Validate() error {
 	t = t.withDefaults()
-	if _, err := NewSubjects(t.Prefix); err != nil {
+	if _, err := events.NewSubjects(t.Prefix); err != nil {
 		return err
 	}
 	if strings.Contains(t.Prefix, ".") {
 		return fmt.Errorf("events: topology prefix %q must be one subject token (stream names derive from it)", t.Prefix)
 	}
 	for _, p := range t.Pools {
-		if !ValidPool(p) {
+		if !events.ValidPool(p) {
 			return fmt.Errorf("events: invalid pool name %q (1 to 64 letters, digits, '_' or '-')", p)
 		}
 	}
@@ -233,14 +234,14 @@ func (t Topology) ArtifactStore(name string) bool {
 		return true
 	}
 	pool, ok := strings.CutPrefix(name, t.BucketArtifacts()+"_")
-	return ok && ValidPool(pool)
+	return ok && events.ValidPool(pool)
 }
 
 // PresenceTTL is how long an executor's presence lasts without a refresh.
 const PresenceTTL = 15 * time.Second
 
 // Subjects returns the subjects of the topology's prefix.
-func (t Topology) Subjects() Subjects { return MustSubjects(t.withDefaults().Prefix) }
+func (t Topology) Subjects() events.Subjects { return events.MustSubjects(t.withDefaults().Prefix) }
 
 // IngestedTransform is the requests stream's subject transform: an event
 // the ingress writes on [Subjects.Ingested] is stored under [Subjects.Run]
@@ -454,12 +455,12 @@ func (t Topology) Consumers() []ConsumerSpec {
 	out := []ConsumerSpec{
 		{t.StreamRuns(), t.durable(ConsumerDispatcher, "dispatcher: decisions, results, synthesis parts",
 			s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("synthesized"))},
-		{t.StreamTimers(), t.durable(ConsumerDispatcherTimers, "dispatcher: fired timers", s.AnyRun(TimerVerb))},
+		{t.StreamTimers(), t.durable(ConsumerDispatcherTimers, "dispatcher: fired timers", s.AnyRun(events.TimerVerb))},
 		{t.StreamRequests(), t.durable(ConsumerDispatcherRequests, "dispatcher: run requests, cancels, inputs, approvals' answers",
 			s.AnyRun("*"))},
 		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision and synthesis requests", s.AnyRun("decide"), s.AnyRun("synthesize"))},
 		{t.StreamRuns(), auditor(t.durable(ConsumerAuditorRuns, "auditor: every per-run event of services but timers", s.AnyRun("*")))},
-		{t.StreamTimers(), auditor(t.durable(ConsumerAuditorTimers, "auditor: every fired timer (not the schedules)", s.AnyRun(TimerVerb)))},
+		{t.StreamTimers(), auditor(t.durable(ConsumerAuditorTimers, "auditor: every fired timer (not the schedules)", s.AnyRun(events.TimerVerb)))},
 		{t.StreamRequests(), auditor(t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.AnyRun("*")))},
 		{t.StreamWork(), auditor(t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools()))},
 		{t.StreamRejected(), auditor(t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected()))},

@@ -1,10 +1,10 @@
-package events_test
+package bus_test
 
 import (
 	"time"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 const sampleRun = "01JDQ2Z7W4M3T2V9K8F6H5G4C3"

@@ -1,4 +1,4 @@
-package events_test
+package bus_test
 
 import (
 	"strings"
@@ -9,7 +9,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // FuzzDecode feeds arbitrary header values and bodies to the codec: it must
@@ -31,7 +32,7 @@ func FuzzDecode(f *testing.F) {
 				}
 			}
 		}
-		e, err := events.Decode("s", h, body)
+		e, err := bus.Decode("s", h, body)
 		if err != nil {
 			if actionbus.CodeOf(err) == actionbus.CodeInternal {
 				t.Fatalf("decode error without a code: %v", err)
@@ -41,12 +42,12 @@ func FuzzDecode(f *testing.F) {
 		if err := e.Validate(); err != nil {
 			t.Fatalf("decoded an invalid event: %v", err)
 		}
-		for _, mode := range []events.Mode{events.ModeBinary, events.ModeStructured} {
-			msg, err := events.Encode("s", e, mode)
+		for _, mode := range []bus.Mode{bus.ModeBinary, bus.ModeStructured} {
+			msg, err := bus.Encode("s", e, mode)
 			if err != nil {
 				t.Fatalf("re-encode %s: %v", mode, err)
 			}
-			again, err := events.Decode("s", msg.Header, msg.Data)
+			again, err := bus.Decode("s", msg.Header, msg.Data)
 			if err != nil {
 				t.Fatalf("decode re-encoded %s: %v", mode, err)
 			}
@@ -64,13 +65,13 @@ func FuzzPercentRoundTrip(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		enc := events.PercentEncode(s)
+		enc := bus.PercentEncode(s)
 		for i := 0; i < len(enc); i++ {
 			if enc[i] < 0x21 || enc[i] > 0x7e || enc[i] == '"' {
 				t.Fatalf("encoded value %q has byte %#x", enc, enc[i])
 			}
 		}
-		dec, err := events.DecodeHeaderValue(enc)
+		dec, err := bus.DecodeHeaderValue(enc)
 		if !utf8.ValidString(s) {
 			if err == nil {
 				t.Fatalf("invalid UTF-8 %q decoded without error", s)

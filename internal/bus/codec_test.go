@@ -1,4 +1,4 @@
-package events_test
+package bus_test
 
 import (
 	"encoding/json"
@@ -13,7 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 func TestSamplesCoverCatalog(t *testing.T) {
@@ -52,16 +53,16 @@ func newEvent(t *testing.T, typ, contentType string, data any) *event.Event {
 
 func TestRoundTripEveryTypeBothModesBothCodecs(t *testing.T) {
 	for _, entry := range events.Catalog {
-		for _, mode := range []events.Mode{events.ModeBinary, events.ModeStructured} {
+		for _, mode := range []bus.Mode{bus.ModeBinary, bus.ModeStructured} {
 			for _, ct := range []string{events.ContentTypeJSON, events.ContentTypeMsgpack} {
 				t.Run(entry.Type+"/"+mode.String()+"/"+ct, func(t *testing.T) {
 					in := newEvent(t, entry.Type, ct, samples[entry.Type])
-					msg, err := events.Encode("ab.test", in, mode)
+					msg, err := bus.Encode("ab.test", in, mode)
 					require.NoError(t, err)
-					assert.Equal(t, in.ID(), msg.Header.Get(events.HeaderMsgID))
-					assert.Equal(t, mode == events.ModeStructured, events.IsStructured(msg.Header))
+					assert.Equal(t, in.ID(), msg.Header.Get(bus.HeaderMsgID))
+					assert.Equal(t, mode == bus.ModeStructured, bus.IsStructured(msg.Header))
 
-					out, err := events.Decode(msg.Subject, msg.Header, msg.Data)
+					out, err := bus.Decode(msg.Subject, msg.Header, msg.Data)
 					require.NoError(t, err)
 					require.NoError(t, events.Validate(out))
 					assert.Equal(t, in.ID(), out.ID())
@@ -92,7 +93,7 @@ func TestBindingSpecBinaryExample(t *testing.T) {
 		"ce-source":          {"/mycontext/subcontext"},
 		"ce-datacontenttype": {"application/json"},
 	}
-	e, err := events.Decode("mySubject", h, []byte(`{"hello":"world"}`))
+	e, err := bus.Decode("mySubject", h, []byte(`{"hello":"world"}`))
 	require.NoError(t, err)
 	assert.Equal(t, "1.0", e.SpecVersion())
 	assert.Equal(t, "com.example.someevent", e.Type())
@@ -103,7 +104,7 @@ func TestBindingSpecBinaryExample(t *testing.T) {
 	assert.JSONEq(t, `{"hello":"world"}`, string(e.Data()))
 
 	// Encoding the same event gives the same headers back.
-	msg, err := events.Encode("mySubject", e, events.ModeBinary)
+	msg, err := bus.Encode("mySubject", e, bus.ModeBinary)
 	require.NoError(t, err)
 	for k, v := range h {
 		assert.Equal(t, v, msg.Header[k], k)
@@ -122,7 +123,7 @@ func TestBindingSpecStructuredExample(t *testing.T) {
 	}`
 	for _, ct := range []string{"application/cloudevents+json", "application/cloudevents", "APPLICATION/CloudEvents+JSON; charset=UTF-8"} {
 		for _, key := range []string{"Content-Type", "content-type"} {
-			e, err := events.Decode("mySubject", nats.Header{key: {ct}}, []byte(body))
+			e, err := bus.Decode("mySubject", nats.Header{key: {ct}}, []byte(body))
 			require.NoError(t, err, ct)
 			assert.Equal(t, "com.example.someevent", e.Type())
 			assert.Equal(t, "A234-1234-1234", e.ID())
@@ -132,10 +133,10 @@ func TestBindingSpecStructuredExample(t *testing.T) {
 }
 
 func TestBindingSpecPercentEncodingExample(t *testing.T) {
-	assert.Equal(t, "Euro%20%E2%82%AC%20%F0%9F%98%80", events.PercentEncode("Euro € 😀"))
-	assert.Equal(t, `%22quoted%22%25`, events.PercentEncode(`"quoted"%`))
-	assert.Equal(t, "plain-ascii_/:~!", events.PercentEncode("plain-ascii_/:~!"))
-	assert.Equal(t, "a%0Ab%7F", events.PercentEncode("a\nb\x7f"))
+	assert.Equal(t, "Euro%20%E2%82%AC%20%F0%9F%98%80", bus.PercentEncode("Euro € 😀"))
+	assert.Equal(t, `%22quoted%22%25`, bus.PercentEncode(`"quoted"%`))
+	assert.Equal(t, "plain-ascii_/:~!", bus.PercentEncode("plain-ascii_/:~!"))
+	assert.Equal(t, "a%0Ab%7F", bus.PercentEncode("a\nb\x7f"))
 }
 
 func TestDecodeHeaderValue(t *testing.T) {
@@ -158,7 +159,7 @@ func TestDecodeHeaderValue(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := events.DecodeHeaderValue(c.in)
+			got, err := bus.DecodeHeaderValue(c.in)
 			if c.wantErr {
 				assert.Error(t, err)
 				return
@@ -171,7 +172,7 @@ func TestDecodeHeaderValue(t *testing.T) {
 
 func TestDecodeHeaderNamesCaseInsensitive(t *testing.T) {
 	h := nats.Header{"CE-SpecVersion": {"1.0"}, "Ce-Id": {"1"}, "ce-SOURCE": {"/s"}, "ce-type": {"t"}, "CE-RUNID": {"r1"}}
-	e, err := events.Decode("s", h, nil)
+	e, err := bus.Decode("s", h, nil)
 	require.NoError(t, err)
 	assert.Equal(t, "1", e.ID())
 	assert.Equal(t, "r1", e.Extensions()["runid"])
@@ -201,7 +202,7 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := events.Decode("s", c.header(), []byte(c.body))
+			_, err := bus.Decode("s", c.header(), []byte(c.body))
 			require.Error(t, err)
 			assert.Equal(t, c.code, actionbus.CodeOf(err), "err: %v", err)
 		})

@@ -1,4 +1,4 @@
-package events_test
+package bus_test
 
 import (
 	"testing"
@@ -10,7 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/actionbustest"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // The dispatcher cancels an ended run's alarm by purging the run's
@@ -20,15 +21,15 @@ import (
 func TestAPurgedScheduleNeverFires(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	ctx := ctxT(t)
-	topo := events.Topology{}
+	topo := bus.Topology{}
 	s := topo.Subjects()
 	timers, err := srv.JS.Stream(ctx, topo.StreamTimers())
 	require.NoError(t, err)
 	due := time.Now().UTC().Truncate(time.Second).Add(2 * time.Second)
 	schedule := func(runID string, at time.Time) {
 		m := &nats.Msg{Subject: s.Schedule(events.DefaultTenant, runID, "alarm"), Header: nats.Header{}, Data: []byte(`{}`)}
-		m.Header.Set(events.HeaderSchedule, "@at "+at.Format(time.RFC3339))
-		m.Header.Set(events.HeaderScheduleTarget, s.Run(events.DefaultTenant, runID, "timer"))
+		m.Header.Set(bus.HeaderSchedule, "@at "+at.Format(time.RFC3339))
+		m.Header.Set(bus.HeaderScheduleTarget, s.Run(events.DefaultTenant, runID, "timer"))
 		_, err := srv.JS.PublishMsg(ctx, m)
 		require.NoError(t, err)
 	}

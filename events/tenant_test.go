@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // A tenant named after a service, the service account, the system

@@ -1,4 +1,4 @@
-package events
+package bus
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
 
@@ -39,10 +40,10 @@ type BusConfig struct {
 
 func (c *BusConfig) setDefaults() {
 	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
+		c.Prefix = events.DefaultPrefix
 	}
 	if c.DataContentType == "" {
-		c.DataContentType = ContentTypeJSON
+		c.DataContentType = events.ContentTypeJSON
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -54,13 +55,13 @@ func (c *BusConfig) Validate() error {
 	if c.Source == "" {
 		return errors.New("events: BusConfig.Source is required")
 	}
-	if !SupportedContentType(c.DataContentType) {
+	if !events.SupportedContentType(c.DataContentType) {
 		return fmt.Errorf("events: unsupported DataContentType %q", c.DataContentType)
 	}
 	if c.Mode != ModeBinary && c.Mode != ModeStructured {
 		return fmt.Errorf("events: unknown mode %d", c.Mode)
 	}
-	_, err := NewSubjects(c.Prefix)
+	_, err := events.NewSubjects(c.Prefix)
 	return err
 }
 
@@ -69,7 +70,7 @@ func (c *BusConfig) Validate() error {
 // way in. A Bus is safe for concurrent use.
 type Bus struct {
 	js       jetstream.JetStream
-	subjects Subjects
+	subjects events.Subjects
 	cfg      BusConfig
 	log      *slog.Logger
 }
@@ -80,10 +81,10 @@ func NewBus(js jetstream.JetStream, cfg BusConfig) (*Bus, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := CompileSchemas(); err != nil {
+	if err := events.CompileSchemas(); err != nil {
 		return nil, err
 	}
-	return &Bus{js: js, subjects: MustSubjects(cfg.Prefix), cfg: cfg, log: cfg.Logger}, nil
+	return &Bus{js: js, subjects: events.MustSubjects(cfg.Prefix), cfg: cfg, log: cfg.Logger}, nil
 }
 
 // Open returns a Bus publishing through a new JetStream context on nc; the
@@ -97,7 +98,7 @@ func Open(nc *nats.Conn, cfg BusConfig) (*Bus, error) {
 }
 
 // Subjects returns the subjects of the bus's prefix.
-func (b *Bus) Subjects() Subjects { return b.subjects }
+func (b *Bus) Subjects() events.Subjects { return b.subjects }
 
 // JetStream returns the underlying JetStream context.
 func (b *Bus) JetStream() jetstream.JetStream { return b.js }
@@ -105,25 +106,25 @@ func (b *Bus) JetStream() jetstream.JetStream { return b.js }
 // New builds an event of eventType with the given id and data. A non-empty
 // tenant and runID are also set as the tenant and runid extensions. The
 // event is validated when it is published.
-func (b *Bus) New(eventType, id, tenant, runID string, data any, ext ...Extension) (*event.Event, error) {
+func (b *Bus) New(eventType, id, tenant, runID string, data any, ext ...events.Extension) (*event.Event, error) {
 	e := event.New()
 	e.SetID(id)
 	e.SetType(eventType)
 	e.SetSource(b.cfg.Source)
 	e.SetTime(time.Now())
-	if u := SchemaURL(eventType); u != "" {
+	if u := events.SchemaURL(eventType); u != "" {
 		e.SetDataSchema(u)
 	}
 	if runID != "" {
-		e.SetExtension(ExtRunID, runID)
+		e.SetExtension(events.ExtRunID, runID)
 	}
 	if tenant != "" {
-		e.SetExtension(ExtTenant, tenant)
+		e.SetExtension(events.ExtTenant, tenant)
 	}
 	for _, x := range ext {
 		e.SetExtension(x.Name, x.Value)
 	}
-	if err := SetData(&e, b.cfg.DataContentType, data); err != nil {
+	if err := events.SetData(&e, b.cfg.DataContentType, data); err != nil {
 		return nil, err
 	}
 	return &e, nil
@@ -166,13 +167,13 @@ func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event, opts 
 
 // Emit builds an event with [Bus.New] and publishes it on the subject the
 // catalog gives its type ([Subjects.SubjectFor]).
-func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool string, data any, ext ...Extension) (*event.Event, error) {
+func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool string, data any, ext ...events.Extension) (*event.Event, error) {
 	subject, err := b.subjects.SubjectFor(eventType, tenant, runID, pool)
 	if err != nil {
 		return nil, err
 	}
-	if eventType == TypeActionRequested && pool != "" {
-		ext = append(ext, Extension{Name: ExtPool, Value: pool})
+	if eventType == events.TypeActionRequested && pool != "" {
+		ext = append(ext, events.Extension{Name: events.ExtPool, Value: pool})
 	}
 	ext = append(ext, traceExtensions(ctx)...)
 	e, err := b.New(eventType, id, tenant, runID, data, ext...)
@@ -187,14 +188,14 @@ func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool strin
 
 // traceExtensions are the distributed-tracing extensions of the run
 // context in ctx ([tracing.WithRun]): none when ctx holds none.
-func traceExtensions(ctx context.Context) []Extension {
+func traceExtensions(ctx context.Context) []events.Extension {
 	r := tracing.RunFromContext(ctx)
 	if r == nil {
 		return nil
 	}
-	ext := []Extension{{Name: tracing.ExtTraceParent, Value: r.Parent}}
+	ext := []events.Extension{{Name: tracing.ExtTraceParent, Value: r.Parent}}
 	if r.State != "" {
-		ext = append(ext, Extension{Name: tracing.ExtTraceState, Value: r.State})
+		ext = append(ext, events.Extension{Name: tracing.ExtTraceState, Value: r.State})
 	}
 	return ext
 }
@@ -205,8 +206,8 @@ func traceExtensions(ctx context.Context) []Extension {
 // events (ValidateIncoming): in a test binary they are checked here, so
 // that a dispatcher building an invalid event fails its tests.
 func (b *Bus) validateOutgoing(e *event.Event) error {
-	if !b.cfg.ReceiverValidates || (testing.Testing() && FromDispatcher(e.Type())) {
-		return Validate(e)
+	if !b.cfg.ReceiverValidates || (testing.Testing() && events.FromDispatcher(e.Type())) {
+		return events.Validate(e)
 	}
 	return nil
 }
@@ -214,7 +215,7 @@ func (b *Bus) validateOutgoing(e *event.Event) error {
 // live reports whether events of eventType go on core NATS only
 // ([Entry.Live]).
 func live(eventType string) bool {
-	e, ok := Lookup(eventType)
+	e, ok := events.Lookup(eventType)
 	return ok && e.Live
 }
 
@@ -227,12 +228,12 @@ const (
 // TimerEmission returns the schedule of a durable timer: the timer.fired
 // event published on the run's schedule subject name, to be copied by the
 // server onto the run's timer subject at (rounded up to the second).
-func (b *Bus) TimerEmission(id, tenant, name string, at time.Time, t *TimerFired) Emission {
+func (b *Bus) TimerEmission(id, tenant, name string, at time.Time, t *events.TimerFired) events.Emission {
 	at = at.UTC().Truncate(time.Second).Add(time.Second)
 	t.DueAt = at
-	return Emission{
-		Type: TypeTimerFired, ID: id, Tenant: tenant, RunID: t.RunID, Data: t,
-		Ext:     []Extension{{Name: ExtCycle, Value: t.Cycle}},
+	return events.Emission{
+		Type: events.TypeTimerFired, ID: id, Tenant: tenant, RunID: t.RunID, Data: t,
+		Ext:     []events.Extension{{Name: events.ExtCycle, Value: t.Cycle}},
 		Subject: b.subjects.Schedule(tenant, t.RunID, name),
 		Header: nats.Header{
 			HeaderSchedule:       []string{"@at " + at.Format(time.RFC3339)},
@@ -245,7 +246,7 @@ func (b *Bus) TimerEmission(id, tenant, name string, at time.Time, t *TimerFired
 // sent before any acknowledgement is awaited, so a batch costs about one
 // round trip. It returns the first error; events published before it stay
 // published (their ids make a retry safe).
-func (b *Bus) EmitAll(ctx context.Context, batch []Emission) error {
+func (b *Bus) EmitAll(ctx context.Context, batch []events.Emission) error {
 	if len(batch) == 1 && batch[0].Subject == "" && batch[0].Header == nil {
 		x := batch[0]
 		_, err := b.Emit(ctx, x.Type, x.ID, x.Tenant, x.RunID, x.Pool, x.Data, x.Ext...)
@@ -367,24 +368,24 @@ const PublishTimeout = 10 * time.Second
 // Receive decodes, validates and types a consumed message, and checks it
 // against its subject ([Subjects.CheckBinding]). The error is an
 // *actionbus.Error; hand it to [Bus.Reject].
-func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*Received, error) {
+func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*events.Received, error) {
 	e, err := Decode(subject, h, body)
 	if err != nil {
 		return nil, err
 	}
-	if err := ValidateIncoming(e); err != nil {
+	if err := events.ValidateIncoming(e); err != nil {
 		return nil, err
 	}
-	entry, _ := Lookup(e.Type())
+	entry, _ := events.Lookup(e.Type())
 	data := entry.New()
-	if err := DataAs(e, data); err != nil {
+	if err := events.DataAs(e, data); err != nil {
 		return nil, err
 	}
 	if err := b.subjects.CheckBinding(subject, e, data); err != nil {
 		return nil, err
 	}
-	tenant, _ := e.Extensions()[ExtTenant].(string)
-	return &Received{Event: e, Data: data, Subject: subject, Tenant: tenant}, nil
+	tenant, _ := e.Extensions()[events.ExtTenant].(string)
+	return &events.Received{Event: e, Data: data, Subject: subject, Tenant: tenant}, nil
 }
 
 // Reject handles a message that failed [Bus.Receive]: it republishes the
@@ -397,7 +398,7 @@ func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*Received, er
 // answer a rejected event (the dispatcher ends a rejected run request that
 // names no existing run) does so in [ServeOptions.OnReject].
 func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, reason error) error {
-	rej := EventRejected{
+	rej := events.EventRejected{
 		OriginalSubject: msg.Subject(),
 		OriginalHeaders: map[string][]string(msg.Headers()),
 		OriginalData:    msg.Data(),
@@ -415,14 +416,14 @@ func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, re
 	// A fresh id: a derived one could be predicted, and pre-empted, by
 	// any other publisher of the rejected stream. A message rejected
 	// twice (a lost ack) is recorded twice, with the same stream sequence.
-	id := NewID()
+	id := events.NewID()
 	stream := "unknown"
 	if md, err := msg.Metadata(); err == nil {
 		stream = md.Stream
 		rej.Stream = md.Stream
 		rej.StreamSequence = md.Sequence.Stream
 	}
-	if runID := b.subjects.RunIDFromSubject(msg.Subject()); ValidRunID(runID) {
+	if runID := b.subjects.RunIDFromSubject(msg.Subject()); events.ValidRunID(runID) {
 		rej.RunID = runID
 	}
 	if _, err := b.emitRejected(ctx, stream, id, rej); err != nil {
@@ -433,8 +434,8 @@ func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, re
 	return nil
 }
 
-func (b *Bus) emitRejected(ctx context.Context, stream, id string, rej EventRejected) (*event.Event, error) {
-	e, err := b.New(TypeEventRejected, id, "", rej.RunID, rej)
+func (b *Bus) emitRejected(ctx context.Context, stream, id string, rej events.EventRejected) (*event.Event, error) {
+	e, err := b.New(events.TypeEventRejected, id, "", rej.RunID, rej)
 	if err != nil {
 		return nil, err
 	}
@@ -450,4 +451,12 @@ func IsRevisionConflict(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.Is(err, jetstream.ErrKeyExists) ||
 		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
+}
+
+// clip cuts s to n bytes for a log line or an error detail.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 func progressEvent(data string) *event.Event {
@@ -27,7 +27,7 @@ func progressEvent(data string) *event.Event {
 // version 2, a run id and at least one step of run.step's shape; a
 // version 1 body (one step) or anything else is refused.
 func TestTheProgressSchemaTakesAListOfStepsOfVersion2(t *testing.T) {
-	const run = `"runId":"` + sampleRun + `"`
+	const run = `"runId":"01JDQ2Z7W4M3T2V9K8F6H5G4C3"`
 	for _, tc := range []struct {
 		name string
 		data string

@@ -1,11 +1,12 @@
-package events_test
+package bus_test
 
 import (
 	"testing"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 func newEventB(b *testing.B, typ, ct string) *event.Event {
@@ -25,7 +26,7 @@ func newEventB(b *testing.B, typ, ct string) *event.Event {
 // typed data: SetData + Encode, then Decode + DataAs, per codec and mode.
 func BenchmarkRoundTrip(b *testing.B) {
 	for _, ct := range []string{events.ContentTypeJSON, events.ContentTypeMsgpack} {
-		for _, mode := range []events.Mode{events.ModeBinary, events.ModeStructured} {
+		for _, mode := range []bus.Mode{bus.ModeBinary, bus.ModeStructured} {
 			b.Run(mode.String()+"/"+ct, func(b *testing.B) {
 				e := newEventB(b, events.TypeActionRequested, ct)
 				b.ReportAllocs()
@@ -33,11 +34,11 @@ func BenchmarkRoundTrip(b *testing.B) {
 					if err := events.SetData(e, ct, samples[events.TypeActionRequested]); err != nil {
 						b.Fatal(err)
 					}
-					msg, err := events.Encode("ab.pool.default.request", e, mode)
+					msg, err := bus.Encode("ab.pool.default.request", e, mode)
 					if err != nil {
 						b.Fatal(err)
 					}
-					out, err := events.Decode(msg.Subject, msg.Header, msg.Data)
+					out, err := bus.Decode(msg.Subject, msg.Header, msg.Data)
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -1,4 +1,4 @@
-package events
+package bus
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
 
@@ -18,7 +19,7 @@ import (
 // (for transient failures such as a revision conflict); wrap the error with
 // [Permanent] to terminate the message instead, or with [Rejection] to
 // reject it (as [Bus.Receive] rejects an invalid event).
-type HandlerFunc func(ctx context.Context, r *Received, msg jetstream.Msg) error
+type HandlerFunc func(ctx context.Context, r *events.Received, msg jetstream.Msg) error
 
 // permanentError marks an error that redelivery cannot fix.
 type permanentError struct{ err error }
@@ -297,7 +298,7 @@ func (b *Bus) handle(ctx context.Context, log *slog.Logger, opts ServeOptions, m
 }
 
 // settle acks, retries, terminates or rejects msg by its handler's error.
-func (b *Bus) settle(ctx context.Context, log *slog.Logger, opts ServeOptions, msg jetstream.Msg, rec *Received, herr error, start time.Time) {
+func (b *Bus) settle(ctx context.Context, log *slog.Logger, opts ServeOptions, msg jetstream.Msg, rec *events.Received, herr error, start time.Time) {
 	outcome := "ok"
 	if o := opts.Observer; o != nil {
 		defer func() { o.HandleDone(opts.Name, outcome, time.Since(start)) }()

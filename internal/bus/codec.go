@@ -1,4 +1,4 @@
-package events
+package bus
 
 import (
 	"encoding/json"
@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 )
 
 // Mode is a content mode of the CloudEvents NATS protocol binding.
@@ -51,7 +52,7 @@ const (
 // it. Nats-Msg-Id is set to the event id so JetStream deduplicates
 // republished events.
 func Encode(subject string, e *event.Event, mode Mode) (*nats.Msg, error) {
-	if err := CheckEnvelope(e); err != nil {
+	if err := events.CheckEnvelope(e); err != nil {
 		return nil, err
 	}
 	msg := &nats.Msg{Subject: subject, Header: nats.Header{}}
@@ -60,7 +61,7 @@ func Encode(subject string, e *event.Event, mode Mode) (*nats.Msg, error) {
 		out := e.Clone()
 		// Data that is not JSON text (msgpack, or bytes that only claim to
 		// be JSON) travels as data_base64, as the JSON event format allows.
-		if len(out.DataEncoded) > 0 && (!IsJSONMediaType(out.DataMediaType()) || !json.Valid(out.DataEncoded)) {
+		if len(out.DataEncoded) > 0 && (!events.IsJSONMediaType(out.DataMediaType()) || !json.Valid(out.DataEncoded)) {
 			out.DataBase64 = true
 		}
 		body, err := json.Marshal(out)
@@ -134,7 +135,7 @@ func decodeStructured(h nats.Header, body []byte) (*event.Event, error) {
 	if e.SpecVersion() != event.CloudEventsVersionV1 {
 		return nil, actionbus.Errorf(actionbus.CodeMalformedEvent, "unsupported specversion %q", e.SpecVersion())
 	}
-	if err := CheckEnvelope(&e); err != nil {
+	if err := events.CheckEnvelope(&e); err != nil {
 		return nil, err
 	}
 	return &e, nil
@@ -199,7 +200,7 @@ func decodeBinary(h nats.Header, body []byte) (*event.Event, error) {
 	if len(body) > 0 {
 		e.DataEncoded = body
 	}
-	if err := CheckEnvelope(&e); err != nil {
+	if err := events.CheckEnvelope(&e); err != nil {
 		return nil, err
 	}
 	return &e, nil
