@@ -1,15 +1,18 @@
-// Package events is the wire layer of actionbus: the CloudEvents model (from
-// github.com/cloudevents/sdk-go/v2), this project's NATS codec for it (binary
-// and structured content modes of the CloudEvents NATS protocol binding),
-// the JSON and msgpack data codecs, event ids, subjects, the JetStream
-// topology (streams, consumers, buckets) and schema validation on publish and
-// on consume.
+// Package events holds the wire model of actionbus: the data of every event
+// a run publishes or consumes (RunRequested, Decision, Observation,
+// AuditRecorded, ApprovalContext, …), the catalog of event types
+// ([Catalog], [Lookup], the Type* names) and the subjects they travel on
+// ([Subjects]), event ids ([NewID], [DerivedID], [ResultID]), run ids
+// ([ValidRunID], [CheckRunID]), tenants ([ValidTenant], [CheckTenant],
+// [TenantOr]) and validation against the embedded JSON Schemas
+// ([Validate]). Events are CloudEvents (github.com/cloudevents/sdk-go/v2);
+// their data is JSON unless the event says msgpack ([SetData], [DataAs]).
 //
-// It is not a message router and holds no run logic: services decide what to
-// publish and what a consumed event means; this package makes sure that what
-// crosses the bus is well-formed, validated, deduplicated and never silently
-// dropped (see [Bus.Reject]).
+// The package links no NATS client: it is the model a user's program, the
+// run core and the services share. Publishing, consuming and the JetStream
+// topology belong to the services. The catalog is documented in
+// docs/events.md and the schemas in schemas/; both are kept in step with
+// [Catalog] by tests.
 //
-// The catalog of event types lives in [Catalog] and is documented in
-// docs/events.md; both are kept in step by a test.
+// Every function is safe for concurrent use.
 package events

@@ -335,7 +335,10 @@ type Call struct {
 }
 
 // ArtifactRef names a stored artifact: id, role, media type, size, SHA-256
-// and a bounded preview (Truncated when the preview is not all of it).
+// and a bounded preview (Truncated when the preview is not all of it). It
+// is [events.ArtifactRef] of the public package
+// github.com/actionbus/actionbus/events, whose documentation shows its
+// fields.
 type ArtifactRef = events.ArtifactRef
 
 // ErrNoArtifactStore is returned by [Call.PutArtifact] outside an
@@ -354,7 +357,10 @@ func (c Call) PutArtifact(ctx context.Context, role, mediaType string, data []by
 	return c.putArtifact(ctx, role, mediaType, data)
 }
 
-// Approval is a verified approval as a handler sees it.
+// Approval is a verified approval as a handler sees it. It is
+// [events.ApprovalGrant] of the public package
+// github.com/actionbus/actionbus/events, whose documentation shows its
+// fields.
 type Approval = events.ApprovalGrant
 
 // Result is what a handler returns. Complete ends the run with Output.
