@@ -14,7 +14,7 @@ import (
 )
 
 func TestCatalogMatchesDocs(t *testing.T) {
-	b, err := os.ReadFile("../../docs/events.md")
+	b, err := os.ReadFile("../docs/events.md")
 	require.NoError(t, err)
 	doc := string(b)
 	rows := 0

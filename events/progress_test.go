@@ -56,7 +56,7 @@ func TestTheProgressSchemaTakesAListOfStepsOfVersion2(t *testing.T) {
 // TestTheProgressSampleInTheDocsIsValid: the run.progress sample of
 // docs/events.md is valid against schemas/run.progress.json.
 func TestTheProgressSampleInTheDocsIsValid(t *testing.T) {
-	b, err := os.ReadFile("../../docs/events.md")
+	b, err := os.ReadFile("../docs/events.md")
 	require.NoError(t, err)
 	_, rest, ok := strings.Cut(string(b), "A **`run.progress` carries the live steps of one transition**")
 	require.True(t, ok, "docs/events.md describes run.progress")
