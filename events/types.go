@@ -534,8 +534,8 @@ type ArtifactRef struct {
 	Truncated   bool   `json:"truncated"`
 	Preview     string `json:"preview,omitempty"`
 	// Store is the object store that holds the artifact: the writing
-	// pool's ([Topology.PoolArtifacts]) or the services'
-	// ([Topology.BucketArtifacts]); "" (references written before stores
+	// pool's ("<prefix>_artifacts_<pool>") or the services'
+	// ("<prefix>_artifacts"); "" (references written before stores
 	// were per pool) means the services' store.
 	Store string `json:"store,omitempty"`
 }

@@ -1,7 +1,7 @@
 // Package artifacts stores and reads large outputs in the deployment's
 // object stores: each pool's executors write their pool's store
-// (events.Topology.PoolArtifacts), the dispatcher writes the services'
-// store (events.Topology.BucketArtifacts). Every object records the tenant
+// (bus.Topology.PoolArtifacts), the dispatcher writes the services'
+// store (bus.Topology.BucketArtifacts). Every object records the tenant
 // and the run it belongs to, and a reference names the store that holds
 // it (events.ArtifactRef.Store).
 //

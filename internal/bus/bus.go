@@ -19,7 +19,7 @@ import (
 
 // BusConfig configures a [Bus].
 type BusConfig struct {
-	// Prefix is the subject prefix; default [DefaultPrefix].
+	// Prefix is the subject prefix; default [events.DefaultPrefix].
 	Prefix string
 	// Source is the CloudEvent source of published events, e.g.
 	// "/actionbus/dispatcher". Required.
@@ -166,7 +166,7 @@ func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event, opts 
 }
 
 // Emit builds an event with [Bus.New] and publishes it on the subject the
-// catalog gives its type ([Subjects.SubjectFor]).
+// catalog gives its type ([events.Subjects.SubjectFor]).
 func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool string, data any, ext ...events.Extension) (*event.Event, error) {
 	subject, err := b.subjects.SubjectFor(eventType, tenant, runID, pool)
 	if err != nil {
@@ -213,7 +213,7 @@ func (b *Bus) validateOutgoing(e *event.Event) error {
 }
 
 // live reports whether events of eventType go on core NATS only
-// ([Entry.Live]).
+// ([events.Entry.Live]).
 func live(eventType string) bool {
 	e, ok := events.Lookup(eventType)
 	return ok && e.Live
@@ -366,7 +366,7 @@ func Bounded(ctx context.Context) (context.Context, context.CancelFunc) {
 const PublishTimeout = 10 * time.Second
 
 // Receive decodes, validates and types a consumed message, and checks it
-// against its subject ([Subjects.CheckBinding]). The error is an
+// against its subject ([events.Subjects.CheckBinding]). The error is an
 // *actionbus.Error; hand it to [Bus.Reject].
 func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*events.Received, error) {
 	e, err := Decode(subject, h, body)

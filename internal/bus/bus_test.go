@@ -582,7 +582,7 @@ func TestServeSettlesLaterAnswersByWhatTheyReceive(t *testing.T) {
 	}
 }
 
-// recordingSettler is an [events.AckAllSettler] that acknowledges nothing
+// recordingSettler is an [bus.AckAllSettler] that acknowledges nothing
 // and notes what Serve tells it.
 type recordingSettler struct {
 	mu   sync.Mutex

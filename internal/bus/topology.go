@@ -38,7 +38,7 @@ func PoolConsumer(pool string) string { return "pool-" + pool }
 // is the single place where their limits are set; docs/events.md documents
 // the same values.
 type Topology struct {
-	// Prefix is the subject prefix; default [DefaultPrefix]. Stream and
+	// Prefix is the subject prefix; default [events.DefaultPrefix]. Stream and
 	// bucket names are derived from it, so several deployments can share
 	// one NATS account.
 	Prefix string
@@ -158,7 +158,7 @@ func (t Topology) BucketRuns() string { return strings.ToLower(t.withDefaults().
 
 // BucketCatalog is the key-value bucket of action definitions. Only the
 // registrar (hosted by the dispatchers) writes it, from the executors'
-// announcements ([Subjects.Announce]).
+// announcements ([events.Subjects.Announce]).
 func (t Topology) BucketCatalog() string {
 	return strings.ToLower(t.withDefaults().Prefix) + "_catalog"
 }
@@ -244,7 +244,7 @@ const PresenceTTL = 15 * time.Second
 func (t Topology) Subjects() events.Subjects { return events.MustSubjects(t.withDefaults().Prefix) }
 
 // IngestedTransform is the requests stream's subject transform: an event
-// the ingress writes on [Subjects.Ingested] is stored under [Subjects.Run]
+// the ingress writes on [events.Subjects.Ingested] is stored under [events.Subjects.Run]
 // of the same tenant, run and verb.
 func (t Topology) IngestedTransform() *jetstream.SubjectTransformConfig {
 	s := t.Subjects()

@@ -1,6 +1,6 @@
 // Package registrar records the executors' announcements in the catalog.
 // It is the only writer of the catalog bucket and of the owners bucket
-// (events.Topology.BucketCatalogOwners); the dispatcher process hosts it.
+// (bus.Topology.BucketCatalogOwners); the dispatcher process hosts it.
 //
 // Executors announce what they host on their pool's announce subject
 // (events.Subjects.Announce: a request, answered with an
