@@ -1,7 +1,7 @@
 # actionbus — the two commands a newcomer needs are `make demo` and `make test`.
 GO      ?= go
 FUZZTIME ?= 15s
-PKG_FUZZ := ./internal/events
+PKG_FUZZ := ./internal/bus
 
 .PHONY: all build test test-cluster soak demo bench lint fuzz examples clean
 
@@ -51,9 +51,9 @@ soak:
 ## fuzz: every fuzz target for a short bounded time.
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
-	$(GO) test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
 	$(GO) test -run '^$$' -fuzz '^FuzzPercentRoundTrip$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
-	$(GO) test -run '^$$' -fuzz '^FuzzCheckBinding$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
+	$(GO) test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME) ./events
+	$(GO) test -run '^$$' -fuzz '^FuzzCheckBinding$$' -fuzztime $(FUZZTIME) ./events
 	$(GO) test -run '^$$' -fuzz '^FuzzPrepareArgs$$' -fuzztime $(FUZZTIME) ./internal/actions
 	$(GO) test -run '^$$' -fuzz '^FuzzExtractJSON$$' -fuzztime $(FUZZTIME) ./internal/planner
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckSQL$$' -fuzztime $(FUZZTIME) ./internal/builtin

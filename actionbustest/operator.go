@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/accounts"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // TenantAdd adds tenant's account and users on a server started with

@@ -13,7 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // DefaultWait is the deadline of the wait helpers when none is given.
@@ -64,7 +65,7 @@ func (s *Server) Record(t testing.TB, subject string) *Recorder {
 	nc := s.Connect(t)
 	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
 		rec := Recorded{Subject: m.Subject, Header: m.Header, Data: m.Data}
-		rec.Event, rec.DecodeErr = events.Decode(m.Subject, m.Header, m.Data)
+		rec.Event, rec.DecodeErr = bus.Decode(m.Subject, m.Header, m.Data)
 		r.mu.Lock()
 		r.records = append(r.records, rec)
 		r.mu.Unlock()

@@ -21,9 +21,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsconf "github.com/actionbus/actionbus/deploy/nats"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/accounts"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/embedded"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/ingress"
 )
 
@@ -67,7 +68,7 @@ func (o *Options) setDefaults() {
 		o.Prefix = events.DefaultPrefix
 	}
 	if len(o.Pools) == 0 {
-		o.Pools = []string{events.DefaultPool}
+		o.Pools = []string{bus.DefaultPool}
 	}
 }
 
@@ -140,7 +141,7 @@ func NewServer(t testing.TB, o Options) *Server {
 	if !o.SkipProvision {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		topo := events.Topology{Prefix: o.Prefix, Pools: o.Pools, AckWait: o.AckWait}
+		topo := bus.Topology{Prefix: o.Prefix, Pools: o.Pools, AckWait: o.AckWait}
 		if err := topo.Provision(ctx, s.JS); err != nil {
 			t.Fatalf("actionbustest: provision: %v", err)
 		}

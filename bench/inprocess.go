@@ -8,9 +8,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/embedded"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/stack"
@@ -31,7 +31,7 @@ func measureInProcess(ctx context.Context, reps int) []Figure {
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	must(err)
-	must(events.Topology{}.Provision(ctx, js))
+	must(bus.Topology{}.Provision(ctx, js))
 	sc, err := planner.ParseScenarios([]byte(agentScenario))
 	must(err)
 	script, err := planner.NewScript(sc)

@@ -18,8 +18,8 @@ import (
 
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/embedded"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/stack"
 )
@@ -49,7 +49,7 @@ func memoryInFlight(ctx context.Context, n int) (float64, string, error) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	if err := (events.Topology{}).Provision(ctx, js); err != nil {
+	if err := (bus.Topology{}).Provision(ctx, js); err != nil {
 		return 0, "", err
 	}
 	script, _ := planner.NewScript(nil)
@@ -94,7 +94,7 @@ func memoryInFlight(ctx context.Context, n int) (float64, string, error) {
 		}
 	}
 	// In flight: every run.requested handled, every run waiting on its action.
-	cons, err := js.Consumer(ctx, "AB_REQUESTS", events.ConsumerDispatcherRequests)
+	cons, err := js.Consumer(ctx, "AB_REQUESTS", bus.ConsumerDispatcherRequests)
 	if err != nil {
 		return 0, "", err
 	}

@@ -20,7 +20,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/readapi"
 	"github.com/actionbus/actionbus/internal/tracing"
@@ -51,8 +52,8 @@ type Client struct {
 	tenant string
 	nc     *nats.Conn
 	js     jetstream.JetStream
-	bus    *events.Bus
-	topo   events.Topology
+	bus    *bus.Bus
+	topo   bus.Topology
 	reads  *readapi.Caller
 	// dropLive, set by tests, loses the live messages it returns true
 	// for (as a connection moving to another server does).
@@ -74,7 +75,7 @@ func (o *Options) Validate() error {
 			return err
 		}
 	}
-	return events.Topology{Prefix: o.Prefix}.Validate()
+	return bus.Topology{Prefix: o.Prefix}.Validate()
 }
 
 // New returns a client using nc; the zero Options are the defaults.
@@ -83,11 +84,11 @@ func New(nc *nats.Conn, opts Options) (*Client, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	bus, err := events.Open(nc, events.BusConfig{Prefix: opts.Prefix, Source: opts.Source})
+	eb, err := bus.Open(nc, bus.BusConfig{Prefix: opts.Prefix, Source: opts.Source})
 	if err != nil {
 		return nil, err
 	}
-	return &Client{tenant: opts.Tenant, nc: nc, js: bus.JetStream(), bus: bus, topo: events.Topology{Prefix: opts.Prefix},
+	return &Client{tenant: opts.Tenant, nc: nc, js: eb.JetStream(), bus: eb, topo: bus.Topology{Prefix: opts.Prefix},
 		reads: readapi.NewCaller(nc, opts.Prefix, opts.Tenant)}, nil
 }
 

@@ -13,9 +13,9 @@ import (
 
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/embedded"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/stack"
@@ -35,7 +35,7 @@ func startDeploymentWith(ctx context.Context, scenarios string, register func(*e
 	}
 	nc, _ := nats.Connect(ns.ClientURL())
 	js, _ := jetstream.New(nc)
-	if err := (events.Topology{}).Provision(ctx, js); err != nil {
+	if err := (bus.Topology{}).Provision(ctx, js); err != nil {
 		panic(err)
 	}
 	sc, err := planner.ParseScenarios([]byte(scenarios))

@@ -8,7 +8,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 const progressRun = "01JDQ2Z7W4M3T2V9K8F6H5G4C3"
@@ -20,7 +21,7 @@ func receivedProgress(id string, body []byte) (*events.Received, bool) {
 	subject := "ab.run.default." + progressRun + ".progress"
 	h := nats.Header{"ce-specversion": {"1.0"}, "ce-id": {id}, "ce-source": {"/dispatcher"}, "ce-type": {events.TypeRunProgress},
 		"ce-datacontenttype": {"application/json"}, "ce-runid": {progressRun}, "ce-tenant": {"default"}}
-	e, err := events.Decode(subject, h, body)
+	e, err := bus.Decode(subject, h, body)
 	if err != nil {
 		return nil, false
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/readapi"
 )
 

@@ -1,31 +1,39 @@
 package client
 
 import (
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/skills"
 )
 
-// The wire types a client reads, named here so that code outside the
-// module can name them (they are the data of the events documented in
-// docs/events.md and schemas/).
+// The wire types a client reads, named here for convenience: each event
+// type is an alias of the public package
+// [github.com/actionbus/actionbus/events], whose documentation shows its
+// fields (go doc github.com/actionbus/actionbus/events AuditRecorded).
+// They are the data of the events documented in docs/events.md and
+// schemas/.
 type (
 	// AuditRecord is one record of the audit stream
-	// (io.actionbus.audit.recorded): minimized, hash-chained per run.
+	// (io.actionbus.audit.recorded): minimized, hash-chained per run. It
+	// is [events.AuditRecorded].
 	AuditRecord = events.AuditRecorded
 	// Skill is a bundled agent skill of the catalog: its SKILL.md front
 	// matter (name, description, version, tools, handoff targets), its
 	// instructions, and the pool whose executors host its tools.
 	Skill = skills.Skill
 	// ApprovalContext is what an approval token signs: the approval id,
-	// run, step, user, action, input hash, dry-run hash and expiry.
+	// run, step, user, action, input hash, dry-run hash and expiry. It is
+	// [events.ApprovalContext].
 	ApprovalContext = events.ApprovalContext
 	// Permission is an action's normalized permission metadata.
 	Permission = actions.NormalizedPermission
-	// RequestEvent is the data of a run.requested event.
+	// RequestEvent is the data of a run.requested event: it is
+	// [events.RunRequested].
 	RequestEvent = events.RunRequested
-	// Decision is one planner decision: action, plan, clarify or final.
+	// Decision is one planner decision: action, plan, clarify or final. It
+	// is [events.Decision].
 	Decision = events.Decision
-	// Observation is what the planner saw of one executed action.
+	// Observation is what the planner saw of one executed action. It is
+	// [events.Observation].
 	Observation = events.Observation
 )

@@ -10,7 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // An executor never writes the catalog: it announces what it hosts on its
@@ -125,7 +126,7 @@ func (e *Executor) announceOne(ctx context.Context, a events.PoolAnnounced) erro
 	if err != nil {
 		return fmt.Errorf("executor: announce: %w", err)
 	}
-	msg, err := events.Encode(subject, ev, events.ModeBinary)
+	msg, err := bus.Encode(subject, ev, bus.ModeBinary)
 	if err != nil {
 		return fmt.Errorf("executor: announce: %w", err)
 	}

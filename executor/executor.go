@@ -29,9 +29,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/artifacts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/limits"
 )
 
@@ -111,7 +112,7 @@ func (c *Config) setDefaults() {
 	}
 
 	if c.Pool == "" {
-		c.Pool = events.DefaultPool
+		c.Pool = bus.DefaultPool
 	}
 	if c.Slots <= 0 {
 		c.Slots = 8
@@ -143,8 +144,8 @@ type Executor struct {
 	cfg  Config
 	nc   *nats.Conn
 	js   jetstream.JetStream
-	bus  *events.Bus
-	topo events.Topology
+	bus  *bus.Bus
+	topo bus.Topology
 	reg  *actions.Registry
 	log  *slog.Logger
 
@@ -214,7 +215,7 @@ func (e *Executor) Publish(ctx context.Context) error {
 // New returns an executor using nc. It does not touch the server until Run.
 func New(nc *nats.Conn, cfg Config) (*Executor, error) {
 	cfg.setDefaults()
-	topo := events.Topology{Prefix: cfg.Prefix, Pools: []string{cfg.Pool}}
+	topo := bus.Topology{Prefix: cfg.Prefix, Pools: []string{cfg.Pool}}
 	if err := topo.Validate(); err != nil {
 		return nil, err
 	}
@@ -228,12 +229,12 @@ func New(nc *nats.Conn, cfg Config) (*Executor, error) {
 	// this package, not by handlers (a handler's output is checked against
 	// its action's output schema first), and the dispatcher validates
 	// every result it receives: the bus checks only the envelope.
-	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/executor/" + cfg.Pool, Logger: log, ReceiverValidates: true})
+	eb, err := bus.Open(nc, bus.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/executor/" + cfg.Pool, Logger: log, ReceiverValidates: true})
 	if err != nil {
 		return nil, err
 	}
-	js := bus.JetStream()
-	return &Executor{cfg: cfg, nc: nc, js: js, bus: bus, topo: topo, reg: actions.NewRegistry(), log: log, ready: make(chan struct{}),
+	js := eb.JetStream()
+	return &Executor{cfg: cfg, nc: nc, js: js, bus: eb, topo: topo, reg: actions.NewRegistry(), log: log, ready: make(chan struct{}),
 		inflight: map[string]map[string]context.CancelCauseFunc{}}, nil
 }
 
@@ -334,7 +335,10 @@ type Call struct {
 }
 
 // ArtifactRef names a stored artifact: id, role, media type, size, SHA-256
-// and a bounded preview (Truncated when the preview is not all of it).
+// and a bounded preview (Truncated when the preview is not all of it). It
+// is [events.ArtifactRef] of the public package
+// github.com/actionbus/actionbus/events, whose documentation shows its
+// fields.
 type ArtifactRef = events.ArtifactRef
 
 // ErrNoArtifactStore is returned by [Call.PutArtifact] outside an
@@ -353,7 +357,10 @@ func (c Call) PutArtifact(ctx context.Context, role, mediaType string, data []by
 	return c.putArtifact(ctx, role, mediaType, data)
 }
 
-// Approval is a verified approval as a handler sees it.
+// Approval is a verified approval as a handler sees it. It is
+// [events.ApprovalGrant] of the public package
+// github.com/actionbus/actionbus/events, whose documentation shows its
+// fields.
 type Approval = events.ApprovalGrant
 
 // Result is what a handler returns. Complete ends the run with Output.
@@ -436,7 +443,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	if err := e.Publish(ctx); err != nil {
 		return err
 	}
-	cons, err := e.js.Consumer(ctx, e.topo.StreamWork(), events.PoolConsumer(e.cfg.Pool))
+	cons, err := e.js.Consumer(ctx, e.topo.StreamWork(), bus.PoolConsumer(e.cfg.Pool))
 	if err != nil {
 		return err
 	}
@@ -457,7 +464,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	// does not finish in time is canceled with errShutdown and handed back.
 	handlerCtx, cancelHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelHandlers(nil)
-	ackWait := events.DefaultAckWait
+	ackWait := bus.DefaultAckWait
 	if info, err := cons.Info(ctx); err == nil && info.Config.AckWait > 0 {
 		ackWait = info.Config.AckWait
 	}
@@ -576,10 +583,10 @@ func (e *Executor) presenceKey() string { return e.cfg.Pool + "." + e.cfg.ID }
 // present keeps the executor's presence in its pool's presence bucket.
 func (e *Executor) present(ctx context.Context, kv jetstream.KeyValue) {
 	val, _ := json.Marshal(map[string]any{"id": e.cfg.ID, "pool": e.cfg.Pool, "slots": e.cfg.Slots, "startedAt": time.Now().UTC()})
-	tick := time.NewTicker(events.PresenceTTL / 3)
+	tick := time.NewTicker(bus.PresenceTTL / 3)
 	defer tick.Stop()
 	for {
-		pctx, cancel := events.Bounded(ctx)
+		pctx, cancel := bus.Bounded(ctx)
 		_, err := kv.Put(pctx, e.presenceKey(), val)
 		cancel()
 		if err != nil && ctx.Err() == nil {

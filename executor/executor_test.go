@@ -14,8 +14,8 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/registrar"
 )
 
@@ -144,14 +144,14 @@ func startRegistrar(t *testing.T, srv *actionbustest.Server) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	bus, err := events.Open(srv.Conn, events.BusConfig{Source: "/actionbus/dispatcher/test"})
+	eb, err := bus.Open(srv.Conn, bus.BusConfig{Source: "/actionbus/dispatcher/test"})
 	require.NoError(t, err)
-	topo := events.Topology{}
+	topo := bus.Topology{}
 	cat, err := srv.JS.KeyValue(ctx, topo.BucketCatalog())
 	require.NoError(t, err)
 	owners, err := srv.JS.KeyValue(ctx, topo.BucketCatalogOwners())
 	require.NoError(t, err)
-	require.NoError(t, registrar.New(bus, cat, owners, nil).Serve(ctx, srv.Conn))
+	require.NoError(t, registrar.New(eb, cat, owners, nil).Serve(ctx, srv.Conn))
 }
 
 func TestSameVersionWithAnotherDefinitionConflicts(t *testing.T) {
@@ -250,9 +250,9 @@ func TestAnExecutorAnnouncingAnotherPoolsActionDoesNotStart(t *testing.T) {
 
 	// The catalog as the registrar wrote it (no dispatcher, so no read
 	// service, runs here).
-	kv, err := srv.JS.KeyValue(ctxT(t), events.Topology{}.BucketCatalog())
+	kv, err := srv.JS.KeyValue(ctxT(t), bus.Topology{}.BucketCatalog())
 	require.NoError(t, err)
-	list, err := actions.NewCatalog(kv).List(ctxT(t))
+	list, err := actionstore.NewCatalog(kv).List(ctxT(t))
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, "payments", list[0].Pool)

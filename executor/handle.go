@@ -14,9 +14,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/artifacts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/jsoncodec"
 	"github.com/actionbus/actionbus/internal/payload"
 	"github.com/actionbus/actionbus/internal/policy"
@@ -104,7 +105,7 @@ func (e *Executor) pullFailed(ctx context.Context, err error) {
 func (e *Executor) handle(ctx context.Context, msg jetstream.Msg) {
 	rec, err := e.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
 	if err != nil {
-		if rerr := e.bus.Reject(context.WithoutCancel(ctx), msg, events.PoolConsumer(e.cfg.Pool), err); rerr != nil {
+		if rerr := e.bus.Reject(context.WithoutCancel(ctx), msg, bus.PoolConsumer(e.cfg.Pool), err); rerr != nil {
 			_ = msg.NakWithDelay(time.Second)
 			return
 		}
@@ -113,7 +114,7 @@ func (e *Executor) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	req, ok := rec.Data.(*events.ActionRequested)
 	if !ok {
-		_ = e.bus.Reject(context.WithoutCancel(ctx), msg, events.PoolConsumer(e.cfg.Pool),
+		_ = e.bus.Reject(context.WithoutCancel(ctx), msg, bus.PoolConsumer(e.cfg.Pool),
 			actionbus.Errorf(actionbus.CodeUnknownEventType, "%s does not belong on a work subject", rec.Event.Type()))
 		_ = msg.Ack()
 		return
@@ -124,13 +125,13 @@ func (e *Executor) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	// The call's span (GenAI execute_tool): a child of the dispatcher's
 	// span that sent it; the handler's context carries it.
-	ctx, span := tracing.Tracer().Start(tracing.Parent(tracing.Extract(ctx, msg.Headers()), rec.TraceRun()), "execute_tool "+req.Action,
+	ctx, span := tracing.Tracer().Start(tracing.Parent(tracing.Extract(ctx, msg.Headers()), tracing.RunFromExtensions(rec.Event.Extensions())), "execute_tool "+req.Action,
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(semconv.GenAIOperationNameExecuteTool, semconv.GenAIToolName(req.Action), semconv.GenAIToolCallID(req.CallID),
 			semconv.GenAIToolTypeKey.String("function"), tracing.RunIDKey.String(req.RunID), tracing.TenantKey.String(events.TenantOr(req.Tenant)),
 			tracing.ExecutorKey.String(e.cfg.ID), tracing.AttemptKey.Int(req.Attempt)))
 	defer span.End()
-	ctx = tracing.WithRun(ctx, rec.TraceRun())
+	ctx = tracing.WithRun(ctx, tracing.RunFromExtensions(rec.Event.Extensions()))
 	out, delay := e.run(ctx, msg, req, deliveries)
 	e.settle(msg, req, out, delay)
 }
@@ -218,7 +219,7 @@ func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.Actio
 		}
 		return outcomeResult, 0
 	}
-	if deliveries >= events.DefaultMaxDeliver {
+	if deliveries >= bus.DefaultMaxDeliver {
 		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeDeliveryExhausted,
 			"delivered %d times without a result; not running it again", deliveries), 0, false)
 	}
@@ -445,7 +446,7 @@ func (e *Executor) heartbeatInterval() time.Duration {
 	if e.heartbeat > 0 {
 		return e.heartbeat
 	}
-	return events.DefaultAckWait / 3
+	return bus.DefaultAckWait / 3
 }
 
 // runHandler runs h, turning a panic into a handler_failed error.

@@ -14,8 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // Idempotency keys (see docs/architecture.md, "Idempotent effects"):
@@ -96,7 +97,7 @@ func (e *Executor) lease(c *idemClaim) {
 			renewed := c.entry
 			renewed.ReservedAt = time.Now().UTC()
 			val, _ := json.Marshal(renewed)
-			ctx, cancel := events.Bounded(context.Background())
+			ctx, cancel := bus.Bounded(context.Background())
 			c.mu.Lock()
 			rev, err := e.idem.Update(ctx, c.key, val, c.revision)
 			if err == nil {
@@ -140,7 +141,7 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 		Action: req.Action, Tenant: events.TenantOr(req.Tenant), UserID: req.UserID, InputHash: inputHash}
 	val, _ := json.Marshal(entry)
 	for attempt := 0; attempt < 5; attempt++ {
-		cctx, cancel := events.Bounded(ctx)
+		cctx, cancel := bus.Bounded(ctx)
 		rev, err := e.idem.Create(cctx, k, val)
 		cancel()
 		if err == nil {
@@ -174,7 +175,7 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 		}
 		e.log.Warn("taking over an abandoned idempotency reservation; the handler runs again with the same key",
 			"call_id", req.CallID, "previous_executor", held.Executor)
-		uctx, cancel := events.Bounded(ctx)
+		uctx, cancel := bus.Bounded(ctx)
 		rev, err = e.idem.Update(uctx, k, val, cur.Revision())
 		cancel()
 		if err == nil {
@@ -255,7 +256,7 @@ func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Resul
 		return err
 	}
 	rev := c.stop()
-	uctx, cancel := events.Bounded(context.WithoutCancel(ctx))
+	uctx, cancel := bus.Bounded(context.WithoutCancel(ctx))
 	defer cancel()
 	_, err = e.idem.Update(uctx, c.key, val, rev)
 	return err
@@ -266,7 +267,7 @@ func (e *Executor) release(c *idemClaim) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rev := c.stop()
-	dctx, cancel := events.Bounded(ctx)
+	dctx, cancel := bus.Bounded(ctx)
 	defer cancel()
 	if err := e.idem.Delete(dctx, c.key, jetstream.LastRevision(rev)); err != nil {
 		e.log.Warn("idempotency key not released", "err", err)

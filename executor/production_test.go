@@ -19,9 +19,10 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/artifacts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 type blobOut struct {
@@ -50,8 +51,8 @@ func TestLargeOutputsBecomeArtifactsThatReadBackExactly(t *testing.T) {
 
 	// The executor stored it in its pool's store, recorded as the run's
 	// tenant's (the read service reads it with artifacts.Read).
-	assert.Equal(t, events.Topology{}.PoolArtifacts("default"), ref["store"])
-	got, err := artifacts.Read(ctx, srv.JS, events.Topology{}, "default", events.ArtifactRef{ID: ref["id"].(string),
+	assert.Equal(t, bus.Topology{}.PoolArtifacts("default"), ref["store"])
+	got, err := artifacts.Read(ctx, srv.JS, bus.Topology{}, "default", events.ArtifactRef{ID: ref["id"].(string),
 		Store: ref["store"].(string), SHA256: ref["sha256"].(string)})
 	require.NoError(t, err)
 	want := []byte(`{"blob":"` + blob + `"}`)
@@ -59,10 +60,10 @@ func TestLargeOutputsBecomeArtifactsThatReadBackExactly(t *testing.T) {
 	assert.Equal(t, res.RunID, got.RunID)
 	wantSum := sha256.Sum256(want)
 	assert.Equal(t, hex.EncodeToString(wantSum[:]), ref["sha256"])
-	byID, err := artifacts.ReadByID(ctx, srv.JS, events.Topology{}, "default", ref["id"].(string))
+	byID, err := artifacts.ReadByID(ctx, srv.JS, bus.Topology{}, "default", ref["id"].(string))
 	require.NoError(t, err)
 	assert.True(t, bytes.Equal(want, byID.Data))
-	_, err = artifacts.Read(ctx, srv.JS, events.Topology{}, "acme", events.ArtifactRef{ID: ref["id"].(string), Store: ref["store"].(string)})
+	_, err = artifacts.Read(ctx, srv.JS, bus.Topology{}, "acme", events.ArtifactRef{ID: ref["id"].(string), Store: ref["store"].(string)})
 	assert.ErrorIs(t, err, actionbus.ErrArtifactNotFound, "another tenant reads nothing")
 }
 
@@ -137,7 +138,7 @@ func TestATimedOutHandlerKeepsItsIdempotencyKeyUntilItReturns(t *testing.T) {
 	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "test.stubborn", IdempotencyKey: "k-1"}}, nil)
 	require.NoError(t, err)
 	require.ErrorIs(t, res.Error, actionbus.ErrTimeout)
-	kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketIdempotency("default"))
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketIdempotency("default"))
 	require.NoError(t, err)
 	// The bucket key: <pool>.<tenant>.<sha256 of the key>.
 	sum := sha256.Sum256([]byte("k-1"))

@@ -2,7 +2,7 @@
 // every actionbus event type, so that every binary validates against the
 // same files that other languages read from this folder.
 //
-// It holds files only; validation is done by internal/events.
+// It holds files only; validation is done by package events.
 package schemas
 
 import "embed"

@@ -10,8 +10,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/accounts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // shipped is accounts.conf as shipped: the services' account and the
@@ -79,7 +80,7 @@ func WithTenants(tenants ...string) string {
 			all = append(all, t)
 		}
 	}
-	return header + accounts.StaticConfig(events.DefaultPrefix, all, accounts.Limits{}, events.DefaultPool)
+	return header + accounts.StaticConfig(events.DefaultPrefix, all, accounts.Limits{}, bus.DefaultPool)
 }
 
 // Accounts is accounts.conf as shipped.

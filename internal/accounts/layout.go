@@ -19,7 +19,8 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // ServiceAccount is the name of the services' account.
@@ -204,7 +205,7 @@ type User struct {
 // ExecutorUser returns the name of pool's executor user: "executor" for
 // the default pool, "executor-<pool>" otherwise.
 func ExecutorUser(pool string) string {
-	if pool == events.DefaultPool {
+	if pool == bus.DefaultPool {
 		return "executor"
 	}
 	return "executor-" + pool
@@ -215,7 +216,7 @@ func ExecutorUser(pool string) string {
 // executor user per pool, with the permissions of [serviceUsers].
 func ServiceUsers(pools ...string) []User {
 	if len(pools) == 0 {
-		pools = []string{events.DefaultPool}
+		pools = []string{bus.DefaultPool}
 	}
 	var out []User
 	for _, u := range serviceUsers {

@@ -8,8 +8,8 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/accounts"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // A tenant imports exactly what ACTIONBUS exports, with the tenant

@@ -19,9 +19,10 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/accounts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/ingress"
 )
 
@@ -76,7 +77,7 @@ func unrestricted(t *testing.T, s *actionbustest.Server, account string) *nats.C
 // nothing of another tenant nor any JetStream API.
 func TestTenantAddedAtRunTimeCrossesOnlyItsOwnImports(t *testing.T) {
 	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
-	topo := events.Topology{Prefix: s.Prefix}
+	topo := bus.Topology{Prefix: s.Prefix}
 	srv := s.NATS
 
 	serveIngress(t, s.ServiceConnect(t, "dispatcher"))
@@ -382,7 +383,7 @@ func TestAnImportOfAnotherTenantsSubjectsWithoutItsActivationIsRefused(t *testin
 	if _, err := m.Request("ab.run.globex."+run+".requested", []byte(`{}`), time.Second); !errors.Is(err, nats.ErrNoResponders) {
 		t.Errorf("mallory's request on globex's subject: %v, want no responders", err)
 	}
-	topo := events.Topology{Prefix: s.Prefix}
+	topo := bus.Topology{Prefix: s.Prefix}
 	if n := s.Stored(t, topo.StreamRequests(), "ab.run.globex.>"); n != 0 {
 		t.Fatalf("mallory stored %d globex requests", n)
 	}

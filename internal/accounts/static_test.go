@@ -14,9 +14,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/accounts"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/embedded"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // The static accounts.conf rendered from the layout is a valid server
@@ -64,7 +65,7 @@ func TestStaticConfigRenderedFromTheLayoutCrosses(t *testing.T) {
 	js, _ := jetstream.New(admin)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	topo := events.Topology{Prefix: "ab"}
+	topo := bus.Topology{Prefix: "ab"}
 	if err := topo.Provision(ctx, js); err != nil {
 		t.Fatal(err)
 	}

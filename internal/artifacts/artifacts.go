@@ -1,7 +1,7 @@
 // Package artifacts stores and reads large outputs in the deployment's
 // object stores: each pool's executors write their pool's store
-// (events.Topology.PoolArtifacts), the dispatcher writes the services'
-// store (events.Topology.BucketArtifacts). Every object records the tenant
+// (bus.Topology.PoolArtifacts), the dispatcher writes the services'
+// store (bus.Topology.BucketArtifacts). Every object records the tenant
 // and the run it belongs to, and a reference names the store that holds
 // it (events.ArtifactRef.Store).
 //
@@ -24,7 +24,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // Metadata keys of every artifact object.
@@ -108,7 +109,7 @@ func Owned(meta map[string]string, tenant string) bool {
 // match ref.SHA256 when the reference has one. Anything else is
 // artifact_not_found (one answer, so a tenant learns nothing of other
 // tenants' artifacts), or artifact_mismatch for bytes that changed.
-func Read(ctx context.Context, js jetstream.JetStream, topo events.Topology, tenant string, ref events.ArtifactRef) (*Artifact, error) {
+func Read(ctx context.Context, js jetstream.JetStream, topo bus.Topology, tenant string, ref events.ArtifactRef) (*Artifact, error) {
 	name := ref.Store
 	if name == "" {
 		name = topo.BucketArtifacts()
@@ -159,7 +160,7 @@ func Read(ctx context.Context, js jetstream.JetStream, topo events.Topology, ten
 // stores hold for tenant is refused (artifact_not_found): a pool cannot
 // shadow another pool's artifact by planting one under its id. Prefer
 // [Read] with the reference.
-func ReadByID(ctx context.Context, js jetstream.JetStream, topo events.Topology, tenant, id string) (*Artifact, error) {
+func ReadByID(ctx context.Context, js jetstream.JetStream, topo bus.Topology, tenant, id string) (*Artifact, error) {
 	ref := events.ArtifactRef{ID: id}
 	if id == "" {
 		return nil, notFound(ref)

@@ -12,8 +12,9 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/artifacts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 func TestOwned(t *testing.T) {
@@ -42,7 +43,7 @@ func TestReadGivesATenantOnlyItsOwnArtifacts(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{Pools: []string{"default", "gpu"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	topo := events.Topology{}
+	topo := bus.Topology{}
 	gpu, err := artifacts.Open(ctx, srv.JS, topo.PoolArtifacts("gpu"))
 	require.NoError(t, err)
 	ref, err := artifacts.Put(ctx, gpu, artifacts.Owner{Tenant: "acme", RunID: "r1"}, "out-1", "output", "text/plain", []byte("acme's report"), 4)

@@ -9,11 +9,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // acks settles the messages of one ack-all auditor consumer for
-// [events.Bus.Serve] ([events.AckAllSettler]): an [ackWindow] decides,
+// [bus.Bus.Serve] ([bus.AckAllSettler]): an [ackWindow] decides,
 // and acks acknowledges the message it names, at most once per
 // Config.AckEvery, so that one acknowledgement covers the events of many
 // appends.
@@ -27,7 +27,7 @@ type acks struct {
 	win  *ackWindow[jetstream.Msg]
 	kick chan struct{}
 	// again is the last stream sequence the consumer this one replaced
-	// had delivered ([events.MetaDeliveredBefore]): a message up to it
+	// had delivered ([bus.MetaDeliveredBefore]): a message up to it
 	// may have its record stored although it is delivered for the first
 	// time.
 	again uint64
@@ -39,13 +39,13 @@ func newAcks(name string, cons jetstream.Consumer, every time.Duration, log *slo
 	info := cons.CachedInfo()
 	a := &acks{name: name, cons: cons, every: every, log: log, kick: make(chan struct{}, 1),
 		win: newAckWindow[jetstream.Msg](info.AckFloor.Stream, info.Delivered.Stream, info.NumAckPending)}
-	if v, ok := info.Config.Metadata[events.MetaDeliveredBefore]; ok {
+	if v, ok := info.Config.Metadata[bus.MetaDeliveredBefore]; ok {
 		a.again, _ = strconv.ParseUint(v, 10, 64)
 	}
 	return a
 }
 
-// Take implements [events.AckAllSettler].
+// Take implements [bus.AckAllSettler].
 func (a *acks) Take(msg jetstream.Msg) bool {
 	md, err := msg.Metadata()
 	if err != nil {
@@ -62,7 +62,7 @@ func (a *acks) Take(msg jetstream.Msg) bool {
 	return handle
 }
 
-// Done implements [events.AckAllSettler].
+// Done implements [bus.AckAllSettler].
 func (a *acks) Done(msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err != nil {
@@ -77,7 +77,7 @@ func (a *acks) Done(msg jetstream.Msg) {
 	}
 }
 
-// Failed implements [events.AckAllSettler].
+// Failed implements [bus.AckAllSettler].
 func (a *acks) Failed(msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err != nil {
@@ -115,7 +115,7 @@ func (a *acks) ack() {
 func (a *acks) run(ctx context.Context, served <-chan struct{}) {
 	wait := a.cons.CachedInfo().Config.AckWait
 	if wait <= 0 {
-		wait = events.DefaultAckWait
+		wait = bus.DefaultAckWait
 	}
 	check := time.NewTicker(wait)
 	defer check.Stop()

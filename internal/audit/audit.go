@@ -26,9 +26,11 @@ import (
 	"github.com/nats-io/nkeys"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/canonical"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/payload"
 )
@@ -75,8 +77,8 @@ type Config struct {
 type Service struct {
 	cfg    Config
 	js     jetstream.JetStream
-	bus    *events.Bus
-	topo   events.Topology
+	bus    *bus.Bus
+	topo   bus.Topology
 	log    *slog.Logger
 	stream jetstream.Stream
 	build  *Builder
@@ -140,7 +142,7 @@ func (c *Config) Validate() error {
 	if err := c.Payload.Validate(); err != nil {
 		return err
 	}
-	return events.Topology{Prefix: c.Prefix}.Validate()
+	return bus.Topology{Prefix: c.Prefix}.Validate()
 }
 
 func New(nc *nats.Conn, cfg Config) (*Service, error) {
@@ -149,7 +151,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("service", "auditor")
-	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/auditor", Logger: log, ReceiverValidates: true})
+	eb, err := bus.Open(nc, bus.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/auditor", Logger: log, ReceiverValidates: true})
 	if err != nil {
 		return nil, err
 	}
@@ -163,8 +165,8 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("audit: auditor key: %w", err)
 	}
 	pub, _ := key.PublicKey()
-	js := bus.JetStream()
-	s := &Service{key: key, pub: pub, cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log,
+	js := eb.JetStream()
+	s := &Service{key: key, pub: pub, cfg: cfg, js: js, bus: eb, topo: bus.Topology{Prefix: cfg.Prefix}, log: log,
 		build: &Builder{Defaults: cfg.Payload, Prefix: cfg.Prefix}}
 	// A record takes at most an eighth of the server's max payload, an
 	// append at most half: the seal, the envelope and the headers fit in
@@ -191,7 +193,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	view, err := actions.NewCatalog(catKV).Watch(ctx)
+	view, err := actionstore.NewCatalog(catKV).Watch(ctx)
 	if err != nil {
 		return err
 	}
@@ -216,7 +218,7 @@ func (s *Service) Run(ctx context.Context) error {
 		name := c.Config.Durable
 		// A run's events are audited in the order they were stored, so
 		// its chain ends with its terminal record.
-		opts := events.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency, OrderBy: s.bus.Subjects().RunIDFromSubject}
+		opts := bus.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency, OrderBy: s.bus.Subjects().RunIDFromSubject}
 		if s.cfg.Metrics != nil {
 			opts.Observer = s.cfg.Metrics
 		}

@@ -6,8 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 func chain(n int) []events.AuditRecorded {

@@ -13,7 +13,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/keymutex"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
@@ -237,7 +238,7 @@ func (c *chains) appendEach(ctx context.Context, part batch) error {
 // isPermanent reports whether an append was refused for good: retrying
 // it could only be refused again.
 func isPermanent(err error) bool {
-	return events.IsPermanent(err)
+	return bus.IsPermanent(err)
 }
 
 // inStoredOrder orders the batch's records by when their events were
@@ -310,7 +311,7 @@ func (c *chains) forget(chain string) {
 // handler returns the handler of a consumer settled by a (nil: each event
 // acknowledged): it builds an event's record and queues it on its run's
 // chain; the event is settled once the record is stored.
-func (s *Service) handler(a *acks) events.HandlerFunc {
+func (s *Service) handler(a *acks) bus.HandlerFunc {
 	return func(_ context.Context, r *events.Received, msg jetstream.Msg) error {
 		rec := s.build.Record(r)
 		size := Fit(&rec, len(r.Event.Data()), s.maxRecord)
@@ -326,7 +327,7 @@ func (s *Service) handler(a *acks) events.HandlerFunc {
 				again = md.NumDelivered > 1 || a != nil && a.maybeStored(md)
 			}
 		}
-		return events.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, size, stored, again, r.TraceRun()))
+		return bus.Later(s.chains.add(s.bus.Subjects().RunAudit(tenant, rec.RunID), tenant, rec, size, stored, again, tracing.RunFromExtensions(r.Event.Extensions())))
 	}
 }
 
@@ -376,18 +377,18 @@ func (s *Service) append(ctx context.Context, b *batch) error {
 		}
 		recs = markDuplicates(h.outcomes, recs)
 		if err := s.seal(&h, recs); err != nil {
-			return events.Permanent(err)
+			return bus.Permanent(err)
 		}
 		data := &events.AuditAppended{RunID: b.runID, Tenant: recs[0].Tenant, Records: recs}
 		e, err := s.bus.New(events.TypeAuditAppended, appendID(recs), b.tenant, b.runID, data)
 		if err != nil {
-			return events.Permanent(err)
+			return bus.Permanent(err)
 		}
 		// One writer per chain: the append fails if any message of the
 		// run was stored after the head it extends.
 		ack, err := s.bus.Publish(ctx, subject, e, jetstream.WithExpectLastSequenceForSubject(h.seq, b.chain))
 		if actionbus.CodeOf(err) == actionbus.CodePayloadTooLarge {
-			return events.Permanent(err) // the same records are as large next time
+			return bus.Permanent(err) // the same records are as large next time
 		}
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {

@@ -13,9 +13,10 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 func registerEcho(ex *executor.Executor) error {
@@ -62,7 +63,7 @@ func appendsOf(t *testing.T, srv *actionbustest.Server, runID string) [][]events
 	require.NoError(t, err)
 	var out [][]events.AuditRecorded
 	for m := range batch.Messages() {
-		e, err := events.Decode(m.Subject(), m.Headers(), m.Data())
+		e, err := bus.Decode(m.Subject(), m.Headers(), m.Data())
 		require.NoError(t, err)
 		recs := actionbustest.Recorded{Subject: m.Subject(), Event: e}.AuditRecords()
 		require.NotEmpty(t, recs, "message %s holds audit records", m.Subject())
@@ -154,7 +155,7 @@ func TestEventsDeliveredAgainAreNotRecordedTwice(t *testing.T) {
 	require.Len(t, before, 1)
 
 	// Every auditor consumer starts over from the first event.
-	topo := events.Topology{}
+	topo := bus.Topology{}
 	for _, c := range topo.Consumers() {
 		if !strings.HasPrefix(c.Config.Durable, "auditor-") {
 			continue
@@ -201,8 +202,8 @@ func TestTheAuditorSendsFewerMessagesThanARunHasEvents(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- a.Run(actx) }()
 	t.Cleanup(func() { stop(); <-done })
-	consumers := events.Topology{}.Needs("auditor", "").Consumers
-	consumerInfo := func(c events.ConsumerSpec) *jetstream.ConsumerInfo {
+	consumers := bus.Topology{}.Needs("auditor", "").Consumers
+	consumerInfo := func(c bus.ConsumerSpec) *jetstream.ConsumerInfo {
 		cons, err := srv.JS.Consumer(ctx, c.Stream, c.Config.Durable)
 		require.NoError(t, err)
 		info, err := cons.Info(ctx)

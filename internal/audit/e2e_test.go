@@ -22,9 +22,10 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/payload"
 )
 
@@ -234,9 +235,9 @@ func TestASinkStoppedMidRunCatchesUpWithoutLossOrDuplicates(t *testing.T) {
 	st := srv.StartStack(t, actionbustest.StackOptions{Register: registerSecretActions(&flaky)})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	bus, err := events.Open(srv.Connect(t), events.BusConfig{Source: "/test/sinks"})
+	eb, err := bus.Open(srv.Connect(t), bus.BusConfig{Source: "/test/sinks"})
 	require.NoError(t, err)
-	topo := events.Topology{Prefix: "ab"}
+	topo := bus.Topology{Prefix: "ab"}
 
 	startSinks := func() (stop func()) {
 		jsonl, err := audit.OpenJSONL(jsonlPath)
@@ -249,7 +250,7 @@ func TestASinkStoppedMidRunCatchesUpWithoutLossOrDuplicates(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := audit.RunSink(sctx, bus, topo, s); err != nil && sctx.Err() == nil {
+				if err := audit.RunSink(sctx, eb, topo, s); err != nil && sctx.Err() == nil {
 					t.Errorf("sink %s: %v", s.Name(), err)
 				}
 			}()

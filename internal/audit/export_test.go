@@ -3,7 +3,7 @@ package audit
 import (
 	"encoding/base64"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // SealForTest makes recs one format-2 append after a chain ending with

@@ -9,8 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 const fitLimit = 64 << 10
@@ -87,7 +88,7 @@ func TestFitBoundsARecordAndKeepsWhatItRecords(t *testing.T) {
 func TestStrippedKeepsTheEventAndDropsThePayloads(t *testing.T) {
 	rec := record()
 	rec.Output, rec.Summary = strings.Repeat("x", 1<<20), "fine"
-	s := audit.Stripped(rec, events.Permanent(assert.AnError))
+	s := audit.Stripped(rec, bus.Permanent(assert.AnError))
 	assert.Nil(t, s.Output)
 	assert.Equal(t, rec.EventID, s.EventID)
 	assert.Equal(t, rec.Kind, s.Kind)

@@ -3,7 +3,7 @@ package audit
 import (
 	"strconv"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // StatusDuplicate is the status of an action record for a result that came

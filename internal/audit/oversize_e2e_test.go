@@ -11,9 +11,10 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // TestAnOversizedRecordIsStoredHashedAndTheChainStaysWhole: an executor
@@ -44,7 +45,7 @@ func TestAnOversizedRecordIsStoredHashedAndTheChainStaysWhole(t *testing.T) {
 		return r.Event != nil && r.Type() == events.TypeActionCompleted && events.DataAs(r.Event, &done) == nil && done.RunID == res.RunID
 	})
 
-	forger, err := events.Open(srv.Connect(t), events.BusConfig{Source: "/forger"})
+	forger, err := bus.Open(srv.Connect(t), bus.BusConfig{Source: "/forger"})
 	require.NoError(t, err)
 	forged := done
 	forged.Output = strings.Repeat("<", 100_000)

@@ -10,8 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/jsoncodec"
 	"github.com/actionbus/actionbus/internal/payload"
 )

@@ -6,7 +6,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // A rejected event is audited under the tenant of the subject it was

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // FormatSigned is the chain format of signed records (the record field

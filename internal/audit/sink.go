@@ -16,7 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	_ "modernc.org/sqlite" // the pure-Go SQLite driver "sqlite"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // Sink stores audit records durably, outside NATS. Each sink is fed by
@@ -54,15 +55,15 @@ type SinkRecord struct {
 // is redelivered before any later one and "at or below the last stored
 // sequence" always means "stored"; a stop between fetches leaves nothing
 // pending, so a restarted sink resumes at once.
-func RunSink(ctx context.Context, bus *events.Bus, topo events.Topology, sink Sink) error {
-	js := bus.JetStream()
+func RunSink(ctx context.Context, eb *bus.Bus, topo bus.Topology, sink Sink) error {
+	js := eb.JetStream()
 	name := "sink-" + sink.Name()
 	ackWait := topo.AckWait
 	if ackWait == 0 || ackWait > 10*time.Second {
 		ackWait = 10 * time.Second // bounds the wait after a crash mid-write
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, topo.StreamAudit(), jetstream.ConsumerConfig{
-		Durable: name, Description: "audit sink " + sink.Name(), FilterSubject: bus.Subjects().AllAudit(),
+		Durable: name, Description: "audit sink " + sink.Name(), FilterSubject: eb.Subjects().AllAudit(),
 		AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
 		MaxDeliver: -1, MaxAckPending: 1, AckWait: ackWait,
 	})
@@ -84,7 +85,7 @@ func RunSink(ctx context.Context, bus *events.Bus, topo events.Topology, sink Si
 			return fmt.Errorf("audit: sink %s: %w", sink.Name(), err)
 		}
 		for msg := range batch.Messages() {
-			seq, werr := store(wctx, bus, sink, msg, last)
+			seq, werr := store(wctx, eb, sink, msg, last)
 			if werr != nil {
 				_ = msg.NakWithDelay(time.Second)
 				continue
@@ -98,7 +99,7 @@ func RunSink(ctx context.Context, bus *events.Bus, topo events.Topology, sink Si
 
 // store writes one audit message unless it is stored already, returning
 // its stream sequence.
-func store(ctx context.Context, bus *events.Bus, sink Sink, msg jetstream.Msg, last uint64) (uint64, error) {
+func store(ctx context.Context, eb *bus.Bus, sink Sink, msg jetstream.Msg, last uint64) (uint64, error) {
 	md, err := msg.Metadata()
 	if err != nil {
 		return 0, err
@@ -107,7 +108,7 @@ func store(ctx context.Context, bus *events.Bus, sink Sink, msg jetstream.Msg, l
 	if seq <= last {
 		return seq, nil // stored before a restart or a lost ack
 	}
-	r, err := bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
+	r, err := eb.Receive(msg.Subject(), msg.Headers(), msg.Data())
 	if err == nil {
 		var recs []events.AuditRecorded
 		if recs, err = events.AuditRecordsOf(r); err == nil {
@@ -116,7 +117,7 @@ func store(ctx context.Context, bus *events.Bus, sink Sink, msg jetstream.Msg, l
 	}
 	// Not a valid record (the auditor never writes one): it goes to the
 	// rejected stream with the reason, as every consumer's bad input does.
-	return seq, bus.Reject(ctx, msg, "sink-"+sink.Name(), err)
+	return seq, eb.Reject(ctx, msg, "sink-"+sink.Name(), err)
 }
 
 // JSONLSink appends records to a JSON-lines file, one SinkRecord per line,

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // A crash while a multi-record message was written leaves some of its

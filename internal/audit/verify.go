@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // Finding kinds: why a chain does not verify.

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 func seed(t *testing.T) ([]byte, string) {

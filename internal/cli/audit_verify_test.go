@@ -21,10 +21,11 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/audit"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/cli"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // rewrite drops records drop (indexes) from a run's chain and recomputes
@@ -254,11 +255,11 @@ func TestAuditVerifyNamesAStoredEventWithoutARecord(t *testing.T) {
 
 	// Two events for the run while the auditor is down; the first is
 	// taken off its consumer unrecorded.
-	bus, err := events.Open(srv.Connect(t), events.BusConfig{Source: "/test"})
+	eb, err := bus.Open(srv.Connect(t), bus.BusConfig{Source: "/test"})
 	require.NoError(t, err)
 	note := func() {
 		step := &events.RunStep{RunID: res.RunID, Name: "note", Status: "info", Message: "late note"}
-		_, err := bus.Emit(ctx, events.TypeRunStep, events.NewID(), events.DefaultTenant, res.RunID, "", step)
+		_, err := eb.Emit(ctx, events.TypeRunStep, events.NewID(), events.DefaultTenant, res.RunID, "", step)
 		require.NoError(t, err)
 	}
 	note()
@@ -312,7 +313,7 @@ func TestAuditVerifyHoldsASinkAgainstTheStream(t *testing.T) {
 
 	// An executor answers the call again after the run ended: recorded
 	// as a duplicate, after the terminal record.
-	forger, err := events.Open(srv.Connect(t), events.BusConfig{Source: "/forger"})
+	forger, err := bus.Open(srv.Connect(t), bus.BusConfig{Source: "/forger"})
 	require.NoError(t, err)
 	forged := done
 	forged.Output = map[string]any{"forged": true}

@@ -18,7 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/service"
 	"github.com/actionbus/actionbus/internal/tracing/otlp"
 )

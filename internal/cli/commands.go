@@ -19,8 +19,9 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/workflow"
@@ -41,7 +42,7 @@ provisioning, only its NATS account — see "actionbus tenant add TENANT"
 (operator mode), "actionbus tenant users TENANT" (static config) and
 docs/tenants.md.`,
 		RunE: g.withJetStream(func(cmd *cobra.Command, _ []string, js jetstream.JetStream) error {
-			topo := events.Topology{Prefix: g.prefix, Pools: pools, Replicas: replicas}
+			topo := bus.Topology{Prefix: g.prefix, Pools: pools, Replicas: replicas}
 			if cluster != "" || len(tags) > 0 {
 				topo.Placement = &jetstream.Placement{Cluster: cluster, Tags: tags}
 			}
@@ -60,7 +61,7 @@ docs/tenants.md.`,
 			return nil
 		}),
 	}
-	cmd.Flags().StringSliceVar(&pools, "pool", []string{events.DefaultPool}, "executor pools to provision work consumers for")
+	cmd.Flags().StringSliceVar(&pools, "pool", []string{bus.DefaultPool}, "executor pools to provision work consumers for")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of every stream and bucket (3 on a cluster)")
 	cmd.Flags().StringVar(&cluster, "placement-cluster", "", "place every stream and bucket in this JetStream cluster")
 	cmd.Flags().StringSliceVar(&tags, "placement-tags", nil, "place every stream and bucket on servers with these tags")
@@ -871,7 +872,7 @@ func eventsCmd(g *globals) *cobra.Command {
 			var dropped atomic.Int64
 			sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
 				line := m.Subject
-				if e, err := events.Decode(m.Subject, m.Header, m.Data); err == nil {
+				if e, err := bus.Decode(m.Subject, m.Header, m.Data); err == nil {
 					line = fmt.Sprintf("%s %s %s %s", e.Time().Format(time.RFC3339Nano), e.Type(), e.ID(), m.Subject)
 				} else {
 					line += " (not a cloudevent: " + err.Error() + ")"

@@ -16,14 +16,15 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/builtin"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/demo"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/embedded"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/httpapi"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/policy"
@@ -166,7 +167,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	if err != nil {
 		return err
 	}
-	if err := (events.Topology{Prefix: g.prefix}).Provision(ctx, js); err != nil {
+	if err := (bus.Topology{Prefix: g.prefix}).Provision(ctx, js); err != nil {
 		return err
 	}
 

@@ -20,10 +20,11 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/audit"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/cli"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/llmtest"
 )
 
@@ -368,7 +369,7 @@ scenarios:
 }
 
 func decodeEvent(t *testing.T, m jetstream.Msg) *event.Event {
-	e, err := events.Decode(m.Subject(), m.Headers(), m.Data())
+	e, err := bus.Decode(m.Subject(), m.Headers(), m.Data())
 	require.NoError(t, err)
 	return e
 }

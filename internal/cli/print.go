@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // progress prints a run's events live, one line per step.

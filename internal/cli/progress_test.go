@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/cli"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // TestRunPrintsEveryStepOfEachProgressMessageInOrder: `actionbus run`

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/run"
 )
 
@@ -29,7 +29,7 @@ func runsCmd(g *globals) *cobra.Command {
 		Short: "List runs: status, kind, age and what each waits for (reads the run-state bucket; needs an operator's user)",
 		RunE: g.withJetStream(func(cmd *cobra.Command, _ []string, js jetstream.JetStream) error {
 			ctx := cmd.Context()
-			kv, err := js.KeyValue(ctx, events.Topology{Prefix: g.prefix}.BucketRuns())
+			kv, err := js.KeyValue(ctx, bus.Topology{Prefix: g.prefix}.BucketRuns())
 			if err != nil {
 				return fmt.Errorf("runs: the run-state bucket: %w", err)
 			}

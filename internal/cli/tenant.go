@@ -8,8 +8,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/accounts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/service"
 )
 
@@ -51,7 +52,7 @@ Back the directory up: the operator and ACTIONBUS seeds sign every tenant.`,
 	}
 	initCmd.Flags().StringVar(&dir, "dir", envOr(operatorDirEnv, ""), "operator store directory (env "+operatorDirEnv+")")
 	initCmd.Flags().StringVar(&resolverDir, "resolver-dir", "", "the server's account JWT directory (default DIR/resolver)")
-	initCmd.Flags().StringSliceVar(&pools, "pools", []string{events.DefaultPool}, "executor pools, one executor user each")
+	initCmd.Flags().StringSliceVar(&pools, "pools", []string{bus.DefaultPool}, "executor pools, one executor user each")
 	cmd.AddCommand(initCmd)
 	return cmd
 }

@@ -13,10 +13,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/cli"
 	"github.com/actionbus/actionbus/internal/embedded"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/ingress"
 )
 

@@ -12,9 +12,9 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/demo"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 var key = []byte("0123456789abcdef0123456789abcdef")

@@ -6,7 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // A run's alarm watches its deadlines while it runs; once its end is
@@ -15,7 +16,7 @@ import (
 func TestAnEndedRunsAlarmIsCanceledARunningOnesIsKept(t *testing.T) {
 	srv, _, st, w, _ := startHolding(t)
 	ctx := ctxT(t)
-	topo := events.Topology{}
+	topo := bus.Topology{}
 	schedules := func(runID string) int {
 		return srv.Stored(t, topo.StreamTimers(), topo.Subjects().Schedule(events.DefaultTenant, runID, "*"))
 	}

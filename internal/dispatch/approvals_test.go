@@ -14,8 +14,9 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/stack"
@@ -166,13 +167,13 @@ func TestInvalidTokensAreRefusedAndTheApprovalStaysPending(t *testing.T) {
 	runID, err := st.Client.Start(ctx, restart("mutate"))
 	require.NoError(t, err)
 	id := awaitingApproval(t, rec, runID)
-	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/mallory"})
+	eb, err := bus.NewBus(srv.JS, bus.BusConfig{Source: "/mallory"})
 	require.NoError(t, err)
 	// Signed with a key the dispatcher does not know: refused, and Approve
 	// says so.
 	assert.ErrorIs(t, st.Client.Approve(ctx, id, "k9", []byte("ffffffffffffffffffffffffffffffff")), &actionbus.Error{Code: actionbus.CodeApprovalInvalid})
 	// A token copied from elsewhere.
-	_, err = bus.Emit(ctx, events.TypeApprovalGranted, events.NewID(), events.DefaultTenant, runID, "", &events.ApprovalGranted{RunID: runID, ApprovalID: id, Token: "k1.AAAA"})
+	_, err = eb.Emit(ctx, events.TypeApprovalGranted, events.NewID(), events.DefaultTenant, runID, "", &events.ApprovalGranted{RunID: runID, ApprovalID: id, Token: "k1.AAAA"})
 	require.NoError(t, err)
 	rec.WaitForN(t, 0, 2, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
@@ -277,7 +278,7 @@ func TestRolesComeFromAuthenticationNeverFromMetadata(t *testing.T) {
 func TestAGrantNamesTheKeysHolderNeverATypedName(t *testing.T) {
 	srv, rec, st, _ := startOps(t, actionbustest.StackOptions{})
 	ctx := ctxT(t)
-	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/approver"})
+	eb, err := bus.NewBus(srv.JS, bus.BusConfig{Source: "/approver"})
 	require.NoError(t, err)
 	runID, err := st.Client.Start(ctx, restart("read", "mutate"))
 	require.NoError(t, err)
@@ -289,7 +290,7 @@ func TestAGrantNamesTheKeysHolderNeverATypedName(t *testing.T) {
 	answer := func(approver string) *events.ApprovalResolved {
 		t.Helper()
 		answerID := events.NewID()
-		_, err := bus.Emit(ctx, events.TypeApprovalGranted, answerID, events.DefaultTenant, runID, "",
+		_, err := eb.Emit(ctx, events.TypeApprovalGranted, answerID, events.DefaultTenant, runID, "",
 			&events.ApprovalGranted{RunID: runID, ApprovalID: id, Token: token, Approver: approver})
 		require.NoError(t, err)
 		r := rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {

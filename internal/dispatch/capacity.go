@@ -5,8 +5,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/limits"
+	"github.com/actionbus/actionbus/internal/limits/limitstore"
 	"github.com/actionbus/actionbus/internal/run"
 )
 
@@ -25,7 +27,7 @@ func (e env) Acquire(ctx context.Context, st *run.State, c run.CallState) (run.C
 	if err != nil {
 		return run.Capacity{}, err
 	}
-	bctx, cancel := events.Bounded(ctx)
+	bctx, cancel := bus.Bounded(ctx)
 	defer cancel()
 	g, err := e.d.limits.Acquire(bctx, key, spec, run.LimitRequest(st, c, e.d.cfg.ActionGrace))
 	if err != nil {
@@ -55,7 +57,7 @@ const wakeFirst = 2
 // release frees a call's slot of a limit and wakes the first runs waiting
 // on the key, whichever dispatcher holds them.
 func (d *Dispatcher) release(ctx context.Context, e run.Effect) error {
-	bctx, cancel := events.Bounded(ctx)
+	bctx, cancel := bus.Bounded(ctx)
 	defer cancel()
 	next, err := d.limits.Release(bctx, e.Key, e.CallID, wakeFirst)
 	if err != nil {
@@ -139,6 +141,6 @@ func (d *Dispatcher) openLimits(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.limits = limits.NewStore(kv)
+	d.limits = limitstore.New(kv)
 	return nil
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // A name held by two pools' entries is refused: the run that calls it
@@ -25,7 +25,7 @@ func TestCatalogConflictEndsTheRunPromptly(t *testing.T) {
 	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: echoScenario, Register: echoExecutor, RunDeadline: 5 * time.Minute})
 	setup, cancelSetup := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelSetup()
-	catKV, err := srv.JS.KeyValue(setup, events.Topology{}.BucketCatalog())
+	catKV, err := srv.JS.KeyValue(setup, bus.Topology{}.BucketCatalog())
 	require.NoError(t, err)
 	entry, err := catKV.Get(setup, "default.test.echo")
 	require.NoError(t, err)

@@ -16,7 +16,7 @@ import (
 // write to disk for a one-action run that takes milliseconds.
 //
 // So a new run's alarm is held for Config.AlarmDelay, and with it the run's
-// request, unacknowledged ([events.Later]). When the run ends within the
+// request, unacknowledged ([bus.Later]). When the run ends within the
 // delay its request is acknowledged and no schedule is ever stored; when it
 // does not, the alarm is armed and then the request acknowledged. A crash
 // of the holder leaves the request unacknowledged: redelivered, it finds

@@ -13,9 +13,10 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/dispatch"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // alarmDelay is the dispatchers' AlarmDelay in these tests.
@@ -58,7 +59,7 @@ func timersWritten(t *testing.T, srv *actionbustest.Server) uint64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s, err := srv.JS.Stream(ctx, events.Topology{Prefix: events.DefaultPrefix}.StreamTimers())
+	s, err := srv.JS.Stream(ctx, bus.Topology{Prefix: events.DefaultPrefix}.StreamTimers())
 	require.NoError(t, err)
 	info, err := s.Info(ctx)
 	require.NoError(t, err)
@@ -71,7 +72,7 @@ func requestsPending(t *testing.T, srv *actionbustest.Server) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := srv.JS.Consumer(ctx, events.Topology{Prefix: events.DefaultPrefix}.StreamRequests(), events.ConsumerDispatcherRequests)
+	c, err := srv.JS.Consumer(ctx, bus.Topology{Prefix: events.DefaultPrefix}.StreamRequests(), bus.ConsumerDispatcherRequests)
 	require.NoError(t, err)
 	info, err := c.Info(ctx)
 	require.NoError(t, err)

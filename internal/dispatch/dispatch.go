@@ -33,12 +33,13 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/actions"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
 	"github.com/actionbus/actionbus/internal/artifacts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/ingress"
 	"github.com/actionbus/actionbus/internal/keymutex"
-	"github.com/actionbus/actionbus/internal/limits"
+	"github.com/actionbus/actionbus/internal/limits/limitstore"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/readapi"
@@ -137,27 +138,27 @@ func (c *Config) Validate() error {
 	if c.Concurrency < 1 {
 		return fmt.Errorf("dispatch: Concurrency must be at least 1, got %d", c.Concurrency)
 	}
-	return events.Topology{Prefix: c.Prefix}.Validate()
+	return bus.Topology{Prefix: c.Prefix}.Validate()
 }
 
 // Dispatcher is the dispatcher service.
 type Dispatcher struct {
 	cfg       Config
 	js        jetstream.JetStream
-	bus       *events.Bus
-	topo      events.Topology
+	bus       *bus.Bus
+	topo      bus.Topology
 	log       *slog.Logger
 	locks     *keymutex.Striped
 	runs      jetstream.KeyValue
 	artifacts artifacts.Store
-	cat       *actions.View
+	cat       *actionstore.View
 	catKV     jetstream.KeyValue // skills are read from it
 	ready     chan struct{}
 	cache     *stateCache
 	checkers  *checkerCache
 	policy    atomic.Pointer[policy.Evaluator]
 	machine   *run.Machine
-	limits    *limits.Store
+	limits    *limitstore.Store
 	wakes     *wakeups
 	alarms    *endedAlarms
 	deferred  *deferredAlarms
@@ -191,11 +192,11 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("service", "dispatcher")
-	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/dispatcher/" + cfg.InstanceID, Logger: log, ReceiverValidates: true})
+	eb, err := bus.Open(nc, bus.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/dispatcher/" + cfg.InstanceID, Logger: log, ReceiverValidates: true})
 	if err != nil {
 		return nil, err
 	}
-	d := &Dispatcher{cfg: cfg, js: bus.JetStream(), bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256),
+	d := &Dispatcher{cfg: cfg, js: eb.JetStream(), bus: eb, topo: bus.Topology{Prefix: cfg.Prefix}, log: log, locks: keymutex.New(256),
 		ready: make(chan struct{}), cache: newStateCache(stateCacheEntries), checkers: newCheckerCache(), queues: map[string]*runQueue{}}
 	d.policy.Store(&policy.Evaluator{Config: cfg.Policy})
 	d.wakes = newWakeups(d)
@@ -231,7 +232,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err := registrar.New(d.bus, d.catKV, owners, d.log).Serve(ctx, d.js.Conn()); err != nil {
 		return err
 	}
-	if d.cat, err = actions.NewCatalog(d.catKV).Watch(ctx); err != nil {
+	if d.cat, err = actionstore.NewCatalog(d.catKV).Watch(ctx); err != nil {
 		return err
 	}
 	if err := d.watchPolicy(ctx); err != nil {
@@ -257,7 +258,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	// approvals' answers) live in separate streams.
 	type served struct {
 		cons jetstream.Consumer
-		opts events.ServeOptions
+		opts bus.ServeOptions
 	}
 	var all []served
 	for _, c := range d.topo.Needs("dispatcher", "").Consumers {
@@ -265,11 +266,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		opts := events.ServeOptions{Name: c.Config.Durable, Concurrency: d.cfg.Concurrency}
+		opts := bus.ServeOptions{Name: c.Config.Durable, Concurrency: d.cfg.Concurrency}
 		if d.cfg.Metrics != nil {
 			opts.Observer = d.cfg.Metrics
 		}
-		if c.Config.Durable == events.ConsumerDispatcherRequests {
+		if c.Config.Durable == bus.ConsumerDispatcherRequests {
 			opts.OnReject = d.onRejected
 		}
 		all = append(all, served{cons, opts})
@@ -331,7 +332,7 @@ func (d *Dispatcher) onRejected(ctx context.Context, msg jetstream.Msg, reason e
 func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
 	if req, ok := r.Data.(*events.RunRequested); ok {
 		req.Tenant = r.Tenant // the subject's, which permissions bind
-		ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, r.TraceRun()), "dispatcher run.requested",
+		ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, tracing.RunFromExtensions(r.Event.Extensions())), "dispatcher run.requested",
 			trace.WithSpanKind(trace.SpanKindConsumer),
 			trace.WithAttributes(tracing.RunIDKey.String(req.RunID), tracing.TenantKey.String(r.Tenant), tracing.EventIDKey.String(r.Event.ID())))
 		defer span.End()
@@ -342,7 +343,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 			return err
 		}
 		// The run's trace starts with the caller's span, else with this.
-		if st.Trace = r.TraceRun(); st.Trace == nil {
+		if st.Trace = tracing.RunFromExtensions(r.Event.Extensions()); st.Trace == nil {
 			st.Trace = tracing.RunOf(ctx)
 		}
 		return d.admit(ctx, st, out)
@@ -364,7 +365,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 	st.Outbox = run.Dedupe(run.ArmAdmitted(st, out, time.Now(), d.cfg.ActionGrace))
 	val, err := st.Encode()
 	if err != nil {
-		return events.Permanent(err)
+		return bus.Permanent(err)
 	}
 	if tooLarge := d.stateTooLarge(val); tooLarge != nil {
 		// A request that cannot be held as state: the run is created
@@ -374,10 +375,10 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 		failed.Outbox = fout
 		st = failed
 		if val, err = st.Encode(); err != nil {
-			return events.Permanent(err)
+			return bus.Permanent(err)
 		}
 	}
-	cctx, cancel := events.Bounded(ctx)
+	cctx, cancel := bus.Bounded(ctx)
 	rev, err := d.runs.Create(cctx, st.RunID, val)
 	cancel()
 	if errors.Is(err, jetstream.ErrKeyExists) {
@@ -407,7 +408,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 		d.deferred.take(st.RunID, nil) // the request is redelivered and arms it
 		return err
 	}
-	return events.Later(settled)
+	return bus.Later(settled)
 }
 
 // rearm arms the alarm of the stored run runID again, unless this
@@ -429,7 +430,7 @@ func (d *Dispatcher) rearm(ctx context.Context, runID string) error {
 
 // loadStored reads the stored state of runID from the bucket.
 func (d *Dispatcher) loadStored(ctx context.Context, runID string) (*run.State, jetstream.KeyValueEntry, error) {
-	gctx, cancel := events.Bounded(ctx)
+	gctx, cancel := bus.Bounded(ctx)
 	entry, err := d.runs.Get(gctx, runID)
 	cancel()
 	if err != nil {
@@ -447,7 +448,7 @@ func (d *Dispatcher) loadStored(ctx context.Context, runID string) (*run.State, 
 func decodeState(runID string, b []byte) (run.State, error) {
 	st, err := run.DecodeState(b)
 	if err != nil {
-		return st, events.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
+		return st, bus.Permanent(fmt.Errorf("dispatch: corrupt state of run %s: %w", runID, err))
 	}
 	return st, nil
 }
@@ -651,7 +652,7 @@ func (d *Dispatcher) lead(ctx context.Context, runID string, q *runQueue) {
 		}
 		for _, j := range done {
 			if j.refused != nil {
-				j.done <- events.Rejection(j.refused)
+				j.done <- bus.Rejection(j.refused)
 				continue
 			}
 			j.done <- err
@@ -694,7 +695,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		fresh := !cached || attempt > 0
 		var stored []byte // the state as read from the bucket, when fresh
 		if fresh {
-			gctx, cancel := events.Bounded(ctx)
+			gctx, cancel := bus.Bounded(ctx)
 			entry, err := d.runs.Get(gctx, runID)
 			cancel()
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -778,7 +779,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		st.UpdatedAt = time.Now().UTC()
 		after, err := st.Encode()
 		if err != nil {
-			return nil, events.Permanent(err)
+			return nil, bus.Permanent(err)
 		}
 		if tooLarge := d.stateTooLarge(after); tooLarge != nil {
 			// The new state could never be stored: the run fails from the
@@ -792,15 +793,15 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			st.Outbox = run.Dedupe(append(d.carriedOutbox(st, revision), run.Arm(st, d.machine.FailWith(st, tooLarge), time.Now())...))
 			st.UpdatedAt = time.Now().UTC()
 			if after, err = st.Encode(); err != nil {
-				return nil, events.Permanent(err)
+				return nil, bus.Permanent(err)
 			}
 		}
-		uctx, cancel := events.Bounded(ctx)
+		uctx, cancel := bus.Bounded(ctx)
 		rev, err := d.runs.Update(uctx, runID, after, revision)
 		cancel()
 		if err != nil {
 			d.cache.drop(runID)
-			if events.IsRevisionConflict(err) {
+			if bus.IsRevisionConflict(err) {
 				continue
 			}
 			return nil, err
@@ -885,7 +886,7 @@ const stateHeadroom = 4 << 10
 // encoding could not be stored (it would exceed the server's max payload),
 // and nil otherwise.
 func (d *Dispatcher) stateTooLarge(state []byte) *actionbus.Error {
-	return events.OverPayload(d.js.Conn(), "run state", int64(len(state)), stateHeadroom)
+	return bus.OverPayload(d.js.Conn(), "run state", int64(len(state)), stateHeadroom)
 }
 
 // publishOrFail publishes effects. An event the server would refuse (over
@@ -920,12 +921,12 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 		st.UpdatedAt = time.Now().UTC()
 		val, err := st.Encode()
 		if err != nil {
-			return events.Permanent(err)
+			return bus.Permanent(err)
 		}
-		uctx, cancel := events.Bounded(ctx)
+		uctx, cancel := bus.Bounded(ctx)
 		rev, err := d.runs.Update(uctx, runID, val, entry.Revision())
 		cancel()
-		if events.IsRevisionConflict(err) {
+		if bus.IsRevisionConflict(err) {
 			continue
 		}
 		if err != nil {

@@ -17,9 +17,10 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 type indexIn struct {
@@ -188,16 +189,16 @@ func TestDuplicatesGiveExactlyOneTerminalEvent(t *testing.T) {
 	_, err := st.Client.Start(ctx, req)
 	require.NoError(t, err)
 	// The same request republished under a new event id (a client retry).
-	bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/test"})
+	eb, err := bus.NewBus(srv.JS, bus.BusConfig{Source: "/test"})
 	require.NoError(t, err)
-	_, err = bus.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID, Scenario: "echo"})
+	_, err = eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID, Scenario: "echo"})
 	require.NoError(t, err)
 
 	// Inject a duplicate of the first result under a new id.
 	first := rec.WaitForType(t, 0, events.TypeActionCompleted, runID)
 	var done events.ActionCompleted
 	require.NoError(t, events.DataAs(first.Event, &done))
-	_, err = bus.Emit(ctx, events.TypeActionCompleted, events.NewID(), events.DefaultTenant, runID, "", &done)
+	_, err = eb.Emit(ctx, events.TypeActionCompleted, events.NewID(), events.DefaultTenant, runID, "", &done)
 	require.NoError(t, err)
 
 	res, err := st.Client.Wait(ctx, runID)

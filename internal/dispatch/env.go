@@ -8,12 +8,14 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/artifacts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/skills"
+	"github.com/actionbus/actionbus/internal/skills/skillstore"
 )
 
 // env is the world as the run state machine sees it from the dispatcher:
@@ -26,11 +28,11 @@ func (e env) Action(ctx context.Context, name string) (*actions.Entry, error) {
 }
 
 func (e env) Skill(ctx context.Context, name string) (*skills.Skill, error) {
-	return skills.Get(ctx, e.d.catKV, name)
+	return skillstore.Get(ctx, e.d.catKV, name)
 }
 
 func (e env) Skills(ctx context.Context) ([]skills.Skill, error) {
-	return skills.List(ctx, e.d.catKV)
+	return skillstore.List(ctx, e.d.catKV)
 }
 
 func (e env) Checker(entry *actions.Entry) (*actions.ArgsChecker, error) {
@@ -54,13 +56,13 @@ func (e env) VerifyPrincipal(token string, c policy.PrincipalClaim, now time.Tim
 }
 
 func (e env) PutArtifact(ctx context.Context, tenant, runID, id string, data []byte) (events.ArtifactRef, error) {
-	cctx, cancel := events.Bounded(ctx)
+	cctx, cancel := bus.Bounded(ctx)
 	defer cancel()
 	return artifacts.Put(cctx, e.d.artifacts, artifacts.Owner{Tenant: tenant, RunID: runID}, id, "output", "application/json", data, 0)
 }
 
 func (e env) GetArtifact(ctx context.Context, tenant string, ref events.ArtifactRef) ([]byte, error) {
-	cctx, cancel := events.Bounded(ctx)
+	cctx, cancel := bus.Bounded(ctx)
 	defer cancel()
 	a, err := artifacts.Read(cctx, e.d.js, e.d.topo, tenant, ref)
 	if err != nil {
@@ -94,13 +96,13 @@ func (e env) ClaimRetry(ctx context.Context, priorID, retryID string) (string, e
 		st.RetriedBy = retryID
 		val, err := st.Encode()
 		if err != nil {
-			return "", events.Permanent(err)
+			return "", bus.Permanent(err)
 		}
-		uctx, cancel := events.Bounded(ctx)
+		uctx, cancel := bus.Bounded(ctx)
 		_, err = e.d.runs.Update(uctx, priorID, val, entry.Revision())
 		cancel()
 		e.d.cache.drop(priorID)
-		if events.IsRevisionConflict(err) {
+		if bus.IsRevisionConflict(err) {
 			continue
 		}
 		if err != nil {

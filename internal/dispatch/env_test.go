@@ -13,8 +13,8 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/artifacts"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/embedded"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // TestAStepOutputChangedInTheArtifactStoreIsRefused: the dispatcher keeps
@@ -32,7 +32,7 @@ func TestAStepOutputChangedInTheArtifactStoreIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	topo := events.Topology{}
+	topo := bus.Topology{}
 	require.NoError(t, topo.Provision(ctx, js))
 	store, err := js.ObjectStore(ctx, topo.BucketArtifacts())
 	require.NoError(t, err)

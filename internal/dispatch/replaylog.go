@@ -9,8 +9,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/run"
+	"github.com/actionbus/actionbus/internal/tracing"
 )
 
 // ReplayedLog is a run as its stored log implies it, beside the state the
@@ -70,7 +72,7 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 			}
 			// The run's trace is the caller's, else the dispatcher's span:
 			// the shell's choice, taken from the stored state.
-			if st.Trace = e.rec.TraceRun(); st.Trace == nil {
+			if st.Trace = tracing.RunFromExtensions(e.rec.Event.Extensions()); st.Trace == nil {
 				st.Trace = stored.Trace
 			}
 			st.Outbox = run.Dedupe(run.ArmAdmitted(st, effects, e.at, d.cfg.ActionGrace))
@@ -143,7 +145,7 @@ func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []st
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		fctx, cancel := events.Bounded(ctx)
+		fctx, cancel := bus.Bounded(ctx)
 		info, err := cons.Info(fctx)
 		cancel()
 		if err != nil {

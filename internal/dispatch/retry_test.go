@@ -13,10 +13,10 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/cli"
 	"github.com/actionbus/actionbus/internal/dispatch"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // countedSteps is a stack whose action wf.count counts its calls per step

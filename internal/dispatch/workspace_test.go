@@ -8,7 +8,7 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // repairScenario repairs a report: a blocked whole-document replace, a

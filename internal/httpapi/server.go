@@ -23,8 +23,8 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // Config configures a [Server].

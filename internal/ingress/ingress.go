@@ -36,7 +36,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // QueueGroup is the queue group every ingress answers in.
@@ -81,7 +82,7 @@ func (c *Config) Validate() error {
 	if c.Concurrency < 1 || c.Timeout <= 0 {
 		return errors.New("ingress: Concurrency and Timeout must be positive")
 	}
-	return events.Topology{Prefix: c.Prefix}.Validate()
+	return bus.Topology{Prefix: c.Prefix}.Validate()
 }
 
 // Service is the ingress. Several instances (one per dispatcher) share
@@ -158,7 +159,7 @@ func (s *Service) dispatch(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 		defer cancel()
 		answer := s.serve(ctx, m)
-		if answer == nil || !events.AnswerableReply(m.Reply) {
+		if answer == nil || !bus.AnswerableReply(m.Reply) {
 			return
 		}
 		if err := s.nc.Publish(m.Reply, answer); err != nil {

@@ -90,7 +90,7 @@ func New() *Metrics {
 	return m
 }
 
-// HandleStarted implements events.ServeObserver.
+// HandleStarted implements bus.ServeObserver.
 func (m *Metrics) HandleStarted(consumer string, redelivered bool) {
 	if m == nil {
 		return
@@ -101,7 +101,7 @@ func (m *Metrics) HandleStarted(consumer string, redelivered bool) {
 	}
 }
 
-// HandleDone implements events.ServeObserver.
+// HandleDone implements bus.ServeObserver.
 func (m *Metrics) HandleDone(consumer, outcome string, took time.Duration) {
 	if m == nil {
 		return
@@ -111,7 +111,7 @@ func (m *Metrics) HandleDone(consumer, outcome string, took time.Duration) {
 	m.handleSeconds.WithLabelValues(consumer).Observe(took.Seconds())
 }
 
-// Rejected implements events.ServeObserver.
+// Rejected implements bus.ServeObserver.
 func (m *Metrics) Rejected(consumer string) {
 	if m != nil {
 		m.rejected.WithLabelValues(consumer).Inc()

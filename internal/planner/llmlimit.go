@@ -6,7 +6,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/limits"
 )
 
@@ -48,7 +48,7 @@ func (s *Service) acquireLLM(ctx context.Context, tenant, runID, requestID strin
 	req := limits.Request{CallID: requestID, RunID: runID, Tenant: tenant, Lease: llmLease}
 	waited := false
 	for {
-		bctx, cancel := events.Bounded(ctx)
+		bctx, cancel := bus.Bounded(ctx)
 		g, err := s.llm.Acquire(bctx, key, spec, req)
 		cancel()
 		if err != nil {
@@ -59,7 +59,7 @@ func (s *Service) acquireLLM(ctx context.Context, tenant, runID, requestID strin
 				s.log.Debug("LLM capacity granted", "run", runID, "key", key)
 			}
 			return func() {
-				rctx, cancel := events.Bounded(context.WithoutCancel(ctx))
+				rctx, cancel := bus.Bounded(context.WithoutCancel(ctx))
 				defer cancel()
 				if _, err := s.llm.Release(rctx, key, requestID, 0); err != nil {
 					s.log.Warn("LLM slot not released; its lease frees it", "key", key, "err", err)

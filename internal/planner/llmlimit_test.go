@@ -12,7 +12,7 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/planner"
 )

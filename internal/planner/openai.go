@@ -18,8 +18,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
 

@@ -21,9 +21,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/limits"
+	"github.com/actionbus/actionbus/internal/limits/limitstore"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
@@ -91,15 +94,15 @@ type Config struct {
 type Service struct {
 	// llm is the store of LLMLimit (nil without one); llmAction the name
 	// its calls are limited under.
-	llm       *limits.Store
+	llm       *limitstore.Store
 	llmAction string
 	nc        *nats.Conn
 	cfg       Config
 	js        jetstream.JetStream
-	bus       *events.Bus
-	topo      events.Topology
+	bus       *bus.Bus
+	topo      bus.Topology
 	log       *slog.Logger
-	cat       *actions.View
+	cat       *actionstore.View
 }
 
 // New returns a planner service using nc.
@@ -130,7 +133,7 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("planner: LLMLimit: %w", err)
 		}
 	}
-	return events.Topology{Prefix: c.Prefix}.Validate()
+	return bus.Topology{Prefix: c.Prefix}.Validate()
 }
 
 func New(nc *nats.Conn, cfg Config) (*Service, error) {
@@ -139,12 +142,12 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("service", "planner", "provider", cfg.Provider.Name())
-	bus, err := events.Open(nc, events.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/planner", Logger: log, ReceiverValidates: true})
+	eb, err := bus.Open(nc, bus.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/planner", Logger: log, ReceiverValidates: true})
 	if err != nil {
 		return nil, err
 	}
-	js := bus.JetStream()
-	return &Service{nc: nc, cfg: cfg, js: js, bus: bus, topo: events.Topology{Prefix: cfg.Prefix}, log: log, llmAction: llmAction(cfg.Provider)}, nil
+	js := eb.JetStream()
+	return &Service{nc: nc, cfg: cfg, js: js, bus: eb, topo: bus.Topology{Prefix: cfg.Prefix}, log: log, llmAction: llmAction(cfg.Provider)}, nil
 }
 
 // Run serves decision requests until ctx ends.
@@ -156,7 +159,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.cat, err = actions.NewCatalog(catKV).Watch(ctx); err != nil {
+	if s.cat, err = actionstore.NewCatalog(catKV).Watch(ctx); err != nil {
 		return err
 	}
 	if s.cfg.LLMLimit != nil && !s.cfg.LLMLimit.IsZero() {
@@ -164,14 +167,14 @@ func (s *Service) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("planner: the planner limits bucket: %w", err)
 		}
-		s.llm = limits.NewStore(kv)
+		s.llm = limitstore.New(kv)
 	}
-	cons, err := s.js.Consumer(ctx, s.topo.StreamRuns(), events.ConsumerPlanner)
+	cons, err := s.js.Consumer(ctx, s.topo.StreamRuns(), bus.ConsumerPlanner)
 	if err != nil {
 		return err
 	}
 	s.log.Info("planner serving")
-	opts := events.ServeOptions{Name: events.ConsumerPlanner, Concurrency: s.cfg.Concurrency}
+	opts := bus.ServeOptions{Name: bus.ConsumerPlanner, Concurrency: s.cfg.Concurrency}
 	if s.cfg.Metrics != nil {
 		opts.Observer = s.cfg.Metrics
 	}
@@ -181,12 +184,12 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
 	// The planner's span (GenAI invoke_agent), a child of the dispatcher's
 	// span that asked; each LLM call is a chat span within it.
-	ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, r.TraceRun()), "invoke_agent "+s.cfg.Provider.Name(),
+	ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, tracing.RunFromExtensions(r.Event.Extensions())), "invoke_agent "+s.cfg.Provider.Name(),
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(semconv.GenAIOperationNameInvokeAgent, semconv.GenAIAgentName(s.cfg.Provider.Name()),
 			tracing.RunIDKey.String(r.RunID()), tracing.TenantKey.String(r.Tenant), tracing.EventTypeKey.String(r.Event.Type())))
 	defer span.End()
-	ctx = tracing.WithRun(ctx, r.TraceRun())
+	ctx = tracing.WithRun(ctx, tracing.RunFromExtensions(r.Event.Extensions()))
 	switch data := r.Data.(type) {
 	case *events.DecisionRequested:
 		if data.Replay != nil {
@@ -206,7 +209,7 @@ func (s *Service) handle(ctx context.Context, r *events.Received, msg jetstream.
 		defer release()
 		return s.synthesize(ctx, r.Tenant, r.Event.ID(), data)
 	}
-	return events.Permanent(fmt.Errorf("planner: unexpected %s", r.Event.Type()))
+	return bus.Permanent(fmt.Errorf("planner: unexpected %s", r.Event.Type()))
 }
 
 // decide answers one decision request. The decision's id derives from the

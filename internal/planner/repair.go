@@ -8,8 +8,8 @@ import (
 	"strings"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // Planner repair: what an LLM reply needs before it is a decision. The

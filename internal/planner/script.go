@@ -14,7 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // Scenario is a scripted conversation: one decision per planner cycle.

@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"slices"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/run"
 )
 

@@ -11,7 +11,8 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // Caller calls the read service for one tenant. It is safe for concurrent
@@ -30,7 +31,7 @@ const DefaultCallTimeout = 15 * time.Second
 
 // NewCaller returns a caller of the read service under prefix for tenant.
 func NewCaller(nc *nats.Conn, prefix, tenant string) *Caller {
-	return &Caller{nc: nc, subjects: events.Topology{Prefix: prefix}.Subjects(), tenant: tenant, RetryFor: 15 * time.Second}
+	return &Caller{nc: nc, subjects: bus.Topology{Prefix: prefix}.Subjects(), tenant: tenant, RetryFor: 15 * time.Second}
 }
 
 // Call sends req to op and decodes the answer into out. A refusal is the

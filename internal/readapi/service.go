@@ -17,9 +17,10 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/artifacts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/skills"
 )
 
@@ -89,7 +90,7 @@ func (c *Config) Validate() error {
 	if c.Concurrency < 1 || c.ReadTimeout <= 0 {
 		return errors.New("readapi: Concurrency and ReadTimeout must be positive")
 	}
-	return events.Topology{Prefix: c.Prefix}.Validate()
+	return bus.Topology{Prefix: c.Prefix}.Validate()
 }
 
 // Service is the read service. Several instances (one per dispatcher)
@@ -98,7 +99,7 @@ type Service struct {
 	cfg      Config
 	nc       *nats.Conn
 	js       jetstream.JetStream
-	topo     events.Topology
+	topo     bus.Topology
 	subjects events.Subjects
 	log      *slog.Logger
 	slots    chan struct{}
@@ -119,7 +120,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	topo := events.Topology{Prefix: cfg.Prefix}
+	topo := bus.Topology{Prefix: cfg.Prefix}
 	return &Service{cfg: cfg, nc: nc, js: js, topo: topo, subjects: topo.Subjects(), log: cfg.Logger.With("service", "read"),
 		slots: make(chan struct{}, cfg.Concurrency)}, nil
 }
@@ -159,7 +160,7 @@ func (s *Service) Stop() {
 // dispatch serves one request on a goroutine of its own, at most
 // Concurrency at once.
 func (s *Service) dispatch(op string, req micro.Request) {
-	if !events.AnswerableReply(req.Reply()) {
+	if !bus.AnswerableReply(req.Reply()) {
 		// The answer would be published as the dispatcher, wherever the
 		// requester pointed it: not answered at all.
 		return

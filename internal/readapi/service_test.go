@@ -16,12 +16,14 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/artifacts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/readapi"
 	"github.com/actionbus/actionbus/internal/skills"
+	"github.com/actionbus/actionbus/internal/skills/skillstore"
 )
 
 type echoIn struct {
@@ -223,7 +225,7 @@ func TestALargeArtifactIsReadInChunksAndReassemblesExactly(t *testing.T) {
 	srv.StartStack(t, actionbustest.StackOptions{Register: registerEcho})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	store, err := artifacts.Open(ctx, srv.JS, events.Topology{}.BucketArtifacts())
+	store, err := artifacts.Open(ctx, srv.JS, bus.Topology{}.BucketArtifacts())
 	require.NoError(t, err)
 	data := make([]byte, 3<<20+12345) // three times the max payload and more
 	for i := range data {
@@ -290,10 +292,10 @@ func TestSkillsAreListedFromTheCatalog(t *testing.T) {
 	srv.StartStack(t, actionbustest.StackOptions{Register: registerEcho})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketCatalog())
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketCatalog())
 	require.NoError(t, err)
 	for _, name := range []string{"writer", "reviewer"} {
-		require.NoError(t, skills.Publish(ctx, kv, skills.Skill{Name: name, Description: "The " + name + ".", Pool: "default",
+		require.NoError(t, skillstore.Publish(ctx, kv, skills.Skill{Name: name, Description: "The " + name + ".", Pool: "default",
 			Instructions: "Do it."}))
 	}
 	c, err := client.New(srv.Connect(t), client.Options{})

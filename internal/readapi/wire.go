@@ -26,7 +26,7 @@ import (
 	"time"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // Operations of the read service (the last subject token).

@@ -1,6 +1,6 @@
 // Package registrar records the executors' announcements in the catalog.
 // It is the only writer of the catalog bucket and of the owners bucket
-// (events.Topology.BucketCatalogOwners); the dispatcher process hosts it.
+// (bus.Topology.BucketCatalogOwners); the dispatcher process hosts it.
 //
 // Executors announce what they host on their pool's announce subject
 // (events.Subjects.Announce: a request, answered with an
@@ -37,9 +37,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/skills"
+	"github.com/actionbus/actionbus/internal/skills/skillstore"
 )
 
 // QueueGroup is the queue group of every registrar: one of them answers
@@ -60,8 +63,8 @@ func OwnerKey(kind, name string) string { return kind + "." + name }
 
 // Registrar records announcements in the catalog.
 type Registrar struct {
-	bus    *events.Bus
-	cat    *actions.Catalog
+	bus    *bus.Bus
+	cat    *actionstore.Catalog
 	catKV  jetstream.KeyValue
 	owners jetstream.KeyValue
 	log    *slog.Logger
@@ -70,11 +73,11 @@ type Registrar struct {
 // New returns a registrar writing catKV (the catalog bucket) and owners
 // (the owners bucket). bus receives the announcements (it validates their
 // envelope, schema and pool binding).
-func New(bus *events.Bus, catKV, owners jetstream.KeyValue, log *slog.Logger) *Registrar {
+func New(eb *bus.Bus, catKV, owners jetstream.KeyValue, log *slog.Logger) *Registrar {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Registrar{bus: bus, cat: actions.NewCatalog(catKV), catKV: catKV, owners: owners, log: log.With("component", "registrar")}
+	return &Registrar{bus: eb, cat: actionstore.NewCatalog(catKV), catKV: catKV, owners: owners, log: log.With("component", "registrar")}
 }
 
 // MaxPending is the most announcements of one pool waiting for a
@@ -112,7 +115,7 @@ func (r *Registrar) Serve(ctx context.Context, nc *nats.Conn) error {
 		return q
 	}
 	sub, err := nc.QueueSubscribe(r.bus.Subjects().AllAnnounce(), QueueGroup, func(m *nats.Msg) {
-		if !events.AnswerableReply(m.Reply) {
+		if !bus.AnswerableReply(m.Reply) {
 			// The answer would be published as this service, wherever the
 			// announcer pointed it (a bucket, a run subject): neither
 			// answered nor recorded.
@@ -169,7 +172,7 @@ func (r *Registrar) handle(ctx context.Context, m *nats.Msg) events.AnnounceRepl
 	if !ok {
 		return refused(actionbus.Errorf(actionbus.CodeSubjectMismatch, "event type %s is not carried on an announce subject", rec.Event.Type()))
 	}
-	cctx, cancel := events.Bounded(ctx)
+	cctx, cancel := bus.Bounded(ctx)
 	defer cancel()
 	reply := r.Register(cctx, pool, a)
 	if reply.Error != nil {
@@ -398,7 +401,7 @@ func (r *Registrar) Register(ctx context.Context, pool string, a *events.PoolAnn
 		reply.Actions = append(reply.Actions, d.Name)
 	}
 	for _, s := range ann.Skills {
-		if err := skills.Publish(ctx, r.catKV, s); err != nil {
+		if err := skillstore.Publish(ctx, r.catKV, s); err != nil {
 			return refused(err)
 		}
 		reply.Skills = append(reply.Skills, s.Name)
@@ -527,7 +530,7 @@ func (r *Registrar) remove(ctx context.Context, pool, name string) error {
 		if o != pool {
 			continue
 		}
-		if err := r.owners.Delete(ctx, OwnerKey(n.kind, n.name), jetstream.LastRevision(rev)); err != nil && !events.IsRevisionConflict(err) {
+		if err := r.owners.Delete(ctx, OwnerKey(n.kind, n.name), jetstream.LastRevision(rev)); err != nil && !bus.IsRevisionConflict(err) {
 			return fmt.Errorf("registrar: release %s %s: %w", n.kind, n.name, err)
 		}
 	}
@@ -545,12 +548,12 @@ func clip(s string) string {
 // executors but no dispatcher (tests, benchmarks; a deployment's
 // dispatchers host theirs). prefix is the subject prefix ("" is "ab").
 func Run(ctx context.Context, nc *nats.Conn, prefix string, log *slog.Logger) error {
-	bus, err := events.Open(nc, events.BusConfig{Prefix: prefix, Source: "/actionbus/registrar", Logger: log, ReceiverValidates: true})
+	eb, err := bus.Open(nc, bus.BusConfig{Prefix: prefix, Source: "/actionbus/registrar", Logger: log, ReceiverValidates: true})
 	if err != nil {
 		return err
 	}
-	topo := events.Topology{Prefix: prefix}
-	js := bus.JetStream()
+	topo := bus.Topology{Prefix: prefix}
+	js := eb.JetStream()
 	catKV, err := js.KeyValue(ctx, topo.BucketCatalog())
 	if err != nil {
 		return fmt.Errorf("registrar: %w", err)
@@ -559,7 +562,7 @@ func Run(ctx context.Context, nc *nats.Conn, prefix string, log *slog.Logger) er
 	if err != nil {
 		return fmt.Errorf("registrar: %w", err)
 	}
-	if err := New(bus, catKV, owners, log).Serve(ctx, nc); err != nil {
+	if err := New(eb, catKV, owners, log).Serve(ctx, nc); err != nil {
 		return err
 	}
 	<-ctx.Done()

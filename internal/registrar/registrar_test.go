@@ -11,8 +11,10 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/actions/actionstore"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/registrar"
 )
 
@@ -135,15 +137,15 @@ func TestARegistrarRefusesConflicts(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{Pools: []string{"default", "payments"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	topo := events.Topology{}
-	bus, err := events.Open(srv.Conn, events.BusConfig{Source: "/actionbus/dispatcher/test"})
+	topo := bus.Topology{}
+	eb, err := bus.Open(srv.Conn, bus.BusConfig{Source: "/actionbus/dispatcher/test"})
 	require.NoError(t, err)
 	catKV, err := srv.JS.KeyValue(ctx, topo.BucketCatalog())
 	require.NoError(t, err)
 	owners, err := srv.JS.KeyValue(ctx, topo.BucketCatalogOwners())
 	require.NoError(t, err)
-	reg := registrar.New(bus, catKV, owners, nil)
-	cat := actions.NewCatalog(catKV)
+	reg := registrar.New(eb, catKV, owners, nil)
+	cat := actionstore.NewCatalog(catKV)
 
 	announce := func(pool string, defs ...map[string]any) events.AnnounceReply {
 		return reg.Register(ctx, pool, &events.PoolAnnounced{Executor: pool + "-1", Pool: pool, Actions: defs})

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // A run has one armed schedule, its alarm. The machine's transitions ask

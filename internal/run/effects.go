@@ -3,7 +3,7 @@ package run
 import (
 	"time"
 
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // EffectKind says what an [Effect] does.

@@ -24,8 +24,8 @@ import (
 	"time"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/events"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/skills"
 	"github.com/actionbus/actionbus/internal/workspace"

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // script turns fuzz bytes into choices; past its end every choice is 0.

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/skills"
 )

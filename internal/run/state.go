@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/jsoncodec"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/policy"

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // Per-action synthesis (the seed's synthesize_per_action): the dispatcher

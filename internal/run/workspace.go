@@ -10,7 +10,7 @@ import (
 	"slices"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/workspace"
 )
 

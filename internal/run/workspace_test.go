@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 const draft = "# Report\n\n## Summary\n\nThree jobs failed.\n\n## Next steps\n\nRetry them."

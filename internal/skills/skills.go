@@ -10,17 +10,13 @@ package skills
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 	"regexp"
-	"sort"
 	"strings"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/actionbus/actionbus"
@@ -104,6 +100,11 @@ type Tool struct {
 func ActionName(skill, tool string) string { return "skill." + skill + "." + tool }
 
 var nameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+
+// ValidName reports whether name may name a skill or a tool: 1 to 64
+// lower-case letters, digits, '_' or '-', starting with a letter or a
+// digit.
+func ValidName(name string) bool { return nameRe.MatchString(name) }
 
 // Tool returns the tool the skill declares by name.
 func (s *Skill) Tool(name string) (*Tool, bool) {
@@ -258,84 +259,3 @@ func Key(pool, name string) string { return pool + "." + keyMarker + "." + name 
 
 // ErrNotFound matches a skill that is not in the catalog.
 var ErrNotFound = actionbus.ErrSkillNotFound
-
-// Publish stores a skill (with its pool) in the catalog bucket; a value
-// equal to the stored one is not rewritten.
-func Publish(ctx context.Context, kv jetstream.KeyValue, s Skill) error {
-	if err := s.Validate(); err != nil {
-		return err
-	}
-	b, err := json.Marshal(s)
-	if err != nil {
-		return err
-	}
-	if cur, err := kv.Get(ctx, Key(s.Pool, s.Name)); err == nil && bytes.Equal(cur.Value(), b) {
-		return nil // unchanged: not rewritten
-	}
-	if _, err := kv.Put(ctx, Key(s.Pool, s.Name), b); err != nil {
-		return fmt.Errorf("skills: publish %s: %w", s.Name, err)
-	}
-	return nil
-}
-
-// Get returns the named skill from the catalog bucket (the first pool's by
-// name, when several pools host it).
-func Get(ctx context.Context, kv jetstream.KeyValue, name string) (*Skill, error) {
-	if !nameRe.MatchString(name) {
-		return nil, actionbus.Errorf(actionbus.CodeSkillNotFound, "skill %q is not in the catalog", clip(name))
-	}
-	found, err := list(ctx, kv, "*."+keyMarker+"."+name)
-	if err != nil {
-		return nil, err
-	}
-	if len(found) == 0 {
-		return nil, actionbus.Errorf(actionbus.CodeSkillNotFound, "skill %q is not in the catalog", name).WithDetail("skillName", name)
-	}
-	return &found[0], nil
-}
-
-// List returns every skill of the catalog bucket, sorted by name.
-func List(ctx context.Context, kv jetstream.KeyValue) ([]Skill, error) {
-	return list(ctx, kv, "*."+keyMarker+".*")
-}
-
-func list(ctx context.Context, kv jetstream.KeyValue, filter string) ([]Skill, error) {
-	lister, err := kv.ListKeysFiltered(ctx, filter)
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("skills: list: %w", err)
-	}
-	var out []Skill
-	for key := range lister.Keys() {
-		kve, err := kv.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("skills: %s: %w", key, err)
-		}
-		var s Skill
-		// A value that does not decode, or names another pool or skill
-		// than its key, is not a skill this key may hold.
-		if json.Unmarshal(kve.Value(), &s) != nil || Key(s.Pool, s.Name) != key {
-			continue
-		}
-		out = append(out, s)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Name != out[j].Name {
-			return out[i].Name < out[j].Name
-		}
-		return out[i].Pool < out[j].Pool
-	})
-	return out, nil
-}
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
-}

@@ -17,7 +17,6 @@ package tracing
 import (
 	"context"
 
-	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -37,9 +36,14 @@ func Tracer() trace.Tracer { return otel.Tracer(Instrumentation) }
 // the headers are part of the wire format (docs/events.md).
 var propagator = propagation.TraceContext{}
 
-// headerCarrier adapts NATS headers to the propagator, keeping the
+// Header is a message's headers: a NATS header (nats.Header) is one, and
+// so is an http.Header. This package takes the map rather than a NATS
+// type so that the run core, which traces, links no NATS client.
+type Header = map[string][]string
+
+// headerCarrier adapts message headers to the propagator, keeping the
 // lowercase W3C header names as they are.
-type headerCarrier nats.Header
+type headerCarrier Header
 
 func (h headerCarrier) Get(key string) string {
 	if v := h[key]; len(v) > 0 {
@@ -60,7 +64,7 @@ func (h headerCarrier) Keys() []string {
 
 // Inject writes the span context of ctx into h (traceparent, tracestate);
 // nothing when ctx holds none.
-func Inject(ctx context.Context, h nats.Header) {
+func Inject(ctx context.Context, h Header) {
 	if trace.SpanContextFromContext(ctx).IsValid() {
 		propagator.Inject(ctx, headerCarrier(h))
 	}
@@ -68,7 +72,7 @@ func Inject(ctx context.Context, h nats.Header) {
 
 // Extract returns ctx with the remote span context of h, when h holds
 // one.
-func Extract(ctx context.Context, h nats.Header) context.Context {
+func Extract(ctx context.Context, h Header) context.Context {
 	if h == nil || (len(h["traceparent"]) == 0) {
 		return ctx
 	}
@@ -94,7 +98,7 @@ func RunOf(ctx context.Context) *Run {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return nil
 	}
-	h := nats.Header{}
+	h := Header{}
 	propagator.Inject(ctx, headerCarrier(h))
 	r := &Run{Parent: headerCarrier(h).Get("traceparent"), State: headerCarrier(h).Get("tracestate")}
 	return r

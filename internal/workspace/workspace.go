@@ -20,7 +20,7 @@ import (
 	"unicode"
 
 	"github.com/actionbus/actionbus"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // Bounds of a workspace. It lives in run state; a document over

@@ -16,9 +16,9 @@ import (
 
 	"github.com/actionbus/actionbus/client"
 	natsconf "github.com/actionbus/actionbus/deploy/nats"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/cli"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // sniffer records every message a connection receives on everything its

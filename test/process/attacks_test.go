@@ -22,8 +22,9 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/cli"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // refusals collects a connection's asynchronous errors (permission
@@ -92,9 +93,9 @@ func forged(t *testing.T, subject, typ, runID, msgID string, data any) *nats.Msg
 		e.SetExtension(events.ExtTenant, tenant)
 	}
 	require.NoError(t, events.SetData(&e, events.ContentTypeJSON, data))
-	msg, err := events.Encode(subject, &e, events.ModeBinary)
+	msg, err := bus.Encode(subject, &e, bus.ModeBinary)
 	require.NoError(t, err)
-	msg.Header.Set(events.HeaderMsgID, msgID)
+	msg.Header.Set(bus.HeaderMsgID, msgID)
 	return msg
 }
 
@@ -131,7 +132,7 @@ func rejections(t *testing.T, ctx context.Context, js jetstream.JetStream, runID
 	t.Helper()
 	var out []events.EventRejected
 	for _, m := range storedMessages(t, ctx, js, "AB_REJECTED") {
-		e, err := events.Decode(m.Subject(), m.Headers(), m.Data())
+		e, err := bus.Decode(m.Subject(), m.Headers(), m.Data())
 		require.NoError(t, err)
 		var rej events.EventRejected
 		require.NoError(t, events.DataAs(e, &rej))
@@ -274,7 +275,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 
 	t.Run("clients and approvers cannot touch the services' consumers", func(t *testing.T) {
 		before := map[string][]string{}
-		for _, cs := range (events.Topology{}).Consumers() {
+		for _, cs := range (bus.Topology{}).Consumers() {
 			info, err := adminJS.Consumer(ctx, cs.Stream, cs.Config.Durable)
 			require.NoError(t, err)
 			before[cs.Stream+"/"+cs.Config.Durable] = info.CachedInfo().Config.FilterSubjects
@@ -284,7 +285,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		_, err := clientJS.CreateOrUpdateConsumer(short, "AB_RUNS", jetstream.ConsumerConfig{Durable: "dispatcher", FilterSubject: "ab.run.*.*.completed", AckPolicy: jetstream.AckExplicitPolicy})
 		assert.Error(t, err, "the client changed the dispatcher's filter")
 		assert.Error(t, clientJS.DeleteConsumer(short, "AB_RUNS", "planner"), "the client deleted the planner's consumer")
-		_, err = clientJS.Consumer(short, "AB_REQUESTS", events.ConsumerDispatcherRequests)
+		_, err = clientJS.Consumer(short, "AB_REQUESTS", bus.ConsumerDispatcherRequests)
 		assert.Error(t, err, "the client inspected the dispatcher's request consumer")
 		require.NoError(t, clientNC.PublishRequest("$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.dispatcher", clientNC.NewRespInbox(), []byte(`{"batch":1}`)))
 		clientRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.dispatcher"`)
@@ -300,7 +301,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		}
 		assert.Error(t, err, "the approver read another run's results")
 
-		for _, cs := range (events.Topology{}).Consumers() {
+		for _, cs := range (bus.Topology{}).Consumers() {
 			info, err := adminJS.Consumer(ctx, cs.Stream, cs.Config.Durable)
 			require.NoError(t, err, "consumer %s/%s is gone", cs.Stream, cs.Config.Durable)
 			assert.Equal(t, before[cs.Stream+"/"+cs.Config.Durable], info.CachedInfo().Config.FilterSubjects)

@@ -12,8 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // storedEvent is an event stored in an audited stream.
@@ -61,12 +62,12 @@ func readAll(t *testing.T, ctx context.Context, js jetstream.JetStream, stream s
 func auditedEvents(t *testing.T, ctx context.Context, js jetstream.JetStream, runs map[string]bool) []storedEvent {
 	t.Helper()
 	var out []storedEvent
-	for _, cs := range (events.Topology{}).Consumers() {
-		if !strings.HasPrefix(cs.Config.Durable, "auditor-") || cs.Config.Durable == events.ConsumerAuditorRejected {
+	for _, cs := range (bus.Topology{}).Consumers() {
+		if !strings.HasPrefix(cs.Config.Durable, "auditor-") || cs.Config.Durable == bus.ConsumerAuditorRejected {
 			continue
 		}
 		readAll(t, ctx, js, cs.Stream, cs.Config.FilterSubjects, func(m jetstream.Msg) {
-			e, err := events.Decode(m.Subject(), m.Headers(), m.Data())
+			e, err := bus.Decode(m.Subject(), m.Headers(), m.Data())
 			require.NoError(t, err, "stored event on %s", m.Subject())
 			runID, _ := e.Extensions()[events.ExtRunID].(string)
 			if !runs[runID] {
@@ -85,7 +86,7 @@ func auditRecords(t *testing.T, ctx context.Context, js jetstream.JetStream, run
 	t.Helper()
 	out := map[string][]events.AuditRecorded{}
 	readAll(t, ctx, js, "AB_AUDIT", []string{"ab.audit.>"}, func(m jetstream.Msg) {
-		e, err := events.Decode(m.Subject(), m.Headers(), m.Data())
+		e, err := bus.Decode(m.Subject(), m.Headers(), m.Data())
 		require.NoError(t, err)
 		for _, r := range (actionbustest.Recorded{Subject: m.Subject(), Event: e}).AuditRecords() {
 			if runs[r.RunID] {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // buildAuditor builds the auditor binary.
@@ -65,7 +65,7 @@ func TestAnAuditorKilledWithARecordUnstoredLosesNoneAndRecordsNoneTwice(t *testi
 			t.Logf("auditor output:\n%s", out.String())
 		}
 	})
-	cons, err := srv.JS.Consumer(ctx, "AB_REQUESTS", events.ConsumerAuditorRequests)
+	cons, err := srv.JS.Consumer(ctx, "AB_REQUESTS", bus.ConsumerAuditorRequests)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		info, err := cons.Info(ctx)

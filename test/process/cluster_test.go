@@ -26,8 +26,9 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	natsconf "github.com/actionbus/actionbus/deploy/nats"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/stack"
 )
@@ -135,7 +136,7 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 	// lost node is redelivered each ack wait, and a call whose deliveries
 	// all go that way fails delivery_exhausted (at 2 s, a failover of 8 s
 	// on a busy 2-core machine did that now and then).
-	topo := events.Topology{Replicas: 3, AckWait: 5 * time.Second}
+	topo := bus.Topology{Replicas: 3, AckWait: 5 * time.Second}
 	// The cluster is ready for provisioning once JetStream answers with a
 	// meta leader and all three servers.
 	require.Eventually(t, func() bool {
@@ -232,7 +233,7 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 		// Where the work of the failed runs went: is it stored, and what
 		// does the pool's consumer say?
 		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if ci, err := js.Consumer(dctx, topo.StreamWork(), events.PoolConsumer("default")); err == nil {
+		if ci, err := js.Consumer(dctx, topo.StreamWork(), bus.PoolConsumer("default")); err == nil {
 			in := ci.CachedInfo()
 			t.Logf("pool consumer: delivered %+v, ack floor %+v, pending %d, ack pending %d, redelivered %d, waiting %d, cluster %+v",
 				in.Delivered, in.AckFloor, in.NumPending, in.NumAckPending, in.NumRedelivered, in.NumWaiting, in.Cluster)

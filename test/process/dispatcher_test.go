@@ -17,8 +17,8 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 // dispatcherProcess starts the dispatcher binary; kill stops it with

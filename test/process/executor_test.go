@@ -15,7 +15,8 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/registrar"
 )
@@ -161,7 +162,7 @@ func TestAnIdempotentEffectSurvivesACrashAfterTheEffect(t *testing.T) {
 			a := startTestExecutor(t, bin, srv.URL, dir, "ex-a", "CRASH_AFTER_EFFECT=1", "SLOTS=1")
 			// The catalog as the registrar wrote it (no dispatcher, so no
 			// read service, runs here).
-			kv, err := srv.JS.KeyValue(ctx, events.Topology{}.BucketCatalog())
+			kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketCatalog())
 			require.NoError(t, err)
 			require.Eventually(t, func() bool {
 				_, err := kv.Get(ctx, "default.test.count")
@@ -170,7 +171,7 @@ func TestAnIdempotentEffectSurvivesACrashAfterTheEffect(t *testing.T) {
 
 			// A mutate call straight to the pool (what the dispatcher
 			// sends after an approval), with an idempotency key.
-			bus, err := events.NewBus(srv.JS, events.BusConfig{Source: "/test"})
+			eb, err := bus.NewBus(srv.JS, bus.BusConfig{Source: "/test"})
 			require.NoError(t, err)
 			runID := events.NewID()
 			callID := events.DerivedID(runID, "call", 1, 0, 1)
@@ -179,7 +180,7 @@ func TestAnIdempotentEffectSurvivesACrashAfterTheEffect(t *testing.T) {
 			require.NoError(t, err)
 			approval := &events.ApprovalGrant{Token: "k1.test", Approver: "test", Context: events.ApprovalContext{
 				ApprovalID: runID + "-1-0", RunID: runID, StepID: callID, Action: "test.count", InputHash: hash, ExpiresAt: time.Now().Add(time.Hour)}}
-			_, err = bus.Emit(ctx, events.TypeActionRequested, callID, events.DefaultTenant, runID, "default", &events.ActionRequested{
+			_, err = eb.Emit(ctx, events.TypeActionRequested, callID, events.DefaultTenant, runID, "default", &events.ActionRequested{
 				RunID: runID, CallID: callID, Cycle: 1, Attempt: 1, Action: "test.count", Origin: events.OriginHost,
 				Args: args, IdempotencyKey: "transfer-991", Approval: approval})
 			require.NoError(t, err)

@@ -14,7 +14,8 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/policy"
 )
 
@@ -81,9 +82,9 @@ func TestIdentityAttacksAsTheDeployedUsers(t *testing.T) {
 		require.NoError(t, err)
 		token, err := policy.Sign("k1", deployApprovalKey, policy.ApprovalContext(p.Context))
 		require.NoError(t, err)
-		bus, err := events.Open(approverNC, events.BusConfig{Source: "/approver"})
+		eb, err := bus.Open(approverNC, bus.BusConfig{Source: "/approver"})
 		require.NoError(t, err)
-		_, err = bus.Emit(ctx, events.TypeApprovalGranted, events.NewID(), events.DefaultTenant, runID, "",
+		_, err = eb.Emit(ctx, events.TypeApprovalGranted, events.NewID(), events.DefaultTenant, runID, "",
 			&events.ApprovalGranted{RunID: runID, ApprovalID: approvalID, Token: token, Approver: "the-cfo"})
 		require.NoError(t, err)
 

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
 )
 
 // r37PubAck is a JetStream publish answer as the tenant receives it.

@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/embedded"
-	"github.com/actionbus/actionbus/internal/events"
 )
 
 func freeAddr(t *testing.T) string {
@@ -89,7 +89,7 @@ func TestServicesServeMetricsAndReadiness(t *testing.T) {
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	require.NoError(t, events.Topology{}.Provision(ctx, js))
+	require.NoError(t, bus.Topology{}.Provision(ctx, js))
 	for svc, addr := range addrs {
 		require.Eventually(t, func() bool {
 			code, _ := get("http://" + addr + "/readyz")

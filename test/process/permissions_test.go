@@ -16,8 +16,9 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // TestLeastPrivilegeUsersRunTheSystem starts a server with the accounts and
@@ -258,8 +259,8 @@ func TestOnlyTheDispatcherPurgesTimersAndItCancelsAnEndedRunsAlarm(t *testing.T)
 	// A victim's schedule, an hour away; each other user tries to purge it.
 	victim := events.NewID()
 	schedule := &nats.Msg{Subject: "ab.run.default." + victim + ".sched.alarm", Header: nats.Header{}, Data: []byte(`{}`)}
-	schedule.Header.Set(events.HeaderSchedule, "@at "+time.Now().UTC().Add(time.Hour).Truncate(time.Second).Format(time.RFC3339))
-	schedule.Header.Set(events.HeaderScheduleTarget, "ab.run.default."+victim+".timer")
+	schedule.Header.Set(bus.HeaderSchedule, "@at "+time.Now().UTC().Add(time.Hour).Truncate(time.Second).Format(time.RFC3339))
+	schedule.Header.Set(bus.HeaderScheduleTarget, "ab.run.default."+victim+".timer")
 	_, err := adminJS.PublishMsg(ctx, schedule)
 	require.NoError(t, err)
 	for _, user := range []struct{ name, inbox string }{

@@ -22,7 +22,8 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 func repoRoot(t *testing.T) string {
@@ -110,7 +111,7 @@ func TestReadmeExampleHeadersAreWhatTheCodecWrites(t *testing.T) {
 	e.SetExtension("runid", runID)
 	e.SetExtension("tenant", events.DefaultTenant)
 	e.DataEncoded = []byte(ex.body)
-	msg, err := events.Encode(ex.subject, &e, events.ModeBinary)
+	msg, err := bus.Encode(ex.subject, &e, bus.ModeBinary)
 	require.NoError(t, err)
 	assert.Equal(t, msg.Header, ex.headers, "the README's headers are byte-for-byte what actionbus publishes")
 	assert.Equal(t, events.MustSubjects("ab").Run(events.DefaultTenant, runID, "requested"), ex.subject)

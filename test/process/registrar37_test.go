@@ -22,8 +22,9 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/llmtest"
 	"github.com/actionbus/actionbus/internal/registrar"
 )
@@ -77,7 +78,7 @@ func reg37SkillsAnnouncement(t *testing.T, pool string, skills []map[string]any)
 	e.SetSource("/mallory")
 	e.SetExtension(events.ExtPool, pool)
 	require.NoError(t, events.SetData(&e, events.ContentTypeJSON, events.PoolAnnounced{Executor: "mallory", Pool: pool, Skills: skills}))
-	msg, err := events.Encode(events.MustSubjects("ab").Announce(pool), &e, events.ModeBinary)
+	msg, err := bus.Encode(events.MustSubjects("ab").Announce(pool), &e, bus.ModeBinary)
 	require.NoError(t, err)
 	return msg
 }

@@ -23,7 +23,8 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // service is a service process the soak kills and restarts.
@@ -171,7 +172,7 @@ func TestChaosSoak(t *testing.T) {
 	var approvalsMu sync.Mutex
 	asked := map[string]bool{}
 	_, err = srv.Conn.Subscribe("ab.run.*.*.approval", func(m *nats.Msg) {
-		e, err := events.Decode(m.Subject, m.Header, m.Data)
+		e, err := bus.Decode(m.Subject, m.Header, m.Data)
 		if err != nil || e.Type() != events.TypeApprovalRequested {
 			return
 		}

@@ -17,8 +17,9 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/artifacts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // storedCount is the number of messages a stream holds (read as admin).
@@ -50,7 +51,7 @@ func announcement(t *testing.T, pool string, defs ...map[string]any) *nats.Msg {
 	e.SetSource("/mallory")
 	e.SetExtension(events.ExtPool, pool)
 	require.NoError(t, events.SetData(&e, events.ContentTypeJSON, events.PoolAnnounced{Executor: "mallory", Pool: pool, Actions: defs}))
-	msg, err := events.Encode(events.MustSubjects("ab").Announce(pool), &e, events.ModeBinary)
+	msg, err := bus.Encode(events.MustSubjects("ab").Announce(pool), &e, bus.ModeBinary)
 	require.NoError(t, err)
 	return msg
 }
@@ -91,7 +92,7 @@ func TestAnExecutorCannotWipeTheStoresOrTakeOverAnotherPoolsAction(t *testing.T)
 
 	// What the other pool, the services and the tenants keep in the
 	// stores.
-	topo := events.Topology{}
+	topo := bus.Topology{}
 	payIdem, err := adminJS.KeyValue(ctx, topo.BucketIdempotency("payments"))
 	require.NoError(t, err)
 	_, err = payIdem.Put(ctx, "payments.default.k1", []byte(`{"state":"done"}`))

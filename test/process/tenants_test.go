@@ -13,7 +13,8 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/client"
 	natsconf "github.com/actionbus/actionbus/deploy/nats"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // TestATenantCannotReachAnotherTenantsRuns runs two tenants' client and
@@ -156,7 +157,7 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 		require.Eventually(t, func() bool {
 			n := 0
 			for _, r := range rejections(t, ctx, adminJS, waiting) {
-				if r.Reason.Code == actionbus.CodeInvalidTenant && r.Consumer == events.ConsumerDispatcherRequests {
+				if r.Reason.Code == actionbus.CodeInvalidTenant && r.Consumer == bus.ConsumerDispatcherRequests {
 					n++
 				}
 			}
