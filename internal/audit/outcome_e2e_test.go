@@ -52,20 +52,8 @@ func TestForgedResultsOfACallAreAuditedAsDuplicates(t *testing.T) {
 		return r.Event != nil && r.Type() == events.TypeActionCompleted && events.DataAs(r.Event, &done) == nil && done.RunID == res.RunID
 	})
 
-	forger, err := bus.Open(srv.Connect(t), bus.BusConfig{Source: "/forger"})
-	require.NoError(t, err)
-	forged := done
-	forged.Output = map[string]any{"forged": true}
-	for range 2 {
-		_, err := forger.Emit(ctx, events.TypeActionCompleted, events.NewID(), events.DefaultTenant, res.RunID, "", &forged)
-		require.NoError(t, err)
-	}
-
-	var recs []client.AuditRecord
-	require.Eventually(t, func() bool {
-		recs, err = st.Client.AuditRecords(ctx, res.RunID)
-		return err == nil && len(resultRecords(recs)) == 3
-	}, 20*time.Second, 20*time.Millisecond)
+	forgeResults(ctx, t, srv, done, map[string]any{"forged": true}, 2)
+	recs := waitForResults(ctx, t, st, res.RunID, 3)
 	results := resultRecords(recs)
 	assert.Equal(t, "succeeded", results[0].Status)
 	assert.Equal(t, events.ResultID(done.CallID, done.Attempt), results[0].EventID, "the outcome is the executor's result")
@@ -130,4 +118,31 @@ func TestAResultAnsweredAgainIsAuditedOnceAsADuplicate(t *testing.T) {
 	assert.Equal(t, results[0].EventID, results[1].DuplicateOf)
 	v := audit.Check(recs, pub)
 	assert.Nil(t, v.Broken, "%+v", v.Broken)
+}
+
+// forgeResults publishes n results of the call done answers, with output,
+// under fresh ids, as a user that may publish results (an executor) can.
+func forgeResults(ctx context.Context, t *testing.T, srv *actionbustest.Server, done events.ActionCompleted, output any, n int) {
+	t.Helper()
+	forger, err := bus.Open(srv.Connect(t), bus.BusConfig{Source: "/forger"})
+	require.NoError(t, err)
+	forged := done
+	forged.Output = output
+	for range n {
+		_, err := forger.Emit(ctx, events.TypeActionCompleted, events.NewID(), events.DefaultTenant, done.RunID, "", &forged)
+		require.NoError(t, err)
+	}
+}
+
+// waitForResults waits until the run's chain holds n result records of
+// its calls and returns the run's records.
+func waitForResults(ctx context.Context, t *testing.T, st *actionbustest.Stack, runID string, n int) []client.AuditRecord {
+	t.Helper()
+	var recs []client.AuditRecord
+	require.Eventually(t, func() bool {
+		var err error
+		recs, err = st.Client.AuditRecords(ctx, runID)
+		return err == nil && len(resultRecords(recs)) == n
+	}, 30*time.Second, 50*time.Millisecond, "the run's chain holds %d results", n)
+	return recs
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // TestAnOversizedRecordIsStoredHashedAndTheChainStaysWhole: an executor
@@ -45,20 +44,8 @@ func TestAnOversizedRecordIsStoredHashedAndTheChainStaysWhole(t *testing.T) {
 		return r.Event != nil && r.Type() == events.TypeActionCompleted && events.DataAs(r.Event, &done) == nil && done.RunID == res.RunID
 	})
 
-	forger, err := bus.Open(srv.Connect(t), bus.BusConfig{Source: "/forger"})
-	require.NoError(t, err)
-	forged := done
-	forged.Output = strings.Repeat("<", 100_000)
-	for range 2 {
-		_, err := forger.Emit(ctx, events.TypeActionCompleted, events.NewID(), events.DefaultTenant, res.RunID, "", &forged)
-		require.NoError(t, err)
-	}
-
-	var recs []client.AuditRecord
-	require.Eventually(t, func() bool {
-		recs, err = st.Client.AuditRecords(ctx, res.RunID)
-		return err == nil && len(resultRecords(recs)) == 3
-	}, 30*time.Second, 50*time.Millisecond, "every result of the call is recorded")
+	forgeResults(ctx, t, srv, done, strings.Repeat("<", 100_000), 2)
+	recs := waitForResults(ctx, t, st, res.RunID, 3)
 	v := audit.Check(recs, st.AuditorKey)
 	require.Nil(t, v.Broken, "%+v", v.Broken)
 	results := resultRecords(recs)
@@ -74,8 +61,9 @@ func TestAnOversizedRecordIsStoredHashedAndTheChainStaysWhole(t *testing.T) {
 	// The auditor is not held: the next run is audited whole.
 	next, err := st.Client.Run(ctx, client.RunRequest{UserID: "ada", Workflow: render}, nil)
 	require.NoError(t, err)
+	var err2 error
 	require.Eventually(t, func() bool {
-		recs, err = st.Client.AuditRecords(ctx, next.RunID)
-		return err == nil && audit.HasTerminal(recs)
+		recs, err2 = st.Client.AuditRecords(ctx, next.RunID)
+		return err2 == nil && audit.HasTerminal(recs)
 	}, 30*time.Second, 50*time.Millisecond)
 }
