@@ -61,9 +61,8 @@ func TestAnOversizedRecordIsStoredHashedAndTheChainStaysWhole(t *testing.T) {
 	// The auditor is not held: the next run is audited whole.
 	next, err := st.Client.Run(ctx, client.RunRequest{UserID: "ada", Workflow: render}, nil)
 	require.NoError(t, err)
-	var err2 error
 	require.Eventually(t, func() bool {
-		recs, err2 = st.Client.AuditRecords(ctx, next.RunID)
-		return err2 == nil && audit.HasTerminal(recs)
+		recs, err = st.Client.AuditRecords(ctx, next.RunID)
+		return err == nil && audit.HasTerminal(recs)
 	}, 30*time.Second, 50*time.Millisecond)
 }
