@@ -1,6 +1,7 @@
 package attack38_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -12,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/events"
 )
 
@@ -25,11 +28,18 @@ import (
 // with 60 header values of 1 KiB of '<' (JetStream takes 64 KiB of
 // headers): its rejection is about 370 KB,
 // cannot be published, and the message is delivered again for ever to
-// every consumer of the runs stream. Safe: a rejection is stored, and
-// every consumer's acknowledgement passes the message.
+// every consumer of the runs stream; the auditor, which acknowledges by
+// position, then acknowledges no later event either. Safe: a rejection is
+// stored, every consumer's acknowledgement passes the message, and the
+// auditor acknowledges the run after it.
 func TestAttack38_ExecutorHoldsAMessageUnrejectableWithEscapedHeaders(t *testing.T) {
 	srv := operatorServer(t, 256<<10)
-	srv.StartStack(t, actionbustest.StackOptions{})
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "page.render", Description: "Render a page."},
+			func(context.Context, struct{}, executor.Call) (executor.Result[string], error) {
+				return executor.Result[string]{Output: "<p>"}, nil
+			})
+	}})
 	exec := srv.ServiceConnect(t, "executor")
 	ctx := ctxFor(t, 60*time.Second)
 
@@ -65,4 +75,16 @@ func TestAttack38_ExecutorHoldsAMessageUnrejectableWithEscapedHeaders(t *testing
 	if !ok {
 		t.Logf("consumers held at the message: %v", held())
 	}
+
+	// The auditor acknowledges by position: held at the message, it
+	// acknowledges none of the runs after it either.
+	res, err := st.Client.Run(ctx, client.RunRequest{UserID: "ada", Action: &client.ActionCall{Name: "page.render", Args: map[string]any{}}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	last, err := stream.Info(ctx)
+	require.NoError(t, err)
+	assert.Eventually(t, func() bool {
+		info, err := stream.Consumer(ctx, "auditor-runs")
+		return err == nil && info.CachedInfo().AckFloor.Stream >= last.State.LastSeq
+	}, 15*time.Second, 100*time.Millisecond, "the auditor acknowledges the run after the message (up to stream sequence %d)", last.State.LastSeq)
 }
