@@ -2,6 +2,7 @@ package attack38_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/events"
 )
@@ -79,4 +81,53 @@ func hasEvent(recs []client.AuditRecord, id string) bool {
 		}
 	}
 	return false
+}
+
+// TestAttack38_TenantClientRunsUnauditedWithAnOutOfRangeEventTime: the
+// least trusted party does the same to its own run. A tenant's NATS
+// client publishes its run.requested with a ce-time that is year 10000
+// in UTC; the ingress carries every ce- header into the stored request,
+// the dispatcher runs it (the action runs, its effect happens), and the
+// auditor's first append of the run — the request's record with the
+// records batched with it — can be encoded neither together, nor alone,
+// nor stripped, so it is acknowledged unstored. Safe: the run's chain
+// holds the request's record and the run's end.
+func TestAttack38_TenantClientRunsUnauditedWithAnOutOfRangeEventTime(t *testing.T) {
+	srv := operatorServer(t, 0)
+	const tenant = "acme"
+	nc := srv.TenantAdd(t, tenant, accounts.Limits{})
+	runs := srv.Record(t, srv.Prefix+".run.>")
+	var effects atomic.Int32
+	srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "payments.refund", Description: "Refund a payment."},
+			func(context.Context, struct{}, executor.Call) (executor.Result[string], error) {
+				effects.Add(1)
+				return executor.Result[string]{Output: "refunded"}, nil
+			})
+	}})
+	ctx := ctxFor(t, 90*time.Second)
+	bus, err := events.Open(nc, events.BusConfig{Source: "/client"})
+	require.NoError(t, err)
+	runID := events.NewID()
+	e, err := bus.New(events.TypeRunRequested, runID, tenant, runID, &events.RunRequested{RunID: runID, UserID: "ada",
+		Action: &events.ActionCall{Name: "payments.refund", Args: map[string]any{}}})
+	require.NoError(t, err)
+	publishRaw(ctx, t, nc, events.MustSubjects(srv.Prefix).Run(tenant, runID, "requested"), e,
+		func(m *nats.Msg) { m.Header.Set("ce-time", outOfRangeTime) })
+	runs.WaitForType(t, 30*time.Second, events.TypeRunCompleted, runID)
+	require.EqualValues(t, 1, effects.Load(), "the run ran its action")
+
+	c, err := client.New(nc, client.Options{Prefix: srv.Prefix, Tenant: tenant})
+	require.NoError(t, err)
+	var recs []client.AuditRecord
+	ok := assert.Eventually(t, func() bool {
+		recs, err = c.AuditRecords(ctx, runID)
+		return err == nil && audit.HasTerminal(recs) && hasEvent(recs, runID)
+	}, 20*time.Second, 100*time.Millisecond, "the run's request and its end are audited")
+	if !ok {
+		t.Logf("records of run %s: %d (err %v)", runID, len(recs), err)
+		for _, r := range recs {
+			t.Logf("  %s %s %s", r.EventType, r.Kind, r.Status)
+		}
+	}
 }
