@@ -2,6 +2,8 @@ package attack38_test
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,4 +54,51 @@ func TestAttack38_TenantClientRetriesARunThatCalledNothingWithAnotherAction(t *t
 		assert.Equal(t, actionbus.CodeRetryRefused, retry.Error.Code, "%+v", retry.Error)
 	}
 	assert.Zero(t, deletes.Load(), "files.delete never runs as the retry of files.read")
+}
+
+// TestAttack38_TenantClientRetriesAOneActionRunWithOtherArguments: row
+// 88's threat is a different effect recorded, and claimed, as the retry
+// of the first. A one-action retry is checked for its action's name
+// only: a tenant's NATS client retries a failed refund of 10 with a
+// refund of 10000, which runs as the retry of the first. Safe: the retry
+// is refused retry_refused and the other refund never runs.
+func TestAttack38_TenantClientRetriesAOneActionRunWithOtherArguments(t *testing.T) {
+	srv := operatorServer(t, 0)
+	const tenant = "acme"
+	nc := srv.TenantAdd(t, tenant, accounts.Limits{})
+	type refund struct {
+		Amount int `json:"amount"`
+	}
+	var refunded []int
+	var mu sync.Mutex
+	srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "payments.refund", Description: "Refund an amount."},
+			func(_ context.Context, in refund, _ executor.Call) (executor.Result[string], error) {
+				mu.Lock()
+				defer mu.Unlock()
+				refunded = append(refunded, in.Amount)
+				if in.Amount == 10 {
+					return executor.Result[string]{}, errors.New("the bank did not answer")
+				}
+				return executor.Result[string]{Output: "refunded"}, nil
+			})
+	}})
+	c, err := client.New(nc, client.Options{Prefix: srv.Prefix, Tenant: tenant})
+	require.NoError(t, err)
+	ctx := ctxFor(t, 90*time.Second)
+
+	first, err := c.Run(ctx, client.RunRequest{UserID: "ada", Action: &client.ActionCall{Name: "payments.refund", Args: map[string]any{"amount": 10}}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, first.Status)
+
+	retry, err := c.Run(ctx, client.RunRequest{UserID: "ada", RetryOf: first.RunID,
+		Action: &client.ActionCall{Name: "payments.refund", Args: map[string]any{"amount": 10000}}}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, client.StatusFailed, retry.Status, "a retry of a refund of 10 that refunds 10000 is refused")
+	if assert.NotNil(t, retry.Error) {
+		assert.Equal(t, actionbus.CodeRetryRefused, retry.Error.Code, "%+v", retry.Error)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.NotContains(t, refunded, 10000, "no refund of 10000 runs as the retry of a refund of 10")
 }
