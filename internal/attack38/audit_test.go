@@ -131,3 +131,48 @@ func TestAttack38_TenantClientRunsUnauditedWithAnOutOfRangeEventTime(t *testing.
 		}
 	}
 }
+
+// TestAttack38_ExecutorHoldsTheAuditorWithARejectionOfADottedTenant: row
+// 86 keeps a rejection's run id from naming an audit subject, but not its
+// tenant. An event.rejected is bound to no tenant by its subject
+// (ab.rejected.<stream>), so its tenant extension is checked by no one;
+// the auditor takes the record's tenant from the original subject only
+// when that names a valid tenant, else from the extension. The deployed
+// executor user publishes an event.rejected whose original subject names
+// no run and whose ce-tenant is "x.y": the record's audit subject is
+// ab.audit.x.y.norun.records, which the auditor may not publish, so its
+// append fails for ever and the auditor, which acknowledges by position,
+// acknowledges no later rejection. Safe: the auditor acknowledges it, and
+// the rejections after it.
+func TestAttack38_ExecutorHoldsTheAuditorWithARejectionOfADottedTenant(t *testing.T) {
+	srv := operatorServer(t, 0)
+	srv.StartStack(t, actionbustest.StackOptions{})
+	exec := srv.ServiceConnect(t, "executor")
+	forger, err := events.Open(exec, events.BusConfig{Source: "/executor"})
+	require.NoError(t, err)
+	ctx := ctxFor(t, 60*time.Second)
+	subjects := events.MustSubjects(srv.Prefix)
+	rej := &events.EventRejected{Reason: *actionbus.Errorf(actionbus.CodeSchemaValidation, "bad"), OriginalSubject: "nowhere", Consumer: "dispatcher"}
+	e, err := forger.New(events.TypeEventRejected, events.NewID(), "", "", rej)
+	require.NoError(t, err)
+	ack := publishRaw(ctx, t, exec, subjects.Rejected("AB_RUNS"), e, func(m *nats.Msg) { m.Header.Set("ce-tenant", "x.y") })
+
+	// A rejection after it, of no tenant at all.
+	e, err = forger.New(events.TypeEventRejected, events.NewID(), "", "", rej)
+	require.NoError(t, err)
+	after := publishRaw(ctx, t, exec, subjects.Rejected("AB_RUNS"), e, nil)
+	require.Greater(t, after.Sequence, ack.Sequence)
+
+	stream, err := srv.JS.Stream(ctx, "AB_REJECTED")
+	require.NoError(t, err)
+	floor := func() uint64 {
+		c, err := stream.Consumer(ctx, "auditor-rejected")
+		if err != nil {
+			return 0
+		}
+		return c.CachedInfo().AckFloor.Stream
+	}
+	assert.Eventually(t, func() bool { return floor() >= after.Sequence }, 20*time.Second, 100*time.Millisecond,
+		"the auditor acknowledges the rejection and the one after it (stream sequences %d, %d)", ack.Sequence, after.Sequence)
+	t.Logf("auditor-rejected ack floor %d", floor())
+}
