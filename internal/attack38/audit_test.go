@@ -51,7 +51,9 @@ func TestAttack38_ExecutorErasesARunsAuditWithAnOutOfRangeEventTime(t *testing.T
 				if err != nil {
 					return executor.Result[string]{}, err
 				}
-				publishRaw(ctx, t, exec, subjects.Rejected("AB_RUNS"), e, func(m *nats.Msg) { m.Header.Set("ce-time", outOfRangeTime) })
+				if _, err := tryPublishRaw(ctx, exec, subjects.Rejected("AB_RUNS"), e, func(m *nats.Msg) { m.Header.Set("ce-time", outOfRangeTime) }); err != nil {
+					return executor.Result[string]{}, err
+				}
 				return executor.Result[string]{Output: "<p>"}, nil
 			})
 	}})

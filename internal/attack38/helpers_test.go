@@ -24,16 +24,26 @@ import (
 // party nc is connected as.
 func publishRaw(ctx context.Context, t *testing.T, nc *nats.Conn, subject string, e *event.Event, edit func(*nats.Msg)) *jetstream.PubAck {
 	t.Helper()
-	msg, err := events.Encode(subject, e, events.ModeBinary)
+	ack, err := tryPublishRaw(ctx, nc, subject, e, edit)
 	require.NoError(t, err)
+	return ack
+}
+
+// tryPublishRaw is publishRaw returning its error, for goroutines other
+// than the test's (an action's handler).
+func tryPublishRaw(ctx context.Context, nc *nats.Conn, subject string, e *event.Event, edit func(*nats.Msg)) (*jetstream.PubAck, error) {
+	msg, err := events.Encode(subject, e, events.ModeBinary)
+	if err != nil {
+		return nil, err
+	}
 	if edit != nil {
 		edit(msg)
 	}
 	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	ack, err := js.PublishMsg(ctx, msg)
-	require.NoError(t, err)
-	return ack
+	if err != nil {
+		return nil, err
+	}
+	return js.PublishMsg(ctx, msg)
 }
 
 // operatorServer starts a server in operator mode: every service of a
