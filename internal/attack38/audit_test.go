@@ -13,10 +13,11 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/audit"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // outOfRangeTime is a valid RFC 3339 time (a year of four digits, an
@@ -38,7 +39,7 @@ const outOfRangeTime = "9999-12-31T23:59:59-23:59"
 func TestAttack38_ExecutorErasesARunsAuditWithAnOutOfRangeEventTime(t *testing.T) {
 	srv := operatorServer(t, 0)
 	exec := srv.ServiceConnect(t, "executor")
-	forger, err := events.Open(exec, events.BusConfig{Source: "/executor"})
+	forger, err := bus.Open(exec, bus.BusConfig{Source: "/executor"})
 	require.NoError(t, err)
 	subjects := events.MustSubjects(srv.Prefix)
 	forgedID := events.NewID()
@@ -108,7 +109,7 @@ func TestAttack38_TenantClientRunsUnauditedWithAnOutOfRangeEventTime(t *testing.
 			})
 	}})
 	ctx := ctxFor(t, 90*time.Second)
-	bus, err := events.Open(nc, events.BusConfig{Source: "/client"})
+	bus, err := bus.Open(nc, bus.BusConfig{Source: "/client"})
 	require.NoError(t, err)
 	runID := events.NewID()
 	e, err := bus.New(events.TypeRunRequested, runID, tenant, runID, &events.RunRequested{RunID: runID, UserID: "ada",
@@ -150,7 +151,7 @@ func TestAttack38_ExecutorHoldsTheAuditorWithARejectionOfADottedTenant(t *testin
 	srv := operatorServer(t, 0)
 	srv.StartStack(t, actionbustest.StackOptions{})
 	exec := srv.ServiceConnect(t, "executor")
-	forger, err := events.Open(exec, events.BusConfig{Source: "/executor"})
+	forger, err := bus.Open(exec, bus.BusConfig{Source: "/executor"})
 	require.NoError(t, err)
 	ctx := ctxFor(t, 60*time.Second)
 	subjects := events.MustSubjects(srv.Prefix)

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/actionbustest"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // publishRaw encodes e (binary mode) on subject, lets edit change the
@@ -32,7 +32,7 @@ func publishRaw(ctx context.Context, t *testing.T, nc *nats.Conn, subject string
 // tryPublishRaw is publishRaw returning its error, for goroutines other
 // than the test's (an action's handler).
 func tryPublishRaw(ctx context.Context, nc *nats.Conn, subject string, e *event.Event, edit func(*nats.Msg)) (*jetstream.PubAck, error) {
-	msg, err := events.Encode(subject, e, events.ModeBinary)
+	msg, err := bus.Encode(subject, e, bus.ModeBinary)
 	if err != nil {
 		return nil, err
 	}

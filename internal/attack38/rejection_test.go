@@ -14,9 +14,10 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/accounts"
-	"github.com/actionbus/actionbus/internal/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // TestAttack38_ExecutorHoldsAMessageUnrejectableWithEscapedHeaders: row
@@ -47,7 +48,7 @@ func TestAttack38_ExecutorHoldsAMessageUnrejectableWithEscapedHeaders(t *testing
 	subject := events.MustSubjects(srv.Prefix).Run(events.DefaultTenant, events.NewID(), "result")
 	msg := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: []byte("x")}
 	for i := range 60 { // JetStream stores at most 64 KiB of headers
-		msg.Header[fmt.Sprintf("X-Pad-%02d", i)] = []string{strings.Repeat("<", events.MaxRejectedHeader)}
+		msg.Header[fmt.Sprintf("X-Pad-%02d", i)] = []string{strings.Repeat("<", bus.MaxRejectedHeader)}
 	}
 	js, err := jetstream.New(exec)
 	require.NoError(t, err)
@@ -112,16 +113,16 @@ func TestAttack38_TenantClientHoldsTheAuditorWithAnUnrejectableRequest(t *testin
 			})
 	}})
 	ctx := ctxFor(t, 90*time.Second)
-	bus, err := events.Open(nc, events.BusConfig{Source: "/client"})
+	eb, err := bus.Open(nc, bus.BusConfig{Source: "/client"})
 	require.NoError(t, err)
 	runID := events.NewID()
-	e, err := bus.New(events.TypeRunRequested, runID, tenant, runID, &events.RunRequested{RunID: runID, UserID: "ada",
+	e, err := eb.New(events.TypeRunRequested, runID, tenant, runID, &events.RunRequested{RunID: runID, UserID: "ada",
 		Action: &events.ActionCall{Name: "page.render", Args: map[string]any{}}})
 	require.NoError(t, err)
 	ack := publishRaw(ctx, t, nc, events.MustSubjects(srv.Prefix).Run(tenant, runID, "requested"), e, func(m *nats.Msg) {
 		m.Data = []byte(`{}`) // fails the schema of run.requested
 		for i := range 60 {
-			m.Header[fmt.Sprintf("ce-pad%02d", i)] = []string{strings.Repeat("<", events.MaxRejectedHeader)}
+			m.Header[fmt.Sprintf("ce-pad%02d", i)] = []string{strings.Repeat("<", bus.MaxRejectedHeader)}
 		}
 	})
 
