@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -73,6 +74,19 @@ func Validate(e *event.Event) error {
 func CheckEnvelope(e *event.Event) error {
 	if err := e.Validate(); err != nil {
 		return actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: %w", err)
+	}
+	// A time RFC 3339 allows but no record can hold: years past 9999 (or
+	// before 1) in UTC have no JSON form, so an event with one could
+	// never be audited, and would hold every record stored with it.
+	if t := e.Time(); !t.IsZero() && (t.UTC().Year() < 1 || t.UTC().Year() > 9999) {
+		return actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: time %s is outside the years 1 to 9999 in UTC", t.Format(time.RFC3339))
+	}
+	// The tenant attribute names a subject token wherever it is used (the
+	// audit subject of the event's records): a tenant or none.
+	if v, ok := e.Extensions()[ExtTenant]; ok {
+		if t, _ := v.(string); t != DefaultTenant && !ValidTenant(t) {
+			return actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: tenant %q is not a tenant", clip(fmt.Sprint(v), 64))
+		}
 	}
 	return nil
 }

@@ -22,17 +22,13 @@ import (
 	"github.com/actionbus/actionbus/internal/httpapi"
 )
 
-// TestAttack38_GatewayUserCannotRetryTheirOwnRun: row 87 makes the retry
+// TestAGatewayUserRetriesTheirOwnRunThroughTheAPI: row 87 makes the retry
 // of a run a gateway authenticated the gateway's alone (a tenant's NATS
-// client naming the user is refused), and its test has the user's own
-// retry "through the gateway" run. The gateway the product ships (the
-// HTTP API) has no way to ask for a retry: POST /v1/runs refuses a
-// retryOf (unknown field), and there is no retry route. So no failed run
-// of a gateway user can be retried by anyone; its test holds only in a
-// harness that signs the gateway's token itself. Safe: the user retries
-// their run through the HTTP API (and the tenant's NATS client is still
-// refused).
-func TestAttack38_GatewayUserCannotRetryTheirOwnRun(t *testing.T) {
+// client naming the user is refused). The gateway the product ships, the
+// HTTP API, must then take a retry: POST /v1/runs with retryOf, signed
+// for the token's user. (It refused retryOf as an unknown field, so no
+// failed run of a gateway user could be retried by anyone.)
+func TestAGatewayUserRetriesTheirOwnRunThroughTheAPI(t *testing.T) {
 	key := []byte("0123456789abcdef0123456789abcdef")
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true})
 	srv.StartStack(t, actionbustest.StackOptions{ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(key) + ":*",

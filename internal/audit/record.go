@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/actionbus/actionbus"
@@ -244,6 +245,11 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		// publisher's account imports bound it to) — also when it names
 		// no valid run: one tenant's junk never lands in another's (the
 		// default tenant's) audit trail.
+		// A subject that names no tenant leaves the rejection with the
+		// services' (the default) tenant: never the tenant attribute the
+		// rejection's publisher wrote, which would put one party's junk
+		// in any tenant's trail.
+		rec.Tenant = ""
 		if t, _ := events.MustSubjects(b.Prefix).RunFromSubject(d.OriginalSubject); events.ValidTenant(t) {
 			rec.Tenant = t
 		}
@@ -434,5 +440,9 @@ func Stripped(rec events.AuditRecorded, cause error) events.AuditRecorded {
 		Kind: rec.Kind, Status: clipWithHash(rec.Status), PayloadHash: rec.PayloadHash, Source: rec.Source,
 		Summary:      clipWithHash("record not storable: " + string(actionbus.CodeOf(cause))),
 		PayloadModes: map[string]string{"record": "stripped"}}
+	if y := out.EventTime.UTC().Year(); y < 1 || y > 9999 {
+		out.EventTime = time.Time{} // no JSON form: kept in the summary
+		out.Summary = clipWithHash(out.Summary + "; event time " + rec.EventTime.String())
+	}
 	return out
 }

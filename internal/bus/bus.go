@@ -17,6 +17,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/jsoncodec"
 	"github.com/actionbus/actionbus/internal/tracing"
 )
 
@@ -403,14 +404,11 @@ func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*events.Recei
 func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, reason error) error {
 	rej := events.EventRejected{
 		OriginalSubject: msg.Subject(),
-		OriginalHeaders: boundedHeaders(msg.Headers()),
+		OriginalHeaders: boundedHeaders(msg.Headers(), MaxRejectedHeader, MaxRejectedHeaders),
 		OriginalData:    msg.Data(),
 		Consumer:        consumer,
 	}
-	if n := len(rej.OriginalData); n > MaxRejectedData {
-		sum := sha256.Sum256(rej.OriginalData)
-		rej.OriginalData, rej.OriginalDataBytes, rej.OriginalDataHash = rej.OriginalData[:MaxRejectedData], n, hex.EncodeToString(sum[:])
-	}
+	cutOriginal(&rej, MaxRejectedData)
 	if abErr := new(actionbus.Error); errors.As(reason, &abErr) {
 		rej.Reason = *abErr
 	} else {
@@ -434,6 +432,7 @@ func (b *Bus) Reject(ctx context.Context, msg jetstream.Msg, consumer string, re
 	if runID := b.subjects.RunIDFromSubject(msg.Subject()); events.ValidRunID(runID) {
 		rej.RunID = runID
 	}
+	fitRejection(&rej, b.rejectionBudget())
 	if _, err := b.emitRejected(ctx, stream, id, rej); err != nil {
 		return fmt.Errorf("events: reject message from %s: %w", msg.Subject(), err)
 	}
@@ -453,8 +452,62 @@ const (
 	MaxRejectedHeaders = 64
 )
 
-// boundedHeaders is what a rejection keeps of the original headers.
-func boundedHeaders(h nats.Header) map[string][]string {
+// rejectionBudget bounds the data of a rejection: a quarter of the
+// server's max payload (the envelope's headers and JSON's escaping of
+// what the original holds take the rest), at least 4 KiB.
+func (b *Bus) rejectionBudget() int {
+	limit := 1 << 20
+	if nc := b.js.Conn(); nc != nil && nc.MaxPayload() > 0 {
+		limit = int(nc.MaxPayload())
+	}
+	return max(4<<10, limit/4)
+}
+
+// fitRejection shrinks what rej keeps of the original message until its
+// encoding is within limit bytes — the fixed bounds hold a message at the
+// default max payload, not one whose headers JSON escapes six-fold on a
+// server with a smaller one: header values to 64 bytes (16 in all), then
+// the body to its first KiB, then only the original's subject, size and
+// hash. A rejection always fits, so the original is never redelivered for
+// ever for want of one.
+func fitRejection(rej *events.EventRejected, limit int) {
+	fits := func() bool {
+		b, err := jsoncodec.Marshal(rej)
+		return err == nil && len(b) <= limit
+	}
+	if fits() {
+		return
+	}
+	rej.OriginalHeaders = boundedHeaders(rej.OriginalHeaders, 64, 16)
+	if fits() {
+		return
+	}
+	cutOriginal(rej, 1<<10)
+	if fits() {
+		return
+	}
+	rej.OriginalHeaders = nil
+	cutOriginal(rej, 0)
+	rej.OriginalSubject = clip(rej.OriginalSubject, 256)
+	rej.Reason.Message = clip(rej.Reason.Message, 256)
+}
+
+// cutOriginal keeps the first n bytes of the original body, with the size
+// and hash of the whole (once: a second cut keeps them).
+func cutOriginal(rej *events.EventRejected, n int) {
+	if len(rej.OriginalData) <= n {
+		return
+	}
+	if rej.OriginalDataHash == "" {
+		sum := sha256.Sum256(rej.OriginalData)
+		rej.OriginalDataBytes, rej.OriginalDataHash = len(rej.OriginalData), hex.EncodeToString(sum[:])
+	}
+	rej.OriginalData = rej.OriginalData[:n]
+}
+
+// boundedHeaders is what a rejection keeps of the original headers: each
+// name and value to valueMax bytes, count values in all (by name order).
+func boundedHeaders(h map[string][]string, valueMax, count int) map[string][]string {
 	if len(h) == 0 {
 		return nil
 	}
@@ -466,10 +519,10 @@ func boundedHeaders(h nats.Header) map[string][]string {
 	out, n := make(map[string][]string, len(h)), 0
 	for _, k := range keys {
 		for _, v := range h[k] {
-			if n == MaxRejectedHeaders {
+			if n == count {
 				return out
 			}
-			out[clip(k, MaxRejectedHeader)] = append(out[clip(k, MaxRejectedHeader)], clip(v, MaxRejectedHeader))
+			out[clip(k, valueMax)] = append(out[clip(k, valueMax)], clip(v, valueMax))
 			n++
 		}
 	}

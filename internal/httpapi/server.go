@@ -311,6 +311,9 @@ type startBody struct {
 	Metadata     map[string]any     `json:"metadata"`
 	DeadlineMs   int64              `json:"deadlineMs"`
 	Workspace    map[string]string  `json:"workspace"`
+	// RetryOf makes the run a retry of the token's user's failed or
+	// canceled run (the same request; see client.RunRequest.RetryOf).
+	RetryOf string `json:"retryOf"`
 }
 
 // resultBody is a run's result as the API returns it.
@@ -363,7 +366,8 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request, tok *Token) {
 		wait = min(d, s.cfg.MaxWait)
 	}
 	req := client.RunRequest{RunID: b.RunID, Prompt: b.Prompt, Scenario: b.Scenario, Workflow: b.Workflow, UserID: tok.User,
-		AllowedModes: b.AllowedModes, Metadata: b.Metadata, Deadline: time.Duration(b.DeadlineMs) * time.Millisecond, Workspace: b.Workspace}
+		AllowedModes: b.AllowedModes, Metadata: b.Metadata, Deadline: time.Duration(b.DeadlineMs) * time.Millisecond, Workspace: b.Workspace,
+		RetryOf: b.RetryOf}
 	if b.Action != nil {
 		req.Action = &client.ActionCall{Name: b.Action.Name, Args: b.Action.Args, IdempotencyKey: b.Action.IdempotencyKey}
 	}

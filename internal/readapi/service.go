@@ -174,13 +174,17 @@ func (s *Service) dispatch(op string, req micro.Request) {
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
+	// The answer is published on the request's reply subject directly, not
+	// through req: micro reads what a request answered when its handler
+	// returns, which is before this goroutine answers (a data race).
+	reply, subject, data := req.Reply(), req.Subject(), req.Data()
 	go func() {
 		defer func() { <-s.slots; s.wg.Done() }()
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReadTimeout)
 		defer cancel()
-		out, err := s.serve(ctx, op, req.Subject(), req.Data())
+		out, err := s.serve(ctx, op, subject, data)
 		if err == nil {
-			err = req.Respond(out)
+			err = s.nc.PublishMsg(&nats.Msg{Subject: reply, Data: out})
 			if err == nil {
 				return
 			}
@@ -190,7 +194,9 @@ func (s *Service) dispatch(op string, req micro.Request) {
 		if actionbus.CodeOf(err) == actionbus.CodeInternal {
 			s.log.Warn("read failed", "op", op, "err", err)
 		}
-		_ = req.Error(code, "read refused", body)
+		// The error answer micro's request.Error sends.
+		_ = s.nc.PublishMsg(&nats.Msg{Subject: reply, Data: body,
+			Header: nats.Header{micro.ErrorHeader: {"read refused"}, micro.ErrorCodeHeader: {code}}})
 	}()
 }
 

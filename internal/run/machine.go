@@ -265,7 +265,7 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 	}
 	switch {
 	case req.Action != nil:
-		st.Kind = KindExec
+		st.Kind, st.Exec = KindExec, execCallOf(req.Action)
 	case req.Workflow != nil:
 		st.Kind = KindWorkflow
 	default:
@@ -410,8 +410,10 @@ func (m *Machine) priorRun(ctx context.Context, st *State, req *events.RunReques
 		return nil, refuse("run %s belongs to another user", runID)
 	case prior.Principal.Gateway != "" && (st.Principal.Gateway == "" || st.Principal.User != prior.Principal.User):
 		return nil, refuse("run %s was requested through a gateway that authenticated its user; retry it through a gateway, as that user", runID)
-	case st.Kind == KindExec && req.Action != nil && len(prior.Calls) > 0 && prior.Calls[0].Action != req.Action.Name:
-		return nil, refuse("run %s called action %s, not %s", runID, prior.Calls[0].Action, req.Action.Name)
+	case st.Kind == KindExec && !st.Exec.Same(prior, req.Action):
+		// A retry repeats the run's call; another call (or the same
+		// action with other arguments) is a new run, not its retry.
+		return nil, refuse("run %s was asked for another call than %s with these arguments; a retry asks for the same action with the same arguments", runID, st.Exec.Action)
 	case st.Agent != nil && (prior.Agent == nil || prior.Agent.Prompt != st.Agent.Prompt || prior.Agent.Scenario != st.Agent.Scenario):
 		return nil, refuse("run %s had another prompt or scenario", runID)
 	case prior.Terminal != nil && prior.Terminal.Error != nil && prior.Terminal.Error.Code == actionbus.CodeRetryRefused:

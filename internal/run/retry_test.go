@@ -340,19 +340,26 @@ func TestARetryOfAGatewayUsersRunIsTheirsAlone(t *testing.T) {
 }
 
 // TestAOneActionRetryRunsTheSameAction: a retry names the run it repeats;
-// one that asks for another action is refused, so the chain of retries
-// never records a different effect as the same one.
+// one that asks for another action, or the same with other arguments, is
+// refused, so the chain of retries never records a different effect as
+// the same one.
 func TestAOneActionRetryRunsTheSameAction(t *testing.T) {
 	plain := func(_ *harness, runID string) events.RunRequested {
 		return events.RunRequested{RunID: runID, UserID: "u1", Action: &events.ActionCall{Name: "t.read", Args: map[string]any{}}}
 	}
 	for _, tc := range []struct {
+		name    string
 		action  string
+		args    map[string]any
 		refused bool
-	}{{"t.query", true}, {"t.read", false}} {
-		t.Run(tc.action, func(t *testing.T) {
+	}{
+		{"another action", "t.query", map[string]any{}, true},
+		{"other arguments", "t.read", map[string]any{"q": "x"}, true},
+		{"the same call", "t.read", map[string]any{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			h := failedExecRun(t, plain)
-			req := events.RunRequested{RunID: retryRunID, UserID: "u1", RetryOf: testRunID, Action: &events.ActionCall{Name: tc.action, Args: map[string]any{"q": "x"}}}
+			req := events.RunRequested{RunID: retryRunID, UserID: "u1", RetryOf: testRunID, Action: &events.ActionCall{Name: tc.action, Args: tc.args}}
 			st, out, err := h.m.Start(context.Background(), &req, "k2")
 			require.NoError(t, err)
 			if !tc.refused {
@@ -361,7 +368,7 @@ func TestAOneActionRetryRunsTheSameAction(t *testing.T) {
 			}
 			require.True(t, st.IsTerminal())
 			assert.Equal(t, actionbus.CodeRetryRefused, st.Terminal.Error.Code)
-			assert.Contains(t, st.Terminal.Error.Message, "called action t.read, not t.query")
+			assert.Contains(t, st.Terminal.Error.Message, "a retry asks for the same action with the same arguments")
 			assert.False(t, has(out, EffectAct), "nothing runs")
 		})
 	}

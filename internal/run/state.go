@@ -98,6 +98,9 @@ type State struct {
 	// revision-checked write of the retry's admission ([Env.ClaimRetry]),
 	// so that a run is retried into at most one new run.
 	RetriedBy string `json:"retriedBy,omitempty"`
+	// Exec is the call a one-action run was asked for, as requested: a
+	// retry asks for the same ([ExecCall.Same]).
+	Exec *ExecCall `json:"exec,omitempty"`
 	// Trace is the run's starting trace context (W3C): every event of the
 	// run carries it, so that every span of the run joins one trace.
 	Trace *tracing.Run `json:"trace,omitempty"`
@@ -426,4 +429,35 @@ func (st *State) recordPolicy(snap policy.Snapshot) int {
 	}
 	st.PolicySnapshots = append(st.PolicySnapshots, snap)
 	return len(st.PolicySnapshots)
+}
+
+// ExecCall is the call a one-action run was asked for: its action and the
+// hash of its arguments as the request gave them (policy.InputHash).
+type ExecCall struct {
+	Action   string `json:"action"`
+	ArgsHash string `json:"argsHash"`
+}
+
+// execCallOf is the ExecCall of a requested call.
+func execCallOf(c *events.ActionCall) *ExecCall {
+	h, err := policy.InputHash(c.Args)
+	if err != nil {
+		h = "unhashable"
+	}
+	return &ExecCall{Action: c.Name, ArgsHash: h}
+}
+
+// Same reports whether a retry's requested call c is the call of the run
+// it retries: the same action with the same arguments. A run stored
+// before runs kept their call is compared with its first call, as the
+// dispatcher prepared it; one that called nothing has nothing to compare
+// with, and is not retried.
+func (e *ExecCall) Same(prior *State, c *events.ActionCall) bool {
+	switch {
+	case prior.Exec != nil:
+		return *prior.Exec == *e
+	case len(prior.Calls) > 0:
+		return *execCallOf(&events.ActionCall{Name: prior.Calls[0].Action, Args: prior.Calls[0].Args}) == *e
+	}
+	return false
 }
