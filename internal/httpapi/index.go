@@ -148,11 +148,11 @@ func (x *Index) Apply(e client.Event) *RunView {
 		}
 	case events.TypeDecisionMade:
 		var d events.DecisionMade
+		// A clarify decision is not yet a run waiting for input: the
+		// dispatcher's awaiting-input step says when it is (an answer
+		// sent before is ignored).
 		if json.Unmarshal(e.Data, &d) == nil && !ended {
 			v.Waiting = ""
-			if d.Decision.Type == "clarify" {
-				v.Status, v.Waiting = StatusAwaitingInput, "input: "+d.Decision.Question
-			}
 		}
 	case events.TypeActionCompleted, events.TypeActionFailed, events.TypeSynthesisCompleted:
 		if !ended && v.Status == StatusRunning {

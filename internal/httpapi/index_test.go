@@ -39,8 +39,14 @@ func TestTheIndexFollowsARunsEvents(t *testing.T) {
 		{"started", []client.Event{ev(runA, events.TypeRunStarted, 0, events.RunStarted{RunID: runA, Kind: "agent"})}, StatusRunning, "", 0},
 		{"asking the planner", []client.Event{ev(runA, events.TypeDecisionRequested, 0, events.DecisionRequested{RunID: runA, Cycle: 2})},
 			StatusRunning, "planner decision (cycle 2)", 0},
-		{"a clarify waits for input", []client.Event{ev(runA, events.TypeDecisionMade, 0, events.DecisionMade{RunID: runA, Decision: events.Decision{Type: "clarify", Question: "which?"}})},
-			StatusAwaitingInput, "input: which?", 0},
+		// The planner's clarify decision is not yet a wait: an answer sent
+		// then would reach the dispatcher before it applied the decision.
+		{"a clarify decision alone", []client.Event{ev(runA, events.TypeDecisionMade, 0, events.DecisionMade{RunID: runA, Decision: events.Decision{Type: "clarify", Question: "which?"}})},
+			StatusRunning, "", 0},
+		{"the dispatcher's awaiting-input step waits for input", []client.Event{
+			ev(runA, events.TypeDecisionMade, 0, events.DecisionMade{RunID: runA, Decision: events.Decision{Type: "clarify", Question: "which?"}}),
+			ev(runA, events.TypeRunProgress, 1, events.RunStep{RunID: runA, Name: "awaiting-input", Message: "which?"}),
+		}, StatusAwaitingInput, "input: which?", 0},
 		{"an approval pending", []client.Event{ev(runA, events.TypeApprovalRequested, 0, approvalOf(runA, runA+"-1-0"))},
 			StatusAwaitingApproval, "approval " + runA + "-1-0", 1},
 		{"an approval granted", []client.Event{

@@ -175,8 +175,19 @@ func (m *Machine) checkPlanShape(dec events.Decision) *actionbus.Error {
 }
 
 func (m *Machine) onInput(st *State, in *events.InputProvided) []Effect {
-	if st.Agent == nil || st.IsTerminal() || st.Phase != PhaseAwaitingInput {
+	if st.IsTerminal() {
 		return nil
+	}
+	if st.Agent == nil || st.Phase != PhaseAwaitingInput {
+		// Said, not dropped in silence: an answer sent before the run
+		// asks (a client that answered the planner's clarify decision
+		// before the dispatcher applied it) is sent again once the run's
+		// awaiting-input step says it waits.
+		phase := string(st.Phase)
+		if phase == "" {
+			phase = string(st.Status)
+		}
+		return []Effect{step(st, StepInputIgnored, nil, clarifyAction, fmt.Sprintf("the run is not waiting for an answer (%s)", phase), "failed")}
 	}
 	st.Status = StatusRunning
 	st.Agent.Observations = append(st.Agent.Observations, events.Observation{Cycle: st.Cycle, Action: clarifyAction, OK: true,

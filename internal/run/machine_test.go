@@ -354,7 +354,14 @@ func TestAnswerToAClarifyAsksThePlannerAgain(t *testing.T) {
 	assert.Equal(t, 2, h.st.Cycle)
 	assert.True(t, has(out, EffectDecide))
 	assert.Equal(t, "ask_clarification", h.st.Agent.Observations[0].Action)
-	assert.Nil(t, h.apply(&events.InputProvided{RunID: testRunID, Answer: "again"}), "an answer nobody asked for")
+	observations := len(h.st.Agent.Observations)
+	out = h.apply(&events.InputProvided{RunID: testRunID, Answer: "again"})
+	require.Len(t, out, 1, "an answer nobody asked for is said ignored, and changes nothing else")
+	require.Equal(t, EffectStep, out[0].Kind)
+	assert.Equal(t, string(StepInputIgnored), out[0].Step.Name)
+	assert.Contains(t, out[0].Step.Message, "not waiting for an answer (deciding)")
+	assert.Len(t, h.st.Agent.Observations, observations)
+	assert.False(t, has(out, EffectDecide))
 }
 
 func TestTimers(t *testing.T) {

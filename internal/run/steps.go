@@ -30,6 +30,7 @@ const (
 	StepDirectFinalSkipped                StepName = "direct-final-skipped"
 	StepEvaluate                          StepName = "evaluate"
 	StepFinal                             StepName = "final"
+	StepInputIgnored                      StepName = "input-ignored"
 	StepInputReceived                     StepName = "input-received"
 	StepObserve                           StepName = "observe"
 	StepOrient                            StepName = "orient"
@@ -102,6 +103,7 @@ var StepNames = []StepName{
 	StepDirectFinalSkipped,
 	StepEvaluate,
 	StepFinal,
+	StepInputIgnored,
 	StepInputReceived,
 	StepObserve,
 	StepOrient,
