@@ -328,14 +328,27 @@ func window(s string, at int) string {
 // refusal's details name it as retriedBy; retry that run instead), or is
 // itself a refused retry.
 func (c *Client) Retry(ctx context.Context, runID string) (string, error) {
+	retry, err := c.RetryRequest(ctx, runID)
+	if err != nil {
+		return "", err
+	}
+	return c.Start(ctx, retry)
+}
+
+// RetryRequest returns the request of a retry of runID, as [Client.Retry]
+// starts it: the run's stored request, with RetryOf set and no run id (a
+// new one is drawn). A gateway sets its own user and principal on it
+// before starting it: a run requested through a gateway is retried
+// through one, as its user.
+func (c *Client) RetryRequest(ctx context.Context, runID string) (RunRequest, error) {
 	req, _, err := c.request(ctx, runID)
 	if err != nil {
-		return "", fmt.Errorf("client: retry %s: %w", runID, err)
+		return RunRequest{}, fmt.Errorf("client: retry %s: %w", runID, err)
 	}
 	retry := RunRequest{Workflow: req.Workflow, Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
 		AllowedModes: req.AllowedModes, Metadata: req.Metadata, Deadline: time.Duration(req.DeadlineMs) * time.Millisecond, RetryOf: runID}
 	if a := req.Action; a != nil {
 		retry.Action = &ActionCall{Name: a.Name, Args: a.Args, IdempotencyKey: a.IdempotencyKey}
 	}
-	return c.Start(ctx, retry)
+	return retry, nil
 }

@@ -610,3 +610,28 @@ func TestFollowersReleaseTheirSubscriptionsWhenTheirClientsGoAway(t *testing.T) 
 		"subscriptions left: %d, baseline %d", a.nc.NumSubscriptions(), baseline)
 	assert.Equal(t, durables, a.consumers(), "consumers left behind")
 }
+
+// TestARunIsRetriedThroughTheAPI: POST /v1/runs/{id}/retry starts the
+// retry of the token's user's failed run (its request again, signed by
+// the gateway for that user): it runs (here it fails again, timing out as
+// the first did, under its own run id), and a second retry of the same run
+// is refused, naming the first. A reader retries nothing.
+func TestARunIsRetriedThroughTheAPI(t *testing.T) {
+	a := newAPI(t)
+	status, first := a.do(http.MethodPost, "/v1/runs?wait=20s", "runner", map[string]any{"action": map[string]any{"name": "inv.slow", "args": map[string]any{}}})
+	require.Equal(t, httpapi.StatusOf(actionbus.CodeTimeout), status, first)
+	runID := first["runId"].(string)
+
+	status, body := a.do(http.MethodPost, "/v1/runs/"+runID+"/retry", "reader", nil)
+	assert.Equal(t, http.StatusForbidden, status, "a reader retries nothing: %v", body)
+
+	status, retry := a.do(http.MethodPost, "/v1/runs/"+runID+"/retry?wait=20s", "runner", nil)
+	require.NotEmpty(t, retry["runId"], "%d %v", status, retry)
+	assert.NotEqual(t, runID, retry["runId"])
+	assert.Equal(t, string(actionbus.CodeTimeout), errorCode(retry), "the retry ran the action again: %v", retry)
+
+	status, again := a.do(http.MethodPost, "/v1/runs/"+runID+"/retry?wait=20s", "runner", nil)
+	assert.Equal(t, httpapi.StatusOf(actionbus.CodeRetryRefused), status, again)
+	assert.Equal(t, string(actionbus.CodeRetryRefused), errorCode(again))
+	assert.Contains(t, again["error"].(map[string]any)["message"], retry["runId"], "the refusal names the retry")
+}

@@ -115,6 +115,7 @@ func New(cfg Config) (*Server, error) {
 	s.route("GET /v1/runs/{id}/audit", RoleRead, s.runAudit)
 	s.route("POST /v1/runs/{id}/cancel", RoleRun, s.cancelRun)
 	s.route("POST /v1/runs/{id}/input", RoleRun, s.inputRun)
+	s.route("POST /v1/runs/{id}/retry", RoleRun, s.retryRun)
 	s.route("GET /v1/approvals", RoleRead, s.listApprovals)
 	s.route("POST /v1/approvals/{id}/approve", RoleApprove, s.approve)
 	s.route("POST /v1/approvals/{id}/deny", RoleApprove, s.deny)
@@ -356,6 +357,41 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request, tok *Token) {
 		writeError(w, actionbus.Errorf(actionbus.CodeForbidden, "a run acts for the token's user %s, not %s", tok.User, b.UserID))
 		return
 	}
+	req := client.RunRequest{RunID: b.RunID, Prompt: b.Prompt, Scenario: b.Scenario, Workflow: b.Workflow,
+		AllowedModes: b.AllowedModes, Metadata: b.Metadata, Deadline: time.Duration(b.DeadlineMs) * time.Millisecond, Workspace: b.Workspace,
+		RetryOf: b.RetryOf}
+	if b.Action != nil {
+		req.Action = &client.ActionCall{Name: b.Action.Name, Args: b.Action.Args, IdempotencyKey: b.Action.IdempotencyKey}
+	}
+	s.start(w, r, tok, req)
+}
+
+// retryRun is POST /v1/runs/{id}/retry[?wait=DURATION]: it starts a retry
+// of the token's user's failed or canceled run — its stored request again,
+// under a new run id, with retryOf (see client.Client.Retry) — and
+// answers as POST /v1/runs does. The dispatcher refuses, retry_refused, a
+// run that is not the user's, has not failed, or was retried already.
+func (s *Server) retryRun(w http.ResponseWriter, r *http.Request, tok *Token) {
+	id, err := runID(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !s.known(r.Context(), id) {
+		writeError(w, actionbus.Errorf(actionbus.CodeRunNotFound, "no run %s in tenant %s", id, s.Tenant()))
+		return
+	}
+	req, err := s.cfg.Client.RetryRequest(r.Context(), id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.start(w, r, tok, req)
+}
+
+// start starts req for the token's user, signed by the gateway's key
+// (?wait as POST /v1/runs).
+func (s *Server) start(w http.ResponseWriter, r *http.Request, tok *Token, req client.RunRequest) {
 	var wait time.Duration
 	if v := r.URL.Query().Get("wait"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -365,12 +401,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request, tok *Token) {
 		}
 		wait = min(d, s.cfg.MaxWait)
 	}
-	req := client.RunRequest{RunID: b.RunID, Prompt: b.Prompt, Scenario: b.Scenario, Workflow: b.Workflow, UserID: tok.User,
-		AllowedModes: b.AllowedModes, Metadata: b.Metadata, Deadline: time.Duration(b.DeadlineMs) * time.Millisecond, Workspace: b.Workspace,
-		RetryOf: b.RetryOf}
-	if b.Action != nil {
-		req.Action = &client.ActionCall{Name: b.Action.Name, Args: b.Action.Args, IdempotencyKey: b.Action.IdempotencyKey}
-	}
+	req.UserID = tok.User
 	req.Principal = tok.Principal(s.cfg.ApprovalKeyID, s.cfg.ApprovalKey)
 	if req.RunID == "" {
 		req.RunID = events.NewID()
