@@ -171,10 +171,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	// A record takes at most an eighth of the server's max payload, an
 	// append at most half: the seal, the envelope and the headers fit in
 	// the rest whatever the records hold.
-	maxPayload := int(nc.MaxPayload())
-	if maxPayload <= 0 {
-		maxPayload = 1 << 20 // not connected yet: the server's default
-	}
+	maxPayload := bus.MaxPayload(nc)
 	s.maxRecord = min(DefaultMaxRecordBytes, maxPayload/8)
 	s.chains = newChains(cfg.FlushAfter, cfg.MaxBatch, maxPayload/2, s.append)
 	return s, nil

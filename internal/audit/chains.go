@@ -194,7 +194,7 @@ func (c *chains) flush(chain string) {
 	var err error
 	for part := *b; len(b.records) > 0 && err == nil; b.records, b.sizes = b.records[len(part.records):], b.sizes[len(part.records):] {
 		part.records = b.records[:c.partLen(b.sizes)]
-		if err = c.append(ctx, &part); isPermanent(err) {
+		if err = c.append(ctx, &part); bus.IsPermanent(err) {
 			err = c.appendEach(ctx, part)
 		}
 	}
@@ -224,7 +224,7 @@ func (c *chains) appendEach(ctx context.Context, part batch) error {
 		one := part
 		one.records = []events.AuditRecorded{rec}
 		err := c.append(ctx, &one)
-		if isPermanent(err) {
+		if bus.IsPermanent(err) {
 			one.records = []events.AuditRecorded{Stripped(rec, err)}
 			err = c.append(ctx, &one)
 		}
@@ -233,12 +233,6 @@ func (c *chains) appendEach(ctx context.Context, part batch) error {
 		}
 	}
 	return nil
-}
-
-// isPermanent reports whether an append was refused for good: retrying
-// it could only be refused again.
-func isPermanent(err error) bool {
-	return bus.IsPermanent(err)
 }
 
 // inStoredOrder orders the batch's records by when their events were

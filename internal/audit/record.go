@@ -7,7 +7,6 @@ import (
 	"math"
 	"strings"
 	"sync"
-	"time"
 	"unicode/utf8"
 
 	"github.com/actionbus/actionbus"
@@ -244,11 +243,9 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 		// tenant of the subject it was published on (which its
 		// publisher's account imports bound it to) — also when it names
 		// no valid run: one tenant's junk never lands in another's (the
-		// default tenant's) audit trail.
-		// A subject that names no tenant leaves the rejection with the
-		// services' (the default) tenant: never the tenant attribute the
-		// rejection's publisher wrote, which would put one party's junk
-		// in any tenant's trail.
+		// default tenant's) audit trail. A subject that names no tenant
+		// leaves it with the services' (the default) tenant, never the
+		// tenant attribute the rejection's publisher wrote.
 		rec.Tenant = ""
 		if t, _ := events.MustSubjects(b.Prefix).RunFromSubject(d.OriginalSubject); events.ValidTenant(t) {
 			rec.Tenant = t
@@ -380,11 +377,9 @@ func Fit(rec *events.AuditRecorded, dataBytes, limit int) int {
 		if *p.v == nil {
 			continue
 		}
-		b, err := jsoncodec.Marshal(*p.v)
-		if err != nil {
-			b = []byte(fmt.Sprint(*p.v))
-		}
-		*p.v = map[string]any{"hash": sha(string(b)), "bytes": len(b)}
+		hashed := payload.Hash(*p.v) // as the hash mode records a payload
+		hashed["bytes"] = encodedLen(*p.v)
+		*p.v = hashed
 		if rec.PayloadModes == nil {
 			rec.PayloadModes = map[string]string{}
 		}
@@ -408,8 +403,12 @@ func Fit(rec *events.AuditRecorded, dataBytes, limit int) int {
 }
 
 // encodedSize is the size of rec as the bus encodes it.
-func encodedSize(rec *events.AuditRecorded) int {
-	b, err := jsoncodec.Marshal(rec)
+func encodedSize(rec *events.AuditRecorded) int { return encodedLen(rec) }
+
+// encodedLen is the size of v's JSON encoding (the bus's), or MaxInt when
+// it has none.
+func encodedLen(v any) int {
+	b, err := jsoncodec.Marshal(v)
 	if err != nil {
 		return math.MaxInt
 	}
@@ -440,9 +439,5 @@ func Stripped(rec events.AuditRecorded, cause error) events.AuditRecorded {
 		Kind: rec.Kind, Status: clipWithHash(rec.Status), PayloadHash: rec.PayloadHash, Source: rec.Source,
 		Summary:      clipWithHash("record not storable: " + string(actionbus.CodeOf(cause))),
 		PayloadModes: map[string]string{"record": "stripped"}}
-	if y := out.EventTime.UTC().Year(); y < 1 || y > 9999 {
-		out.EventTime = time.Time{} // no JSON form: kept in the summary
-		out.Summary = clipWithHash(out.Summary + "; event time " + rec.EventTime.String())
-	}
 	return out
 }

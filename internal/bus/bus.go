@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -455,12 +456,18 @@ const (
 // rejectionBudget bounds the data of a rejection: a quarter of the
 // server's max payload (the envelope's headers and JSON's escaping of
 // what the original holds take the rest), at least 4 KiB.
-func (b *Bus) rejectionBudget() int {
-	limit := 1 << 20
-	if nc := b.js.Conn(); nc != nil && nc.MaxPayload() > 0 {
-		limit = int(nc.MaxPayload())
+func (b *Bus) rejectionBudget() int { return max(4<<10, MaxPayload(b.js.Conn())/4) }
+
+// DefaultMaxPayload is nats-server's default max payload (1 MiB).
+const DefaultMaxPayload = 1 << 20
+
+// MaxPayload is the largest message nc's server takes, or
+// DefaultMaxPayload while nc has not learned it (not connected yet).
+func MaxPayload(nc *nats.Conn) int {
+	if nc != nil && nc.MaxPayload() > 0 {
+		return int(nc.MaxPayload())
 	}
-	return max(4<<10, limit/4)
+	return DefaultMaxPayload
 }
 
 // fitRejection shrinks what rej keeps of the original message until its
@@ -511,13 +518,8 @@ func boundedHeaders(h map[string][]string, valueMax, count int) map[string][]str
 	if len(h) == 0 {
 		return nil
 	}
-	keys := make([]string, 0, len(h))
-	for k := range h {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
 	out, n := make(map[string][]string, len(h)), 0
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(h)) {
 		for _, v := range h[k] {
 			if n == count {
 				return out

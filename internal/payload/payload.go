@@ -156,7 +156,9 @@ func Shape(v any) string {
 	return "object"
 }
 
-func hashOf(v any) map[string]any {
+// Hash is what a payload is recorded as in hash mode: {"hash": its
+// stable input hash (policy.InputHash)}.
+func Hash(v any) map[string]any {
 	h, err := policy.InputHash(v)
 	if err != nil {
 		h = "unhashable"
@@ -170,7 +172,7 @@ func ApplyInput(p Policy, v any) any {
 	case actions.PayloadOmit:
 		return nil
 	case actions.PayloadHash:
-		return hashOf(Redact(v, p.RedactPaths))
+		return Hash(Redact(v, p.RedactPaths))
 	default: // full and redacted: redaction applies in every mode that keeps a payload
 		return Redact(v, p.RedactPaths)
 	}
@@ -184,7 +186,7 @@ func ApplyOutput(p Policy, v any, summary string) (value any, outputSummary stri
 	case actions.PayloadOmit:
 		return nil, ""
 	case actions.PayloadHash:
-		return hashOf(Redact(v, p.RedactPaths)), ""
+		return Hash(Redact(v, p.RedactPaths)), ""
 	case actions.PayloadFull, actions.PayloadRedacted:
 		// Redaction applies in every mode that keeps a payload.
 		return Redact(v, p.RedactPaths), ""

@@ -383,7 +383,7 @@ func (m *Machine) resumeAgent(st, prior *State) []Effect {
 // priorRun returns the run a retry (st, admitted from req) names, or a
 // retry_refused error when it cannot be retried by this run: it must
 // exist, have failed or been canceled, be of the same kind (an agent run
-// of the same prompt and scenario, an exec run of the same action), and
+// of the same prompt and scenario, an exec run of the same call), and
 // belong to the same tenant and user — a user a gateway authenticated
 // when the run was requested through one (a retry reuses its results and
 // runs what remains in that user's name, and claims the run: a tenant
@@ -410,7 +410,7 @@ func (m *Machine) priorRun(ctx context.Context, st *State, req *events.RunReques
 		return nil, refuse("run %s belongs to another user", runID)
 	case prior.Principal.Gateway != "" && (st.Principal.Gateway == "" || st.Principal.User != prior.Principal.User):
 		return nil, refuse("run %s was requested through a gateway that authenticated its user; retry it through a gateway, as that user", runID)
-	case st.Kind == KindExec && !st.Exec.Same(prior, req.Action):
+	case st.Kind == KindExec && !st.Exec.Same(prior):
 		// A retry repeats the run's call; another call (or the same
 		// action with other arguments) is a new run, not its retry.
 		return nil, refuse("run %s was asked for another call than %s with these arguments; a retry asks for the same action with the same arguments", runID, st.Exec.Action)

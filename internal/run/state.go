@@ -447,12 +447,12 @@ func execCallOf(c *events.ActionCall) *ExecCall {
 	return &ExecCall{Action: c.Name, ArgsHash: h}
 }
 
-// Same reports whether a retry's requested call c is the call of the run
-// it retries: the same action with the same arguments. A run stored
+// Same reports whether e, a retry's requested call, is the call of the
+// run it retries: the same action with the same arguments. A run stored
 // before runs kept their call is compared with its first call, as the
 // dispatcher prepared it; one that called nothing has nothing to compare
 // with, and is not retried.
-func (e *ExecCall) Same(prior *State, c *events.ActionCall) bool {
+func (e *ExecCall) Same(prior *State) bool {
 	switch {
 	case prior.Exec != nil:
 		return *prior.Exec == *e
