@@ -44,6 +44,10 @@ type ArgsReport struct {
 	HostOnlyStripped []string `json:"hostOnlyStripped,omitempty"`
 	// Healed are keys lifted into the HealFlattenedInto property.
 	Healed []string `json:"healed,omitempty"`
+	// NullAbsent are optional top-level keys given as null and removed:
+	// the contract counts null as absent (a required key given null is
+	// missing instead). A key whose schema admits null keeps its null.
+	NullAbsent []string `json:"nullAbsent,omitempty"`
 }
 
 // ArgIssue is one reason the input is invalid; the planner gets these back
@@ -108,6 +112,7 @@ func (c *ArgsChecker) Prepare(args map[string]any, origin string) (map[string]an
 			c.strip(c.root, in, "", &rep)
 		}
 	}
+	c.dropNullOptional(in, &rep)
 	sort.Strings(rep.Stripped)
 	sort.Strings(rep.HostOnlyStripped)
 	if c.schema == nil {
@@ -156,13 +161,54 @@ func (c *ArgsChecker) Prepare(args map[string]any, origin string) (map[string]an
 	return in, rep, out
 }
 
+// dropNullOptional removes the optional top-level keys given as null
+// whose schema does not admit null: the seed counts null as absent, so an
+// optional argument a planner writes as null is not a type error.
+func (c *ArgsChecker) dropNullOptional(in map[string]any, rep *ArgsReport) {
+	if c.root == nil {
+		return
+	}
+	required := map[string]bool{}
+	for _, k := range c.requiredKeys() {
+		required[k] = true
+	}
+	props := c.properties(c.root)
+	for k, v := range in {
+		if v != nil || required[k] || admitsNull(c.resolve(asObject(props[k]))) {
+			continue
+		}
+		delete(in, k)
+		rep.NullAbsent = append(rep.NullAbsent, "/"+pointerEscape(k))
+	}
+	sort.Strings(rep.NullAbsent)
+}
+
+// admitsNull reports whether a property schema names null among its
+// types (`"type": "null"` or `"type": [..., "null"]`).
+func admitsNull(s map[string]any) bool {
+	switch t := s["type"].(type) {
+	case string:
+		return t == "null"
+	case []any:
+		for _, x := range t {
+			if x == "null" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func asObject(v any) map[string]any {
+	m, _ := v.(map[string]any)
+	return m
+}
+
 // blankRequired reports the required top-level keys whose value is null or
 // a string of only whitespace, as missing.
 func (c *ArgsChecker) blankRequired(in map[string]any) []ArgIssue {
-	required, _ := c.root["required"].([]any)
 	var out []ArgIssue
-	for _, r := range required {
-		k, _ := r.(string)
+	for _, k := range c.requiredKeys() {
 		v, present := in[k]
 		if !present {
 			continue // the schema reports it
@@ -177,6 +223,19 @@ func (c *ArgsChecker) blankRequired(in map[string]any) []ArgIssue {
 		}
 	}
 	return out
+}
+
+// requiredKeys are the top-level keys the input schema requires (a local
+// $ref at the root resolved).
+func (c *ArgsChecker) requiredKeys() []string {
+	list, _ := c.resolve(c.root)["required"].([]any)
+	keys := make([]string, 0, len(list))
+	for _, r := range list {
+		if k, ok := r.(string); ok {
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
 
 func pointerEscape(k string) string {
@@ -194,8 +253,26 @@ func ArgsError(action string, issues []ArgIssue) *actionbus.Error {
 		}
 		msgs = append(msgs, key+": "+is.Error)
 	}
-	return actionbus.Errorf(actionbus.CodeActionArgsInvalid, "arguments of %s are invalid: %s", action, strings.Join(msgs, "; ")).
-		WithDetail("actionName", action).WithDetail("issues", issues)
+	err := actionbus.Errorf(actionbus.CodeActionArgsInvalid, "arguments of %s are invalid: %s", action, strings.Join(msgs, "; "))
+	err.Details = ArgsDetails(action, issues)
+	return err
+}
+
+// ArgsDetails are the details of an action_args_invalid error and of its
+// action-args-invalid step, the same on the single-action and plan paths
+// (the seed's contract): the first issue flat, as {actionName, key,
+// reason, error} plus planIndex in a plan, and every issue under
+// "issues".
+func ArgsDetails(action string, issues []ArgIssue) map[string]any {
+	d := map[string]any{"actionName": action, "issues": issues}
+	if len(issues) > 0 {
+		first := issues[0]
+		d["key"], d["reason"], d["error"] = first.Key, first.Reason, first.Error
+		if first.PlanIndex != nil {
+			d["planIndex"] = *first.PlanIndex
+		}
+	}
+	return d
 }
 
 // properties returns the declared properties of an object schema, with a

@@ -47,6 +47,7 @@ func TestPrepareArgs(t *testing.T) {
 		rewrites []actions.AliasRewrite
 		stripped []string
 		hostOnly []string
+		nulls    []string
 		issues   []string // keys with issues
 		reasons  []string
 	}{
@@ -76,7 +77,11 @@ func TestPrepareArgs(t *testing.T) {
 			issues: []string{"/document_no"}, reasons: []string{"missing"}},
 		{name: "seed 000: a required string of only whitespace is missing", origin: "model", in: `{"document_no":" \t\n"}`, want: `{"document_no":" \t\n"}`,
 			issues: []string{"/document_no"}, reasons: []string{"missing"}},
-		{name: "null refused where not allowed and not required", origin: "model", in: `{"document_no":"D1","pageSize":null}`, want: `{"document_no":"D1","pageSize":null}`,
+		{name: "seed 000: an optional value given as null is absent", origin: "model", in: `{"document_no":"D1","pageSize":null}`, want: `{"document_no":"D1"}`,
+			nulls: []string{"/pageSize"}},
+		{name: "an optional null is absent for host input too", origin: "host", in: `{"document_no":"D1","pageSize":null,"x":null}`, want: `{"document_no":"D1"}`,
+			nulls: []string{"/pageSize", "/x"}},
+		{name: "a non-null value of the wrong type is still refused", origin: "model", in: `{"document_no":"D1","pageSize":false}`, want: `{"document_no":"D1","pageSize":false}`,
 			issues: []string{"/pageSize"}, reasons: []string{"type"}},
 		{name: "empty input", origin: "model", in: `null`, want: `{}`, issues: []string{"/document_no"}, reasons: []string{"missing"}},
 	}
@@ -93,6 +98,7 @@ func TestPrepareArgs(t *testing.T) {
 			assert.Equal(t, tc.rewrites, rep.Rewrites)
 			assert.Equal(t, tc.stripped, rep.Stripped)
 			assert.Equal(t, tc.hostOnly, rep.HostOnlyStripped)
+			assert.Equal(t, tc.nulls, rep.NullAbsent)
 			var keys, reasons []string
 			for _, is := range issues {
 				keys = append(keys, is.Key)
@@ -137,4 +143,33 @@ func TestDerivedSchemaRefsAreResolved(t *testing.T) {
 	assert.Equal(t, map[string]any{"inner": map[string]any{"a": "x"}}, out)
 	assert.Equal(t, []string{"/inner/junk", "/junk"}, rep.Stripped)
 	assert.Len(t, rep.Rewrites, 1)
+}
+
+func TestANullOptionalKeyOfADerivedSchemaIsAbsentAndARequiredOneMissing(t *testing.T) {
+	// The root is a $ref, as invopop/jsonschema derives it.
+	schema := `{"$ref":"#/$defs/In","$defs":{"In":{"type":"object","properties":{"q":{"type":"string"},"limit":{"type":"integer"}},"required":["q"]}}}`
+	c := checker(t, schema, func(d *actions.Definition) { d.HostOnlyKeys = nil })
+	out, rep, issues := c.Prepare(map[string]any{"q": "x", "limit": nil}, "model")
+	assert.Empty(t, issues)
+	assert.Equal(t, map[string]any{"q": "x"}, out)
+	assert.Equal(t, []string{"/limit"}, rep.NullAbsent)
+	_, _, issues = c.Prepare(map[string]any{"q": nil}, "model")
+	require.Len(t, issues, 1)
+	assert.Equal(t, "/q", issues[0].Key)
+	assert.Equal(t, "missing", issues[0].Reason)
+}
+
+func TestArgsErrorDetailsAreFlatAndListEveryIssue(t *testing.T) {
+	pi := 2
+	issues := []actions.ArgIssue{
+		{ActionName: "docs.get", Key: "/document_no", Reason: "missing", Error: "required", PlanIndex: &pi},
+		{ActionName: "docs.get", Key: "/pageSize", Reason: "type", Error: "want integer", PlanIndex: &pi},
+	}
+	err := actions.ArgsError("docs.get", issues)
+	assert.Equal(t, map[string]any{"actionName": "docs.get", "key": "/document_no", "reason": "missing", "error": "required",
+		"planIndex": 2, "issues": issues}, err.Details)
+	// The single-action path: the same shape without planIndex.
+	alone := []actions.ArgIssue{{ActionName: "docs.get", Key: "/pageSize", Reason: "type", Error: "want integer"}}
+	assert.Equal(t, map[string]any{"actionName": "docs.get", "key": "/pageSize", "reason": "type", "error": "want integer", "issues": alone},
+		actions.ArgsDetails("docs.get", alone))
 }

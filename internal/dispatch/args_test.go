@@ -126,6 +126,10 @@ func TestInvalidArgsGoBackToThePlannerWhichCorrectsThem(t *testing.T) {
 	issues := obs.Error.Details["issues"].([]any)
 	require.Len(t, issues, 1)
 	assert.Equal(t, map[string]any{"actionName": "docs.lookup", "key": "/limit", "reason": "type", "error": issues[0].(map[string]any)["error"]}, issues[0])
+	// Seed 000: the details themselves are {actionName, key, reason, error}.
+	d := obs.Error.Details
+	assert.Equal(t, []any{"docs.lookup", "/limit", "type", issues[0].(map[string]any)["error"]}, []any{d["actionName"], d["key"], d["reason"], d["error"]})
+	assert.NotContains(t, d, "planIndex", "a single action has no plan index")
 }
 
 func TestInvalidPlanActionHoldsBackTheWholePlan(t *testing.T) {
@@ -153,6 +157,10 @@ func TestInvalidPlanActionHoldsBackTheWholePlan(t *testing.T) {
 	assert.Equal(t, "/document_no", issue["key"])
 	assert.Equal(t, "missing", issue["reason"])
 	assert.Equal(t, 1.0, issue["planIndex"])
+	// The same flat details as the single-action path, plus planIndex.
+	d := req.Observations[0].Error.Details
+	assert.Equal(t, []any{"docs.lookup", "/document_no", "missing", 1.0}, []any{d["actionName"], d["key"], d["reason"], d["planIndex"]})
+	assert.NotEmpty(t, d["error"])
 	rec.WaitFor(t, 0, func(r actionbustest.Recorded) bool {
 		var s events.RunStep
 		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.Name == "plan-validation-failed"

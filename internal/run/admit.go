@@ -140,7 +140,7 @@ func (m *Machine) admit(ctx context.Context, st *State, s callSpec) ([]Effect, a
 			issues[k].PlanIndex = pi
 		}
 		abErr := actions.ArgsError(s.Action, issues)
-		out = append(out, stepWith(st, StepActionArgsInvalid, pi, s.Action, abErr.Message, "failed", map[string]any{"issues": issues}))
+		out = append(out, stepWith(st, StepActionArgsInvalid, pi, s.Action, abErr.Message, "failed", actions.ArgsDetails(s.Action, issues)))
 		call.Dispatched, call.Done, call.Error = true, true, abErr
 		return out, admission{Verdict: argsInvalid, Call: call, Err: abErr}, nil
 	}

@@ -523,10 +523,10 @@ func observe(st *State, c CallState, isPlan bool, maxBytes int) events.Observati
 }
 
 // plannedActionError is the structured error result a failed action of a
-// partial_ok plan records (seed 000): its kind, action, plan index and
-// error.
+// partial_ok plan records (seed 000): ok false, its kind, action, plan
+// index and error.
 func plannedActionError(c CallState) map[string]any {
-	out := map[string]any{"kind": "planned_action_error", "actionName": c.Action, "planIndex": c.PlanIndex}
+	out := map[string]any{"ok": false, "kind": "planned_action_error", "actionName": c.Action, "planIndex": c.PlanIndex}
 	if c.Error != nil {
 		out["error"] = map[string]any{"code": string(c.Error.Code), "message": c.Error.Message}
 	}

@@ -217,6 +217,7 @@ func TestPartialOK(t *testing.T) {
 			// error result.
 			failed := h.st.Agent.Observations[1].Output.(map[string]any)
 			assert.Equal(t, "planned_action_error", failed["kind"])
+			assert.Equal(t, false, failed["ok"], "the contract's ok: false")
 			assert.Equal(t, "t.query", failed["actionName"])
 			assert.EqualValues(t, 1, failed["planIndex"])
 			assert.Equal(t, string(actionbus.CodeActionArgsInvalid), failed["error"].(map[string]any)["code"])
@@ -678,7 +679,7 @@ func TestStepNamesAreUnique(t *testing.T) {
 
 // Seed 000: partial_ok records failed actions as structured error results
 // and goes on.
-func TestPartialOKRecordsAFailedActionAsAPlannedActionError(t *testing.T) {
+func TestPartialOKRecordsAFailedActionAsAPlannedActionErrorWithOKFalse(t *testing.T) {
 	h := newHarness(t, Limits{}).agent()
 	p := plan(action("t.read", nil), action("t.other", nil))
 	p.PartialOK = true
@@ -688,7 +689,7 @@ func TestPartialOKRecordsAFailedActionAsAPlannedActionError(t *testing.T) {
 	h.succeed(calls[0].CallID, map[string]any{"rows": 2})
 	require.Len(t, h.st.Agent.Observations, 2)
 	assert.Equal(t, map[string]any{"rows": float64(2)}, h.st.Agent.Observations[0].Output)
-	assert.Equal(t, map[string]any{"kind": "planned_action_error", "actionName": "t.other", "planIndex": float64(1),
+	assert.Equal(t, map[string]any{"ok": false, "kind": "planned_action_error", "actionName": "t.other", "planIndex": float64(1),
 		"error": map[string]any{"code": "upstream_down", "message": "it failed"}}, h.st.Agent.Observations[1].Output)
 	assert.Equal(t, 2, h.st.Cycle, "the run goes on")
 }
