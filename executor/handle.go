@@ -145,7 +145,7 @@ func traceCall(ctx context.Context, reg *actions.Registered, input any, res acti
 		return
 	}
 	if herr != nil {
-		tracing.Fail(span, string(actionbus.CodeOf(herr)))
+		tracing.Fail(span, string(failure(herr).Code))
 		return
 	}
 	if reg == nil {
@@ -483,15 +483,23 @@ func (e *Executor) publishResult(ctx context.Context, req *events.ActionRequeste
 	return err
 }
 
+// failure is the error a call's failure is reported as, on its event and
+// its span alike: the handler's typed error, or handler_failed for a plain
+// one.
+func failure(herr error) *actionbus.Error {
+	var abErr *actionbus.Error
+	if !errors.As(herr, &abErr) {
+		abErr = &actionbus.Error{Code: actionbus.CodeHandlerFailed, Message: herr.Error()}
+	}
+	return abErr
+}
+
 func (e *Executor) emitResult(ctx context.Context, req *events.ActionRequested, res actions.Result, herr error, took time.Duration, deliveries int, replayed bool) error {
 	id := events.ResultID(req.CallID, req.Attempt)
 	ext := []events.Extension{{Name: events.ExtCycle, Value: req.Cycle}, {Name: events.ExtPlanIndex, Value: req.PlanIndex},
 		{Name: events.ExtAttempt, Value: req.Attempt}}
 	if herr != nil {
-		var abErr *actionbus.Error
-		if !errors.As(herr, &abErr) {
-			abErr = &actionbus.Error{Code: actionbus.CodeHandlerFailed, Message: herr.Error()}
-		}
+		abErr := failure(herr)
 		failed := &events.ActionFailed{RunID: req.RunID, CallID: req.CallID, Cycle: req.Cycle, PlanIndex: req.PlanIndex,
 			Attempt: req.Attempt, Action: req.Action, Error: *abErr, DurationMs: took.Milliseconds(), Executor: e.cfg.ID, Deliveries: deliveries,
 			UserID: req.UserID, StepID: req.StepID, MaxAttempts: req.MaxAttempts}

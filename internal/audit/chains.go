@@ -55,8 +55,8 @@ type batch struct {
 	// records up to maxBytes.
 	sizes []int
 	done  []chan<- error
-	// trace is the run's starting trace context (its append's span joins
-	// the run's trace).
+	// trace is the run's starting trace context, the first one its
+	// records carry (its append's span joins the run's trace).
 	trace *tracing.Run
 	// again says a record's event may have its record stored already (it
 	// was delivered before): the chain's events are then read from the
@@ -140,9 +140,16 @@ func (c *chains) add(chain, tenant string, rec events.AuditRecorded, size int, s
 	c.mu.Lock()
 	b := c.pending[chain]
 	if b == nil {
-		b = &batch{chain: chain, tenant: tenant, runID: rec.RunID, trace: tr}
+		b = &batch{chain: chain, tenant: tenant, runID: rec.RunID}
 		c.pending[chain] = b
 		b.timer = time.AfterFunc(c.flushAfter, func() { c.flush(chain) })
+	}
+	if b.trace == nil {
+		// A caller that does not trace sends a request without a run
+		// context; the dispatcher starts the run's trace, and the events
+		// it publishes carry it: the append joins that trace rather than
+		// starting one of its own.
+		b.trace = tr
 	}
 	b.records = append(b.records, rec)
 	b.stored = append(b.stored, stored)

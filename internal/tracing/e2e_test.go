@@ -2,10 +2,13 @@ package tracing_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel"
@@ -13,8 +16,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/llmtest"
 	"github.com/actionbus/actionbus/internal/tracing"
@@ -190,4 +195,94 @@ func TestACallersTraceIsJoinedWithTracingOff(t *testing.T) {
 	require.NoError(t, err)
 	done := rec.WaitForType(t, 10*time.Second, "io.actionbus.run.completed", res.RunID)
 	assert.Contains(t, done.Header.Get("ce-traceparent"), callerTrace.String(), "the run's events carry the caller's trace")
+}
+
+// TestAnUntracedCallersRunIsOneTrace: a caller that does not trace (a
+// client in another language, the CLI without OTEL_*) publishes a
+// run.requested with no trace context; the dispatcher starts the run's
+// trace, and every span of the run — the executor's and the auditor's
+// append included — is in that one trace.
+func TestAnUntracedCallersRunIsOneTrace(t *testing.T) {
+	exp := recordSpans(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	srv.StartStack(t, actionbustest.StackOptions{Register: register})
+	rec := srv.Record(t, "")
+	runID := events.NewID()
+	body, err := json.Marshal(map[string]any{"runId": runID, "action": map[string]any{"name": "acct.lookup", "args": map[string]any{"account": "A", "card": "c"}}})
+	require.NoError(t, err)
+	msg := nats.NewMsg("ab.run.default." + runID + ".requested")
+	for k, v := range map[string]string{"ce-specversion": "1.0", "ce-id": runID, "ce-source": "/untraced-caller", "ce-type": "io.actionbus.run.requested",
+		"ce-datacontenttype": "application/json", "ce-runid": runID, "ce-tenant": "default", "Nats-Msg-Id": runID} {
+		msg.Header.Set(k, v)
+	}
+	msg.Data = body
+	nc := srv.Connect(t)
+	_, err = nc.RequestMsg(msg, 10*time.Second)
+	require.NoError(t, err, "the ingress stores the request")
+	rec.WaitForType(t, 20*time.Second, "io.actionbus.run.completed", runID)
+
+	want := []string{"dispatcher run.requested", "execute_tool acct.lookup", "dispatcher action.completed", "audit append"}
+	var spans []tracetest.SpanStub
+	require.Eventually(t, func() bool {
+		spans = spans[:0]
+		seen := map[string]bool{}
+		for _, s := range exp.GetSpans() {
+			if attr(s, "actionbus.run_id") == runID {
+				spans = append(spans, s)
+				seen[s.Name] = true
+			}
+		}
+		for _, n := range want {
+			if !seen[n] {
+				return false
+			}
+		}
+		return true
+	}, 20*time.Second, 20*time.Millisecond, "the run's spans are recorded")
+	var root tracetest.SpanStub
+	for _, s := range spans {
+		if s.Name == "dispatcher run.requested" {
+			root = s
+		}
+	}
+	assert.False(t, root.Parent.IsValid(), "the dispatcher starts the trace of a run whose caller does not trace")
+	for _, s := range spans {
+		assert.Equal(t, root.SpanContext.TraceID(), s.SpanContext.TraceID(), "span %q is in a trace of its own", s.Name)
+		if s.Name != root.Name {
+			assert.True(t, s.Parent.IsValid(), "span %q is a root", s.Name)
+		}
+	}
+}
+
+// TestAPlainHandlerErrorIsTheSameCodeOnTheEventAndTheSpan: a handler that
+// returns an error of no code fails with handler_failed, and its span's
+// error.type is that code too, not internal.
+func TestAPlainHandlerErrorIsTheSameCodeOnTheEventAndTheSpan(t *testing.T) {
+	exp := recordSpans(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "acct.broken", Description: "Always fails with a plain error."},
+			func(context.Context, lookupIn, executor.Call) (executor.Result[map[string]any], error) {
+				return executor.Result[map[string]any]{}, errors.New("the ledger is down")
+			})
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "acct.broken", Args: map[string]any{"account": "A", "card": "c"}}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	require.NotNil(t, res.Error)
+	assert.Equal(t, actionbus.CodeHandlerFailed, res.Error.Code)
+	var span tracetest.SpanStub
+	require.Eventually(t, func() bool {
+		for _, s := range exp.GetSpans() {
+			if s.Name == "execute_tool acct.broken" {
+				span = s
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 20*time.Millisecond)
+	assert.Equal(t, string(res.Error.Code), attr(span, "error.type"))
+	assert.Equal(t, string(res.Error.Code), span.Status.Description)
 }
