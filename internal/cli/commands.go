@@ -324,12 +324,43 @@ func readWorkflow(path string) (map[string]any, error) {
 	return doc, nil
 }
 
+// runHelp is run's long help: its example workflow validates against
+// the demo's catalog (TestRunHelpShowsAJSONWorkflowThatValidates).
+const runHelp = `run publishes a run.requested and prints each step live until the run
+ends; it answers the run's clarify questions on the terminal. Exit 0 only
+when the run completed.
+
+An agent run: a prompt, planned by the planner (--scenario names a script
+planner scenario). A workflow run: --workflow FILE, a JSON workflow:
+
+  {
+    "workflowName": "dry-run-failed-jobs",
+    "steps": [
+      {"id": "jobs", "action": "delivery.searchJobs", "input": {"status": ["FAILED"]}},
+      {"id": "dryRun", "action": "delivery.dryRunRetry",
+       "input": {"jobIds": {"$fromStep": "jobs", "path": "/jobIds"}}}
+    ]
+  }
+
+workflowName and steps are required; each step has an id, an action and
+an input. {"$fromStep": ID, "path": POINTER} anywhere in an input is that
+JSON Pointer into an earlier step's output. A step may also set
+allowedModes, retry {maxAttempts, delayMs, backoff}, timeoutMs,
+continueOnError and idempotencyKey. "actionbus workflow validate FILE"
+checks a file without running it.
+
+A run may use only the action modes it allows: read, draft and dryRun by
+default; --allow-mode read,draft,dryRun,mutate lets it call a mutate
+action, which waits for an approval (actionbus approve APPROVAL_ID, as an
+approver).`
+
 func runCmd(g *globals) *cobra.Command {
 	var f runFlags
 	var workflowFile string
 	cmd := &cobra.Command{
 		Use:   "run [PROMPT]",
 		Short: "Publish a run.requested and print each step live until the run ends (exit 0 only on completed)",
+		Long:  runHelp,
 		Args:  cobra.MaximumNArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			if len(args) == 1 {
