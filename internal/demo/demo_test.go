@@ -176,3 +176,28 @@ func TestTheDemoScenariosRunAgainOnTheStateTheDemoLeaves(t *testing.T) {
 	res = run("delivery-retry", true)
 	assert.Contains(t, res.Answer, "1 delivery jobs failed. Retried after approval: none; blocked: job_1042.")
 }
+
+// A scenario whose template indexes past what the search returned fails
+// its run with scenario_failed, naming the scenario, the field and its
+// line, never with reflect's panic text.
+func TestAScenarioTemplatePastTheSearchFailsTheRunWithScenarioFailed(t *testing.T) {
+	const scenarios = `scenarios:
+  past:
+    decisions:
+      - {type: action, name: delivery.searchJobs, args: {status: [RETRY_QUEUED]}}
+      - {type: action, name: delivery.getJob, args: {jobId: '{{ index (index .Results "delivery.searchJobs" "jobIds") 5 }}'}}
+`
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: scenarios,
+		Register: func(ex *executor.Executor) error { return demo.Register(ex, demo.Options{Store: demo.NewStore()}) }})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "past", Prompt: "p"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	require.NotNil(t, res.Error)
+	assert.Equal(t, "scenario_failed", string(res.Error.Code))
+	assert.Contains(t, res.Error.Message, `scenario "past" cycle 2, decisions[1].args.jobId (line 5)`)
+	assert.Contains(t, res.Error.Message, "index 5 out of range: the list has 0 item(s)")
+	assert.NotContains(t, res.Error.Message, "reflect")
+}
