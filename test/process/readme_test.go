@@ -184,7 +184,7 @@ func TestTheDispatcherRefusesABadPlanLimitAtStart(t *testing.T) {
 // TestTheHTTPDocsExamplesRun) runs, in order and as written, in one shell
 // session against a real `actionbus dev` process started after its demo,
 // as a reader's terminal would. What the markdown says for the test, in
-// HTML comments just before a block:
+// HTML comments between the previous block and this one:
 //
 //   - <!-- not-run: REASON --> skips the block (a cluster, docker, an LLM
 //     key, the nats CLI, a command that serves for ever); the test logs
