@@ -51,6 +51,12 @@ const (
 	CodeWorkflowValidation   Code = "workflow_validation"
 	CodeWorkflowAborted      Code = "workflow_aborted"
 	CodeScenarioNotFound     Code = "scenario_not_found"
+	// CodeScenarioFailed: a script-planner scenario's template could not
+	// be rendered for this run (an index past the end of a list, a
+	// missing result, a forEach that is not a list); the message and
+	// details name the scenario, the cycle, the field, its line in the
+	// scenario file and the template.
+	CodeScenarioFailed       Code = "scenario_failed"
 	CodeMissingTopology      Code = "missing_topology"
 	CodeActionArgsInvalid    Code = "action_args_invalid"
 	CodeInvalidAuditPolicy   Code = "invalid_audit_policy"
@@ -120,7 +126,7 @@ var Codes = []Code{
 	CodePlanRejected, CodeMaxCycles, CodeRunDeadline, CodeCatalogConflict, CodeCatalogUnavailable,
 	CodeMalformedEvent, CodeUnknownEventType, CodeUnsupportedContent, CodeEventRejected,
 	CodeInvalidStepReference, CodeDuplicateStep, CodeWorkflowValidation, CodeWorkflowAborted,
-	CodeScenarioNotFound, CodeMissingTopology, CodeActionArgsInvalid, CodeInvalidAuditPolicy,
+	CodeScenarioNotFound, CodeScenarioFailed, CodeMissingTopology, CodeActionArgsInvalid, CodeInvalidAuditPolicy,
 	CodeInvalidDefinition, CodeWorkflowExecution, CodePlannerFailed, CodeStageStalled, CodeRepeatedFailure,
 	CodeApprovalDenied, CodeApprovalExpired, CodeApprovalInvalid, CodeApprovalReplayed,
 	CodeProviderError, CodeNativeToolCallsEmpty, CodeToolsUnsupported, CodePlannerRepaired,

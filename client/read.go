@@ -267,7 +267,9 @@ func (c *Client) request(ctx context.Context, runID string) (*events.RunRequeste
 		return nil, time.Time{}, err
 	}
 	if found == nil {
-		return nil, time.Time{}, errors.New("the run's request is no longer stored")
+		// Another tenant's run is not there either: the answer is the
+		// same, and tells nothing of it.
+		return nil, time.Time{}, actionbus.Errorf(actionbus.CodeRunNotFound, "no run %s in tenant %s", runID, events.TenantOr(c.tenant))
 	}
 	r, err := c.received(*found)
 	if err != nil {

@@ -326,7 +326,9 @@ func window(s string, at int) string {
 // belongs to another tenant or user, had another definition or prompt, or
 // was already retried by another run (a run is retried into one run: the
 // refusal's details name it as retriedBy; retry that run instead), or is
-// itself a refused retry.
+// itself a refused retry. It fails with run_not_found, before any request,
+// when the client's tenant has no run runID (another tenant's run is not
+// there either).
 func (c *Client) Retry(ctx context.Context, runID string) (string, error) {
 	retry, err := c.RetryRequest(ctx, runID)
 	if err != nil {

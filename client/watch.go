@@ -9,8 +9,9 @@ import (
 )
 
 // Requested returns the request that started a run, as stored on the
-// requests stream, and when it was published. It fails when the run's
-// request is unknown or no longer stored.
+// requests stream, and when it was published. It fails with run_not_found
+// when the client's tenant has no such run (another tenant's run is not
+// there either).
 func (c *Client) Requested(ctx context.Context, runID string) (*RunRequest, time.Time, error) {
 	req, at, err := c.request(ctx, runID)
 	if err != nil {

@@ -363,3 +363,50 @@ func registerEcho(ex *executor.Executor) error {
 		return executor.Result[map[string]any]{Output: in}, nil
 	})
 }
+
+// The auditor writes a run's records a moment after its events: verify of
+// a run that has ended waits (--settle) for its terminal record instead of
+// calling the chain truncated, and reports it cut off only when the wait
+// is over.
+func TestAuditVerifyWaitsForTheAuditorToRecordAnEndedRun(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{NoAuditor: true, Scenarios: echoScenario, Register: registerEcho})
+	seed, err := audit.NewKey()
+	require.NoError(t, err)
+	kp, _ := nkeys.FromSeed(seed)
+	pub, _ := kp.PublicKey()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "echo"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status)
+
+	// No auditor yet: without a wait, nothing is recorded.
+	code, out := verify(ctx, "--nats", srv.URL, "--auditor-key="+pub, "--settle", "0", res.RunID)
+	assert.Equal(t, 1, code, out)
+	assert.Contains(t, out, "no audit records")
+
+	type result struct {
+		code int
+		out  string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, out := verify(ctx, "--nats", srv.URL, "--auditor-key="+pub, "--settle", "40s", res.RunID)
+		done <- result{code, out}
+	}()
+	require.Never(t, func() bool { return len(done) > 0 }, 500*time.Millisecond, 20*time.Millisecond, "verify waits for the auditor")
+	a, err := audit.New(srv.Connect(t), audit.Config{Seed: seed, FlushAfter: 10 * time.Millisecond})
+	require.NoError(t, err)
+	actx, stop := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- a.Run(actx) }()
+	defer func() { stop(); require.NoError(t, <-stopped) }()
+	select {
+	case r := <-done:
+		assert.Equal(t, 0, r.code, r.out)
+		assert.Contains(t, r.out, "intact:")
+	case <-ctx.Done():
+		t.Fatal("verify did not end")
+	}
+}

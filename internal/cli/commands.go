@@ -324,12 +324,43 @@ func readWorkflow(path string) (map[string]any, error) {
 	return doc, nil
 }
 
+// runHelp is run's long help: its example workflow validates against
+// the demo's catalog (TestRunHelpShowsAJSONWorkflowThatValidates).
+const runHelp = `run publishes a run.requested and prints each step live until the run
+ends; it answers the run's clarify questions on the terminal. Exit 0 only
+when the run completed.
+
+An agent run: a prompt, planned by the planner (--scenario names a script
+planner scenario). A workflow run: --workflow FILE, a JSON workflow:
+
+  {
+    "workflowName": "dry-run-failed-jobs",
+    "steps": [
+      {"id": "jobs", "action": "delivery.searchJobs", "input": {"status": ["FAILED"]}},
+      {"id": "dryRun", "action": "delivery.dryRunRetry",
+       "input": {"jobIds": {"$fromStep": "jobs", "path": "/jobIds"}}}
+    ]
+  }
+
+workflowName and steps are required; each step has an id, an action and
+an input. {"$fromStep": ID, "path": POINTER} anywhere in an input is that
+JSON Pointer into an earlier step's output. A step may also set
+allowedModes, retry {maxAttempts, delayMs, backoff}, timeoutMs,
+continueOnError and idempotencyKey. "actionbus workflow validate FILE"
+checks a file without running it.
+
+A run may use only the action modes it allows: read, draft and dryRun by
+default; --allow-mode read,draft,dryRun,mutate lets it call a mutate
+action, which waits for an approval (actionbus approve APPROVAL_ID, as an
+approver).`
+
 func runCmd(g *globals) *cobra.Command {
 	var f runFlags
 	var workflowFile string
 	cmd := &cobra.Command{
 		Use:   "run [PROMPT]",
 		Short: "Publish a run.requested and print each step live until the run ends (exit 0 only on completed)",
+		Long:  runHelp,
 		Args:  cobra.MaximumNArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			if len(args) == 1 {
@@ -568,6 +599,49 @@ func runEnded(ctx context.Context, c *client.Client, runID string) (status, why 
 	return res.Status, ""
 }
 
+// settledStream reads a run's records from the audit stream. The auditor
+// writes a run's records a moment after its events: when the run has
+// ended and the stream has not yet its terminal record, it reads again
+// until it has, for at most settle; what it then holds is checked as it
+// is (a chain still cut off is reported truncated).
+func settledStream(ctx context.Context, c *client.Client, runID string, settle time.Duration) ([]audit.SinkRecord, error) {
+	read := func() ([]audit.SinkRecord, bool, error) {
+		var recs []audit.SinkRecord
+		err := c.AuditStream(ctx, client.AuditQuery{RunID: runID}, func(seq uint64, rec events.AuditRecorded) error {
+			recs = append(recs, audit.SinkRecord{StreamSeq: seq, AuditRecorded: rec})
+			return nil
+		})
+		chain := make([]events.AuditRecorded, len(recs))
+		for i, r := range recs {
+			chain[i] = r.AuditRecorded
+		}
+		return recs, audit.HasTerminal(chain), err
+	}
+	recs, done, err := read()
+	if err != nil || done || settle <= 0 {
+		return recs, err
+	}
+	if ended, _ := runEnded(ctx, c, runID); ended == "" {
+		return recs, nil
+	}
+	deadline := time.NewTimer(settle)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return recs, ctx.Err()
+		case <-deadline.C:
+			return recs, nil
+		case <-tick.C:
+		}
+		if recs, done, err = read(); err != nil || done {
+			return recs, err
+		}
+	}
+}
+
 // behindStream holds a sink's chain against the run's chain on the audit
 // stream: short says how the sink falls short (a record that differs,
 // records the stream holds past the sink's last); why says when the
@@ -609,6 +683,7 @@ func auditCmd(g *globals) *cobra.Command {
 	var jsonl, sqlitePath string
 	var auditorKey []string
 	var requireSigned bool
+	var settle time.Duration
 	verify := &cobra.Command{
 		Use:   "verify RUN_ID",
 		Short: "Check a run's audit chain over the stream (or a sink): hashes, links, record numbers and the auditor's signatures; exit 1 and name the first bad record if it is not intact",
@@ -641,11 +716,8 @@ func auditCmd(g *globals) *cobra.Command {
 				if connErr != nil {
 					return connErr
 				}
-				err := c.AuditStream(cmd.Context(), client.AuditQuery{RunID: runID}, func(seq uint64, rec events.AuditRecorded) error {
-					recs = append(recs, audit.SinkRecord{StreamSeq: seq, AuditRecorded: rec})
-					return nil
-				})
-				if err != nil {
+				var err error
+				if recs, err = settledStream(cmd.Context(), c, runID, settle); err != nil {
 					return err
 				}
 				source = "the audit stream"
@@ -724,6 +796,7 @@ func auditCmd(g *globals) *cobra.Command {
 	verify.Flags().StringVar(&sqlitePath, "sqlite", "", "verify a SQLite sink database instead of the stream")
 	verify.Flags().StringSliceVar(&auditorKey, "auditor-key", nil, "the auditor's public key (A..., or @FILE), repeatable for rotated keys; default $ACTIONBUS_AUDITOR_KEY, else the .pub file beside the default auditor key file; none: each signature is checked against the key its record names, which proves no author")
 	verify.Flags().BoolVar(&requireSigned, "require-signed", false, "fail on format-1 (unsigned) records, written before chains were signed")
+	verify.Flags().DurationVar(&settle, "settle", 5*time.Second, "a run that ended a moment ago: wait up to this long for the auditor to write its terminal record to the audit stream before reporting the chain truncated (0: no wait)")
 
 	var tf auditFilter
 	var asJSON, fromStart, allTenants bool

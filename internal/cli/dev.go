@@ -77,7 +77,7 @@ Other terminals can use the same server: actionbus --nats nats://HOST:PORT run .
 	cmd.Flags().StringVar(&f.store, "store", "", "JetStream store directory (default: a temporary directory removed at exit)")
 	cmd.Flags().IntVar(&f.executors, "executors", 2, "executor instances")
 	cmd.Flags().IntVar(&f.slots, "slots", 2, "slots per executor")
-	cmd.Flags().StringSliceVar(&f.scenarios, "scenarios", nil, "extra scenario files or directories (JSON or YAML)")
+	cmd.Flags().StringSliceVar(&f.scenarios, "scenarios", nil, "extra scenario files or directories (JSON or YAML), read once at start: restart dev to load a changed or new file")
 	cmd.Flags().StringVar(&f.demoScenario, "demo", "delivery-retry", "scenario of the demo run")
 	cmd.Flags().StringVar(&f.prompt, "prompt", "Which failed delivery jobs can we retry?", "prompt of the demo run")
 	cmd.Flags().BoolVar(&f.noDemo, "no-demo", false, "start everything but run no demo")

@@ -26,6 +26,7 @@ import (
 	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/cli"
 	"github.com/actionbus/actionbus/internal/llmtest"
+	"github.com/actionbus/actionbus/internal/workflow"
 )
 
 // TestDevDemo is `make demo`: a plan of at least three actions on at least
@@ -372,4 +373,22 @@ func decodeEvent(t *testing.T, m jetstream.Msg) *event.Event {
 	e, err := bus.Decode(m.Subject(), m.Headers(), m.Data())
 	require.NoError(t, err)
 	return e
+}
+
+// run --help shows the JSON workflow format with an example that
+// validates against the demo's actions (the README runs the same one
+// against dev).
+func TestRunHelpShowsAJSONWorkflowThatValidates(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, cli.Execute(context.Background(), []string{"run", "--help"}, nil, &out, &errOut), errOut.String())
+	help := out.String()
+	for _, want := range []string{`"workflowName"`, `"steps"`, `"$fromStep"`, "--allow-mode read,draft,dryRun,mutate"} {
+		assert.Contains(t, help, want)
+	}
+	example := regexp.MustCompile(`(?ms)^  \{$.*?^  \}$`).FindString(help)
+	require.NotEmpty(t, example, "no example workflow in:\n%s", help)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal([]byte(example), &doc), example)
+	issues := workflow.Validate(doc, workflow.Catalog{"delivery.searchJobs": "read", "delivery.dryRunRetry": "dryRun"})
+	assert.Empty(t, issues, "the help's example workflow")
 }

@@ -3,6 +3,7 @@ package demo_test
 import (
 	"context"
 	"encoding/base64"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -136,4 +137,67 @@ scenarios:
 	assert.Equal(t, "retried", res.Answer)
 	j, _ := store.Job("job_1041")
 	assert.Equal(t, "RETRY_QUEUED", j.Status)
+}
+
+// The demo's scenarios run again on the state the demo leaves: after the
+// retry of two of the three failed jobs, the search returns one, and the
+// plans read that one (a forEach over the search), never an index past it.
+func TestTheDemoScenariosRunAgainOnTheStateTheDemoLeaves(t *testing.T) {
+	scenarios, err := os.ReadFile("scenarios/delivery.yaml")
+	require.NoError(t, err)
+	store := demo.NewStore()
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	rec := srv.Record(t, "ab.run.>")
+	st := srv.StartStack(t, actionbustest.StackOptions{ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(key), Scenarios: string(scenarios),
+		Register: func(ex *executor.Executor) error { return demo.Register(ex, demo.Options{Store: store}) }})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run := func(scenario string, approve bool) *client.Result {
+		t.Helper()
+		id, err := st.Client.Start(ctx, client.RunRequest{Scenario: scenario, Prompt: "Which failed jobs can we retry?", AllowedModes: []string{"read", "draft", "dryRun", "mutate"}})
+		require.NoError(t, err)
+		if approve {
+			var s events.RunStep
+			rec.WaitFor(t, 20*time.Second, func(r actionbustest.Recorded) bool {
+				return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == id && s.Name == "awaiting-approval"
+			})
+			require.NoError(t, st.Client.Approve(ctx, s.Details["approvalId"].(string), "k1", key))
+		}
+		res, err := st.Client.Wait(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, client.StatusCompleted, res.Status, "%s: %+v", scenario, res.Error)
+		return res
+	}
+	res := run("delivery-retry", true) // what the demo runs
+	assert.Contains(t, res.Answer, "3 delivery jobs failed. Retried after approval: job_1041, job_1043; blocked: job_1042.")
+	res = run("delivery-triage", false)
+	assert.Contains(t, res.Answer, "1 delivery jobs failed.")
+	assert.Contains(t, res.Answer, "Retryable now: none; blocked: job_1042.")
+	res = run("delivery-retry", true)
+	assert.Contains(t, res.Answer, "1 delivery jobs failed. Retried after approval: none; blocked: job_1042.")
+}
+
+// A scenario whose template indexes past what the search returned fails
+// its run with scenario_failed, naming the scenario, the field and its
+// line, never with reflect's panic text.
+func TestAScenarioTemplatePastTheSearchFailsTheRunWithScenarioFailed(t *testing.T) {
+	const scenarios = `scenarios:
+  past:
+    decisions:
+      - {type: action, name: delivery.searchJobs, args: {status: [RETRY_QUEUED]}}
+      - {type: action, name: delivery.getJob, args: {jobId: '{{ index (index .Results "delivery.searchJobs" "jobIds") 5 }}'}}
+`
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: scenarios,
+		Register: func(ex *executor.Executor) error { return demo.Register(ex, demo.Options{Store: demo.NewStore()}) }})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "past", Prompt: "p"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	require.NotNil(t, res.Error)
+	assert.Equal(t, "scenario_failed", string(res.Error.Code))
+	assert.Contains(t, res.Error.Message, `scenario "past" cycle 2, decisions[1].args.jobId (line 5)`)
+	assert.Contains(t, res.Error.Message, "index 5 out of range: the list has 0 item(s)")
+	assert.NotContains(t, res.Error.Message, "reflect")
 }

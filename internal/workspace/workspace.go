@@ -443,9 +443,8 @@ func (w *Workspace) Apply(patchID string, baseVersion int) (*File, *actionbus.Er
 	if err != nil {
 		return nil, err
 	}
-	if (baseVersion != 0 && baseVersion != pp.BaseVersion) || f.Version != pp.BaseVersion {
-		return nil, refused("stale_base_version", "%s is at version %d; patch %s was previewed on version %d", pp.Path, f.Version, pp.ID, pp.BaseVersion).
-			WithDetail("currentVersion", f.Version).WithDetail("baseVersion", pp.BaseVersion)
+	if err := checkBaseVersion(pp, f, baseVersion); err != nil {
+		return nil, err
 	}
 	after, flags := Preview(f.Content, pp.Ops)
 	if len(flags) > 0 || previewHash(f.Content, after) != pp.PreviewHash {
@@ -456,6 +455,25 @@ func (w *Workspace) Apply(patchID string, baseVersion int) (*File, *actionbus.Er
 	}
 	w.Pending = nil
 	return w.Files[pp.Path], nil
+}
+
+// checkBaseVersion refuses, as stale_base_version, a base version the
+// caller names that is not the one the patch was previewed on, and a file
+// that changed since the preview. The details name each version for what
+// it is: baseVersion is the caller's (absent when not given),
+// previewVersion the preview's, currentVersion the file's.
+func checkBaseVersion(pp *Patch, f *File, baseVersion int) *actionbus.Error {
+	var err *actionbus.Error
+	switch {
+	case baseVersion != 0 && baseVersion != pp.BaseVersion:
+		err = refused("stale_base_version", "base version %d is not the version patch %s was previewed on (%d); %s is at version %d", baseVersion, pp.ID, pp.BaseVersion, pp.Path, f.Version).
+			WithDetail("baseVersion", baseVersion)
+	case f.Version != pp.BaseVersion:
+		err = refused("stale_base_version", "%s is at version %d; patch %s was previewed on version %d", pp.Path, f.Version, pp.ID, pp.BaseVersion)
+	default:
+		return nil
+	}
+	return err.WithDetail("previewVersion", pp.BaseVersion).WithDetail("currentVersion", f.Version)
 }
 
 // Blocked reports whether the pending patch is blocked.

@@ -2,6 +2,7 @@ package workspace_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -154,6 +155,25 @@ func TestApplyRefusals(t *testing.T) {
 		assert.Equal(t, "stale_base_version", aerr.Details["reason"])
 		_, aerr = w.Apply("p", p.BaseVersion+7)
 		assert.Equal(t, "stale_base_version", aerr.Details["reason"], "a base version the caller names wrong")
+	})
+	t.Run("a stale base version names each version for what it is", func(t *testing.T) {
+		w := newWS(t)
+		p, _ := w.Propose("report.md", ops(t, grow), "p")
+		_, aerr := w.Apply("p", p.BaseVersion+7)
+		require.NotNil(t, aerr)
+		assert.Equal(t, p.BaseVersion+7, aerr.Details["baseVersion"], "the base version the caller gave")
+		assert.Equal(t, p.BaseVersion, aerr.Details["previewVersion"])
+		assert.Equal(t, p.BaseVersion, aerr.Details["currentVersion"])
+		assert.Contains(t, aerr.Message, fmt.Sprintf("base version %d is not the version patch p was previewed on (%d)", p.BaseVersion+7, p.BaseVersion))
+
+		_, err := w.Append("report.md", "A line appended meanwhile.", nil)
+		require.Nil(t, err)
+		_, aerr = w.Apply("p", 0)
+		require.NotNil(t, aerr)
+		assert.NotContains(t, aerr.Details, "baseVersion", "no base version was given")
+		assert.Equal(t, p.BaseVersion, aerr.Details["previewVersion"])
+		assert.Equal(t, p.BaseVersion+1, aerr.Details["currentVersion"])
+		assert.Contains(t, aerr.Message, fmt.Sprintf("report.md is at version %d; patch p was previewed on version %d", p.BaseVersion+1, p.BaseVersion))
 	})
 	t.Run("a stored hash that no longer matches", func(t *testing.T) {
 		w := newWS(t)
