@@ -11,7 +11,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/console"
 	"github.com/actionbus/actionbus/internal/httpapi"
@@ -32,7 +35,52 @@ type skuIn struct {
 	SKU string `json:"sku"`
 }
 
-func register(ex *executor.Executor) error {
+// fanOut is how many calls of inv.count the waterfall test runs at once.
+const fanOut = 10
+
+// together holds each call of inv.count until fanOut of them run at once
+// (or, should they never, for at most ten seconds): ten bars that overlap
+// in time are ten calls that did.
+type together struct {
+	mu  sync.Mutex
+	n   int
+	all chan struct{}
+}
+
+func (g *together) wait(ctx context.Context) error {
+	g.mu.Lock()
+	g.n++
+	if g.n == fanOut {
+		close(g.all)
+	}
+	g.mu.Unlock()
+	select {
+	case <-g.all:
+	case <-time.After(10 * time.Second):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// register registers the test's actions; the calls of inv.count on
+// every executor meet at g.
+func register(g *together) func(*executor.Executor) error {
+	return func(ex *executor.Executor) error {
+		if err := executor.Register(ex, executor.Action{Name: "inv.count", Description: "Count a SKU's units."},
+			func(ctx context.Context, in skuIn, _ executor.Call) (executor.Result[map[string]any], error) {
+				if err := g.wait(ctx); err != nil {
+					return executor.Result[map[string]any]{}, err
+				}
+				return executor.Result[map[string]any]{Output: map[string]any{"sku": in.SKU, "counted": 12}}, nil
+			}); err != nil {
+			return err
+		}
+		return registerInventory(ex)
+	}
+}
+
+func registerInventory(ex *executor.Executor) error {
 	if err := executor.Register(ex, executor.Action{Name: "inv.stock", Description: "Units available for a SKU."},
 		func(_ context.Context, in skuIn, _ executor.Call) (executor.Result[map[string]any], error) {
 			return executor.Result[map[string]any]{Output: map[string]any{"sku": in.SKU, "available": 12}, Summary: "12 available"}, nil
@@ -45,13 +93,15 @@ func register(ex *executor.Executor) error {
 		})
 }
 
-// serve starts a stack and the console with its API over it, connected as
-// the deployed client and approver users, and returns the console's URL
-// and a token holding every role.
-func serve(t *testing.T) (string, string) {
+// serve starts a stack (two executors; a plan or workflow runs ten calls
+// at once) and the console with its API over it, connected as the
+// deployed client and approver users, and returns the console's URL, a
+// token holding every role and the client (to read runs' events).
+func serve(t *testing.T) (string, string, *client.Client) {
 	t.Helper()
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true})
-	srv.StartStack(t, actionbustest.StackOptions{Register: register, ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey) + ":*"})
+	srv.StartStack(t, actionbustest.StackOptions{Register: register(&together{all: make(chan struct{})}), Executors: 2, MaxPlanParallel: fanOut,
+		ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey) + ":*"})
 	c, err := client.New(srv.TenantConnect(t, "client", "default"), client.Options{})
 	require.NoError(t, err)
 	ap, err := client.New(srv.TenantConnect(t, "approver", "default"), client.Options{})
@@ -66,19 +116,30 @@ func serve(t *testing.T) (string, string) {
 	go func() { defer close(done); _ = api.Run(ctx) }()
 	hs := httptest.NewServer(console.Mount(api.Handler(), console.Options{Tenant: api.Tenant()}))
 	t.Cleanup(func() { hs.Close(); cancel(); <-done })
-	return hs.URL, token
+	return hs.URL, token, c
 }
 
 func TestThePageHoldsNoDataAndForbidsForeignScripts(t *testing.T) {
-	url, _ := serve(t)
+	url, _, _ := serve(t)
 	res, err := http.Get(url + "/")
 	require.NoError(t, err)
 	body, _ := io.ReadAll(res.Body)
 	res.Body.Close()
 	assert.Equal(t, http.StatusOK, res.StatusCode)
-	assert.Contains(t, res.Header.Get("Content-Security-Policy"), "default-src 'self'")
+	csp := res.Header.Get("Content-Security-Policy")
+	assert.Contains(t, csp, "default-src 'self'")
+	assert.NotContains(t, csp, "script-src", "scripts fall back to default-src 'self': none from elsewhere")
+	assert.NotContains(t, csp, "data:")
+	assert.NotContains(t, csp, "*")
 	assert.Contains(t, string(body), `<b id="tenant">default</b>`)
 	assert.Contains(t, string(body), `/static/console.js`)
+	// The favicon is the console's own file, which default-src 'self' allows.
+	assert.Contains(t, string(body), `<link rel="icon" type="image/svg+xml" href="/static/favicon.svg">`)
+	res, err = http.Get(url + "/static/favicon.svg")
+	require.NoError(t, err)
+	res.Body.Close()
+	assert.Equal(t, http.StatusOK, res.StatusCode)
+	assert.Equal(t, "image/svg+xml", res.Header.Get("Content-Type"))
 	res, err = http.Get(url + "/static/console.js")
 	require.NoError(t, err)
 	res.Body.Close()
@@ -105,6 +166,38 @@ func apiGet(t *testing.T, url, token, path string) map[string]any {
 	return out
 }
 
+// apiPost posts body (JSON) to an API path as the token's user.
+func apiPost(t *testing.T, url, token, path string, body any) map[string]any {
+	t.Helper()
+	b, err := json.Marshal(body)
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(string(b)))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	var out map[string]any
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
+	require.Less(t, res.StatusCode, 300, "POST %s: %v", path, out)
+	return out
+}
+
+// artifacts returns where the test's screenshots go: the directory
+// ACTIONBUS_ARTIFACTS names (kept after the test), else the test's
+// artifact directory (go test -artifacts keeps it under the output
+// directory; otherwise it is temporary). With ACTIONBUS_ARTIFACTS set,
+// each screenshot is written to the artifact directory too.
+func artifacts(t *testing.T) []string {
+	dirs := []string{t.ArtifactDir()}
+	if dir := os.Getenv("ACTIONBUS_ARTIFACTS"); dir != "" {
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		dirs = append([]string{dir}, dirs...)
+	}
+	return dirs
+}
+
 func chromium(t *testing.T) string {
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
@@ -116,14 +209,19 @@ func chromium(t *testing.T) string {
 }
 
 // TestTheConsoleFollowsARunAndApprovesFromTheInbox drives the console in
-// headless Chromium: start a run from the form and watch its timeline
-// reach completed live, start a mutation, approve it from the inbox and
-// see the run finish, verify its audit chain.
+// headless Chromium at 1 280 × 800: start a run from the form and watch
+// its timeline reach completed live, start a mutation, approve it from the
+// inbox (its Approve and Deny in the window, its hash shortened with a
+// copy control) and see the run finish, verify its audit chain; a
+// ten-step parallel workflow's waterfall shows ten overlapping bars in
+// the order and with the executors of the run's events. No page scrolls
+// sideways; each is saved as a screenshot (see artifacts).
 func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	path := chromium(t)
-	url, token := serve(t)
+	url, token, c := serve(t)
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 800),
 		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true))
 	// The browser starts with the test's context (a step's shorter one
@@ -202,8 +300,40 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		return nil
 	}
 
+	// fits checks that the page shown fits a 1 280 px window: nothing
+	// scrolls sideways and the header spans the page.
+	fits := func(page string) {
+		t.Helper()
+		w, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`[document.documentElement.scrollWidth, document.documentElement.clientWidth,
+			window.innerWidth, document.querySelector("header").getBoundingClientRect().width]`))
+		require.NoError(t, err)
+		assert.Equal(t, 1280.0, w[2], "the window is 1 280 px wide")
+		assert.LessOrEqual(t, w[0], w[1], "the %s page scrolls sideways (scrollWidth, clientWidth): %v", page, w[:2])
+		assert.Equal(t, w[1], w[3], "the header spans the %s page", page)
+	}
+	// screenshot saves the page as name.png (see artifacts) and prints
+	// where.
+	dirs := artifacts(t)
+	screenshot := func(name, what string) {
+		t.Helper()
+		shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		require.NoError(t, err)
+		for _, dir := range dirs {
+			file := filepath.Join(dir, name+".png")
+			require.NoError(t, os.WriteFile(file, shot, 0o600))
+			t.Logf("screenshot of %s: %s", what, file)
+		}
+	}
+
+	// One function writes every duration.
+	require.NoError(t, do(chromedp.Navigate(url+"/")))
+	durations, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[human(0), human(850), human(12345), human(59999), human(163999), human(3723000), human(180000000)]`))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"0 ms", "850 ms", "12.3 s", "1 m 0 s", "2 m 44 s", "1 h 2 m", "2 d 2 h"}, durations)
+
 	// A read: started from the form, its timeline live to completed.
 	require.NoError(t, do(
+		chromedp.EmulateViewport(1280, 800),
 		chromedp.Navigate(url+"/#token="+token),
 		poll(`document.getElementById("live").textContent === "live"`),
 		chromedp.Click(css(`nav a[data-view="start"]`)),
@@ -218,6 +348,11 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	steps, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#timeline tr[data-type]")].map(r => r.dataset.type)`))
 	require.NoError(t, err)
 	assert.Contains(t, steps, "action.completed")
+	offsets, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#timeline tr[data-type] td:first-child")].map(td => td.textContent)`))
+	require.NoError(t, err)
+	for _, o := range offsets {
+		assert.Regexp(t, `^\+(\d+ ms|\d+\.\d s|\d+ m \d+ s|\d+ h \d+ m)$`, o, "the timeline's offsets are durations")
+	}
 
 	// Its audit chain, verified from the run view (the records are
 	// appended within the auditor's FlushAfter: asked until complete).
@@ -245,6 +380,22 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	))
 	approvalID, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('#approvals tr[data-approval^="`+mutation+`"]').dataset.approval`))
 	require.NoError(t, err)
+
+	// The inbox fits the window: Approve and Deny are in it, the input
+	// hash is shortened and its copy control holds the whole hash.
+	fits("approvals")
+	inView, err := chromedp.Run(ctx, chromedp.Evaluate[[]bool](`[...document.querySelectorAll("#approvals button.approve, #approvals button.deny")].map(b => {
+		const r = b.getBoundingClientRect(); return r.width > 0 && r.left >= 0 && r.top >= 0 && r.right <= window.innerWidth && r.bottom <= window.innerHeight; })`))
+	require.NoError(t, err)
+	assert.Equal(t, []bool{true, true}, inView, "Approve and Deny are inside the window")
+	hashCell, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(() => { const td = document.querySelector('#approvals tr[data-approval="`+approvalID+`"] td:nth-child(5)');
+		return [td.querySelector("code").textContent, td.querySelector("button.copy").dataset.copy]; })()`))
+	require.NoError(t, err)
+	pendingApproval, err := c.Approval(ctx, approvalID)
+	require.NoError(t, err)
+	assert.Len(t, pendingApproval.Context.InputHash, 64)
+	assert.Equal(t, []string{pendingApproval.Context.InputHash[:12] + "…", pendingApproval.Context.InputHash}, hashCell)
+	screenshot("approvals", "the approvals inbox at 1 280 × 800, one pending reorder whose input carries markup (shown as text)")
 
 	// A crafted link: the run id of #run/<id> names the approval's approve
 	// endpoint with "\" (which a URL reads as "/"). Its Cancel button shows
@@ -275,6 +426,19 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		shows(`#runs tr[data-run="`+mutation+`"] td.status.completed`),
 		shows(`#runs tr[data-run="`+readRun+`"] td.status.completed`),
 	))
+	fits("runs")
+	screenshot("runs", "the runs list: the read and the approved reorder, completed")
+
+	// The read's audit records, verified on the Audit page.
+	require.NoError(t, do(
+		chromedp.Click(css(`nav a[data-view="audit"]`)),
+		fill("audit-run", readRun),
+		chromedp.Click(css(`#audit-verify`)),
+		poll(`document.getElementById("audit-result").className === "verified"`),
+		shows(`#audit tbody tr[data-kind]`),
+	))
+	fits("audit")
+	screenshot("audit", "the Audit page: the read's records, its chain verified")
 
 	// The finished mutation's timeline, for the screenshot.
 	require.NoError(t, do(
@@ -336,12 +500,80 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	require.GreaterOrEqual(t, len(progress), 2, "the timeline shows the live steps: %q", progress)
 	assert.Equal(t, []string{"action-completed", "observe"}, progress[len(progress)-2:], "one row per step, in order: %q", progress)
 
-	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-	require.NoError(t, err)
-	file := filepath.Join(t.TempDir(), "console.png")
-	require.NoError(t, os.WriteFile(file, shot, 0o600))
-	t.Logf("screenshot of the console: %s", file)
-	if dir := os.Getenv("ACTIONBUS_SCREENSHOT_DIR"); dir != "" { // kept beyond the test's temp dir
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "console.png"), shot, 0o600))
+	fits("run")
+	screenshot("run", "the run view of a reorder approved while followed: its waterfall (the approval as a gap) and timeline")
+
+	// A workflow of ten independent steps runs them at once (each call
+	// of inv.count waits for the other nine): its waterfall shows ten
+	// bars, one per step, in the order and with the executors of the
+	// run's results, overlapping in time.
+	wf := client.NewWorkflow("count-ten")
+	for i := range fanOut {
+		wf.Step(fmt.Sprintf("count-%d", i), "inv.count", map[string]any{"sku": fmt.Sprintf("W-%d", i)})
 	}
+	started := apiPost(t, url, token, "/v1/runs", map[string]any{"workflow": wf.Build()})
+	wfRun, _ := started["runId"].(string)
+	require.NotEmpty(t, wfRun, "%v", started)
+	require.NoError(t, do(
+		chromedp.Navigate(url+"/#run/"+wfRun),
+		shows(`#timeline tr[data-type="run.completed"]`),
+		poll(fmt.Sprintf(`document.querySelectorAll("#waterfall g.bar").length === %d`, fanOut)),
+	))
+	type bar struct {
+		Action, Step, Executor, Outcome, Label string
+		Cycle, PlanIndex                       int
+		Start, End, Y                          float64
+	}
+	bars, err := chromedp.Run(ctx, chromedp.Evaluate[[]bar](`[...document.querySelectorAll("#waterfall g.bar")].map(g => ({
+		action: g.dataset.action, step: g.dataset.step, executor: g.dataset.executor, outcome: g.dataset.outcome,
+		label: g.querySelector("text.bar-label").textContent, cycle: +g.dataset.cycle, planIndex: +g.dataset.planIndex,
+		start: +g.dataset.start, end: +g.dataset.end, y: +g.querySelector("rect").getAttribute("y") }))`))
+	require.NoError(t, err)
+	var results []events.ActionCompleted
+	fctx, fcancel := context.WithTimeout(ctx, 30*time.Second)
+	ended, err := c.Follow(fctx, wfRun, func(e client.Event) {
+		var d events.ActionCompleted
+		if e.Type == events.TypeActionCompleted && json.Unmarshal(e.Data, &d) == nil {
+			results = append(results, d)
+		}
+	})
+	fcancel()
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, ended.Status)
+	require.Len(t, results, fanOut)
+	require.Len(t, bars, fanOut)
+	slices.SortStableFunc(results, func(a, b events.ActionCompleted) int {
+		if a.Cycle != b.Cycle {
+			return a.Cycle - b.Cycle
+		}
+		return a.PlanIndex - b.PlanIndex
+	})
+	executors := map[string]bool{}
+	for i, r := range results {
+		b := bars[i]
+		assert.Equal(t, r.Action, b.Action, "bar %d", i)
+		assert.Equal(t, r.Cycle, b.Cycle, "bar %d", i)
+		assert.Equal(t, r.PlanIndex, b.PlanIndex, "bar %d", i)
+		assert.Equal(t, r.StepID, b.Step, "bar %d", i)
+		assert.Equal(t, r.Executor, b.Executor, "bar %d", i)
+		assert.NotEmpty(t, b.Executor, "bar %d", i)
+		assert.Contains(t, b.Label, "on "+r.Executor, "bar %d is labelled with its executor", i)
+		assert.Equal(t, "ok", b.Outcome, "bar %d", i)
+		assert.InDelta(t, float64(r.DurationMs), b.End-b.Start, 1, "bar %d is as long as the call took", i)
+		if i > 0 {
+			assert.Greater(t, b.Y, bars[i-1].Y, "bar %d is drawn below bar %d", i, i-1)
+		}
+		executors[r.Executor] = true
+	}
+	t.Logf("the ten calls ran on %d executor(s)", len(executors))
+	// Ten calls that ran at once: every bar starts before the first of
+	// them ends (within the millisecond that times and durations are
+	// rounded to).
+	latestStart, firstEnd := bars[0].Start, bars[0].End
+	for _, b := range bars {
+		latestStart, firstEnd = max(latestStart, b.Start), min(firstEnd, b.End)
+	}
+	assert.LessOrEqual(t, latestStart, firstEnd+2, "the ten bars overlap in time: %+v", bars)
+	fits("run")
+	screenshot("waterfall", "the waterfall of a ten-step parallel workflow: ten overlapping bars, each labelled with its executor")
 }
