@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -39,12 +40,21 @@ type skuIn struct {
 const fanOut = 10
 
 // together holds each call of inv.count until fanOut of them run at once
-// (or, should they never, for at most ten seconds): ten bars that overlap
-// in time are ten calls that did.
+// (or, should they never, for at most ten seconds): met says whether they
+// did.
 type together struct {
 	mu  sync.Mutex
 	n   int
 	all chan struct{}
+}
+
+func (g *together) met() bool {
+	select {
+	case <-g.all:
+		return true
+	default:
+		return false
+	}
 }
 
 func (g *together) wait(ctx context.Context) error {
@@ -76,6 +86,15 @@ func register(g *together) func(*executor.Executor) error {
 			}); err != nil {
 			return err
 		}
+		if err := executor.Register(ex, executor.Action{Name: "inv.flaky", Description: "Fails its first attempt."},
+			func(_ context.Context, in skuIn, call executor.Call) (executor.Result[map[string]any], error) {
+				if call.Attempt == 1 {
+					return executor.Result[map[string]any]{}, errors.New("the first attempt fails")
+				}
+				return executor.Result[map[string]any]{Output: map[string]any{"sku": in.SKU}}, nil
+			}); err != nil {
+			return err
+		}
 		return registerInventory(ex)
 	}
 }
@@ -96,11 +115,13 @@ func registerInventory(ex *executor.Executor) error {
 // serve starts a stack (two executors; a plan or workflow runs ten calls
 // at once) and the console with its API over it, connected as the
 // deployed client and approver users, and returns the console's URL, a
-// token holding every role and the client (to read runs' events).
-func serve(t *testing.T) (string, string, *client.Client) {
+// token holding every role, the client (to read runs' events) and where
+// the calls of inv.count meet.
+func serve(t *testing.T) (string, string, *client.Client, *together) {
 	t.Helper()
+	g := &together{all: make(chan struct{})}
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true})
-	srv.StartStack(t, actionbustest.StackOptions{Register: register(&together{all: make(chan struct{})}), Executors: 2, MaxPlanParallel: fanOut,
+	srv.StartStack(t, actionbustest.StackOptions{Register: register(g), Executors: 2, MaxPlanParallel: fanOut,
 		ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey) + ":*"})
 	c, err := client.New(srv.TenantConnect(t, "client", "default"), client.Options{})
 	require.NoError(t, err)
@@ -116,11 +137,11 @@ func serve(t *testing.T) (string, string, *client.Client) {
 	go func() { defer close(done); _ = api.Run(ctx) }()
 	hs := httptest.NewServer(console.Mount(api.Handler(), console.Options{Tenant: api.Tenant()}))
 	t.Cleanup(func() { hs.Close(); cancel(); <-done })
-	return hs.URL, token, c
+	return hs.URL, token, c, g
 }
 
 func TestThePageHoldsNoDataAndForbidsForeignScripts(t *testing.T) {
-	url, _, _ := serve(t)
+	url, _, _, _ := serve(t)
 	res, err := http.Get(url + "/")
 	require.NoError(t, err)
 	body, _ := io.ReadAll(res.Body)
@@ -218,7 +239,7 @@ func chromium(t *testing.T) string {
 // sideways; each is saved as a screenshot (see artifacts).
 func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	path := chromium(t)
-	url, token, c := serve(t)
+	url, token, c, ten := serve(t)
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1280, 800),
@@ -325,12 +346,6 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		}
 	}
 
-	// One function writes every duration.
-	require.NoError(t, do(chromedp.Navigate(url+"/")))
-	durations, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[human(0), human(850), human(12345), human(59999), human(163999), human(3723000), human(180000000)]`))
-	require.NoError(t, err)
-	assert.Equal(t, []string{"0 ms", "850 ms", "12.3 s", "1 m 0 s", "2 m 44 s", "1 h 2 m", "2 d 2 h"}, durations)
-
 	// A read: started from the form, its timeline live to completed.
 	require.NoError(t, do(
 		chromedp.EmulateViewport(1280, 800),
@@ -345,6 +360,11 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		shows(`#run-status.completed`),
 	))
 	readRun := strings.TrimPrefix(hash(), "#run/")
+	// One function writes every duration.
+	durations, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[human(0), human(850), human(12345), human(59999), human(163999), human(3723000), human(180000000)]`))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"0 ms", "850 ms", "12.3 s", "1 m 0 s", "2 m 44 s", "1 h 2 m", "2 d 2 h"}, durations)
+
 	steps, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#timeline tr[data-type]")].map(r => r.dataset.type)`))
 	require.NoError(t, err)
 	assert.Contains(t, steps, "action.completed")
@@ -384,10 +404,15 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	// The inbox fits the window: Approve and Deny are in it, the input
 	// hash is shortened and its copy control holds the whole hash.
 	fits("approvals")
-	inView, err := chromedp.Run(ctx, chromedp.Evaluate[[]bool](`[...document.querySelectorAll("#approvals button.approve, #approvals button.deny")].map(b => {
-		const r = b.getBoundingClientRect(); return r.width > 0 && r.left >= 0 && r.top >= 0 && r.right <= window.innerWidth && r.bottom <= window.innerHeight; })`))
+	inView, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#approvals button.approve, #approvals button.deny")].map(b => {
+		const r = b.getBoundingClientRect();
+		return (r.width > 0 && r.left >= 0 && r.top >= 0 && r.right <= window.innerWidth && r.bottom <= window.innerHeight ? "inside " : "outside ") +
+			JSON.stringify([r.left, r.top, r.right, r.bottom, window.innerWidth, window.innerHeight]); })`))
 	require.NoError(t, err)
-	assert.Equal(t, []bool{true, true}, inView, "Approve and Deny are inside the window")
+	require.Len(t, inView, 2)
+	for _, b := range inView {
+		assert.True(t, strings.HasPrefix(b, "inside "), "Approve and Deny are inside the window: %v", inView)
+	}
 	hashCell, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(() => { const td = document.querySelector('#approvals tr[data-approval="`+approvalID+`"] td:nth-child(5)');
 		return [td.querySelector("code").textContent, td.querySelector("button.copy").dataset.copy]; })()`))
 	require.NoError(t, err)
@@ -432,6 +457,7 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	// The read's audit records, verified on the Audit page.
 	require.NoError(t, do(
 		chromedp.Click(css(`nav a[data-view="audit"]`)),
+		poll(`!document.getElementById("view-audit").classList.contains("hidden")`),
 		fill("audit-run", readRun),
 		chromedp.Click(css(`#audit-verify`)),
 		poll(`document.getElementById("audit-result").className === "verified"`),
@@ -440,8 +466,9 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	fits("audit")
 	screenshot("audit", "the Audit page: the read's records, its chain verified")
 
-	// The finished mutation's timeline, for the screenshot.
+	// The finished mutation's timeline.
 	require.NoError(t, do(
+		chromedp.Click(css(`nav a[data-view="runs"]`)),
 		chromedp.Click(css(`#runs tr[data-run="`+mutation+`"] a`)),
 		shows(`#timeline tr[data-type="run.completed"]`),
 		shows(`#timeline tr[data-type="approval.resolved"]`),
@@ -566,14 +593,78 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		executors[r.Executor] = true
 	}
 	t.Logf("the ten calls ran on %d executor(s)", len(executors))
-	// Ten calls that ran at once: every bar starts before the first of
-	// them ends (within the millisecond that times and durations are
-	// rounded to).
-	latestStart, firstEnd := bars[0].Start, bars[0].End
-	for _, b := range bars {
-		latestStart, firstEnd = max(latestStart, b.Start), min(firstEnd, b.End)
+	// The ten calls ran at once, and the waterfall shows it: its bars
+	// overlap, each with another, and together they span less time than
+	// their lengths add up to (calls one after the other would not). A
+	// bar ends when its result was published, so under load a bar may
+	// be drawn a little later than its call ran; never all one after
+	// the other.
+	require.True(t, ten.met(), "the ten calls of inv.count were in flight at once")
+	var total float64
+	first, last := bars[0].Start, bars[0].End
+	for i, b := range bars {
+		total += b.End - b.Start
+		first, last = min(first, b.Start), max(last, b.End)
+		overlaps := false
+		for j, o := range bars {
+			overlaps = overlaps || (i != j && b.Start < o.End && o.Start < b.End)
+		}
+		assert.True(t, overlaps, "bar %d overlaps another: %+v", i, bars)
 	}
-	assert.LessOrEqual(t, latestStart, firstEnd+2, "the ten bars overlap in time: %+v", bars)
+	assert.Less(t, last-first, total, "the bars span less time than they add up to: %+v", bars)
 	fits("run")
 	screenshot("waterfall", "the waterfall of a ten-step parallel workflow: ten overlapping bars, each labelled with its executor")
+
+	// gaps and outcomes read the waterfall's waits and its bars'
+	// outcomes, top to bottom.
+	type drawn struct{ Gaps, Outcomes []string }
+	waterfall := func() drawn {
+		t.Helper()
+		d, err := chromedp.Run(ctx, chromedp.Evaluate[drawn](`({
+			gaps: [...document.querySelectorAll("#waterfall g.gap")].map(g => g.dataset.reason),
+			outcomes: [...document.querySelectorAll("#waterfall g.bar")].map(g => g.dataset.outcome + "/" + g.dataset.attempt) })`))
+		require.NoError(t, err)
+		return d
+	}
+
+	// A step that fails and is retried: a failed bar, the retry's
+	// backoff as a gap, then the bar of the attempt that succeeded.
+	started = apiPost(t, url, token, "/v1/runs", map[string]any{"workflow": client.NewWorkflow("flaky").
+		Step("flaky", "inv.flaky", map[string]any{"sku": "F-1"}, client.Retry(2, 100, false)).Build()})
+	flakyRun, _ := started["runId"].(string)
+	require.NotEmpty(t, flakyRun, "%v", started)
+	require.NoError(t, do(
+		chromedp.Navigate(url+"/#run/"+flakyRun),
+		shows(`#timeline tr[data-type="run.completed"]`),
+		poll(`document.querySelectorAll("#waterfall g.bar").length === 2`),
+	))
+	got := waterfall()
+	assert.Equal(t, []string{"failed/1", "ok/2"}, got.Outcomes)
+	require.Len(t, got.Gaps, 1)
+	assert.True(t, strings.HasPrefix(got.Gaps[0], "retry backoff"), "%q", got.Gaps)
+	fits("run")
+	screenshot("waterfall-retry", "the waterfall of a step retried: its failed attempt, the retry's backoff as a gap, the attempt that succeeded")
+
+	// A mutation denied in the inbox: its wait for approval as a gap
+	// that ends denied, and a denied bar.
+	started = apiPost(t, url, token, "/v1/runs", map[string]any{"action": map[string]any{"name": "inv.reorder", "args": map[string]any{"sku": "D-4"}},
+		"allowedModes": []string{"read", "mutate"}})
+	deniedRun, _ := started["runId"].(string)
+	require.NotEmpty(t, deniedRun, "%v", started)
+	require.NoError(t, do(
+		chromedp.Navigate(url+"/#approvals"),
+		shows(`#approvals tr[data-approval^="`+deniedRun+`"] button.deny`),
+		chromedp.Evaluate[chromedp.Void](`window.prompt = () => "not today"`),
+		chromedp.Click(css(`#approvals tr[data-approval^="`+deniedRun+`"] button.deny`)),
+		poll(`document.getElementById("message").textContent.startsWith("denied ")`),
+		chromedp.Navigate(url+"/#run/"+deniedRun),
+		shows(`#timeline tr[data-type="run.failed"]`),
+		poll(`document.querySelectorAll("#waterfall g.bar").length === 1`),
+	))
+	got = waterfall()
+	assert.Equal(t, []string{"denied/0"}, got.Outcomes)
+	require.Len(t, got.Gaps, 1)
+	assert.Regexp(t, `^awaiting approval .* → denied$`, got.Gaps[0])
+	fits("run")
+	screenshot("waterfall-denied", "the waterfall of a reorder denied in the inbox: the wait for approval as a gap, then a denied mark")
 }

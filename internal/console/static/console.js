@@ -123,7 +123,7 @@ function shortID(v) {
 // copyable shows a value shortened, with a control that copies the whole
 // value to the clipboard.
 function copyable(full, shown) {
-  return el("span", { class: "copyable nowrap" }, el("code", { title: full }, shown),
+  return el("span", { class: "copyable" }, el("code", { title: full }, shown),
     el("button", { class: "copy", type: "button", title: "copy " + full, "data-copy": full, onclick: () => copy(full) }, "copy"));
 }
 
@@ -161,7 +161,7 @@ function renderApprovals() {
   document.getElementById("approvals-empty").classList.toggle("hidden", state.approvals.length > 0);
   const rows = state.approvals.map(a => el("tr", { "data-approval": a.approvalId },
     el("td", {}, copyable(a.approvalId, shortID(a.approvalId))),
-    el("td", {}, el("a", { href: "#run/" + a.runId, title: a.runId }, shortID(a.runId))),
+    el("td", {}, el("a", { href: "#run/" + a.runId, title: a.runId }, el("code", {}, shortID(a.runId)))),
     el("td", {}, a.action),
     el("td", {}, a.userId || ""),
     el("td", { class: "hash" }, copyable(a.inputHash, short(a.inputHash))),
@@ -407,7 +407,9 @@ function waterfallModel(evs, ended, now) {
         }
         break;
       }
-      case "workflow-step-retry": opens(call(), t, "retry backoff"); break;
+      case "workflow-step-retry":
+        opens(call(), t, "retry backoff" + (det.attempt ? " after attempt " + det.attempt + " of " + (det.maxAttempts || "?") : ""));
+        break;
       case "waiting-for-capacity": opens(call(), t, "waiting for capacity" + (det.key ? " (" + det.key + ")" : "")); break;
       case "awaiting-input": opens(rowOf(cycle, -1, "input"), t, "awaiting input" + (d.message ? ": " + d.message : "")); break;
       case "input-received": close(rowOf(cycle, -1, "input"), t, "answered"); break;
@@ -441,6 +443,27 @@ function svg(tag, attrs, text) {
   for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
   if (text != null) e.textContent = String(text);
   return e;
+}
+
+// place puts a label of about textW px by a mark at x1 of width w, where
+// it overlaps nothing the row holds so far but the mark itself (taken, a
+// list of [from, to, mark] it adds the label to) and stays between the
+// label column (labelW) and the right edge (W): in the order of prefer
+// ("after", "before", "inside": at its start, middle or end, when it
+// fits in the mark). It returns null when there is no room: the mark's
+// title still says it all.
+function place(x1, w, textW, labelW, W, taken, prefer, mark) {
+  const froms = where => where === "after" ? [x1 + w + 4] : where === "before" ? [x1 - 4 - textW]
+    : w >= textW + 8 ? [x1 + 4, x1 + (w - textW) / 2, x1 + w - 4 - textW] : [];
+  for (const where of prefer) {
+    for (const from of froms(where)) {
+      const to = from + textW;
+      if (from < labelW || to > W || taken.some(([a, b, of]) => of !== mark && from < b && a < to)) continue;
+      taken.push([from, to, null]);
+      return { x: from, anchor: "start" };
+    }
+  }
+  return null;
 }
 
 function queueWaterfall() {
@@ -485,17 +508,7 @@ function drawWaterfall() {
     const label = svg("text", { class: "row-label", x: 4, y: y + 15 }, name.length > 42 ? name.slice(0, 41) + "…" : name);
     label.append(svg("title", {}, name));
     row.append(label);
-    for (const gap of r.gaps) {
-      const x1 = x(gap.from), w = Math.max(2, x(gap.to) - x1);
-      const gg = svg("g", { class: "gap", "data-reason": gap.reason });
-      gg.append(svg("rect", { class: "gap", x: x1, y: y + 3, width: w, height: rowH - 8 }));
-      const text = gap.reason + " · " + human(gap.to - gap.from);
-      const right = x1 + w + 4 + text.length * 6 < W;
-      gg.append(svg("text", { class: "gap-label", x: right ? x1 + w + 4 : x1 - 4, y: y + 14, "text-anchor": right ? "start" : "end" }, text));
-      gg.append(svg("title", {}, text));
-      row.append(gg);
-      if (/waiting$/.test(gap.reason)) running = true;
-    }
+    const taken = r.bars.map(b => [x(b.start), x(b.start) + Math.max(3, x(b.end) - x(b.start)), b]);
     for (const b of r.bars) {
       const x1 = x(b.start), w = Math.max(3, x(b.end) - x1);
       const took = b.outcome === "denied" && b.end === b.start ? b.code : human(b.end - b.start);
@@ -505,11 +518,22 @@ function drawWaterfall() {
         "data-step": r.step, "data-executor": b.executor, "data-outcome": b.outcome, "data-attempt": b.attempt,
         "data-start": Math.round(b.start - m.t0), "data-end": Math.round(b.end - m.t0) });
       bg.append(svg("rect", { class: b.outcome, x: x1, y: y + 3, width: w, height: rowH - 8, rx: 2 }));
-      const right = x1 + w + 4 + text.length * 6.5 < W;
-      bg.append(svg("text", { class: "bar-label", x: right ? x1 + w + 4 : x1 - 4, y: y + 14, "text-anchor": right ? "start" : "end" }, text));
+      const at = place(x1, w, text.length * 6.5, labelW, W, taken, ["after", "before", "inside"], b);
+      if (at) bg.append(svg("text", { class: "bar-label", x: at.x, y: y + 14, "text-anchor": at.anchor }, text));
       bg.append(svg("title", {}, r.action + " " + text));
       row.append(bg);
       if (b.outcome === "running") running = true;
+    }
+    for (const gap of r.gaps) {
+      const x1 = x(gap.from), w = Math.max(2, x(gap.to) - x1);
+      const gg = svg("g", { class: "gap", "data-reason": gap.reason });
+      gg.append(svg("rect", { class: "gap", x: x1, y: y + 3, width: w, height: rowH - 8 }));
+      const text = gap.reason + " · " + human(gap.to - gap.from);
+      const at = place(x1, w, text.length * 6, labelW, W, taken, ["inside", "after", "before"], gap);
+      if (at) gg.append(svg("text", { class: "gap-label", x: at.x, y: y + 14, "text-anchor": at.anchor }, text));
+      gg.append(svg("title", {}, text));
+      row.insertBefore(gg, row.querySelector("g.bar"));
+      if (/waiting$/.test(gap.reason)) running = true;
     }
     g.append(row);
     y += rowH;
@@ -545,7 +569,7 @@ async function verifyAudit() {
 // showAudit verifies a run's audit chain and lists its records, hashes
 // shortened (each with a copy control).
 async function showAudit(id) {
-  document.getElementById("audit-run").value = id || "";
+  if (id) document.getElementById("audit-run").value = id;
   const out = document.getElementById("audit-result");
   const body = document.querySelector("#audit tbody");
   out.textContent = "";
