@@ -666,5 +666,14 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	require.Len(t, got.Gaps, 1)
 	assert.Regexp(t, `^awaiting approval .* → denied$`, got.Gaps[0])
 	fits("run")
+	// The catalog and the start form fit too.
+	require.NoError(t, do(
+		chromedp.Click(css(`nav a[data-view="catalog"]`)),
+		shows(`#catalog tr[data-action="inv.count"]`),
+	))
+	fits("catalog")
+	require.NoError(t, do(chromedp.Click(css(`nav a[data-view="start"]`)), poll(`!document.getElementById("view-start").classList.contains("hidden")`)))
+	fits("start")
+	require.NoError(t, do(chromedp.Navigate(url+"/#run/"+deniedRun), poll(`document.querySelectorAll("#waterfall g.bar").length === 1`)))
 	screenshot("waterfall-denied", "the waterfall of a reorder denied in the inbox: the wait for approval as a gap, then a denied mark")
 }

@@ -542,7 +542,8 @@ function drawWaterfall() {
   const axis = svg("g", { class: "axis" });
   for (let v = 0; v <= span + 1e-9; v += step) {
     axis.append(svg("line", { class: "tick", x1: x(m.t0 + v), x2: x(m.t0 + v), y1: axisH - 4, y2: y }));
-    axis.append(svg("text", { class: "tick", x: x(m.t0 + v), y: axisH - 8, "text-anchor": v === 0 ? "start" : "middle" }, "+" + human(v)));
+    const tx = x(m.t0 + v);
+    axis.append(svg("text", { class: "tick", x: tx, y: axisH - 8, "text-anchor": v === 0 ? "start" : tx + 40 > W ? "end" : "middle" }, "+" + human(v)));
   }
   const root = svg("svg", { width: W, height: y + 4, viewBox: "0 0 " + W + " " + (y + 4), role: "img", "aria-label": "waterfall of the run's actions" });
   root.append(axis, g);
