@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/browser"
+	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -420,6 +422,23 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, pendingApproval.Context.InputHash, 64)
 	assert.Equal(t, []string{pendingApproval.Context.InputHash[:12] + "…", pendingApproval.Context.InputHash}, hashCell)
+	// Its copy control puts the whole hash on the clipboard.
+	require.NoError(t, do(
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			for _, name := range []string{"clipboard-write", "clipboard-read"} {
+				if _, err := cdp.Call(ctx, tg, browser.SetPermission, browser.SetPermissionParams{
+					Permission: &browser.PermissionDescriptor{Name: name}, Setting: browser.PermissionSettingGranted, Origin: url}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		chromedp.Click(css(`#approvals tr[data-approval="`+approvalID+`"] td:nth-child(5) button.copy`)),
+		poll(`document.getElementById("message").textContent === "copied `+pendingApproval.Context.InputHash+`"`),
+	))
+	copied, err := chromedp.Run(ctx, chromedp.Evaluate[string](`navigator.clipboard.readText()`, chromedp.EvalAwaitPromise))
+	require.NoError(t, err)
+	assert.Equal(t, pendingApproval.Context.InputHash, copied, "the clipboard holds the whole hash")
 	screenshot("approvals", "the approvals inbox at 1 280 × 800, one pending reorder whose input carries markup (shown as text)")
 
 	// A crafted link: the run id of #run/<id> names the approval's approve
