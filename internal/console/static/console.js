@@ -294,6 +294,7 @@ async function showRun(id) {
   let first = 0;
   try {
     await stream(runPath(id, "events"), (ev, e) => {
+      if (ctl.signal.aborted) return; // the rest of a chunk read before another run was opened
       if (ev === "end") {
         renderRunHeader(Object.assign({}, state.runs.get(id) || {}, e, { waiting: "" }));
         if (!state.ended) state.ended = { time: Date.now(), status: e.status };
