@@ -41,33 +41,32 @@ type skuIn struct {
 // fanOut is how many calls of inv.count the waterfall test runs at once.
 const fanOut = 10
 
-// together holds each call of inv.count until fanOut of them run at once
-// (or, should they never, for at most ten seconds): met says whether they
-// did.
+// together holds the calls of inv.count in batches of fanOut, each call
+// until its batch runs at once (or, should it never, for at most ten
+// seconds): met says how many batches did.
 type together struct {
-	mu  sync.Mutex
-	n   int
-	all chan struct{}
+	mu      sync.Mutex
+	n, full int
+	all     chan struct{}
 }
 
-func (g *together) met() bool {
-	select {
-	case <-g.all:
-		return true
-	default:
-		return false
-	}
+func (g *together) met() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.full
 }
 
 func (g *together) wait(ctx context.Context) error {
 	g.mu.Lock()
+	all := g.all
 	g.n++
-	if g.n == fanOut {
-		close(g.all)
+	if g.n%fanOut == 0 {
+		close(all)
+		g.all, g.full = make(chan struct{}), g.full+1
 	}
 	g.mu.Unlock()
 	select {
-	case <-g.all:
+	case <-all:
 	case <-time.After(10 * time.Second):
 	case <-ctx.Done():
 		return ctx.Err()
@@ -114,6 +113,17 @@ func registerInventory(ex *executor.Executor) error {
 		})
 }
 
+// scenarios holds plan10: a clarify question, then a plan of ten calls.
+var scenarios = `
+scenarios:
+  plan10:
+    decisions:
+      - {type: clarify, question: 'Which warehouse?'}
+      - type: plan
+        actions: [` + strings.TrimSuffix(strings.Repeat("{type: action, name: inv.count, args: {sku: P-1}}, ", fanOut), ", ") + `]
+      - {type: final, answer: '{{ len .Last }} counted'}
+`
+
 // serve starts a stack (two executors; a plan or workflow runs ten calls
 // at once) and the console with its API over it, connected as the
 // deployed client and approver users, and returns the console's URL, a
@@ -123,7 +133,7 @@ func serve(t *testing.T) (string, string, *client.Client, *together) {
 	t.Helper()
 	g := &together{all: make(chan struct{})}
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true})
-	srv.StartStack(t, actionbustest.StackOptions{Register: register(g), Executors: 2, MaxPlanParallel: fanOut,
+	srv.StartStack(t, actionbustest.StackOptions{Register: register(g), Executors: 2, MaxPlanParallel: fanOut, Scenarios: scenarios,
 		ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey) + ":*"})
 	c, err := client.New(srv.TenantConnect(t, "client", "default"), client.Options{})
 	require.NoError(t, err)
@@ -549,6 +559,80 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	fits("run")
 	screenshot("run", "the run view of a reorder approved while followed: its waterfall (the approval as a gap) and timeline")
 
+	// tenBars checks the waterfall shown of a run of ten calls of
+	// inv.count (the batch-th to run): ten bars, in the order and with
+	// the executors of the run's results (read through the client),
+	// each as long as its call took, overlapping in time.
+	tenBars := func(runID string, batch int) {
+		t.Helper()
+		type bar struct {
+			Action, Step, Executor, Outcome, Label string
+			Cycle, PlanIndex                       int
+			Start, End, Y                          float64
+		}
+		bars, err := chromedp.Run(ctx, chromedp.Evaluate[[]bar](`[...document.querySelectorAll("#waterfall g.bar")].map(g => ({
+			action: g.dataset.action, step: g.dataset.step, executor: g.dataset.executor, outcome: g.dataset.outcome,
+			label: g.querySelector("text.bar-label").textContent, cycle: +g.dataset.cycle, planIndex: +g.dataset.planIndex,
+			start: +g.dataset.start, end: +g.dataset.end, y: +g.querySelector("rect").getAttribute("y") }))`))
+		require.NoError(t, err)
+		var results []events.ActionCompleted
+		fctx, fcancel := context.WithTimeout(ctx, 30*time.Second)
+		ended, err := c.Follow(fctx, runID, func(e client.Event) {
+			var d events.ActionCompleted
+			if e.Type == events.TypeActionCompleted && json.Unmarshal(e.Data, &d) == nil {
+				results = append(results, d)
+			}
+		})
+		fcancel()
+		require.NoError(t, err)
+		require.Equal(t, client.StatusCompleted, ended.Status)
+		require.Len(t, results, fanOut)
+		require.Len(t, bars, fanOut)
+		slices.SortStableFunc(results, func(a, b events.ActionCompleted) int {
+			if a.Cycle != b.Cycle {
+				return a.Cycle - b.Cycle
+			}
+			return a.PlanIndex - b.PlanIndex
+		})
+		executors := map[string]bool{}
+		for i, r := range results {
+			b := bars[i]
+			assert.Equal(t, r.Action, b.Action, "bar %d", i)
+			assert.Equal(t, r.Cycle, b.Cycle, "bar %d", i)
+			assert.Equal(t, r.PlanIndex, b.PlanIndex, "bar %d", i)
+			assert.Equal(t, r.StepID, b.Step, "bar %d", i)
+			assert.Equal(t, r.Executor, b.Executor, "bar %d", i)
+			assert.NotEmpty(t, b.Executor, "bar %d", i)
+			assert.Contains(t, b.Label, "on "+r.Executor, "bar %d is labelled with its executor", i)
+			assert.Equal(t, "ok", b.Outcome, "bar %d", i)
+			assert.InDelta(t, float64(r.DurationMs), b.End-b.Start, 1, "bar %d is as long as the call took", i)
+			if i > 0 {
+				assert.Greater(t, b.Y, bars[i-1].Y, "bar %d is drawn below bar %d", i, i-1)
+			}
+			executors[r.Executor] = true
+		}
+		t.Logf("the ten calls ran on %d executor(s)", len(executors))
+		// The ten calls ran at once, and the waterfall shows it: its bars
+		// overlap, each with another, and together they span less time than
+		// their lengths add up to (calls one after the other would not). A
+		// bar ends when its result was published, so under load a bar may
+		// be drawn a little later than its call ran; never all one after
+		// the other.
+		require.GreaterOrEqual(t, ten.met(), batch, "the ten calls of inv.count were in flight at once")
+		var total float64
+		first, last := bars[0].Start, bars[0].End
+		for i, b := range bars {
+			total += b.End - b.Start
+			first, last = min(first, b.Start), max(last, b.End)
+			overlaps := false
+			for j, o := range bars {
+				overlaps = overlaps || (i != j && b.Start < o.End && o.Start < b.End)
+			}
+			assert.True(t, overlaps, "bar %d overlaps another: %+v", i, bars)
+		}
+		assert.Less(t, last-first, total, "the bars span less time than they add up to: %+v", bars)
+	}
+
 	// A workflow of ten independent steps runs them at once (each call
 	// of inv.count waits for the other nine): its waterfall shows ten
 	// bars, one per step, in the order and with the executors of the
@@ -565,72 +649,7 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		shows(`#timeline tr[data-type="run.completed"]`),
 		poll(fmt.Sprintf(`document.querySelectorAll("#waterfall g.bar").length === %d`, fanOut)),
 	))
-	type bar struct {
-		Action, Step, Executor, Outcome, Label string
-		Cycle, PlanIndex                       int
-		Start, End, Y                          float64
-	}
-	bars, err := chromedp.Run(ctx, chromedp.Evaluate[[]bar](`[...document.querySelectorAll("#waterfall g.bar")].map(g => ({
-		action: g.dataset.action, step: g.dataset.step, executor: g.dataset.executor, outcome: g.dataset.outcome,
-		label: g.querySelector("text.bar-label").textContent, cycle: +g.dataset.cycle, planIndex: +g.dataset.planIndex,
-		start: +g.dataset.start, end: +g.dataset.end, y: +g.querySelector("rect").getAttribute("y") }))`))
-	require.NoError(t, err)
-	var results []events.ActionCompleted
-	fctx, fcancel := context.WithTimeout(ctx, 30*time.Second)
-	ended, err := c.Follow(fctx, wfRun, func(e client.Event) {
-		var d events.ActionCompleted
-		if e.Type == events.TypeActionCompleted && json.Unmarshal(e.Data, &d) == nil {
-			results = append(results, d)
-		}
-	})
-	fcancel()
-	require.NoError(t, err)
-	require.Equal(t, client.StatusCompleted, ended.Status)
-	require.Len(t, results, fanOut)
-	require.Len(t, bars, fanOut)
-	slices.SortStableFunc(results, func(a, b events.ActionCompleted) int {
-		if a.Cycle != b.Cycle {
-			return a.Cycle - b.Cycle
-		}
-		return a.PlanIndex - b.PlanIndex
-	})
-	executors := map[string]bool{}
-	for i, r := range results {
-		b := bars[i]
-		assert.Equal(t, r.Action, b.Action, "bar %d", i)
-		assert.Equal(t, r.Cycle, b.Cycle, "bar %d", i)
-		assert.Equal(t, r.PlanIndex, b.PlanIndex, "bar %d", i)
-		assert.Equal(t, r.StepID, b.Step, "bar %d", i)
-		assert.Equal(t, r.Executor, b.Executor, "bar %d", i)
-		assert.NotEmpty(t, b.Executor, "bar %d", i)
-		assert.Contains(t, b.Label, "on "+r.Executor, "bar %d is labelled with its executor", i)
-		assert.Equal(t, "ok", b.Outcome, "bar %d", i)
-		assert.InDelta(t, float64(r.DurationMs), b.End-b.Start, 1, "bar %d is as long as the call took", i)
-		if i > 0 {
-			assert.Greater(t, b.Y, bars[i-1].Y, "bar %d is drawn below bar %d", i, i-1)
-		}
-		executors[r.Executor] = true
-	}
-	t.Logf("the ten calls ran on %d executor(s)", len(executors))
-	// The ten calls ran at once, and the waterfall shows it: its bars
-	// overlap, each with another, and together they span less time than
-	// their lengths add up to (calls one after the other would not). A
-	// bar ends when its result was published, so under load a bar may
-	// be drawn a little later than its call ran; never all one after
-	// the other.
-	require.True(t, ten.met(), "the ten calls of inv.count were in flight at once")
-	var total float64
-	first, last := bars[0].Start, bars[0].End
-	for i, b := range bars {
-		total += b.End - b.Start
-		first, last = min(first, b.Start), max(last, b.End)
-		overlaps := false
-		for j, o := range bars {
-			overlaps = overlaps || (i != j && b.Start < o.End && o.Start < b.End)
-		}
-		assert.True(t, overlaps, "bar %d overlaps another: %+v", i, bars)
-	}
-	assert.Less(t, last-first, total, "the bars span less time than they add up to: %+v", bars)
+	tenBars(wfRun, 1)
 	fits("run")
 	screenshot("waterfall", "the waterfall of a ten-step parallel workflow: ten overlapping bars, each labelled with its executor")
 
@@ -685,6 +704,34 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	require.Len(t, got.Gaps, 1)
 	assert.Regexp(t, `^awaiting approval .* → denied$`, got.Gaps[0])
 	fits("run")
+
+	// An agent run that asks a question, then plans ten calls: the wait
+	// for the answer is a gap on a row of its own, the plan's cycle is
+	// labelled as a plan of ten, with ten bars that match its results
+	// and overlap (checked as the workflow's are).
+	started = apiPost(t, url, token, "/v1/runs", map[string]any{"prompt": "count the stock", "scenario": "plan10"})
+	planRun, _ := started["runId"].(string)
+	require.NotEmpty(t, planRun, "%v", started)
+	require.NoError(t, do(
+		chromedp.Navigate(url+"/#run/"+planRun),
+		shows(`#run-status.awaiting_input`),
+		poll(`[...document.querySelectorAll("#waterfall g.gap")].some(g => g.dataset.reason.startsWith("awaiting input"))`),
+	))
+	apiPost(t, url, token, "/v1/runs/"+planRun+"/input", map[string]any{"answer": "north"})
+	require.NoError(t, do(
+		shows(`#timeline tr[data-type="run.completed"]`),
+		poll(fmt.Sprintf(`document.querySelectorAll("#waterfall g.bar").length === %d`, fanOut)),
+	))
+	got = waterfall()
+	assert.Equal(t, slices.Repeat([]string{"ok/1"}, fanOut), got.Outcomes)
+	assert.Equal(t, []string{"awaiting input: Which warehouse? → answered"}, got.Gaps)
+	groups, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#waterfall text.group")].map(g => g.textContent)`))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"cycle 1", "cycle 2 — plan of 10, in parallel"}, groups)
+	tenBars(planRun, 2)
+	fits("run")
+	screenshot("waterfall-plan", "the waterfall of an agent run: its clarify question answered (a gap), then a plan of ten calls")
+
 	// The catalog and the start form fit too.
 	require.NoError(t, do(
 		chromedp.Click(css(`nav a[data-view="catalog"]`)),
