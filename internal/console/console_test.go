@@ -742,4 +742,29 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	fits("start")
 	require.NoError(t, do(chromedp.Navigate(url+"/#run/"+deniedRun), poll(`document.querySelectorAll("#waterfall g.bar").length === 1`)))
 	screenshot("waterfall-denied", "the waterfall of a reorder denied in the inbox: the wait for approval as a gap, then a denied mark")
+
+	// A call that runs (one inv.count waits for nine others that never
+	// come) is a running bar that grows while followed; canceled from
+	// the run view, it ends cancelled. The page sees a call dispatched
+	// only while it follows the run (the dispatch is a live step): the
+	// call follows a retried step, whose backoff leaves it the time to.
+	// (Last: it leaves inv.count's batch one call short.)
+	started = apiPost(t, url, token, "/v1/runs", map[string]any{"workflow": client.NewWorkflow("slow").
+		Step("first", "inv.flaky", map[string]any{"sku": "R-1"}, client.Retry(2, 100, false)).
+		Step("count", "inv.count", map[string]any{"sku": client.FromStep("first", "/sku")}).Build()})
+	runningRun, _ := started["runId"].(string)
+	require.NotEmpty(t, runningRun, "%v", started)
+	require.NoError(t, do(
+		chromedp.Navigate(url+"/#run/"+runningRun),
+		poll(`(() => { const g = document.querySelector('#waterfall g.bar[data-outcome="running"]');
+			if (!g) return false;
+			if (window.runningEnd === undefined) window.runningEnd = +g.dataset.end;
+			return +g.dataset.end > window.runningEnd; })()`),
+	))
+	screenshot("waterfall-running", "the waterfall of a call still running: a blue bar growing")
+	require.NoError(t, do(
+		chromedp.Click(css(`#run-cancel`)),
+		shows(`#timeline tr[data-type="run.canceled"]`),
+		poll(`[...document.querySelectorAll("#waterfall g.bar")].map(g => g.dataset.outcome).join() === "failed,ok,cancelled"`),
+	))
 }
