@@ -100,6 +100,8 @@ func register(g *together) func(*executor.Executor) error {
 	}
 }
 
+// registerInventory registers inv.stock (a read) and inv.reorder (a
+// mutation, tier 2: it needs an approval).
 func registerInventory(ex *executor.Executor) error {
 	if err := executor.Register(ex, executor.Action{Name: "inv.stock", Description: "Units available for a SKU."},
 		func(_ context.Context, in skuIn, _ executor.Call) (executor.Result[map[string]any], error) {
