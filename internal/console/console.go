@@ -1,7 +1,9 @@
 // Package console is actionbus's web console: one page over the HTTP API
-// (internal/httpapi) — runs with filters, a run's live timeline, the
-// approvals inbox, audit chain verification and the catalog. The page is
-// a Go html/template with a little plain JavaScript and no build step; it
+// (internal/httpapi) — runs with filters, a run's waterfall (its action
+// calls as bars on a time axis, drawn in plain SVG) and live timeline,
+// the approvals inbox, audit records with their chain verified and the
+// catalog (docs/http.md, "The console"). The page is a Go html/template
+// with a little plain JavaScript and no build step; it
 // holds no data itself: the browser reads everything from the API with the
 // caller's bearer token, so the API's authentication and the NATS trust
 // rules behind it apply to the console as to any caller.
@@ -26,7 +28,8 @@ type Options struct {
 	Title string
 }
 
-// Handler serves the console page at / and its script at /static/.
+// Handler serves the console page at / and its script and favicon at
+// /static/.
 // Mount it beside the API's handler (which serves /v1/).
 func Handler(o Options) http.Handler {
 	if o.Title == "" {
