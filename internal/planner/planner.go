@@ -229,7 +229,9 @@ func (s *Service) decide(ctx context.Context, tenant, requestID string, req *eve
 		in.Stream = s.streamer(tenant, req.RunID)
 	}
 	started := time.Now()
-	dec, err := provider.Decide(ctx, in)
+	m := newMeter(req.Budget, req.Used)
+	dec, err := provider.Decide(withMeter(ctx, m), in)
+	dm.Usage = m.made()
 	if in.Stream != nil {
 		in.Stream("") // the end of the stream, whatever the outcome
 	}
@@ -256,7 +258,9 @@ func (s *Service) decide(ctx context.Context, tenant, requestID string, req *eve
 
 func (s *Service) synthesize(ctx context.Context, tenant, requestID string, req *events.SynthesisRequested) error {
 	sc := &events.SynthesisCompleted{RunID: req.RunID, Cycle: req.Cycle, Part: req.Part, Index: req.Index}
-	md, err := s.cfg.Provider.Synthesize(ctx, req)
+	m := newMeter(req.Budget, req.Used)
+	md, err := s.cfg.Provider.Synthesize(withMeter(ctx, m), req)
+	sc.Usage = m.made()
 	if err != nil {
 		var abErr *actionbus.Error
 		if !errors.As(err, &abErr) {

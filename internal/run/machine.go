@@ -114,6 +114,11 @@ type Limits struct {
 	// staying in the action's result (and artifact) for whoever needs it.
 	// Default 16384.
 	InlineOutputBytes int
+	// RunBudget is the host's budget of every agent run: a run that
+	// asks for none gets it, and a request for more (tokens or cost) is
+	// refused with budget_exceeded, never granted. Zero fields bound
+	// nothing (the default).
+	RunBudget events.Budget
 }
 
 // The defaults of [Limits], named once: for SetDefaults, the dispatcher's
@@ -180,6 +185,8 @@ func (l *Limits) Validate() error {
 		return fmt.Errorf("run: ObservationBytes must be at least 256, got %d", l.ObservationBytes)
 	case l.InlineOutputBytes < 1024:
 		return fmt.Errorf("run: InlineOutputBytes must be at least 1024, got %d", l.InlineOutputBytes)
+	case l.RunBudget.MaxTokens < 0 || l.RunBudget.MaxCostUSD < 0:
+		return fmt.Errorf("run: RunBudget must not be negative")
 	}
 	return nil
 }
@@ -296,6 +303,9 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 	}
 	if unauthenticated != nil {
 		return st, append(out, m.fail(st, unauthenticated)...), nil
+	}
+	if refused := m.budget(st, req.Budget); refused != nil {
+		return st, append(out, m.fail(st, refused)...), nil
 	}
 	if badWorkspace != nil {
 		return st, append(out, m.fail(st, badWorkspace)...), nil
