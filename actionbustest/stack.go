@@ -26,7 +26,7 @@ import (
 func (o StackOptions) limits() run.Limits {
 	return run.Limits{MaxPlanParallel: o.MaxPlanParallel, MaxPlanActions: o.MaxPlanActions, MaxSectionParallel: o.MaxSectionParallel,
 		MaxFailedRounds: o.MaxFailedRounds, DecisionTimeout: o.DecisionTimeout, RunDeadline: o.RunDeadline, ApprovalTTL: o.ApprovalTTL,
-		RunBudget: o.RunBudget}
+		RunBudget: o.RunBudget, TenantBudgets: o.TenantBudgets}
 }
 
 // StackOptions configures [Server.StartStack].
@@ -60,6 +60,9 @@ type StackOptions struct {
 	// RunBudget is the dispatcher's budget of every agent run (tokens,
 	// cost); zero bounds nothing.
 	RunBudget events.Budget
+	// TenantBudgets are the tenants' daily budgets ("*": every tenant
+	// without its own); nil bounds nothing.
+	TenantBudgets map[string]events.Budget
 	// NoAuditor leaves the auditor out.
 	NoAuditor bool
 	// NoPlanner leaves the planner out, for tests of stalled decisions.

@@ -245,6 +245,10 @@ type DecisionRequested struct {
 	// the planner makes no call its estimate says would go over.
 	Budget *Budget   `json:"budget,omitempty"`
 	Used   *RunUsage `json:"used,omitempty"`
+	// TenantBudget is the run's tenant's budget per UTC day, shared by
+	// every run and planner of the tenant: the planners keep the day's
+	// spend in their limits bucket and make no call that would go over.
+	TenantBudget *Budget `json:"tenantBudget,omitempty"`
 }
 
 // WorkspaceView is a run's virtual workspace as the planner sees it: its
@@ -399,10 +403,11 @@ type SynthesisRequested struct {
 	// form for the intro and outro.
 	Results  []Observation `json:"results"`
 	Scenario string        `json:"scenario,omitempty"`
-	// Budget and Used as on DecisionRequested (sections in flight at once
-	// each see the usage before any of them).
-	Budget *Budget   `json:"budget,omitempty"`
-	Used   *RunUsage `json:"used,omitempty"`
+	// Budget, Used and TenantBudget as on DecisionRequested (sections in
+	// flight at once each see the usage before any of them).
+	Budget       *Budget   `json:"budget,omitempty"`
+	Used         *RunUsage `json:"used,omitempty"`
+	TenantBudget *Budget   `json:"tenantBudget,omitempty"`
 }
 
 // SynthesisCompleted answers a SynthesisRequested with markdown, or with

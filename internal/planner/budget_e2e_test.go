@@ -1,6 +1,7 @@
 package planner_test
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/llmtest"
+	"github.com/actionbus/actionbus/internal/planner"
 )
 
 // readsForever answers every planning call with one more read_url, each
@@ -165,4 +167,75 @@ func TestACallerCannotRaiseItsBudget(t *testing.T) {
 	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
 	assert.Equal(t, &client.Usage{Calls: 1, InputTokens: 10, OutputTokens: 5, UnpricedCalls: 1,
 		ByModel: map[string]events.ModelUsage{"test-model": {Calls: 1, InputTokens: 10, OutputTokens: 5}}}, res.Usage)
+}
+
+// TestATenantsDailyBudgetIsSharedByTwoPlanners: two planner services (each
+// its own connection, sharing only the planners' limits bucket) serve ten
+// runs of one tenant at once, every call reporting 5 000 tokens, under a
+// daily budget of 60 000 tokens. The day's spend ends within one call's
+// worth of the budget (measured: it is the sum of the runs' own usage),
+// every run ends budget_exceeded, and a new run of the tenant is refused
+// with the same code before any call is made.
+func TestATenantsDailyBudgetIsSharedByTwoPlanners(t *testing.T) {
+	const perCall, budget = 5000, 60000
+	llm := llmtest.New(t)
+	llm.Respond(readsForever(perCall, 0))
+	var edition atomic.Int32
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL},
+		Register: registerTestActions(&edition), TenantBudgets: map[string]events.Budget{"*": {MaxTokens: budget}}})
+	startPlanner(t, srv, llm.URL)
+
+	ctx := ctxT(t)
+	results := make(chan *client.Result, 10)
+	for range 10 {
+		go func() {
+			res, err := st.Client.Run(ctx, client.RunRequest{Prompt: "Read it again and again."}, nil)
+			if err != nil {
+				res = &client.Result{Status: "error: " + err.Error()}
+			}
+			results <- res
+		}()
+	}
+	var spent int64
+	for range 10 {
+		res := <-results
+		require.Equal(t, client.StatusFailed, res.Status)
+		require.ErrorIs(t, res.Error, actionbus.ErrBudgetExceeded, "%+v", res.Error)
+		if res.Usage != nil {
+			spent += res.Usage.Tokens()
+		}
+	}
+	calls := len(llm.Requests())
+	assert.Equal(t, int64(calls*perCall), spent, "every call made is counted in its run")
+	assert.LessOrEqual(t, spent, int64(budget+perCall), "the day's spend went over the budget by more than one call's worth")
+	assert.GreaterOrEqual(t, spent, int64(budget-perCall), "the budget was not used")
+	t.Logf("10 runs, 2 planners: %d calls, %d tokens spent of a %d budget", calls, spent, budget)
+
+	res, err := st.Client.Run(ctx, client.RunRequest{Prompt: "One more?"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	require.ErrorIs(t, res.Error, actionbus.ErrBudgetExceeded)
+	assert.Equal(t, "tenant", res.Error.Details["budget"])
+	assert.Equal(t, calls, len(llm.Requests()), "the tenant over its daily budget makes no call")
+}
+
+// startPlanner runs one more planner service, on a connection of its own,
+// with the stack's OpenAI endpoint, until the test ends.
+func startPlanner(t *testing.T, srv *actionbustest.Server, url string) {
+	t.Helper()
+	provider, err := planner.NewOpenAI(planner.OpenAIConfig{BaseURL: url, Model: "test-model", MaxRetries: -1})
+	require.NoError(t, err)
+	p, err := planner.New(srv.Connect(t), planner.Config{Provider: provider})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = p.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
 }

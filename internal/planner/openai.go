@@ -328,13 +328,19 @@ func (p *OpenAI) complete(ctx context.Context, model string, msgs []openai.ChatC
 	sent := requestBytes(msgs, tools)
 	m := meterFrom(ctx)
 	tokens, cost := p.inputEstimate(model, sent)
-	if err := m.admit(model, tokens, cost); err != nil {
-		tracing.Fail(span, string(err.Code))
+	h, err := m.admit(ctx, model, tokens, cost)
+	if err != nil {
+		tracing.Fail(span, string(actionbus.CodeOf(err)))
 		return openai.ChatCompletionMessage{}, err
 	}
 	msg, usage, err := p.call(ctx, model, msgs, tools, stream)
+	var used *events.LLMUsage
 	if err == nil || usage.input+usage.output > 0 {
-		m.record(p.callUsage(model, usage, sent, replyBytes(msg)))
+		u := p.callUsage(model, usage, sent, replyBytes(msg))
+		used = &u
+	}
+	if rerr := m.record(ctx, h, used); rerr != nil && err == nil {
+		err = rerr // the day's spend is not settled: the request is tried again
 	}
 	if span.IsRecording() {
 		if usage.model != "" {

@@ -3,17 +3,19 @@ package planner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // meter counts the LLM calls made for one request (a decision or a
-// synthesis part) against the run's budget. The provider's calls find it
-// in their context.
+// synthesis part) against the run's budget and its tenant's daily budget.
+// The provider's calls find it in their context.
 type meter struct {
 	mu     sync.Mutex
 	budget events.Budget
@@ -21,12 +23,21 @@ type meter struct {
 	// plus the calls made since.
 	used  events.RunUsage
 	calls []events.LLMUsage
+
+	tenant string
+	daily  events.Budget
+	book   *spendBook
 }
 
-func newMeter(budget *events.Budget, used *events.RunUsage) *meter {
-	m := &meter{}
+// newMeter meters a request of tenant's run: its budgets and what the
+// run used before it.
+func newMeter(tenant string, book *spendBook, budget, daily *events.Budget, used *events.RunUsage) *meter {
+	m := &meter{tenant: tenant, book: book}
 	if budget != nil {
 		m.budget = *budget
+	}
+	if daily != nil {
+		m.daily = *daily
 	}
 	if used != nil {
 		m.used = *used
@@ -47,28 +58,49 @@ func meterFrom(ctx context.Context) *meter {
 }
 
 // admit is the check before a call to model whose input is estimated at
-// tokens (and cost): a call the budget cannot take is not made.
-func (m *meter) admit(model string, tokens int64, cost float64) *actionbus.Error {
+// tokens (and cost): a call the run's budget or its tenant's day cannot
+// take is not made (budget_exceeded). It returns the tenant reservation
+// that record settles.
+func (m *meter) admit(ctx context.Context, model string, tokens int64, cost float64) (*hold, error) {
 	if m == nil {
-		return nil
+		return nil, nil
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.budget.Allows(m.used, tokens, cost) {
-		return nil
+	ok := m.budget.Allows(m.used, tokens, cost)
+	used := m.used
+	m.mu.Unlock()
+	if !ok {
+		return nil, budgetError(m.budget, used, "tokens", "a call to %s (about %d input tokens) would go over the run's budget", model, tokens)
 	}
-	return budgetError(m.budget, m.used, "tokens", "a call to %s (about %d input tokens) would go over the run's budget", model, tokens)
+	if m.daily.IsZero() {
+		return nil, nil
+	}
+	if m.book == nil {
+		return nil, errors.New("planner: a tenant budget without the planners' limits bucket")
+	}
+	bctx, cancel := bus.Bounded(ctx)
+	defer cancel()
+	return m.book.reserve(bctx, m.tenant, m.daily, tokens, cost)
 }
 
-// record counts one call made.
-func (m *meter) record(u events.LLMUsage) {
+// record counts one call made (u nil: the call used nothing it was told
+// of) and settles its tenant reservation.
+func (m *meter) record(ctx context.Context, h *hold, u *events.LLMUsage) error {
 	if m == nil {
-		return
+		return nil
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.used.Add(u)
-	m.calls = append(m.calls, u)
+	if u != nil {
+		m.mu.Lock()
+		m.used.Add(*u)
+		m.calls = append(m.calls, *u)
+		m.mu.Unlock()
+	}
+	if h == nil {
+		return nil
+	}
+	bctx, cancel := bus.Bounded(context.WithoutCancel(ctx))
+	defer cancel()
+	return m.book.settle(bctx, h, u)
 }
 
 // made returns the calls recorded.

@@ -28,6 +28,13 @@ func (m *Machine) budget(st *State, asked *events.Budget) *actionbus.Error {
 	if !b.IsZero() {
 		st.Budget = &b
 	}
+	daily, ok := m.lim.TenantBudgets[st.TenantOrDefault()]
+	if !ok {
+		daily = m.lim.TenantBudgets["*"]
+	}
+	if !daily.IsZero() {
+		st.TenantBudget = &daily
+	}
 	return nil
 }
 
@@ -57,7 +64,7 @@ func (m *Machine) spend(st *State, calls []events.LLMUsage) *actionbus.Error {
 // usedIfBounded is the run's usage as a planner request carries it: only
 // when the run has a budget to check it against.
 func (st *State) usedIfBounded() *events.RunUsage {
-	if st.Budget == nil {
+	if st.Budget == nil && st.TenantBudget == nil {
 		return nil
 	}
 	if st.Usage == nil {
@@ -82,4 +89,30 @@ func ParseBudget(s string) (events.Budget, error) {
 		return b, fmt.Errorf("budget: must not be negative")
 	}
 	return b, nil
+}
+
+// ParseTenantBudgets reads daily tenant budgets from JSON: a tenant (or
+// "*", every other tenant) to its budget; "" is none.
+func ParseTenantBudgets(s string) (map[string]events.Budget, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(s), &raw); err != nil {
+		return nil, fmt.Errorf("tenant budgets: %w", err)
+	}
+	out := make(map[string]events.Budget, len(raw))
+	for tenant, b := range raw {
+		if tenant != "*" {
+			if err := events.CheckTenant(tenant); err != nil {
+				return nil, fmt.Errorf("tenant budgets: %w", err)
+			}
+		}
+		budget, err := ParseBudget(string(b))
+		if err != nil {
+			return nil, fmt.Errorf("tenant budgets: %s: %w", tenant, err)
+		}
+		out[tenant] = budget
+	}
+	return out, nil
 }

@@ -170,7 +170,7 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 		em.Data = &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Agent.Prompt, Scenario: st.Agent.Scenario,
 			Observations: st.Agent.Observations, Feedback: st.Agent.Feedback, Synthesize: st.Agent.Synthesize, Replay: st.Agent.Replay,
 			Skill: skillContext(st.Agent.Skills), Workspace: workspaceView(st.Agent.Workspace), Hidden: st.Agent.Withhold,
-			Budget: st.Budget, Used: st.usedIfBounded()}
+			Budget: st.Budget, Used: st.usedIfBounded(), TenantBudget: st.TenantBudget}
 		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}
 	case EffectAct:
 		i := st.callIndex(e.CallID)

@@ -119,6 +119,12 @@ type Limits struct {
 	// refused with budget_exceeded, never granted. Zero fields bound
 	// nothing (the default).
 	RunBudget events.Budget
+	// TenantBudgets are each tenant's budget per UTC day, across all its
+	// runs, keyed by tenant ("*": every tenant without its own). The
+	// planners enforce it: a call that would go over is not made, and a
+	// tenant over it has its agent runs end budget_exceeded at their
+	// first call until the day ends. None by default.
+	TenantBudgets map[string]events.Budget
 }
 
 // The defaults of [Limits], named once: for SetDefaults, the dispatcher's
@@ -187,6 +193,11 @@ func (l *Limits) Validate() error {
 		return fmt.Errorf("run: InlineOutputBytes must be at least 1024, got %d", l.InlineOutputBytes)
 	case l.RunBudget.MaxTokens < 0 || l.RunBudget.MaxCostUSD < 0:
 		return fmt.Errorf("run: RunBudget must not be negative")
+	}
+	for tenant, b := range l.TenantBudgets {
+		if b.MaxTokens < 0 || b.MaxCostUSD < 0 {
+			return fmt.Errorf("run: the budget of tenant %q must not be negative", tenant)
+		}
 	}
 	return nil
 }

@@ -101,6 +101,9 @@ type State struct {
 	// Budget bounds what the run's LLM calls may spend (the request's,
 	// capped by the host's run budget); nil bounds nothing.
 	Budget *events.Budget `json:"budget,omitempty"`
+	// TenantBudget is the tenant's daily budget when the run was admitted
+	// (nil: none).
+	TenantBudget *events.Budget `json:"tenantBudget,omitempty"`
 	// Usage is what the run's LLM calls used so far; nil before the first.
 	Usage *events.RunUsage `json:"usage,omitempty"`
 	// Exec is the call a one-action run was asked for, as requested: a
