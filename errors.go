@@ -116,6 +116,10 @@ const (
 	// bounds (entries per pool, bytes per announcement or per entry); the
 	// details name the limit. Nothing of it is recorded.
 	CodeCatalogLimit Code = "catalog_limit_exceeded"
+	// CodeBudgetExceeded: a run's LLM calls went over its budget (tokens
+	// or cost), a call would have, or a run asked for more budget than
+	// the host grants; the details name the budget and the usage so far.
+	CodeBudgetExceeded Code = "budget_exceeded"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -137,7 +141,7 @@ var Codes = []Code{
 	CodeShellRefused, CodeShellExit, CodeShellLimit, CodeIsolationUnavailable, CodeMCPToolError, CodeMCPUnavailable,
 	CodeUnauthenticated, CodeForbidden, CodeRunNotFound, CodeApprovalNotFound, CodeBadRequest,
 	CodeAccountRefused,
-	CodeArtifactNotFound, CodeRegistrarUnavailable, CodeCatalogLimit,
+	CodeArtifactNotFound, CodeRegistrarUnavailable, CodeCatalogLimit, CodeBudgetExceeded,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code
@@ -171,6 +175,7 @@ var (
 	ErrInvalidSkill        = &Error{Code: CodeInvalidSkill}
 	ErrArtifactNotFound    = &Error{Code: CodeArtifactNotFound}
 	ErrCatalogLimit        = &Error{Code: CodeCatalogLimit}
+	ErrBudgetExceeded      = &Error{Code: CodeBudgetExceeded}
 )
 
 // Error is an actionbus failure with a stable code. It is the Go form of the

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/audit"
@@ -24,7 +25,8 @@ import (
 // default).
 func (o StackOptions) limits() run.Limits {
 	return run.Limits{MaxPlanParallel: o.MaxPlanParallel, MaxPlanActions: o.MaxPlanActions, MaxSectionParallel: o.MaxSectionParallel,
-		MaxFailedRounds: o.MaxFailedRounds, DecisionTimeout: o.DecisionTimeout, RunDeadline: o.RunDeadline, ApprovalTTL: o.ApprovalTTL}
+		MaxFailedRounds: o.MaxFailedRounds, DecisionTimeout: o.DecisionTimeout, RunDeadline: o.RunDeadline, ApprovalTTL: o.ApprovalTTL,
+		RunBudget: o.RunBudget, TenantBudgets: o.TenantBudgets}
 }
 
 // StackOptions configures [Server.StartStack].
@@ -55,6 +57,12 @@ type StackOptions struct {
 	DecisionTimeout time.Duration
 	// RunDeadline bounds a whole run; default 10 minutes.
 	RunDeadline time.Duration
+	// RunBudget is the dispatcher's budget of every agent run (tokens,
+	// cost); zero bounds nothing.
+	RunBudget events.Budget
+	// TenantBudgets are the tenants' daily budgets ("*": every tenant
+	// without its own); nil bounds nothing.
+	TenantBudgets map[string]events.Budget
 	// NoAuditor leaves the auditor out.
 	NoAuditor bool
 	// NoPlanner leaves the planner out, for tests of stalled decisions.
@@ -104,6 +112,9 @@ type OpenAIOptions struct {
 	Mode string
 	// CallTimeout bounds each LLM call; default 60 s.
 	CallTimeout time.Duration
+	// Prices is the planner's price table (model to USD per million
+	// tokens); nil prices nothing.
+	Prices map[string]events.Price
 }
 
 // Stack is the four services running in the test's process.
@@ -141,7 +152,7 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 			o.Model = "test-model"
 		}
 		if provider, err = planner.NewOpenAI(planner.OpenAIConfig{BaseURL: o.BaseURL, APIKey: o.APIKey, Model: o.Model, Mode: o.Mode,
-			CallTimeout: o.CallTimeout, MaxRetries: -1}); err != nil {
+			CallTimeout: o.CallTimeout, MaxRetries: -1, Prices: o.Prices}); err != nil {
 			t.Fatalf("actionbustest: %v", err)
 		}
 	}

@@ -139,6 +139,9 @@ type RunRequest struct {
 	// only when signed with a gateway's approval key. Without it the run
 	// holds what the policy grants the tenant's NATS clients.
 	Principal *Principal
+	// Budget bounds what the run's LLM calls may spend (tokens, cost);
+	// nil takes the host's run budget, which a request cannot raise.
+	Budget *Budget
 }
 
 // Principal is a user a gateway authenticated and what the gateway grants
@@ -162,7 +165,7 @@ func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 	}
 	data := &events.RunRequested{RunID: req.RunID, Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
 		AllowedModes: req.AllowedModes, Metadata: req.Metadata, DeadlineMs: req.Deadline.Milliseconds(), RetryOf: req.RetryOf,
-		Workspace: req.Workspace}
+		Workspace: req.Workspace, Budget: req.Budget}
 	data.Workflow = req.Workflow
 	if p := req.Principal; p != nil {
 		expires := time.Now().Add(policy.PrincipalTTL).UTC().Truncate(time.Second)
@@ -481,6 +484,8 @@ type Result struct {
 	// Reason is set when Status is canceled.
 	Reason string
 	Cycles int
+	// Usage is what the run's LLM calls used (nil when it made none).
+	Usage *Usage
 	// EventID is the id of the run's terminal event (run.completed,
 	// run.failed or run.canceled): the run's audit records and the stream
 	// name it, and JetStream stores it once.
@@ -559,12 +564,12 @@ func terminal(r *events.Received) *Result {
 	id := r.Event.ID()
 	switch d := r.Data.(type) {
 	case *events.RunCompleted:
-		return &Result{RunID: d.RunID, Status: StatusCompleted, Answer: d.Answer, Output: d.Output, Citations: d.Citations, Cycles: d.Cycles, EventID: id}
+		return &Result{RunID: d.RunID, Status: StatusCompleted, Answer: d.Answer, Output: d.Output, Citations: d.Citations, Cycles: d.Cycles, Usage: d.Usage, EventID: id}
 	case *events.RunFailed:
 		e := d.Error
-		return &Result{RunID: d.RunID, Status: StatusFailed, Error: &e, Cycles: d.Cycles, EventID: id}
+		return &Result{RunID: d.RunID, Status: StatusFailed, Error: &e, Cycles: d.Cycles, Usage: d.Usage, EventID: id}
 	case *events.RunCanceled:
-		return &Result{RunID: d.RunID, Status: StatusCanceled, Reason: d.Reason, Cycles: d.Cycles, EventID: id}
+		return &Result{RunID: d.RunID, Status: StatusCanceled, Reason: d.Reason, Cycles: d.Cycles, Usage: d.Usage, EventID: id}
 	}
 	return nil
 }

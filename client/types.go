@@ -36,4 +36,10 @@ type (
 	// Observation is what the planner saw of one executed action. It is
 	// [events.Observation].
 	Observation = events.Observation
+	// Budget bounds what a run's LLM calls may spend. It is
+	// [events.Budget].
+	Budget = events.Budget
+	// Usage is what a run's LLM calls used, in all and by model. It is
+	// [events.RunUsage].
+	Usage = events.RunUsage
 )

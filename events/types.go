@@ -95,6 +95,10 @@ type RunRequested struct {
 	// roles and scopes. Without it the run holds what the policy grants
 	// the tenant's NATS clients.
 	Principal *Principal `json:"principal,omitempty"`
+	// Budget bounds what the run may spend on LLM calls. The host's run
+	// budget (the dispatcher's configuration) caps it: a request for more
+	// than the cap is refused (budget_exceeded), never granted.
+	Budget *Budget `json:"budget,omitempty"`
 }
 
 // Principal is a gateway's signed statement of the user it authenticated
@@ -173,6 +177,8 @@ type RunCompleted struct {
 	Output    any      `json:"output,omitempty"`
 	Citations []string `json:"citations,omitempty"`
 	Cycles    int      `json:"cycles"`
+	// Usage is what the run's LLM calls used; absent when it made none.
+	Usage *RunUsage `json:"usage,omitempty"`
 }
 
 // RunFailed is the terminal event of a failed run.
@@ -180,13 +186,15 @@ type RunFailed struct {
 	RunID  string          `json:"runId"`
 	Error  actionbus.Error `json:"error"`
 	Cycles int             `json:"cycles"`
+	Usage  *RunUsage       `json:"usage,omitempty"`
 }
 
 // RunCanceled is the terminal event of a canceled run.
 type RunCanceled struct {
-	RunID  string `json:"runId"`
-	Reason string `json:"reason,omitempty"`
-	Cycles int    `json:"cycles"`
+	RunID  string    `json:"runId"`
+	Reason string    `json:"reason,omitempty"`
+	Cycles int       `json:"cycles"`
+	Usage  *RunUsage `json:"usage,omitempty"`
 }
 
 // CancelRequested asks the dispatcher to cancel a run.
@@ -233,6 +241,14 @@ type DecisionRequested struct {
 	// blocked patch preview: propose and apply, so the planner grows the
 	// document instead of repeating the preview).
 	Hidden []string `json:"hidden,omitempty"`
+	// Budget is the run's budget and Used what the run has used so far:
+	// the planner makes no call its estimate says would go over.
+	Budget *Budget   `json:"budget,omitempty"`
+	Used   *RunUsage `json:"used,omitempty"`
+	// TenantBudget is the run's tenant's budget per UTC day, shared by
+	// every run and planner of the tenant: the planners keep the day's
+	// spend in their limits bucket and make no call that would go over.
+	TenantBudget *Budget `json:"tenantBudget,omitempty"`
 }
 
 // WorkspaceView is a run's virtual workspace as the planner sees it: its
@@ -387,6 +403,11 @@ type SynthesisRequested struct {
 	// form for the intro and outro.
 	Results  []Observation `json:"results"`
 	Scenario string        `json:"scenario,omitempty"`
+	// Budget, Used and TenantBudget as on DecisionRequested (sections in
+	// flight at once each see the usage before any of them).
+	Budget       *Budget   `json:"budget,omitempty"`
+	Used         *RunUsage `json:"used,omitempty"`
+	TenantBudget *Budget   `json:"tenantBudget,omitempty"`
 }
 
 // SynthesisCompleted answers a SynthesisRequested with markdown, or with
@@ -399,6 +420,8 @@ type SynthesisCompleted struct {
 	Index    int              `json:"index"`
 	Markdown string           `json:"markdown,omitempty"`
 	Error    *actionbus.Error `json:"error,omitempty"`
+	// Usage is what the part's LLM calls used.
+	Usage []LLMUsage `json:"usage,omitempty"`
 }
 
 // DecisionMade carries a planner's decision for one cycle.
@@ -413,6 +436,9 @@ type DecisionMade struct {
 	// Diagnostics are planning evidence recorded on the way to the
 	// decision (a reply that was repaired or sent back), not executed work.
 	Diagnostics []actionbus.Error `json:"diagnostics,omitempty"`
+	// Usage is what the decision's LLM calls used, one entry per call (a
+	// corrective round is a second call).
+	Usage []LLMUsage `json:"usage,omitempty"`
 }
 
 // ActionRequested asks an executor of a pool to run one action call.
@@ -707,6 +733,11 @@ type AuditRecorded struct {
 	// the evaluation that admitted an action record's call.
 	Policy      any    `json:"policy,omitempty"`
 	PayloadHash string `json:"payloadHash"`
+	// Usage is, on a decision or synthesis record, what each of its LLM
+	// calls used (one entry per call); RunUsage, on a run's terminal
+	// record, what all of the run's calls used.
+	Usage    []LLMUsage `json:"usage,omitempty"`
+	RunUsage *RunUsage  `json:"runUsage,omitempty"`
 	// Duplicate names, on a record whose status is "duplicate", why a
 	// call's result came again after its outcome was recorded:
 	// "redispatch" (it carries the result id the protocol derives for the

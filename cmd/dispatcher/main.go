@@ -3,6 +3,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -29,12 +30,20 @@ func main() {
 	flag.DurationVar(&cfg.DecisionTimeout, "decision-timeout", service.EnvDuration("ACTIONBUS_DECISION_TIMEOUT", run.DefaultDecisionTimeout), "planner decision deadline (env ACTIONBUS_DECISION_TIMEOUT)")
 	flag.DurationVar(&cfg.ResultLinger, "result-linger", service.EnvDuration("ACTIONBUS_RESULT_LINGER", dispatch.DefaultResultLinger), "longest hold of results that only change a run's state, for its next write; negative writes each at once (env ACTIONBUS_RESULT_LINGER)")
 	flag.DurationVar(&cfg.AlarmDelay, "alarm-delay", service.EnvDuration("ACTIONBUS_ALARM_DELAY", dispatch.DefaultAlarmDelay), "how long a new run's alarm is held before it is armed (a run that ends sooner stores none); negative arms at once (env ACTIONBUS_ALARM_DELAY)")
+	runBudget := flag.String("run-budget", service.Env("ACTIONBUS_RUN_BUDGET", ""), `budget of every agent run's LLM calls, as JSON, e.g. {"maxTokens":200000,"maxCostUsd":0.5}; a request cannot raise it (env ACTIONBUS_RUN_BUDGET; docs/limits.md)`)
+	tenantBudgets := flag.String("tenant-budgets", service.Env("ACTIONBUS_TENANT_BUDGETS", ""), `each tenant's LLM budget per UTC day, as JSON, e.g. {"acme":{"maxCostUsd":20},"*":{"maxTokens":5000000}} ("*": every other tenant; env ACTIONBUS_TENANT_BUDGETS; docs/limits.md)`)
 	policyFile := flag.String("policy", service.Env("ACTIONBUS_POLICY_FILE", ""), "policy document (JSON); the policy bucket can replace it at run time")
 	flag.Parse()
 	os.Exit(service.Main("dispatcher", c, func(nc *nats.Conn, log *slog.Logger, m *metrics.Metrics) (service.Runner, error) {
 		n, err := dispatch.ParsePlanLimit(*maxPlan)
 		if err != nil {
 			return nil, err
+		}
+		if cfg.RunBudget, err = run.ParseBudget(*runBudget); err != nil {
+			return nil, fmt.Errorf("--run-budget: %w", err)
+		}
+		if cfg.TenantBudgets, err = run.ParseTenantBudgets(*tenantBudgets); err != nil {
+			return nil, fmt.Errorf("--tenant-budgets: %w", err)
 		}
 		if cfg.ApprovalKeys, err = policy.ParseKeys(os.Getenv("ACTIONBUS_APPROVAL_KEYS")); err != nil {
 			return nil, err

@@ -34,6 +34,7 @@ func main() {
 	flag.StringVar(&oc.SynthesisModelKey, "synthesis-model-key", service.Env("ACTIONBUS_SYNTHESIS_MODEL_KEY", ""), "openai provider: pool key of the synthesis model (env ACTIONBUS_SYNTHESIS_MODEL_KEY)")
 	flag.StringVar(&oc.Mode, "planner-mode", service.Env("ACTIONBUS_PLANNER_MODE", planner.ModeNativeTools), "openai provider: native_tools or envelope (env ACTIONBUS_PLANNER_MODE)")
 	flag.DurationVar(&oc.CallTimeout, "llm-timeout", service.EnvDuration("ACTIONBUS_LLM_TIMEOUT", 0), "openai provider: deadline of each LLM call; default 60s (env ACTIONBUS_LLM_TIMEOUT)")
+	prices := flag.String("llm-prices", service.Env("ACTIONBUS_LLM_PRICES", ""), `openai provider: price table, model to USD per million tokens, as JSON, e.g. {"gpt-4o-mini":{"inputPerMillion":0.15,"outputPerMillion":0.6}} (env ACTIONBUS_LLM_PRICES; docs/limits.md)`)
 	llmLimit := flag.String("llm-limit", service.Env("ACTIONBUS_LLM_LIMIT", ""), `limit of the provider's calls across every planner, as JSON, e.g. {"maxInFlight":4,"rate":{"limit":60,"perMs":60000}} (env ACTIONBUS_LLM_LIMIT; docs/limits.md)`)
 	flag.Parse()
 	// The key only from the environment: flags show up in process lists.
@@ -47,6 +48,9 @@ func main() {
 				return nil, err
 			}
 			oc.Models = models
+			if oc.Prices, err = planner.ParsePrices(*prices); err != nil {
+				return nil, err
+			}
 			if p, err = planner.NewOpenAI(oc); err != nil {
 				return nil, err
 			}

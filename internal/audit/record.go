@@ -148,14 +148,14 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 	case *events.RunStarted:
 		rec.Kind, rec.Status, rec.Summary, rec.RetryOf = KindRun, "started", d.Kind, d.RetryOf
 	case *events.RunCompleted:
-		rec.Kind, rec.Status = KindRun, "completed"
+		rec.Kind, rec.Status, rec.RunUsage = KindRun, "completed", d.Usage
 		rec.Output, rec.OutputSummary, rec.PayloadModes = b.runOutput(d)
 	case *events.RunFailed:
-		rec.Kind, rec.Status, rec.Summary = KindRun, "failed", string(d.Error.Code)
+		rec.Kind, rec.Status, rec.Summary, rec.RunUsage = KindRun, "failed", string(d.Error.Code), d.Usage
 		e := d.Error
 		rec.Error, rec.PayloadModes = payload.ApplyError(def, &e), modes(def, "error")
 	case *events.RunCanceled:
-		rec.Kind, rec.Status = KindRun, "canceled"
+		rec.Kind, rec.Status, rec.RunUsage = KindRun, "canceled", d.Usage
 	case *events.CancelRequested:
 		rec.Kind, rec.Status, rec.UserID = KindRun, "cancel_requested", d.RequestedBy
 	case *events.RunStep:
@@ -169,7 +169,7 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 	case *events.DecisionRequested:
 		rec.Kind, rec.Status, rec.Summary = KindDecision, "requested", fmt.Sprintf("cycle %d", d.Cycle)
 	case *events.DecisionMade:
-		rec.Kind, rec.Status = KindDecision, d.Decision.Type
+		rec.Kind, rec.Status, rec.Usage = KindDecision, d.Decision.Type, d.Usage
 		switch {
 		case d.Error != nil:
 			rec.Status, rec.Summary = "error", string(d.Error.Code)
@@ -185,7 +185,7 @@ func (b *Builder) Record(r *events.Received) events.AuditRecorded {
 	case *events.SynthesisRequested:
 		rec.Kind, rec.Status, rec.Summary = KindSynthesis, "requested", fmt.Sprintf("%s %d", d.Part, d.Index)
 	case *events.SynthesisCompleted:
-		rec.Kind, rec.Status, rec.Summary = KindSynthesis, "completed", fmt.Sprintf("%s %d", d.Part, d.Index)
+		rec.Kind, rec.Status, rec.Summary, rec.Usage = KindSynthesis, "completed", fmt.Sprintf("%s %d", d.Part, d.Index), d.Usage
 		if d.Error != nil {
 			rec.Status = "failed"
 		}

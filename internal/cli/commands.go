@@ -357,6 +357,8 @@ approver).`
 func runCmd(g *globals) *cobra.Command {
 	var f runFlags
 	var workflowFile string
+	var maxTokens int64
+	var maxCost float64
 	cmd := &cobra.Command{
 		Use:   "run [PROMPT]",
 		Short: "Publish a run.requested and print each step live until the run ends (exit 0 only on completed)",
@@ -367,6 +369,9 @@ func runCmd(g *globals) *cobra.Command {
 				f.prompt = args[0]
 			}
 			req := client.RunRequest{Prompt: f.prompt, Scenario: f.scenario, UserID: f.user, AllowedModes: f.modes}
+			if maxTokens > 0 || maxCost > 0 {
+				req.Budget = &client.Budget{MaxTokens: maxTokens, MaxCostUSD: maxCost}
+			}
 			if workflowFile != "" {
 				wf, err := readWorkflow(workflowFile)
 				if err != nil {
@@ -379,6 +384,8 @@ func runCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&f.scenario, "scenario", "", "script planner scenario")
 	cmd.Flags().StringVar(&workflowFile, "workflow", "", "run a JSON workflow file instead of a prompt")
+	cmd.Flags().Int64Var(&maxTokens, "max-tokens", 0, "the run's budget of LLM tokens, input and output together (0: the host's run budget; more than it is refused)")
+	cmd.Flags().Float64Var(&maxCost, "max-cost", 0, "the run's budget of LLM cost in USD, from the planners' price table (0: the host's run budget)")
 	f.add(cmd)
 	return cmd
 }

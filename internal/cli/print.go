@@ -83,6 +83,7 @@ func (p *progress) event(e client.Event) {
 func (p *progress) result(res *client.Result) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	defer p.usage(res.Usage)
 	switch res.Status {
 	case client.StatusCompleted:
 		fmt.Fprintf(p.w, "✔ completed in %s after %d cycle(s)\n", time.Since(p.start).Round(time.Millisecond), res.Cycles)
@@ -101,4 +102,25 @@ func (p *progress) result(res *client.Result) int {
 		fmt.Fprintf(p.w, "✘ failed: %s\n", res.Error.Error())
 		return 2
 	}
+}
+
+// usage prints what a run's LLM calls used, after its outcome.
+func (p *progress) usage(u *client.Usage) {
+	if u == nil {
+		return
+	}
+	fmt.Fprintf(p.w, "LLM usage: %s\n", usageText(*u))
+}
+
+// usageText is a run's usage on one line: tokens in and out, calls,
+// cost, and what of it is estimated or unpriced.
+func usageText(u client.Usage) string {
+	s := fmt.Sprintf("%d tokens (%d in, %d out) in %d call(s), $%.4f", u.Tokens(), u.InputTokens, u.OutputTokens, u.Calls, u.CostUSD)
+	if u.EstimatedCalls > 0 {
+		s += fmt.Sprintf("; %d call(s) estimated", u.EstimatedCalls)
+	}
+	if u.UnpricedCalls > 0 {
+		s += fmt.Sprintf("; %d call(s) unpriced", u.UnpricedCalls)
+	}
+	return s
 }

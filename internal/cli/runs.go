@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -68,10 +69,14 @@ func runsCmd(g *globals) *cobra.Command {
 				list = list[:limit]
 			}
 			tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "RUN\tTENANT\tSTATUS\tKIND\tAGE\tWAITING FOR\tUSER")
+			fmt.Fprintln(tw, "RUN\tTENANT\tSTATUS\tKIND\tAGE\tWAITING FOR\tUSER\tTOKENS\tCOST")
 			capacity := 0
 			for _, s := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, s.Tenant, s.Status, s.Kind, s.Age, dash(s.Waiting), dash(s.UserID))
+				tokens, cost := "-", "-"
+				if s.Usage != nil {
+					tokens, cost = strconv.FormatInt(s.Usage.Tokens(), 10), fmt.Sprintf("$%.4f", s.Usage.CostUSD)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, s.Tenant, s.Status, s.Kind, s.Age, dash(s.Waiting), dash(s.UserID), tokens, cost)
 				if strings.HasPrefix(s.Waiting, "capacity of ") {
 					capacity++
 				}

@@ -11,8 +11,10 @@ import (
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/cli"
+	"github.com/actionbus/actionbus/internal/llmtest"
 )
 
 // TestRunsListsRunsWithWhatTheyWaitFor: a run the planner has not
@@ -70,4 +72,29 @@ func TestRunsIsRefusedToTheClientUser(t *testing.T) {
 	out.Reset()
 	errOut.Reset()
 	assert.Equal(t, 0, cli.Execute(context.Background(), []string{"--nats", srv.UserURL("admin"), "runs"}, nil, &out, &errOut), errOut.String())
+}
+
+// TestRunAndRunsShowTheLLMUsageAndCost: an agent run whose one call
+// reports 120 input and 30 output tokens, priced 2 and 8 USD per million:
+// `run` prints the usage after the outcome, and `runs` lists its tokens
+// and cost.
+func TestRunAndRunsShowTheLLMUsageAndCost(t *testing.T) {
+	llm := llmtest.New(t)
+	llm.Respond(func(llmtest.Request) llmtest.Reply {
+		return llmtest.Reply{ToolCalls: []llmtest.ToolCall{llmtest.Call("final_answer", map[string]any{"answer": "done"})},
+			Usage: &llmtest.Usage{PromptTokens: 120, CompletionTokens: 30}}
+	})
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL,
+		Prices: map[string]events.Price{"test-model": {InputPerMillion: 2, OutputPerMillion: 8}}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", srv.URL, "run", "--max-tokens", "1000", "Is it done?"}, nil, &out, &errOut), errOut.String())
+	assert.Contains(t, out.String(), "LLM usage: 150 tokens (120 in, 30 out) in 1 call(s), $0.0005")
+
+	out.Reset()
+	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", srv.URL, "runs"}, nil, &out, &errOut), errOut.String())
+	assert.Regexp(t, `TOKENS\s+COST`, out.String())
+	assert.Regexp(t, `completed\s+agent\s+.*\s150\s+\$0\.0005`, out.String())
 }

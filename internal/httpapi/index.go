@@ -38,6 +38,8 @@ type RunView struct {
 	UpdatedAt time.Time `json:"updatedAt"`
 	EndedAt   time.Time `json:"endedAt,omitzero"`
 	Cycles    int       `json:"cycles,omitempty"`
+	// Usage is what the run's LLM calls used, once it ended.
+	Usage *events.RunUsage `json:"usage,omitempty"`
 	// LastStep is the latest progress step seen live ("name: message").
 	LastStep string           `json:"lastStep,omitempty"`
 	Answer   string           `json:"answer,omitempty"`
@@ -180,19 +182,19 @@ func (x *Index) Apply(e client.Event) *RunView {
 	case events.TypeRunCompleted:
 		var d events.RunCompleted
 		if json.Unmarshal(e.Data, &d) == nil {
-			v.Status, v.Answer, v.Output, v.Cycles = client.StatusCompleted, d.Answer, d.Output, d.Cycles
+			v.Status, v.Answer, v.Output, v.Cycles, v.Usage = client.StatusCompleted, d.Answer, d.Output, d.Cycles, d.Usage
 		}
 		x.end(v, e.Time)
 	case events.TypeRunFailed:
 		var d events.RunFailed
 		if json.Unmarshal(e.Data, &d) == nil {
-			v.Status, v.Error, v.Cycles = client.StatusFailed, &d.Error, d.Cycles
+			v.Status, v.Error, v.Cycles, v.Usage = client.StatusFailed, &d.Error, d.Cycles, d.Usage
 		}
 		x.end(v, e.Time)
 	case events.TypeRunCanceled:
 		var d events.RunCanceled
 		if json.Unmarshal(e.Data, &d) == nil {
-			v.Status, v.Reason, v.Cycles = client.StatusCanceled, d.Reason, d.Cycles
+			v.Status, v.Reason, v.Cycles, v.Usage = client.StatusCanceled, d.Reason, d.Cycles, d.Usage
 		}
 		x.end(v, e.Time)
 	}

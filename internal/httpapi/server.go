@@ -327,13 +327,14 @@ type resultBody struct {
 	Cycles    int              `json:"cycles,omitempty"`
 	Error     *actionbus.Error `json:"error,omitempty"`
 	Reason    string           `json:"reason,omitempty"`
+	Usage     *client.Usage    `json:"usage,omitempty"`
 }
 
 // writeResult writes a run's result: 200 when it completed, the status of
 // its error's code when it failed, 409 when it was canceled.
 func writeResult(w http.ResponseWriter, res *client.Result) {
 	body := resultBody{RunID: res.RunID, Status: res.Status, Answer: res.Answer, Output: res.Output, Citations: res.Citations,
-		Cycles: res.Cycles, Error: res.Error, Reason: res.Reason}
+		Cycles: res.Cycles, Error: res.Error, Reason: res.Reason, Usage: res.Usage}
 	status := http.StatusOK
 	switch res.Status {
 	case client.StatusFailed:
@@ -489,11 +490,11 @@ func resultEvent(res *client.Result) client.Event {
 	var data any
 	switch res.Status {
 	case client.StatusCompleted:
-		e.Type, data = events.TypeRunCompleted, events.RunCompleted{RunID: res.RunID, Answer: res.Answer, Output: res.Output, Citations: res.Citations, Cycles: res.Cycles}
+		e.Type, data = events.TypeRunCompleted, events.RunCompleted{RunID: res.RunID, Answer: res.Answer, Output: res.Output, Citations: res.Citations, Cycles: res.Cycles, Usage: res.Usage}
 	case client.StatusFailed:
-		e.Type, data = events.TypeRunFailed, events.RunFailed{RunID: res.RunID, Error: *res.Error, Cycles: res.Cycles}
+		e.Type, data = events.TypeRunFailed, events.RunFailed{RunID: res.RunID, Error: *res.Error, Cycles: res.Cycles, Usage: res.Usage}
 	default:
-		e.Type, data = events.TypeRunCanceled, events.RunCanceled{RunID: res.RunID, Reason: res.Reason, Cycles: res.Cycles}
+		e.Type, data = events.TypeRunCanceled, events.RunCanceled{RunID: res.RunID, Reason: res.Reason, Cycles: res.Cycles, Usage: res.Usage}
 	}
 	e.Data, _ = json.Marshal(data)
 	return e

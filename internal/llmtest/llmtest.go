@@ -30,6 +30,16 @@ type Reply struct {
 	ErrorMessage string
 	// Delay holds the reply back (or until the client gives up).
 	Delay time.Duration
+	// Usage is the usage the reply reports; nil reports 1 prompt and 1
+	// completion token. NoUsage reports none at all (endpoints that do not
+	// count).
+	Usage   *Usage
+	NoUsage bool
+}
+
+// Usage is a reply's token counts.
+type Usage struct {
+	PromptTokens, CompletionTokens int
 }
 
 // ToolCall is one native tool call.
@@ -225,11 +235,18 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		finish = "tool_calls"
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{
+	body := map[string]any{
 		"id": "chatcmpl-llmtest", "object": "chat.completion", "created": time.Now().Unix(), "model": req.Model,
 		"choices": []any{map[string]any{"index": 0, "message": msg, "finish_reason": finish}},
-		"usage":   map[string]any{"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-	})
+	}
+	if !reply.NoUsage {
+		u := Usage{PromptTokens: 1, CompletionTokens: 1}
+		if reply.Usage != nil {
+			u = *reply.Usage
+		}
+		body["usage"] = map[string]any{"prompt_tokens": u.PromptTokens, "completion_tokens": u.CompletionTokens, "total_tokens": u.PromptTokens + u.CompletionTokens}
+	}
+	_ = json.NewEncoder(w).Encode(body)
 }
 
 func toolCalls(calls []ToolCall) []any {

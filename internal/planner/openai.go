@@ -55,6 +55,10 @@ type OpenAIConfig struct {
 	MaxRetries int
 	// HTTPClient is used for the calls; nil means http.DefaultClient.
 	HTTPClient *http.Client
+	// Prices is the price table: a model name (as asked for) to its
+	// prices per million tokens. A model without a price costs 0, and its
+	// calls are marked unpriced.
+	Prices map[string]events.Price
 }
 
 // OpenAI is the openai provider: decisions and syntheses from any
@@ -321,7 +325,23 @@ func (p *OpenAI) complete(ctx context.Context, model string, msgs []openai.ChatC
 	ctx, span := tracing.Tracer().Start(ctx, "chat "+model, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(semconv.GenAIOperationNameChat, semconv.GenAIProviderNameOpenAI, semconv.GenAIRequestModel(model)))
 	defer span.End()
+	sent := requestBytes(msgs, tools)
+	m := meterFrom(ctx)
+	tokens, cost := p.inputEstimate(model, sent)
+	h, err := m.admit(ctx, model, tokens, cost)
+	if err != nil {
+		tracing.Fail(span, string(actionbus.CodeOf(err)))
+		return openai.ChatCompletionMessage{}, err
+	}
 	msg, usage, err := p.call(ctx, model, msgs, tools, stream)
+	var used *events.LLMUsage
+	if err == nil || usage.input+usage.output > 0 {
+		u := p.callUsage(model, usage, sent, replyBytes(msg))
+		used = &u
+	}
+	if rerr := m.record(ctx, h, used); rerr != nil && err == nil {
+		err = rerr // the day's spend is not settled: the request is tried again
+	}
 	if span.IsRecording() {
 		if usage.model != "" {
 			span.SetAttributes(semconv.GenAIResponseModel(usage.model))
@@ -335,6 +355,31 @@ func (p *OpenAI) complete(ctx context.Context, model string, msgs []openai.ChatC
 		}
 	}
 	return msg, err
+}
+
+// requestBytes is the size of a call's messages and tools as sent: what
+// its input tokens are estimated from.
+func requestBytes(msgs []openai.ChatCompletionMessageParamUnion, tools []openai.ChatCompletionToolUnionParam) int {
+	n := 0
+	if b, err := json.Marshal(msgs); err == nil {
+		n += len(b)
+	}
+	if len(tools) > 0 {
+		if b, err := json.Marshal(tools); err == nil {
+			n += len(b)
+		}
+	}
+	return n
+}
+
+// replyBytes is the size of a reply's content and tool calls: what its
+// output tokens are estimated from.
+func replyBytes(msg openai.ChatCompletionMessage) int {
+	n := len(msg.Content)
+	for _, tc := range msg.ToolCalls {
+		n += len(tc.Function.Name) + len(tc.Function.Arguments)
+	}
+	return n
 }
 
 // usage is what a chat-completions call reports of itself, for its span.

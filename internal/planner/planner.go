@@ -95,6 +95,7 @@ type Service struct {
 	// llm is the store of LLMLimit (nil without one); llmAction the name
 	// its calls are limited under.
 	llm       *limitstore.Store
+	book      *spendBook
 	llmAction string
 	nc        *nats.Conn
 	cfg       Config
@@ -162,12 +163,13 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.cat, err = actionstore.NewCatalog(catKV).Watch(ctx); err != nil {
 		return err
 	}
+	limitsKV, err := s.js.KeyValue(ctx, s.topo.BucketPlannerLimits())
+	if err != nil {
+		return fmt.Errorf("planner: the planner limits bucket: %w", err)
+	}
+	s.book = &spendBook{kv: limitsKV, now: time.Now}
 	if s.cfg.LLMLimit != nil && !s.cfg.LLMLimit.IsZero() {
-		kv, err := s.js.KeyValue(ctx, s.topo.BucketPlannerLimits())
-		if err != nil {
-			return fmt.Errorf("planner: the planner limits bucket: %w", err)
-		}
-		s.llm = limitstore.New(kv)
+		s.llm = limitstore.New(limitsKV)
 	}
 	cons, err := s.js.Consumer(ctx, s.topo.StreamRuns(), bus.ConsumerPlanner)
 	if err != nil {
@@ -229,7 +231,9 @@ func (s *Service) decide(ctx context.Context, tenant, requestID string, req *eve
 		in.Stream = s.streamer(tenant, req.RunID)
 	}
 	started := time.Now()
-	dec, err := provider.Decide(ctx, in)
+	m := newMeter(tenant, s.book, req.Budget, req.TenantBudget, req.Used)
+	dec, err := provider.Decide(withMeter(ctx, m), in)
+	dm.Usage = m.made()
 	if in.Stream != nil {
 		in.Stream("") // the end of the stream, whatever the outcome
 	}
@@ -256,7 +260,9 @@ func (s *Service) decide(ctx context.Context, tenant, requestID string, req *eve
 
 func (s *Service) synthesize(ctx context.Context, tenant, requestID string, req *events.SynthesisRequested) error {
 	sc := &events.SynthesisCompleted{RunID: req.RunID, Cycle: req.Cycle, Part: req.Part, Index: req.Index}
-	md, err := s.cfg.Provider.Synthesize(ctx, req)
+	m := newMeter(tenant, s.book, req.Budget, req.TenantBudget, req.Used)
+	md, err := s.cfg.Provider.Synthesize(withMeter(ctx, m), req)
+	sc.Usage = m.made()
 	if err != nil {
 		var abErr *actionbus.Error
 		if !errors.As(err, &abErr) {

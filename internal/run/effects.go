@@ -169,7 +169,8 @@ func Render(st *State, e Effect) (em events.Emission, ok bool) {
 		em.Type = events.TypeDecisionRequested
 		em.Data = &events.DecisionRequested{RunID: st.RunID, Cycle: st.Cycle, Prompt: st.Agent.Prompt, Scenario: st.Agent.Scenario,
 			Observations: st.Agent.Observations, Feedback: st.Agent.Feedback, Synthesize: st.Agent.Synthesize, Replay: st.Agent.Replay,
-			Skill: skillContext(st.Agent.Skills), Workspace: workspaceView(st.Agent.Workspace), Hidden: st.Agent.Withhold}
+			Skill: skillContext(st.Agent.Skills), Workspace: workspaceView(st.Agent.Workspace), Hidden: st.Agent.Withhold,
+			Budget: st.Budget, Used: st.usedIfBounded(), TenantBudget: st.TenantBudget}
 		em.Ext = []events.Extension{{Name: events.ExtCycle, Value: st.Cycle}}
 	case EffectAct:
 		i := st.callIndex(e.CallID)
@@ -218,11 +219,11 @@ func terminalEvent(st *State) (string, any) {
 	t := st.Terminal
 	switch t.Type {
 	case events.TypeRunCompleted:
-		return t.Type, &events.RunCompleted{RunID: st.RunID, Answer: t.Answer, Output: t.Output, Citations: t.Citations, Cycles: st.Cycle}
+		return t.Type, &events.RunCompleted{RunID: st.RunID, Answer: t.Answer, Output: t.Output, Citations: t.Citations, Cycles: st.Cycle, Usage: st.Usage}
 	case events.TypeRunCanceled:
-		return t.Type, &events.RunCanceled{RunID: st.RunID, Reason: t.Reason, Cycles: st.Cycle}
+		return t.Type, &events.RunCanceled{RunID: st.RunID, Reason: t.Reason, Cycles: st.Cycle, Usage: st.Usage}
 	}
-	return events.TypeRunFailed, &events.RunFailed{RunID: st.RunID, Error: *t.Error, Cycles: st.Cycle}
+	return events.TypeRunFailed, &events.RunFailed{RunID: st.RunID, Error: *t.Error, Cycles: st.Cycle, Usage: st.Usage}
 }
 
 func decideEffect(st *State) Effect {

@@ -95,7 +95,14 @@ func (m *Machine) onDecision(ctx context.Context, st *State, dm *events.Decision
 		diag = append(diag, stepWith(st, StepPlannerDiagnostics, nil, "", strings.Join(codes, ", "), "",
 			map[string]any{"diagnostics": dm.Diagnostics}))
 	}
+	if over := m.spend(st, dm.Usage); over != nil && dm.Error == nil {
+		return append(diag, m.fail(st, over)...), nil
+	}
 	if dm.Error != nil {
+		if dm.Error.Code == actionbus.CodeBudgetExceeded && st.Usage != nil {
+			// The planner refused a call: the evidence is the run's usage.
+			return append(diag, m.fail(st, dm.Error.WithDetail("usage", *st.Usage))...), nil
+		}
 		return append(diag, m.fail(st, dm.Error)...), nil
 	}
 	out, err := m.applyDecision(ctx, st, dm)

@@ -114,6 +114,17 @@ type Limits struct {
 	// staying in the action's result (and artifact) for whoever needs it.
 	// Default 16384.
 	InlineOutputBytes int
+	// RunBudget is the host's budget of every agent run: a run that
+	// asks for none gets it, and a request for more (tokens or cost) is
+	// refused with budget_exceeded, never granted. Zero fields bound
+	// nothing (the default).
+	RunBudget events.Budget
+	// TenantBudgets are each tenant's budget per UTC day, across all its
+	// runs, keyed by tenant ("*": every tenant without its own). The
+	// planners enforce it: a call that would go over is not made, and a
+	// tenant over it has its agent runs end budget_exceeded at their
+	// first call until the day ends. None by default.
+	TenantBudgets map[string]events.Budget
 }
 
 // The defaults of [Limits], named once: for SetDefaults, the dispatcher's
@@ -180,6 +191,13 @@ func (l *Limits) Validate() error {
 		return fmt.Errorf("run: ObservationBytes must be at least 256, got %d", l.ObservationBytes)
 	case l.InlineOutputBytes < 1024:
 		return fmt.Errorf("run: InlineOutputBytes must be at least 1024, got %d", l.InlineOutputBytes)
+	case l.RunBudget.MaxTokens < 0 || l.RunBudget.MaxCostUSD < 0:
+		return fmt.Errorf("run: RunBudget must not be negative")
+	}
+	for tenant, b := range l.TenantBudgets {
+		if b.MaxTokens < 0 || b.MaxCostUSD < 0 {
+			return fmt.Errorf("run: the budget of tenant %q must not be negative", tenant)
+		}
 	}
 	return nil
 }
@@ -296,6 +314,9 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 	}
 	if unauthenticated != nil {
 		return st, append(out, m.fail(st, unauthenticated)...), nil
+	}
+	if refused := m.budget(st, req.Budget); refused != nil {
+		return st, append(out, m.fail(st, refused)...), nil
 	}
 	if badWorkspace != nil {
 		return st, append(out, m.fail(st, badWorkspace)...), nil

@@ -98,6 +98,14 @@ type State struct {
 	// revision-checked write of the retry's admission ([Env.ClaimRetry]),
 	// so that a run is retried into at most one new run.
 	RetriedBy string `json:"retriedBy,omitempty"`
+	// Budget bounds what the run's LLM calls may spend (the request's,
+	// capped by the host's run budget); nil bounds nothing.
+	Budget *events.Budget `json:"budget,omitempty"`
+	// TenantBudget is the tenant's daily budget when the run was admitted
+	// (nil: none).
+	TenantBudget *events.Budget `json:"tenantBudget,omitempty"`
+	// Usage is what the run's LLM calls used so far; nil before the first.
+	Usage *events.RunUsage `json:"usage,omitempty"`
 	// Exec is the call a one-action run was asked for, as requested: a
 	// retry asks for the same ([ExecCall.Same]).
 	Exec *ExecCall `json:"exec,omitempty"`

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/actionbus/actionbus/events"
 )
 
 // Summary is one line of a run listing (`actionbus runs`).
@@ -17,11 +19,13 @@ type Summary struct {
 	// Waiting says what a running run waits for ("" once it ended).
 	Waiting string `json:"waiting,omitempty"`
 	UserID  string `json:"userId,omitempty"`
+	// Usage is what the run's LLM calls used so far (nil: none).
+	Usage *events.RunUsage `json:"usage,omitempty"`
 }
 
 // Summarize describes st as of now.
 func Summarize(st *State, now time.Time) Summary {
-	s := Summary{RunID: st.RunID, Tenant: st.TenantOrDefault(), Kind: st.Kind, Status: st.Status, Age: now.Sub(st.CreatedAt).Round(time.Second), UserID: st.UserID}
+	s := Summary{RunID: st.RunID, Tenant: st.TenantOrDefault(), Kind: st.Kind, Status: st.Status, Age: now.Sub(st.CreatedAt).Round(time.Second), UserID: st.UserID, Usage: st.Usage}
 	if !st.IsTerminal() {
 		s.Waiting = waitingFor(st)
 	}

@@ -128,7 +128,7 @@ func (m *Machine) continueSynthesis(st *State) []Effect {
 // action's result, an intro or outro compact summaries of every result.
 func synthesisRequest(st *State, p SynthesisPart) *events.SynthesisRequested {
 	req := &events.SynthesisRequested{RunID: st.RunID, Cycle: st.Cycle, Part: p.Part, Index: p.Index, Prompt: st.Agent.Prompt,
-		Instruction: p.Instruction, Scenario: st.Agent.Scenario}
+		Instruction: p.Instruction, Scenario: st.Agent.Scenario, Budget: st.Budget, Used: st.usedIfBounded(), TenantBudget: st.TenantBudget}
 	if p.Part == events.PartSection {
 		for _, c := range st.Calls {
 			if c.PlanIndex == p.Index {
@@ -162,6 +162,9 @@ func (m *Machine) onSynthesis(st *State, sc *events.SynthesisCompleted) []Effect
 		return nil // a duplicate or an answer to nothing asked
 	}
 	p.Done = true
+	if over := m.spend(st, sc.Usage); over != nil {
+		return m.fail(st, over)
+	}
 	md := stripUIBlocks(sc.Markdown)
 	status := "ok"
 	switch {
