@@ -378,6 +378,12 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 	durations, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[human(0), human(850), human(12345), human(59999), human(163999), human(3723000), human(180000000)]`))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"0 ms", "850 ms", "12.3 s", "1 m 0 s", "2 m 44 s", "1 h 2 m", "2 d 2 h"}, durations)
+	// A run's LLM usage is written as the CLI writes it; a run that made
+	// no LLM call (this one) shows none.
+	usage, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[usageText({calls: 2, inputTokens: 20000, outputTokens: 200, costUsd: 0.0416, estimatedCalls: 1}),
+		document.getElementById("run-usage").textContent]`))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"20200 tokens (20000 in, 200 out) in 2 call(s), $0.0416; 1 call(s) estimated", ""}, usage)
 
 	steps, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#timeline tr[data-type]")].map(r => r.dataset.type)`))
 	require.NoError(t, err)

@@ -155,3 +155,22 @@ func FuzzParseTokens(f *testing.F) {
 		}
 	})
 }
+
+// TestTheIndexKeepsARunsUsageFromItsEnd: the run the API serves carries
+// the usage of its terminal event, whichever end it had.
+func TestTheIndexKeepsARunsUsageFromItsEnd(t *testing.T) {
+	u := &events.RunUsage{Calls: 2, InputTokens: 900, OutputTokens: 40, CostUSD: 0.0021}
+	for name, end := range map[string]client.Event{
+		"completed": ev(runA, events.TypeRunCompleted, 0, events.RunCompleted{RunID: runA, Answer: "done", Usage: u}),
+		"failed":    ev(runA, events.TypeRunFailed, 0, events.RunFailed{RunID: runA, Error: actionbus.Error{Code: actionbus.CodeBudgetExceeded}, Usage: u}),
+		"canceled":  ev(runA, events.TypeRunCanceled, 0, events.RunCanceled{RunID: runA, Usage: u}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			x := NewIndex("default", 0)
+			x.Apply(end)
+			v, ok := x.Run(runA)
+			require.True(t, ok)
+			assert.Equal(t, u, v.Usage)
+		})
+	}
+}

@@ -242,6 +242,17 @@ function renderRunHeader(r) {
   if (r.error) outcome = r.error.code + ": " + (r.error.message || "");
   if (r.reason) outcome = "canceled: " + r.reason;
   document.getElementById("run-outcome").textContent = outcome;
+  document.getElementById("run-usage").textContent = r.usage ? "LLM usage: " + usageText(r.usage) : "";
+}
+
+// usageText is a run's LLM usage on one line, as the CLI prints it.
+function usageText(u) {
+  const n = v => Number(v) || 0;
+  let s = (n(u.inputTokens) + n(u.outputTokens)) + " tokens (" + n(u.inputTokens) + " in, " + n(u.outputTokens) + " out) in " +
+    n(u.calls) + " call(s), $" + n(u.costUsd).toFixed(4);
+  if (n(u.estimatedCalls) > 0) s += "; " + n(u.estimatedCalls) + " call(s) estimated";
+  if (n(u.unpricedCalls) > 0) s += "; " + n(u.unpricedCalls) + " call(s) unpriced";
+  return s;
 }
 
 function describe(type, d) {
