@@ -10,7 +10,8 @@ import (
 )
 
 // budget sets a new run's budget: the request's, capped by the host's
-// run budget. A request for more than the host grants is refused.
+// run budget and its tenant's daily budget. A request for more than the
+// host's run budget is refused.
 func (m *Machine) budget(st *State, asked *events.Budget) *actionbus.Error {
 	var b events.Budget
 	if asked != nil {
@@ -25,15 +26,17 @@ func (m *Machine) budget(st *State, asked *events.Budget) *actionbus.Error {
 		return actionbus.Errorf(actionbus.CodeBudgetExceeded, "the run asks for more budget than the host grants a run").
 			WithDetail("budget", "request").WithDetail("requested", *asked).WithDetail("limit", m.lim.RunBudget)
 	}
-	if !b.IsZero() {
-		st.Budget = &b
-	}
 	daily, ok := m.lim.TenantBudgets[st.TenantOrDefault()]
 	if !ok {
 		daily = m.lim.TenantBudgets["*"]
 	}
 	if !daily.IsZero() {
 		st.TenantBudget = &daily
+		// No run may spend more than its tenant's day holds.
+		b, _ = b.Within(daily)
+	}
+	if !b.IsZero() {
+		st.Budget = &b
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/policy"
@@ -124,5 +125,40 @@ func TestADedicatedPoolServesOnlyItsTenants(t *testing.T) {
 		}
 		assert.Empty(t, h.dispatched(), "tenant %q", tc.tenant)
 		assert.Equal(t, "tenant_not_served", string(h.code()), "tenant %q", tc.tenant)
+	}
+}
+
+// TestARunsBudgetIsCappedByTheHostAndItsTenantsDay: the request's budget,
+// the host's run budget and the tenant's daily budget, field by field; a
+// request above the host's run budget is refused.
+func TestARunsBudgetIsCappedByTheHostAndItsTenantsDay(t *testing.T) {
+	lim := Limits{RunBudget: events.Budget{MaxTokens: 5000}, TenantBudgets: map[string]events.Budget{
+		"acme": {MaxTokens: 3000, MaxCostUSD: 1}, "*": {MaxCostUSD: 2}}}
+	m := New(nil, lim)
+	cases := []struct {
+		name, tenant string
+		asked        *events.Budget
+		want         *events.Budget
+		refused      bool
+	}{
+		{"none asked: the host's, within the day", "globex", nil, &events.Budget{MaxTokens: 5000, MaxCostUSD: 2}, false},
+		{"a lower one is kept", "globex", &events.Budget{MaxTokens: 100, MaxCostUSD: 0.5}, &events.Budget{MaxTokens: 100, MaxCostUSD: 0.5}, false},
+		{"the tenant's day caps it", "acme", &events.Budget{MaxTokens: 4000}, &events.Budget{MaxTokens: 3000, MaxCostUSD: 1}, false},
+		{"above the host's is refused", "globex", &events.Budget{MaxTokens: 50000}, nil, true},
+		{"negative is refused", "globex", &events.Budget{MaxTokens: -1}, nil, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &State{Tenant: tc.tenant}
+			err := m.budget(st, tc.asked)
+			if tc.refused {
+				require.NotNil(t, err)
+				assert.Equal(t, actionbus.CodeBudgetExceeded, err.Code)
+				assert.Equal(t, "request", err.Details["budget"])
+				return
+			}
+			require.Nil(t, err)
+			assert.Equal(t, tc.want, st.Budget)
+		})
 	}
 }
