@@ -241,20 +241,54 @@ type PendingApproval struct {
 }
 
 // approvalRun returns the run id of an approval id
-// ("<runId>-<cycle>-<planIndex>[-<attempt>]").
+// ("<runId>-<cycle>-<planIndex>[-<attempt>]"), or invalid_run_id when
+// approvalID does not have that shape.
 func approvalRun(approvalID string) (string, error) {
-	runID, _, ok := strings.Cut(approvalID, "-")
-	if !ok || !events.ValidRunID(runID) {
-		return "", fmt.Errorf("client: %q is not an approval id (<runId>-<cycle>-<planIndex>[-<attempt>])", approvalID)
+	parts := strings.Split(approvalID, "-")
+	shaped := (len(parts) == 3 || len(parts) == 4) && events.ValidRunID(parts[0])
+	for _, n := range parts[1:] {
+		shaped = shaped && n != "" && strings.Trim(n, "0123456789") == ""
 	}
-	return runID, nil
+	if !shaped {
+		return "", actionbus.Errorf(actionbus.CodeInvalidRunID, "%q is not an approval id (<runId>-<cycle>-<planIndex>[-<attempt>], runId a ULID)",
+			clip(approvalID, 64)).WithDetail("approvalId", clip(approvalID, 64))
+	}
+	return parts[0], nil
+}
+
+// CheckApprovalID checks the shape of an approval id
+// ("<runId>-<cycle>-<planIndex>[-<attempt>]"), without reading anything:
+// an *actionbus.Error with code invalid_run_id, naming the id, when it
+// does not have it.
+func CheckApprovalID(approvalID string) error {
+	_, err := approvalRun(approvalID)
+	return err
+}
+
+// clip cuts s to at most n bytes, marking the cut with "…".
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // Approval reads the request of an approval id (its run id is the part
-// before the first '-').
+// before the first '-'). It returns an *actionbus.Error with code
+// invalid_run_id when approvalID is not shaped as an approval id (without
+// reading), and approval_not_found when its run is not one of the
+// client's tenant's ([Client.CheckRun]) or the run has no such approval
+// request; other errors are the read service's.
 func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingApproval, error) {
 	runID, err := approvalRun(approvalID)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.CheckRun(ctx, runID); err != nil {
+		if actionbus.CodeOf(err) == actionbus.CodeRunNotFound {
+			return nil, actionbus.Errorf(actionbus.CodeApprovalNotFound, "no approval %s: no run %s in tenant %s", approvalID, runID, c.tenant).
+				WithDetail("approvalId", approvalID)
+		}
 		return nil, err
 	}
 	var found *PendingApproval
@@ -278,7 +312,8 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingAppro
 			return found, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("client: no approval request %s", approvalID)
+			return nil, actionbus.Errorf(actionbus.CodeApprovalNotFound, "run %s has no approval request %s", runID, approvalID).
+				WithDetail("approvalId", approvalID)
 		}
 		select {
 		case <-ctx.Done():
@@ -289,8 +324,10 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingAppro
 }
 
 // approvalStoreWait bounds how long [Client.Approval] reads again an
-// approval request it does not find.
-const approvalStoreWait = 2 * time.Second
+// approval request it does not find: storing lags a live delivery by
+// milliseconds, and a command naming an unknown approval answers within
+// a second.
+const approvalStoreWait = 750 * time.Millisecond
 
 // Approve signs the approval context of approvalID with the approver's own
 // key (the dispatcher names the key's holder as the approver), publishes
