@@ -364,7 +364,7 @@ func (c *Client) grant(ctx context.Context, approvalID, named string, sign func(
 	id := events.NewID()
 	return c.answer(ctx, p.Context.RunID, id, func() error {
 		_, err := c.bus.Emit(ctx, events.TypeApprovalGranted, id, c.tenant, p.Context.RunID, "",
-			&events.ApprovalGranted{RunID: p.Context.RunID, ApprovalID: approvalID, Token: token, Approver: named})
+			&events.ApprovalGranted{RunID: p.Context.RunID, ApprovalID: approvalID, Token: token, Approver: named, Context: &p.Context})
 		return err
 	})
 }
