@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/cli"
 )
 
@@ -130,4 +132,52 @@ func TestCancelOfAnEndedRunSaysItEnded(t *testing.T) {
 	out.Reset()
 	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", srv.URL, "cancel", id}, nil, &out, &errOut), errOut.String())
 	assert.Equal(t, "run "+id+" already ended (canceled): nothing to cancel\n", out.String())
+}
+
+// TestApproveWithAWrongSecretSaysBadSignature: an approver whose secret is
+// not the key's is told "bad signature" (not a context mismatch), exits
+// non-zero at once, and the approval still waits for a good one.
+func TestApproveWithAWrongSecretSaysBadSignature(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	rec := srv.Record(t, "")
+	st := srv.StartStack(t, actionbustest.StackOptions{NoPlanner: true,
+		ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(secret) + ":alice",
+		Register: func(ex *executor.Executor) error {
+			return executor.Register(ex, executor.Action{Name: "ops.restart", Mode: executor.ModeMutate, Description: "Restart a service."},
+				func(context.Context, struct{}, executor.Call) (executor.Result[struct{}], error) {
+					return executor.Result[struct{}]{Summary: "restarted"}, nil
+				})
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	runID, err := st.Client.Start(ctx, client.RunRequest{UserID: "u1", AllowedModes: []string{"read", "mutate"},
+		Action: &client.ActionCall{Name: "ops.restart"}})
+	require.NoError(t, err)
+	r := rec.WaitFor(t, 10*time.Second, func(r actionbustest.Recorded) bool {
+		var s events.RunStep
+		return events.IsRunStep(r.Type()) && events.DataAs(r.Event, &s) == nil && s.RunID == runID && s.Name == "awaiting-approval"
+	})
+	var s events.RunStep
+	require.NoError(t, events.DataAs(r.Event, &s))
+	approvalID, _ := s.Details["approvalId"].(string)
+	require.NotEmpty(t, approvalID)
+
+	wrong := "k1:" + base64.StdEncoding.EncodeToString([]byte("not-the-secret-of-key-k1-at-all!"))
+	var out, errOut bytes.Buffer
+	start := time.Now()
+	code := cli.Execute(ctx, []string{"--nats", srv.URL, "approve", approvalID, "--key", wrong}, nil, &out, &errOut)
+	elapsed := time.Since(start)
+	assert.Equal(t, 1, code, out.String())
+	assert.Contains(t, errOut.String(), "approval_invalid: bad signature")
+	assert.NotContains(t, errOut.String(), "does not match the approval context")
+	assert.Less(t, elapsed, neverWaits, "a refused approval is answered at once")
+
+	out.Reset()
+	errOut.Reset()
+	right := "k1:" + base64.StdEncoding.EncodeToString(secret)
+	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", srv.URL, "approve", approvalID, "--key", right}, nil, &out, &errOut), errOut.String())
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	assert.Equal(t, client.StatusCompleted, res.Status)
 }
