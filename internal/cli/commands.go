@@ -320,11 +320,7 @@ func readWorkflow(path string) (map[string]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	var doc map[string]any
-	if err := json.Unmarshal(b, &doc); err != nil {
-		return nil, fmt.Errorf("%s: not a JSON object: %w", path, err)
-	}
-	return doc, nil
+	return decodeObject(path, b)
 }
 
 func runCmd(g *globals) *cobra.Command {
@@ -334,20 +330,24 @@ func runCmd(g *globals) *cobra.Command {
 		Use:   "run [PROMPT]",
 		Short: "Publish a run.requested and print each step live until the run ends (exit 0 only on completed)",
 		Args:  cobra.MaximumNArgs(1),
-		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
 				f.prompt = args[0]
 			}
 			req := client.RunRequest{Prompt: f.prompt, Scenario: f.scenario, UserID: f.user, AllowedModes: f.modes}
 			if workflowFile != "" {
+				// Read before connecting: a file that is not a JSON
+				// object fails at once.
 				wf, err := readWorkflow(workflowFile)
 				if err != nil {
 					return err
 				}
 				req.Workflow = wf
 			}
-			return start(cmd.Context(), g, c, req, f.timeout)
-		}),
+			return g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+				return start(cmd.Context(), g, c, req, f.timeout)
+			})(cmd, args)
+		},
 	}
 	cmd.Flags().StringVar(&f.scenario, "scenario", "", "script planner scenario")
 	cmd.Flags().StringVar(&workflowFile, "workflow", "", "run a JSON workflow file instead of a prompt")
@@ -387,6 +387,18 @@ func readInput(g *globals, spec string) ([]byte, error) {
 	return data, nil
 }
 
+// inputSource names where an --input value was read from, for its
+// errors: never the inline value itself.
+func inputSource(spec string) string {
+	switch {
+	case spec == "-":
+		return "(stdin)"
+	case strings.HasPrefix(spec, "@"):
+		return spec
+	}
+	return "(inline)"
+}
+
 func execCmd(g *globals) *cobra.Command {
 	var f runFlags
 	var input, idemKey string
@@ -399,9 +411,9 @@ func execCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var in map[string]any
-			if err := json.Unmarshal(raw, &in); err != nil || in == nil {
-				return fmt.Errorf("--input must be a JSON object (inline, @FILE or - for stdin)")
+			in, err := decodeObject("--input "+inputSource(input), raw)
+			if err != nil {
+				return err
 			}
 			c, done, err := g.client()
 			if err != nil {

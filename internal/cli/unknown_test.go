@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -180,4 +183,38 @@ func TestApproveWithAWrongSecretSaysBadSignature(t *testing.T) {
 	res, err := st.Client.Wait(ctx, runID)
 	require.NoError(t, err)
 	assert.Equal(t, client.StatusCompleted, res.Status)
+}
+
+// TestUserJSONErrorsNameLineAndColumn: JSON a user gives the CLI (exec
+// --input inline, from stdin or a file; a workflow file) that does not
+// parse is refused with its line and column, before any connection and
+// so at once; JSON of another kind than an object says which kind.
+func TestUserJSONErrorsNameLineAndColumn(t *testing.T) {
+	nowhere := "nats://127.0.0.1:1" // nothing listens on port 1
+	dir := t.TempDir()
+	badFile := filepath.Join(dir, "input.json")
+	require.NoError(t, os.WriteFile(badFile, []byte("{\n  \"workflowName\": \"w\",\n  \"steps\": [}\n"), 0o600))
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		stdin string
+		want  string
+	}{
+		{"exec inline", []string{"exec", "t.echo", "--input", "{text: hi"}, "", "--input (inline): invalid JSON at line 1, column 2: invalid character 't'"},
+		{"exec stdin", []string{"exec", "t.echo", "--input", "-"}, "{\n\"text\": hi}", "--input (stdin): invalid JSON at line 2, column 9: invalid character 'h'"},
+		{"exec file", []string{"exec", "t.echo", "--input", "@" + badFile}, "", "--input @" + badFile + ": invalid JSON at line 3, column 13: invalid character '}'"},
+		{"exec truncated", []string{"exec", "t.echo", "--input", `{"text": "hi"`}, "", "invalid JSON at line 1, column 13: unexpected end of JSON input"},
+		{"exec not an object", []string{"exec", "t.echo", "--input", "[1]"}, "", "--input (inline): must be a JSON object, not an array"},
+		{"run workflow", []string{"run", "--workflow", badFile}, "", badFile + ": invalid JSON at line 3, column 13"},
+		{"workflow validate", []string{"workflow", "validate", badFile}, "", badFile + ": invalid JSON at line 3, column 13"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			start := time.Now()
+			code := cli.Execute(context.Background(), append([]string{"--nats", nowhere}, tc.args...), strings.NewReader(tc.stdin), &out, &errOut)
+			assert.Equal(t, 1, code)
+			assert.Contains(t, errOut.String(), tc.want)
+			assert.Less(t, time.Since(start), neverWaits, "a malformed argument is refused at once")
+		})
+	}
 }
