@@ -148,7 +148,7 @@ func answerQuestion(ctx context.Context, g *globals, c *client.Client, runID, qu
 	line, err := g.in.ReadString('\n')
 	answer := strings.TrimSpace(line)
 	if answer == "" && err != nil {
-		fmt.Fprintf(g.out, "\n(no answer on stdin; answer with: actionbus input %s \"...\")\n", runID)
+		fmt.Fprintf(g.out, "\n(no answer on stdin; answer with: %s input %s \"...\")\n", selfCommand(), runID)
 		return
 	}
 	if err := c.Input(ctx, runID, answer); err != nil {
