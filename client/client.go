@@ -276,19 +276,13 @@ func clip(s string, n int) string {
 // Approval reads the request of an approval id (its run id is the part
 // before the first '-'). It returns an *actionbus.Error with code
 // invalid_run_id when approvalID is not shaped as an approval id (without
-// reading), and approval_not_found when its run is not one of the
-// client's tenant's ([Client.CheckRun]) or the run has no such approval
-// request; other errors are the read service's.
+// reading), and approval_not_found when the tenant has no such approval
+// request (its run unknown included), within a second; other errors are
+// the read service's. It reads through the read service's approvals
+// operation only, all a tenant's approver user may read.
 func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingApproval, error) {
 	runID, err := approvalRun(approvalID)
 	if err != nil {
-		return nil, err
-	}
-	if err := c.CheckRun(ctx, runID); err != nil {
-		if actionbus.CodeOf(err) == actionbus.CodeRunNotFound {
-			return nil, actionbus.Errorf(actionbus.CodeApprovalNotFound, "no approval %s: no run %s in tenant %s", approvalID, runID, c.tenant).
-				WithDetail("approvalId", approvalID)
-		}
 		return nil, err
 	}
 	var found *PendingApproval
@@ -312,7 +306,7 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingAppro
 			return found, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, actionbus.Errorf(actionbus.CodeApprovalNotFound, "run %s has no approval request %s", runID, approvalID).
+			return nil, actionbus.Errorf(actionbus.CodeApprovalNotFound, "no approval request %s in tenant %s", approvalID, c.tenant).
 				WithDetail("approvalId", approvalID)
 		}
 		select {
