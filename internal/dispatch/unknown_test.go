@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -14,11 +15,12 @@ import (
 	"github.com/actionbus/actionbus/internal/bus"
 )
 
-// TestACancelOrInputForAnUnknownRunIsRejectedOnce: a cancel or an input
-// for a run that was never requested is rejected once, run_not_found, and
+// TestACancelInputOrApprovalAnswerForAnUnknownRunIsRejectedOnce: a cancel, an input or
+// an approval's answer for a run that was never requested is rejected
+// once, run_not_found, and
 // its message is settled: it is not redelivered (it used to be, until its
 // deliveries ran out, about nine minutes).
-func TestACancelOrInputForAnUnknownRunIsRejectedOnce(t *testing.T) {
+func TestACancelInputOrApprovalAnswerForAnUnknownRunIsRejectedOnce(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{NoPlanner: true})
 	rec := srv.Record(t, "")
@@ -29,6 +31,17 @@ func TestACancelOrInputForAnUnknownRunIsRejectedOnce(t *testing.T) {
 	}{
 		{"cancel", events.TypeCancelRequested, func(runID string) error { return st.Client.Cancel(ctx, runID, "test") }},
 		{"input", events.TypeInputProvided, func(runID string) error { return st.Client.Input(ctx, runID, "yes") }},
+		{"approve", events.TypeApprovalGranted, func(runID string) error {
+			// A grant as any approver publishes it (client.Approve looks
+			// the approval up first, and would not send it).
+			_, err := srv.JS.PublishMsg(ctx, &nats.Msg{
+				Subject: "ab.run.default." + runID + ".approve",
+				Header: nats.Header{"ce-specversion": {"1.0"}, "ce-id": {events.NewID()}, "ce-source": {"/approver"},
+					"ce-type": {events.TypeApprovalGranted}, "ce-datacontenttype": {"application/json"}, "ce-runid": {runID}, "ce-tenant": {"default"}},
+				Data: []byte(`{"runId":"` + runID + `","approvalId":"` + runID + `-1-0","token":"k1.AAAA"}`),
+			})
+			return err
+		}},
 	} {
 		t.Run(tc.verb, func(t *testing.T) {
 			runID := events.NewID()
