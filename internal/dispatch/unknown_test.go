@@ -72,5 +72,7 @@ func TestACancelInputOrApprovalAnswerForAnUnknownRunIsRejectedOnce(t *testing.T)
 		})
 	}
 	// No run came of either.
-	assert.Zero(t, rec.Count(func(r actionbustest.Recorded) bool { return r.Type() == events.TypeRunFailed || r.Type() == events.TypeRunCanceled }))
+	assert.Zero(t, rec.Count(func(r actionbustest.Recorded) bool {
+		return r.Type() == events.TypeRunFailed || r.Type() == events.TypeRunCanceled
+	}))
 }
