@@ -319,9 +319,9 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingAppro
 
 // approvalStoreWait bounds how long [Client.Approval] reads again an
 // approval request it does not find: storing lags a live delivery by
-// milliseconds, and a command naming an unknown approval answers within
-// a second.
-const approvalStoreWait = 750 * time.Millisecond
+// milliseconds, and a command naming an unknown approval answers well
+// within a second.
+const approvalStoreWait = 300 * time.Millisecond
 
 // Approve signs the approval context of approvalID with the approver's own
 // key (the dispatcher names the key's holder as the approver), publishes
