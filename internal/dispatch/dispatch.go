@@ -28,6 +28,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
@@ -378,13 +379,16 @@ func (d *Dispatcher) unknownRun(ctx context.Context, r *events.Received, msg jet
 	runID := r.RunID()
 	gctx, cancel := bus.Bounded(ctx)
 	defer cancel()
-	stream, serr := d.js.Stream(gctx, d.topo.StreamRequests())
-	if serr != nil {
+	// A batch direct get, as the read service reads (what the dispatcher's
+	// user may ask in operator mode).
+	msgs, gerr := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRequests(), []string{d.bus.Subjects().Run(r.Tenant, runID, "requested")})
+	if gerr != nil {
 		return err
 	}
-	_, gerr := stream.GetLastMsgForSubject(gctx, d.bus.Subjects().Run(r.Tenant, runID, "requested"))
-	if !errors.Is(gerr, jetstream.ErrMsgNotFound) {
-		return err // requested (its state is on its way), or not known now
+	for _, merr := range msgs {
+		if !errors.Is(merr, jetstreamext.ErrNoMessages) {
+			return err // requested (its state is on its way), or not known now
+		}
 	}
 	return bus.Rejection(actionbus.Errorf(actionbus.CodeRunNotFound, "%s for run %s, which tenant %s never requested", r.Event.Type(), runID, r.Tenant).
 		WithDetail("runId", runID))
