@@ -2,6 +2,7 @@ package process
 
 import (
 	"bytes"
+	"context"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -10,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
 )
 
@@ -26,7 +29,9 @@ const cliNeverWaits = time.Second
 // TestTheCLIBinaryRefusesUnknownRunsAtOnceAndNamesItselfInHints: the
 // built actionbus binary, against its own dev server: dev's hints name
 // the binary (not go run), and watch and cancel of an unknown or
-// malformed run id exit non-zero with the typed code within a second.
+// malformed run id exit non-zero with the typed code within a second; a
+// cancel another client sends for an unknown run is rejected once by
+// dev's least-privilege dispatcher.
 func TestTheCLIBinaryRefusesUnknownRunsAtOnceAndNamesItselfInHints(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "actionbus")
@@ -86,6 +91,35 @@ func TestTheCLIBinaryRefusesUnknownRunsAtOnceAndNamesItselfInHints(t *testing.T)
 			assert.Less(t, elapsed, cliNeverWaits, "a command naming a malformed or unknown run answers at once")
 		})
 	}
+
+	// A cancel sent for an unknown run by another client than the CLI
+	// reaches dev's dispatcher (its own least-privilege user in operator
+	// mode), which rejects it once, run_not_found: no redelivery loop.
+	opts := []nats.Option{nats.CustomInboxPrefix(client.InboxPrefix(""))}
+	if hint[3] != "" {
+		opts = append(opts, nats.UserCredentials(hint[3]))
+	}
+	nc, err := nats.Connect(hint[2], opts...)
+	require.NoError(t, err)
+	defer nc.Close()
+	c, err := client.New(nc, client.Options{})
+	require.NoError(t, err)
+	ghost := events.NewID()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, c.Cancel(ctx, ghost, "test"))
+	rejections := func() int {
+		n := 0
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "event rejected") && strings.Contains(line, ghost) && strings.Contains(line, "run_not_found") {
+				n++
+			}
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return rejections() == 1 }, 10*time.Second, 20*time.Millisecond, "dev logged: %s", logs.String())
+	assert.Never(t, func() bool { return rejections() > 1 || strings.Contains(logs.String(), ghost+": no such run") }, time.Second, 50*time.Millisecond,
+		"the cancel is rejected once and not redelivered")
 }
 
 // TestDevUnderGoRunHintsGoRun: only under go run do dev's hints say
