@@ -244,17 +244,45 @@ type PendingApproval struct {
 }
 
 // approvalRun returns the run id of an approval id
-// ("<runId>-<cycle>-<planIndex>[-<attempt>]").
+// ("<runId>-<cycle>-<planIndex>[-<attempt>]"), or invalid_run_id when
+// approvalID does not have that shape.
 func approvalRun(approvalID string) (string, error) {
-	runID, _, ok := strings.Cut(approvalID, "-")
-	if !ok || !events.ValidRunID(runID) {
-		return "", fmt.Errorf("client: %q is not an approval id (<runId>-<cycle>-<planIndex>[-<attempt>])", approvalID)
+	parts := strings.Split(approvalID, "-")
+	shaped := (len(parts) == 3 || len(parts) == 4) && events.ValidRunID(parts[0])
+	for _, n := range parts[1:] {
+		shaped = shaped && n != "" && strings.Trim(n, "0123456789") == ""
 	}
-	return runID, nil
+	if !shaped {
+		return "", actionbus.Errorf(actionbus.CodeInvalidRunID, "%q is not an approval id (<runId>-<cycle>-<planIndex>[-<attempt>], runId a ULID)",
+			clip(approvalID, 64)).WithDetail("approvalId", clip(approvalID, 64))
+	}
+	return parts[0], nil
+}
+
+// CheckApprovalID checks the shape of an approval id
+// ("<runId>-<cycle>-<planIndex>[-<attempt>]"), without reading anything:
+// an *actionbus.Error with code invalid_run_id, naming the id, when it
+// does not have it.
+func CheckApprovalID(approvalID string) error {
+	_, err := approvalRun(approvalID)
+	return err
+}
+
+// clip cuts s to at most n bytes, marking the cut with "…".
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // Approval reads the request of an approval id (its run id is the part
-// before the first '-').
+// before the first '-'). It returns an *actionbus.Error with code
+// invalid_run_id when approvalID is not shaped as an approval id (without
+// reading), and approval_not_found when the tenant has no such approval
+// request (its run unknown included), within a second; other errors are
+// the read service's. It reads through the read service's approvals
+// operation only, all a tenant's approver user may read.
 func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingApproval, error) {
 	runID, err := approvalRun(approvalID)
 	if err != nil {
@@ -281,7 +309,8 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingAppro
 			return found, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("client: no approval request %s", approvalID)
+			return nil, actionbus.Errorf(actionbus.CodeApprovalNotFound, "no approval request %s in tenant %s", approvalID, c.tenant).
+				WithDetail("approvalId", approvalID)
 		}
 		select {
 		case <-ctx.Done():
@@ -292,8 +321,10 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*PendingAppro
 }
 
 // approvalStoreWait bounds how long [Client.Approval] reads again an
-// approval request it does not find.
-const approvalStoreWait = 2 * time.Second
+// approval request it does not find: storing lags a live delivery by
+// milliseconds, and a command naming an unknown approval answers well
+// within a second.
+const approvalStoreWait = 300 * time.Millisecond
 
 // Approve signs the approval context of approvalID with the approver's own
 // key (the dispatcher names the key's holder as the approver), publishes
@@ -330,7 +361,7 @@ func (c *Client) grant(ctx context.Context, approvalID, named string, sign func(
 	id := events.NewID()
 	return c.answer(ctx, p.Context.RunID, id, func() error {
 		_, err := c.bus.Emit(ctx, events.TypeApprovalGranted, id, c.tenant, p.Context.RunID, "",
-			&events.ApprovalGranted{RunID: p.Context.RunID, ApprovalID: approvalID, Token: token, Approver: named})
+			&events.ApprovalGranted{RunID: p.Context.RunID, ApprovalID: approvalID, Token: token, Approver: named, Context: &p.Context})
 		return err
 	})
 }

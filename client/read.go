@@ -267,9 +267,12 @@ func (c *Client) request(ctx context.Context, runID string) (*events.RunRequeste
 		return nil, time.Time{}, err
 	}
 	if found == nil {
-		// Another tenant's run is not there either: the answer is the
-		// same, and tells nothing of it.
-		return nil, time.Time{}, actionbus.Errorf(actionbus.CodeRunNotFound, "no run %s in tenant %s", runID, events.TenantOr(c.tenant))
+		// No request: a run the tenant never had (another tenant's
+		// included), or one whose request aged out of the stream.
+		if err := c.CheckRun(ctx, runID); actionbus.CodeOf(err) == actionbus.CodeRunNotFound {
+			return nil, time.Time{}, err
+		}
+		return nil, time.Time{}, errors.New("the run's request is no longer stored")
 	}
 	r, err := c.received(*found)
 	if err != nil {

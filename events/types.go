@@ -512,6 +512,11 @@ type ApprovalGranted struct {
 	ApprovalID string `json:"approvalId"`
 	Token      string `json:"token"`
 	Approver   string `json:"approver,omitempty"`
+	// Context, optional, is the approval context the token signs, as the
+	// approver read it. It is never trusted (the token must sign the
+	// stored context); it lets a refusal tell a bad signature (a wrong
+	// secret) from a token signed over another context.
+	Context *ApprovalContext `json:"context,omitempty"`
 }
 
 // ApprovalDenied refuses an approval.

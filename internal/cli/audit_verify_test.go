@@ -193,7 +193,8 @@ func TestAuditVerifyReadsAFormat1ChainAsUnsigned(t *testing.T) {
 	defer cancel()
 	dir := t.TempDir()
 	old := filepath.Join(dir, "old.jsonl")
-	const run = "01JOLDRUN00000000000000000"
+	// A run id as every run's is (a ULID: audit verify refuses others).
+	const run = "01H" + "00000000000000000000000"
 	var b strings.Builder
 	prev := ""
 	for i, typ := range []string{events.TypeRunRequested, events.TypeRunStarted, events.TypeRunCompleted} {

@@ -90,6 +90,40 @@ func (g *globals) withClient(run func(cmd *cobra.Command, args []string, c *clie
 	}
 }
 
+// runArgs accepts exactly n arguments, the first a run id of a valid
+// shape ([client.CheckRunID]): a malformed id is invalid_run_id before
+// any connection is made.
+func runArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
+			return err
+		}
+		return client.CheckRunID(args[0])
+	}
+}
+
+// approvalArgs accepts one argument, an approval id of a valid shape
+// ([client.CheckApprovalID]), checked before any connection is made.
+func approvalArgs(cmd *cobra.Command, args []string) error {
+	if err := cobra.ExactArgs(1)(cmd, args); err != nil {
+		return err
+	}
+	return client.CheckApprovalID(args[0])
+}
+
+// withRun is withClient for a command whose first argument names a run:
+// the run is looked up first ([client.Client.CheckRun]), so that a
+// malformed id (invalid_run_id) or an unknown run (run_not_found) ends
+// the command at once, never after a wait for a run that will not come.
+func (g *globals) withRun(run func(cmd *cobra.Command, args []string, c *client.Client) error) func(*cobra.Command, []string) error {
+	return g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+		if err := c.CheckRun(cmd.Context(), args[0]); err != nil {
+			return err
+		}
+		return run(cmd, args, c)
+	})
+}
+
 // client connects and returns a client and the function that closes its
 // connection.
 func (g *globals) client() (*client.Client, func(), error) {

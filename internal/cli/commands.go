@@ -148,7 +148,7 @@ func answerQuestion(ctx context.Context, g *globals, c *client.Client, runID, qu
 	line, err := g.in.ReadString('\n')
 	answer := strings.TrimSpace(line)
 	if answer == "" && err != nil {
-		fmt.Fprintf(g.out, "\n(no answer on stdin; answer with: actionbus input %s \"...\")\n", runID)
+		fmt.Fprintf(g.out, "\n(no answer on stdin; answer with: %s input %s \"...\")\n", selfCommand(), runID)
 		return
 	}
 	if err := c.Input(ctx, runID, answer); err != nil {
@@ -160,8 +160,8 @@ func inputCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "input RUN_ID ANSWER",
 		Short: "Answer a run's clarify question",
-		Args:  cobra.ExactArgs(2),
-		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+		Args:  runArgs(2),
+		RunE: g.withRun(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			return c.Input(cmd.Context(), args[0], args[1])
 		}),
 	}
@@ -204,7 +204,7 @@ func approveCmd(g *globals) *cobra.Command {
 for the dispatcher's answer (exit 1 when refused). The approver the run
 records is the key's holder, as the dispatcher's keys name it (the key id,
 or the user of "kid:secret:user"): never a name typed here.`,
-		Args: cobra.ExactArgs(1),
+		Args: approvalArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			kid, key, err := ownKey(keySpec)
 			if err != nil {
@@ -242,7 +242,7 @@ func denyCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "deny APPROVAL_ID",
 		Short: "Deny a pending action with your approval key (its run ends with approval_denied) and wait for the dispatcher's answer (exit 1 when refused)",
-		Args:  cobra.ExactArgs(1),
+		Args:  approvalArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			kid, key, err := ownKey(keySpec)
 			if err != nil {
@@ -255,6 +255,9 @@ func denyCmd(g *globals) *cobra.Command {
 			defer done()
 			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
 			defer cancel()
+			if _, err := c.Approval(ctx, args[0]); err != nil {
+				return err
+			}
 			if err := c.Deny(ctx, args[0], kid, key, reason); err != nil {
 				return fmt.Errorf("denial of %s refused: %w", args[0], err)
 			}
@@ -317,11 +320,7 @@ func readWorkflow(path string) (map[string]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	var doc map[string]any
-	if err := json.Unmarshal(b, &doc); err != nil {
-		return nil, fmt.Errorf("%s: not a JSON object: %w", path, err)
-	}
-	return doc, nil
+	return decodeObject(path, b)
 }
 
 // runHelp is run's long help: its example workflow validates against
@@ -364,7 +363,7 @@ func runCmd(g *globals) *cobra.Command {
 		Short: "Publish a run.requested and print each step live until the run ends (exit 0 only on completed)",
 		Long:  runHelp,
 		Args:  cobra.MaximumNArgs(1),
-		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
 				f.prompt = args[0]
 			}
@@ -373,14 +372,18 @@ func runCmd(g *globals) *cobra.Command {
 				req.Budget = &client.Budget{MaxTokens: maxTokens, MaxCostUSD: maxCost}
 			}
 			if workflowFile != "" {
+				// Read before connecting: a file that is not a JSON
+				// object fails at once.
 				wf, err := readWorkflow(workflowFile)
 				if err != nil {
 					return err
 				}
 				req.Workflow = wf
 			}
-			return start(cmd.Context(), g, c, req, f.timeout)
-		}),
+			return g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+				return start(cmd.Context(), g, c, req, f.timeout)
+			})(cmd, args)
+		},
 	}
 	cmd.Flags().StringVar(&f.scenario, "scenario", "", "script planner scenario")
 	cmd.Flags().StringVar(&workflowFile, "workflow", "", "run a JSON workflow file instead of a prompt")
@@ -422,6 +425,18 @@ func readInput(g *globals, spec string) ([]byte, error) {
 	return data, nil
 }
 
+// inputSource names where an --input value was read from, for its
+// errors: never the inline value itself.
+func inputSource(spec string) string {
+	switch {
+	case spec == "-":
+		return "(stdin)"
+	case strings.HasPrefix(spec, "@"):
+		return spec
+	}
+	return "(inline)"
+}
+
 func execCmd(g *globals) *cobra.Command {
 	var f runFlags
 	var input, idemKey string
@@ -434,9 +449,9 @@ func execCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var in map[string]any
-			if err := json.Unmarshal(raw, &in); err != nil || in == nil {
-				return fmt.Errorf("--input must be a JSON object (inline, @FILE or - for stdin)")
+			in, err := decodeObject("--input "+inputSource(input), raw)
+			if err != nil {
+				return err
 			}
 			c, done, err := g.client()
 			if err != nil {
@@ -457,8 +472,8 @@ func watchCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "watch RUN_ID",
 		Short: "Print a run's steps, from its start, until it ends",
-		Args:  cobra.ExactArgs(1),
-		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+		Args:  runArgs(1),
+		RunE: g.withRun(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			return follow(cmd.Context(), g, c, args[0], timeout)
 		}),
 	}
@@ -471,8 +486,12 @@ func cancelCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cancel RUN_ID",
 		Short: "Ask the dispatcher to cancel a run",
-		Args:  cobra.ExactArgs(1),
-		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+		Args:  runArgs(1),
+		RunE: g.withRun(func(cmd *cobra.Command, args []string, c *client.Client) error {
+			if res, err := c.Ended(cmd.Context(), args[0]); err == nil && res != nil {
+				fmt.Fprintf(g.out, "run %s already ended (%s): nothing to cancel\n", args[0], res.Status)
+				return nil
+			}
 			if err := c.Cancel(cmd.Context(), args[0], reason); err != nil {
 				return err
 			}
@@ -694,9 +713,12 @@ func auditCmd(g *globals) *cobra.Command {
 	verify := &cobra.Command{
 		Use:   "verify RUN_ID",
 		Short: "Check a run's audit chain over the stream (or a sink): hashes, links, record numbers and the auditor's signatures; exit 1 and name the first bad record if it is not intact",
-		Args:  cobra.ExactArgs(1),
+		Args:  runArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			runID := args[0]
+			// Audit records outlive the run's events (and a sink may be
+			// read without NATS): only the id's shape is checked (runArgs);
+			// a run with no records is run_not_found below.
 			// One connection serves every check that reads the bus; a sink
 			// is verified without one too (c stays nil, and the checks
 			// that need NATS say they were not made).
@@ -730,7 +752,7 @@ func auditCmd(g *globals) *cobra.Command {
 				source = "the audit stream"
 			}
 			if len(recs) == 0 {
-				return fmt.Errorf("no audit records for run %s in %s", runID, source)
+				return actionbus.Errorf(actionbus.CodeRunNotFound, "no audit records for run %s in %s", runID, source)
 			}
 			chain := make([]events.AuditRecorded, len(recs))
 			for i, r := range recs {
@@ -811,6 +833,18 @@ func auditCmd(g *globals) *cobra.Command {
 		Use:   "tail",
 		Short: "Print audit records as they are written (filter by run, user, action, status, kind); Ctrl-C stops",
 		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			// A live tail of a run waits for its records: the run must
+			// exist.
+			switch {
+			case tf.run != "" && allTenants:
+				if err := client.CheckRunID(tf.run); err != nil {
+					return err
+				}
+			case tf.run != "":
+				if err := c.CheckRun(cmd.Context(), tf.run); err != nil {
+					return err
+				}
+			}
 			q := client.AuditQuery{RunID: tf.run, Live: true, AllTenants: allTenants}
 			if fromStart {
 				q.Since = time.Unix(0, 0)
@@ -845,6 +879,11 @@ func auditCmd(g *globals) *cobra.Command {
 		Use:   "export",
 		Short: "Write stored audit records as JSON lines (by run or time range) and exit",
 		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			if ef.run != "" {
+				if err := client.CheckRunID(ef.run); err != nil {
+					return err
+				}
+			}
 			q := client.AuditQuery{RunID: ef.run, AllTenants: allTenants}
 			var to time.Time
 			var err error
@@ -990,8 +1029,8 @@ func replayCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "replay RUN_ID",
 		Short: "Re-run a finished planner run with its recorded decisions (no LLM call) and report every divergence (exit 1 if any)",
-		Args:  cobra.ExactArgs(1),
-		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+		Args:  runArgs(1),
+		RunE: g.withRun(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			rep, err := c.Replay(ctx, args[0])
@@ -1035,8 +1074,8 @@ func retryCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "retry RUN_ID",
 		Short: "Retry a failed run (a workflow from its failed step, an agent run after its last good cycle) and follow the new run",
-		Args:  cobra.ExactArgs(1),
-		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+		Args:  runArgs(1),
+		RunE: g.withRun(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			id, err := c.Retry(cmd.Context(), args[0])
 			if err != nil {
 				return err

@@ -260,7 +260,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 			// In production an operator answers with actionbus approve;
 			// the dev demo approves at once so it runs unattended.
 			id, _ := s.Details["approvalId"].(string)
-			fmt.Fprintf(g.out, "         ⚑ approval %s requested; dev mode approves it as dev-operator (in production: actionbus approve %s)\n", id, id)
+			fmt.Fprintf(g.out, "         ⚑ approval %s requested; dev mode approves it as dev-operator (in production: %s approve %s)\n", id, selfCommand(), id)
 			if err := approver.Approve(ctx, id, devKeyID, approvalKey); err != nil {
 				fmt.Fprintf(g.errOut, "actionbus: approving %s: %v\n", id, err)
 			}
@@ -276,11 +276,12 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	if tenantCreds != "" {
 		target, approveTarget = url+" --creds "+tenantCreds, url+" --creds "+approverCreds
 	}
-	fmt.Fprintf(g.out, "\nserving; try in another terminal:\n  go run ./cmd/actionbus --nats %s run --scenario echo \"hello\"\n  go run ./cmd/actionbus --nats %s actions\n", target, target)
+	self := selfCommand()
+	fmt.Fprintf(g.out, "\nserving; try in another terminal:\n  %s --nats %s run --scenario echo \"hello\"\n  %s --nats %s actions\n", self, target, self, target)
 	// Dev mode's key is made for this process only; printing it is how an
 	// operator approves here (a production key is never printed).
-	fmt.Fprintf(g.out, "approve a pending action (this dev server's own approval key):\n  %s=%s:%s go run ./cmd/actionbus --nats %s approve APPROVAL_ID\nCtrl-C stops.\n",
-		approvalKeyEnv, devKeyID, base64.StdEncoding.EncodeToString(approvalKey), approveTarget)
+	fmt.Fprintf(g.out, "approve a pending action (this dev server's own approval key):\n  %s=%s:%s %s --nats %s approve APPROVAL_ID\nCtrl-C stops.\n",
+		approvalKeyEnv, devKeyID, base64.StdEncoding.EncodeToString(approvalKey), self, approveTarget)
 	<-ctx.Done()
 	return nil
 }

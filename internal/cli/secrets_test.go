@@ -39,7 +39,7 @@ func TestExecInputIsRefusedWithoutEcho(t *testing.T) {
 	code := cli.Execute(context.Background(), []string{"--nats", "nats://127.0.0.1:1", "exec", "x.y", "--input", "-"},
 		strings.NewReader(`["Hunter2-not-an-object"]`), &out, &errOut)
 	assert.NotEqual(t, 0, code)
-	assert.Contains(t, errOut.String(), "--input must be a JSON object")
+	assert.Contains(t, errOut.String(), "--input (stdin): must be a JSON object, not an array")
 	assert.NotContains(t, out.String()+errOut.String(), "Hunter2")
 	out.Reset()
 	errOut.Reset()

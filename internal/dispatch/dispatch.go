@@ -28,6 +28,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
@@ -353,7 +354,44 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		d.log.Warn("ignoring an event the dispatcher does not handle", "type", r.Event.Type(), "subject", r.Subject)
 		return nil
 	}
-	return d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data}, r.Event.Type())
+	err := d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data}, r.Event.Type())
+	if errors.Is(err, errNoState) {
+		return d.unknownRun(ctx, r, msg, err)
+	}
+	return err
+}
+
+// errNoState is a transition's error when its run has no stored state.
+var errNoState = errors.New("no such run")
+
+// unknownRun answers an event whose run has no state. A client's or
+// approver's event (a cancel, an input, an approval's answer: the
+// requests stream) for a run whose request is not stored names a run
+// that was never requested (or aged out): it is rejected once,
+// run_not_found, instead of being redelivered until its deliveries run
+// out. Any other such event is retried (the run.requested may still be
+// on its way), by returning err.
+func (d *Dispatcher) unknownRun(ctx context.Context, r *events.Received, msg jetstream.Msg, err error) error {
+	md, mdErr := msg.Metadata()
+	if mdErr != nil || md.Stream != d.topo.StreamRequests() {
+		return err
+	}
+	runID := r.RunID()
+	gctx, cancel := bus.Bounded(ctx)
+	defer cancel()
+	// A batch direct get, as the read service reads (what the dispatcher's
+	// user may ask in operator mode).
+	msgs, gerr := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRequests(), []string{d.bus.Subjects().Run(r.Tenant, runID, "requested")})
+	if gerr != nil {
+		return err
+	}
+	for _, merr := range msgs {
+		if !errors.Is(merr, jetstreamext.ErrNoMessages) {
+			return err // requested (its state is on its way), or not known now
+		}
+	}
+	return bus.Rejection(actionbus.Errorf(actionbus.CodeRunNotFound, "%s for run %s, which tenant %s never requested", r.Event.Type(), runID, r.Tenant).
+		WithDetail("runId", runID))
 }
 
 // admit creates a new run's state, with its effects in the outbox, and
@@ -701,8 +739,9 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
 				// An event for a run we do not know (yet): the
 				// run.requested may still be on its way; retry with
-				// backoff, bounded by MaxDeliver.
-				return nil, fmt.Errorf("dispatch: run %s not found", runID)
+				// backoff, bounded by MaxDeliver (a client's event for a
+				// run never requested is rejected: see unknownRun).
+				return nil, fmt.Errorf("dispatch: run %s: %w", runID, errNoState)
 			}
 			if err != nil {
 				return nil, err

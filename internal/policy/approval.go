@@ -4,7 +4,9 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 	"unicode"
@@ -261,9 +263,57 @@ func (k Keys) answerer(token, claimed string, sign func(kid string, key []byte, 
 		return "", err
 	}
 	if !hmac.Equal([]byte(want), []byte(token)) {
-		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid, "approval token does not match what it answers")
+		return "", actionbus.Errorf(actionbus.CodeApprovalInvalid,
+			"approval token does not verify with key %q: signed with another secret, or over something other than what it answers", kid).
+			WithDetail(MismatchDetail, MismatchSignature)
 	}
 	return approver, nil
+}
+
+// MismatchDetail is the detail of an approval_invalid error whose token
+// did not verify; its value says why, as far as is known:
+// [MismatchSignature] (a wrong secret, or another context: the verifier
+// cannot tell them apart), [MismatchBadSignature] (the token was signed
+// over the very context stored: its secret is wrong) or
+// [MismatchContext] (the token verifies over another context).
+const MismatchDetail = "mismatch"
+
+// Values of [MismatchDetail].
+const (
+	MismatchSignature    = "signature"
+	MismatchBadSignature = "bad_signature"
+	MismatchContext      = "context"
+)
+
+// ContextDiff returns the names (as signed, in JSON) of the fields in
+// which two approval contexts differ as a token signs them (the expiry to
+// the second), in the signed order; none when a token over one verifies
+// over the other.
+func ContextDiff(a, b ApprovalContext) []string {
+	ca, errA := a.canonical()
+	cb, errB := b.canonical()
+	if errA != nil || errB != nil {
+		return []string{"(unreadable)"}
+	}
+	var fa, fb map[string]json.RawMessage
+	if json.Unmarshal(ca, &fa) != nil || json.Unmarshal(cb, &fb) != nil {
+		return []string{"(unreadable)"}
+	}
+	names := map[string]bool{}
+	for k := range fa {
+		names[k] = true
+	}
+	for k := range fb {
+		names[k] = true
+	}
+	var out []string
+	for k := range names {
+		if string(fa[k]) != string(fb[k]) {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // PrincipalClaim is what a gateway signs for the user it authenticated

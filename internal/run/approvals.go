@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/actionbus/actionbus"
@@ -107,7 +108,7 @@ func (m *Machine) onApprovalGranted(ctx context.Context, st *State, g *events.Ap
 		if !errors.As(err, &abErr) {
 			abErr = &actionbus.Error{Code: actionbus.CodeApprovalInvalid, Message: err.Error()}
 		}
-		return refuse(abErr)
+		return refuse(m.mismatch(g, p.Context, abErr))
 	}
 	delete(st.Approvals, g.ApprovalID)
 	st.ApprovalsDone = append(st.ApprovalsDone, g.ApprovalID)
@@ -124,6 +125,34 @@ func (m *Machine) onApprovalGranted(ctx context.Context, st *State, g *events.Ap
 		st.Workflow.Steps[p.CallIndex].Status = StepStatusReady
 	}
 	return append(out, m.dispatchMore(ctx, st)...)
+}
+
+// mismatch names why a grant's token did not verify over the stored
+// context, from the context the grant says it signs: the stored context
+// itself (the token's secret is wrong: a bad signature), or another one
+// over which the token verifies (a context mismatch, naming the fields
+// that differ). Any other refusal, and one whose grant names no context,
+// is returned as it is.
+func (m *Machine) mismatch(g *events.ApprovalGranted, stored events.ApprovalContext, refusal *actionbus.Error) *actionbus.Error {
+	if g.Context == nil || refusal.Details[policy.MismatchDetail] != policy.MismatchSignature {
+		return refusal
+	}
+	kid, _, _ := strings.Cut(g.Token, ".")
+	diff := policy.ContextDiff(toPolicyContext(*g.Context), toPolicyContext(stored))
+	if len(diff) == 0 {
+		return actionbus.Errorf(actionbus.CodeApprovalInvalid,
+			"bad signature: the approval token does not verify with key %q over approval %s's context (the secret it was signed with is not the key's)", kid, g.ApprovalID).
+			WithDetail(policy.MismatchDetail, policy.MismatchBadSignature)
+	}
+	_, err := m.env.VerifyApproval(g.Token, toPolicyContext(*g.Context), g.Approver, m.env.Now())
+	if err == nil || actionbus.CodeOf(err) == actionbus.CodeApprovalExpired {
+		return actionbus.Errorf(actionbus.CodeApprovalInvalid,
+			"approval token does not match the approval context: it signs a context that differs from approval %s's in %s", g.ApprovalID, strings.Join(diff, ", ")).
+			WithDetail(policy.MismatchDetail, policy.MismatchContext).WithDetail("fields", diff)
+	}
+	return actionbus.Errorf(actionbus.CodeApprovalInvalid,
+		"bad signature: the approval token does not verify with key %q over approval %s's context, nor over the context it names (which differs in %s)", kid, g.ApprovalID, strings.Join(diff, ", ")).
+		WithDetail(policy.MismatchDetail, policy.MismatchBadSignature)
 }
 
 func (m *Machine) onApprovalDenied(st *State, dn *events.ApprovalDenied, answerID string) []Effect {

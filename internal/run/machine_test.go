@@ -464,6 +464,45 @@ func TestApprovals(t *testing.T) {
 		assert.False(t, has(out, EffectAct))
 		assert.Equal(t, StatusAwaitingApproval, h.st.Status)
 	})
+	t.Run("a token signed with a wrong secret over the stored context is a bad signature", func(t *testing.T) {
+		h, p := start(t)
+		bad, err := policy.Sign("k1", []byte("not-the-secret-of-key-k1"), policy.ApprovalContext(p.Context))
+		require.NoError(t, err)
+		out := h.apply(&events.ApprovalGranted{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: bad, Context: &p.Context})
+		refusal := resolution(out).Error
+		require.NotNil(t, refusal)
+		assert.Equal(t, actionbus.CodeApprovalInvalid, refusal.Code)
+		assert.Contains(t, refusal.Message, "bad signature")
+		assert.NotContains(t, refusal.Message, "does not match the approval context")
+		assert.Equal(t, policy.MismatchBadSignature, refusal.Details[policy.MismatchDetail])
+		assert.Equal(t, StatusAwaitingApproval, h.st.Status)
+	})
+	t.Run("a valid token over another context is a context mismatch naming the fields", func(t *testing.T) {
+		h, p := start(t)
+		other := p.Context
+		other.InputHash = "sha256:0000"
+		out := h.apply(&events.ApprovalGranted{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: sign(t, other), Context: &other})
+		refusal := resolution(out).Error
+		require.NotNil(t, refusal)
+		assert.Equal(t, actionbus.CodeApprovalInvalid, refusal.Code)
+		assert.Contains(t, refusal.Message, "does not match the approval context")
+		assert.Contains(t, refusal.Message, "inputHash")
+		assert.NotContains(t, refusal.Message, "bad signature")
+		assert.Equal(t, policy.MismatchContext, refusal.Details[policy.MismatchDetail])
+		assert.Equal(t, StatusAwaitingApproval, h.st.Status)
+	})
+	t.Run("a wrong secret over another context is a bad signature", func(t *testing.T) {
+		h, p := start(t)
+		other := p.Context
+		other.InputHash = "sha256:0000"
+		bad, err := policy.Sign("k1", []byte("not-the-secret-of-key-k1"), policy.ApprovalContext(other))
+		require.NoError(t, err)
+		out := h.apply(&events.ApprovalGranted{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: bad, Context: &other})
+		refusal := resolution(out).Error
+		require.NotNil(t, refusal)
+		assert.Contains(t, refusal.Message, "bad signature")
+		assert.Equal(t, policy.MismatchBadSignature, refusal.Details[policy.MismatchDetail])
+	})
 	t.Run("a denial fails the run, naming the key's holder", func(t *testing.T) {
 		h, p := start(t)
 		out := h.apply(&events.ApprovalDenied{RunID: testRunID, ApprovalID: p.Context.ApprovalID, Token: signDenial(t, p.Context.ApprovalID, "no"), Reason: "no"})
