@@ -550,6 +550,18 @@ func IsRevisionConflict(err error) bool {
 		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
 }
 
+// PutRevision writes val at key if the key is still at rev (0: the key
+// must not exist yet), the write of a read-modify-write loop; a write that
+// lost to another writer is a revision conflict ([IsRevisionConflict]).
+func PutRevision(ctx context.Context, kv jetstream.KeyValue, key string, val []byte, rev uint64) error {
+	if rev == 0 {
+		_, err := kv.Create(ctx, key, val)
+		return err
+	}
+	_, err := kv.Update(ctx, key, val, rev)
+	return err
+}
+
 // clip cuts s to n bytes for a log line or an error detail.
 func clip(s string, n int) string {
 	if len(s) <= n {

@@ -112,15 +112,11 @@ func (b *spendBook) update(ctx context.Context, key string, fn func(*daySpend) e
 		if err != nil {
 			return err
 		}
-		if rev == 0 {
-			_, err = b.kv.Create(ctx, key, val)
-		} else {
-			_, err = b.kv.Update(ctx, key, val, rev)
-		}
+		err = bus.PutRevision(ctx, b.kv, key, val, rev)
 		if err == nil {
 			return nil
 		}
-		if !bus.IsRevisionConflict(err) && !errors.Is(err, jetstream.ErrKeyExists) {
+		if !bus.IsRevisionConflict(err) {
 			return fmt.Errorf("planner: write the day's spend %s: %w", key, err)
 		}
 	}

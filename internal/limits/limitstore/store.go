@@ -93,11 +93,7 @@ func (s *Store) update(ctx context.Context, key string, fn func(*limits.State) b
 		if err != nil {
 			return err
 		}
-		if rev == 0 {
-			_, err = s.kv.Create(ctx, k, val)
-		} else {
-			_, err = s.kv.Update(ctx, k, val, rev)
-		}
+		err = bus.PutRevision(ctx, s.kv, k, val, rev)
 		if err == nil {
 			return nil
 		}
