@@ -410,9 +410,11 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		assert.Equal(t, 1, code, out)
 		assert.Contains(t, out, "approval_invalid")
 		assert.Contains(t, out, "input hash:", "approve shows what it signs")
+		// An approval the run never asked for is not found (looked up
+		// before anything is signed or sent).
 		code, out = run("deny", live+"-7-7", "--key", rightKey)
 		assert.Equal(t, 1, code, out)
-		assert.Contains(t, out, "approval_invalid")
+		assert.Contains(t, out, "approval_not_found")
 		code, out = run("deny", approvalID, "--key", wrongKey, "--reason", "not now")
 		assert.Equal(t, 1, code, out)
 		assert.Contains(t, out, "approval_invalid", "a denial signed with a key the dispatcher does not hold")
