@@ -118,12 +118,19 @@ func budgetError(b events.Budget, used events.RunUsage, which, format string, ar
 		WithDetail("budget", which).WithDetail("limit", b).WithDetail("usage", used)
 }
 
+// maxCallTokens bounds the tokens one call is counted for, input and
+// output each: far above any model's context, low enough that no sum of
+// a run's or a day's calls overflows.
+const maxCallTokens = 1 << 40
+
 // callUsage is what one call used: the provider's usage report, or an
 // estimate from the bytes sent and received when it reported none; its
 // cost at the model's price.
 func (p *OpenAI) callUsage(model string, u usage, sentBytes, receivedBytes int) events.LLMUsage {
-	out := events.LLMUsage{Model: model, InputTokens: u.input, OutputTokens: u.output}
-	if u.input == 0 && u.output == 0 {
+	out := events.LLMUsage{Model: model, InputTokens: min(u.input, maxCallTokens), OutputTokens: min(u.output, maxCallTokens)}
+	if u.input <= 0 && u.output <= 0 || u.input < 0 || u.output < 0 {
+		// No usage, or usage no call can have (a count below zero would
+		// refund the run's and the tenant's budget): estimated.
 		out.InputTokens, out.OutputTokens, out.Estimated = events.EstimateTokens(sentBytes), events.EstimateTokens(receivedBytes), true
 	}
 	if price, ok := p.cfg.Prices[model]; ok {
