@@ -390,8 +390,7 @@ func (d *Dispatcher) unknownRun(ctx context.Context, r *events.Received, msg jet
 			return err // requested (its state is on its way), or not known now
 		}
 	}
-	return bus.Rejection(actionbus.Errorf(actionbus.CodeRunNotFound, "%s for run %s, which tenant %s never requested", r.Event.Type(), runID, r.Tenant).
-		WithDetail("runId", runID))
+	return bus.Rejection(run.NoRun(runID, r.Tenant))
 }
 
 // admit creates a new run's state, with its effects in the outbox, and

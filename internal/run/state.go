@@ -360,13 +360,22 @@ func (s *State) TenantOrDefault() string { return events.TenantOr(s.Tenant) }
 // CheckTenant refuses an event that names the run under another tenant
 // than the run's: a tenant's users may write only their tenant's subjects,
 // so an event on another tenant's subject with this run's id is forged or
-// misdirected, and changes nothing.
+// misdirected, and changes nothing. It is refused as an event for a run
+// the tenant never had ([NoRun]): the answer tells nothing of the other
+// tenant's run.
 func (s *State) CheckTenant(tenant string) error {
 	if tenant == "" || tenant == s.TenantOrDefault() {
 		return nil
 	}
-	return (&actionbus.Error{Code: actionbus.CodeInvalidTenant,
-		Message: "the event names a run of another tenant"}).WithDetail("tenant", tenant)
+	return NoRun(s.RunID, tenant)
+}
+
+// NoRun is the answer to an event for a run its tenant never requested:
+// run_not_found, the same whether the run id is another tenant's or
+// nobody's.
+func NoRun(runID, tenant string) *actionbus.Error {
+	return actionbus.Errorf(actionbus.CodeRunNotFound, "tenant %s has no run %s", events.TenantOr(tenant), runID).
+		WithDetail("runId", runID)
 }
 
 func (s *State) inFlight() int {

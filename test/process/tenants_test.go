@@ -21,7 +21,7 @@ import (
 // approver users (deploy/nats/tenant-users.conf.tmpl) against the four
 // real service binaries. Tenant acme tries to read, follow, cancel and
 // approve what belongs to tenant globex: NATS refuses every attempt made
-// on globex's subjects, the dispatcher rejects (invalid_tenant) the ones
+// on globex's subjects, the dispatcher rejects (run_not_found, as for no run) the ones
 // made on acme's own subjects with globex's run ids, and globex's runs go
 // on unaffected.
 func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
@@ -157,7 +157,7 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 		require.Eventually(t, func() bool {
 			n := 0
 			for _, r := range rejections(t, ctx, adminJS, waiting) {
-				if r.Reason.Code == actionbus.CodeInvalidTenant && r.Consumer == bus.ConsumerDispatcherRequests {
+				if r.Reason.Code == actionbus.CodeRunNotFound && r.Consumer == bus.ConsumerDispatcherRequests {
 					n++
 				}
 			}
