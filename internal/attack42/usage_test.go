@@ -75,13 +75,11 @@ func TestAttack42_LyingEndpointOverflowsARunsUsagePastItsBudget(t *testing.T) {
 
 // TestAttack42_LyingEndpointRefundsItsTenantsDay: the tenant's day holds
 // 25 000 tokens. Run 1's call reports 10 000 tokens; run 2's call (the
-// endpoint lies) reports minus a billion, which the planner settles into
-// the day's spend before it publishes the decision (the dispatcher then
-// rejects the decision, schema minimum 0, and run 2 stalls): the day's
-// spend goes to 0 (settle clamps at 0); run 3's call reports 10 000. Honest count:
-// 20 000 spent and the day's largest call is 10 000, so run 4 cannot
-// reserve a call's worth and ends budget_exceeded before any call. With
-// the refund the day shows 10 000 and run 4 calls on.
+// endpoint lies) reports minus a billion, which refunded the day's spend
+// (and the decision carrying it was rejected, stalling run 2); run 3's
+// call reports 10 000. Safe: the lie is counted as an estimate, run 2
+// ends, and with 20 000 and more spent and a largest call of 10 000 run 4
+// cannot reserve a call's worth: it ends budget_exceeded before any call.
 func TestAttack42_LyingEndpointRefundsItsTenantsDay(t *testing.T) {
 	llm := llmtest.New(t)
 	var lie atomic.Bool
@@ -104,14 +102,14 @@ func TestAttack42_LyingEndpointRefundsItsTenantsDay(t *testing.T) {
 		return res
 	}
 	require.Equal(t, client.StatusCompleted, run(1, false).Status)
-	// Run 2's decision, with its negative usage, is rejected by the
-	// dispatcher (schema minimum 0) and the run stalls; the planner has
-	// settled the day's spend before it published the decision.
-	lie.Store(true)
-	_, err := st.Client.Start(ctxFor(t, 30*time.Second), client.RunRequest{Prompt: "Say done."})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return srv.Stored(t, "AB_REJECTED", ">") >= 1 }, 20*time.Second, 50*time.Millisecond,
-		"run 2's decision is published (and rejected)")
+	// Run 2's call reports negative usage: the planner does not believe
+	// it (it counts an estimate, marked so), so nothing is refunded and
+	// the run ends.
+	lied := run(2, true)
+	require.Equal(t, client.StatusCompleted, lied.Status)
+	require.NotNil(t, lied.Usage)
+	assert.Equal(t, 1, lied.Usage.EstimatedCalls, "the lie is replaced by an estimate")
+	assert.Positive(t, lied.Usage.InputTokens)
 	require.Equal(t, client.StatusCompleted, run(3, false).Status)
 	before := len(llm.Requests())
 	res := run(4, false)

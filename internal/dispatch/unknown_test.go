@@ -54,7 +54,8 @@ func TestACancelInputOrApprovalAnswerForAnUnknownRunIsRejectedOnce(t *testing.T)
 			var rej events.EventRejected
 			require.NoError(t, json.Unmarshal(got.Event.Data(), &rej))
 			assert.Equal(t, actionbus.CodeRunNotFound, rej.Reason.Code)
-			assert.Contains(t, rej.Reason.Message, tc.eventType)
+			assert.Equal(t, "tenant default has no run "+runID, rej.Reason.Message, "the answer for no run (run.NoRun)")
+			assert.Equal(t, []string{tc.eventType}, rej.OriginalHeaders["ce-type"], "the rejection keeps what was rejected")
 			assert.Equal(t, "ab.run.default."+runID+"."+tc.verb, rej.OriginalSubject)
 
 			// Settled: nothing of the requests consumer is pending or was
