@@ -53,6 +53,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
 	$(GO) test -run '^$$' -fuzz '^FuzzPercentRoundTrip$$' -fuzztime $(FUZZTIME) $(PKG_FUZZ)
 	$(GO) test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME) ./events
+	$(GO) test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME) ./internal/workflow
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckBinding$$' -fuzztime $(FUZZTIME) ./events
 	$(GO) test -run '^$$' -fuzz '^FuzzPrepareArgs$$' -fuzztime $(FUZZTIME) ./internal/actions
 	$(GO) test -run '^$$' -fuzz '^FuzzExtractJSON$$' -fuzztime $(FUZZTIME) ./internal/planner

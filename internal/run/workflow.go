@@ -128,7 +128,7 @@ func (m *Machine) advanceWorkflow(ctx context.Context, st *State) ([]Effect, err
 			continue
 		}
 		ready := true
-		for _, dep := range s.Dependencies() {
+		for _, dep := range workflow.Dependencies(s) {
 			if status[dep] != StepStatusDone {
 				ready = false
 			}
@@ -175,7 +175,7 @@ func (m *Machine) readyStep(ctx context.Context, st *State, i int, outputs map[s
 		}
 		return append(out, m.stepFailed(st, i, err)...), st.IsTerminal(), nil
 	}
-	for _, dep := range s.Dependencies() {
+	for _, dep := range workflow.Dependencies(s) {
 		if outputs[dep], err = m.loadOutput(ctx, st.Tenant, outputs[dep]); err != nil {
 			var abErr *actionbus.Error
 			if errors.As(err, &abErr) {
@@ -184,7 +184,7 @@ func (m *Machine) readyStep(ctx context.Context, st *State, i int, outputs map[s
 			return nil, false, err
 		}
 	}
-	input, rerr := s.Resolve(outputs)
+	input, rerr := workflow.Resolve(s, outputs)
 	if rerr != nil {
 		var abErr *actionbus.Error
 		if !errors.As(rerr, &abErr) {

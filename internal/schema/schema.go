@@ -150,7 +150,28 @@ func (c *Compiled) Validate(v any) error {
 }
 
 // Issues flattens a validation error into its leaf violations.
-func Issues(ve *jsonschema.ValidationError) []Issue {
+func Issues(ve *jsonschema.ValidationError) []Issue { return leaves(ve, false) }
+
+// Violations validates v (as [Compiled.Validate]) and returns its leaf
+// violations, nil when it is valid, with one issue per property that
+// additionalProperties refuses (its path the property's, keyword
+// "additionalProperties"): for callers that answer each field by its
+// path. A failure that is no violation is one issue at the root.
+func (c *Compiled) Violations(v any) []Issue {
+	err := c.s.Validate(v)
+	if err == nil {
+		return nil
+	}
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return []Issue{{Keyword: "", Reason: err.Error()}}
+	}
+	return leaves(ve, true)
+}
+
+// leaves flattens a validation error; with splitExtra each property
+// additionalProperties refuses is an issue of its own.
+func leaves(ve *jsonschema.ValidationError, splitExtra bool) []Issue {
 	var out []Issue
 	var walk func(e *jsonschema.ValidationError)
 	walk = func(e *jsonschema.ValidationError) {
@@ -160,6 +181,12 @@ func Issues(ve *jsonschema.ValidationError) []Issue {
 				kw = kp[len(kp)-1]
 			}
 			reason := Reason(e.ErrorKind)
+			if extra, ok := e.ErrorKind.(*kind.AdditionalProperties); ok && splitExtra {
+				for _, p := range extra.Properties {
+					out = append(out, Issue{Path: Pointer(append(append([]string{}, e.InstanceLocation...), p)), Keyword: kw, Reason: "not allowed"})
+				}
+				return
+			}
 			if req, ok := e.ErrorKind.(*kind.Required); ok {
 				for _, m := range req.Missing {
 					out = append(out, Issue{Path: Pointer(append(append([]string{}, e.InstanceLocation...), m)), Keyword: kw, Reason: "missing required property"})

@@ -6,62 +6,26 @@ package workflow
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/jsoncodec"
+	"github.com/actionbus/actionbus/internal/schema"
+	"github.com/actionbus/actionbus/schemas"
 )
 
-// Workflow is a JSON workflow: named steps, each one action call.
-type Workflow struct {
-	WorkflowName string `json:"workflowName"`
-	Steps        []Step `json:"steps"`
-}
+// Workflow is a JSON workflow document (the public [events.Workflow]).
+type Workflow = events.Workflow
 
 // Step is one action call of a workflow.
-type Step struct {
-	ID              string         `json:"id"`
-	Action          string         `json:"action"`
-	Input           map[string]any `json:"input,omitempty"`
-	AllowedModes    []string       `json:"allowedModes,omitempty"`
-	Retry           *Retry         `json:"retry,omitempty"`
-	TimeoutMs       int64          `json:"timeoutMs,omitempty"`
-	ContinueOnError bool           `json:"continueOnError,omitempty"`
-	IdempotencyKey  string         `json:"idempotencyKey,omitempty"`
-}
+type Step = events.WorkflowStep
 
-// Retry says how often a failed step runs again. MaxAttempts includes the
-// first attempt.
-type Retry struct {
-	MaxAttempts int   `json:"maxAttempts"`
-	DelayMs     int64 `json:"delayMs,omitempty"`
-	// Backoff "exponential" doubles the delay after each failed attempt.
-	Backoff string `json:"backoff,omitempty"`
-}
-
-// Delay returns the wait before attempt (2, 3, ...).
-func (r *Retry) Delay(attempt int) int64 {
-	if r == nil {
-		return 0
-	}
-	d := r.DelayMs
-	if r.Backoff == "exponential" {
-		for i := 2; i < attempt; i++ {
-			d *= 2
-		}
-	}
-	return d
-}
-
-// Attempts returns the maximum number of attempts (at least 1).
-func (s Step) Attempts() int {
-	if s.Retry == nil || s.Retry.MaxAttempts < 1 {
-		return 1
-	}
-	return s.Retry.MaxAttempts
-}
+// Retry says how often a failed step runs again.
+type Retry = events.WorkflowRetry
 
 // Issue is one validation finding.
 type Issue struct {
@@ -90,210 +54,196 @@ var IssueCodes = []actionbus.Code{CodeInvalidName, CodeMissingSteps, CodeInvalid
 	actionbus.CodeActionNotFound, CodeInvalidActionMode, CodeStepModeExcluded, CodeInvalidRetry, CodeInvalidTimeout,
 	CodeInvalidContinue, CodeInvalidIdempotencyKey, CodeUnsupportedInput, actionbus.CodeInvalidStepReference, CodeUnknownField}
 
-var (
-	namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-	modes       = []string{"read", "draft", "dryRun", "mutate"}
-)
-
 // Catalog tells validation which actions exist and their modes.
 type Catalog map[string]string
 
+// docSchema is schemas/workflow.json, compiled once.
+var docSchema = sync.OnceValues(func() (*schema.Compiled, error) {
+	b, err := schemas.FS.ReadFile("workflow.json")
+	if err != nil {
+		return nil, err
+	}
+	return schema.CompileDocument(schemas.BaseURL+"workflow.json", b)
+})
+
 // Validate checks a workflow document (generic JSON, as decoded) and
-// returns every issue, in document order. With a catalog it also checks
-// that every action exists and that step allowedModes include its mode.
+// returns every issue, sorted by path: its shape against
+// schemas/workflow.json, each violation answered with the code and words
+// of the field it is at ([shapeIssue]), then what a schema cannot say
+// ([semantics]): unique step ids, references to earlier steps only and,
+// with a catalog, that every action exists and that a step's
+// allowedModes include its action's mode.
 func Validate(doc any, catalog Catalog) []Issue {
+	sc, err := docSchema()
+	if err != nil {
+		return []Issue{{Code: actionbus.CodeWorkflowValidation, Message: "the workflow schema does not compile: " + err.Error()}}
+	}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return []Issue{{Code: actionbus.CodeWorkflowValidation, Message: "a workflow is a JSON document: " + err.Error()}}
+	}
+	generic, err := jsoncodec.Generic(b)
+	if err != nil {
+		return []Issue{{Code: actionbus.CodeWorkflowValidation, Message: "a workflow is a JSON document: " + err.Error()}}
+	}
 	var issues []Issue
-	add := func(code actionbus.Code, path, format string, args ...any) {
-		issues = append(issues, Issue{Code: code, Path: path, Message: fmt.Sprintf(format, args...)})
+	bad := map[string]bool{}
+	for _, v := range sc.Violations(generic) {
+		is := shapeIssue(v)
+		issues = append(issues, is)
+		bad[v.Path] = true
 	}
-	root, ok := doc.(map[string]any)
-	if !ok {
-		add(actionbus.CodeWorkflowValidation, "", "a workflow is a JSON object")
-		return issues
-	}
-	for k := range root {
-		if k != "workflowName" && k != "steps" {
-			add(CodeUnknownField, "/"+k, "unknown workflow field %q", k)
-		}
-	}
-	name, _ := root["workflowName"].(string)
-	if _, present := root["workflowName"]; !present {
-		add(CodeInvalidName, "/workflowName", "workflowName is missing")
-	} else if !namePattern.MatchString(name) {
-		add(CodeInvalidName, "/workflowName", "workflowName must be a non-empty name (letters, digits, '.', '_', '-')")
-	}
-	steps, ok := root["steps"].([]any)
-	if !ok || len(steps) == 0 {
-		add(CodeMissingSteps, "/steps", "a workflow needs a non-empty steps array")
-		slices.SortStableFunc(issues, func(a, b Issue) int { return strings.Compare(a.Path, b.Path) })
-		return issues
-	}
-	seen := map[string]int{}
-	for i, raw := range steps {
-		p := "/steps/" + strconv.Itoa(i)
-		st, ok := raw.(map[string]any)
-		if !ok {
-			add(actionbus.CodeWorkflowValidation, p, "a step is a JSON object")
-			continue
-		}
-		for k := range st {
-			switch k {
-			case "id", "action", "input", "allowedModes", "retry", "timeoutMs", "continueOnError", "idempotencyKey":
-			default:
-				add(CodeUnknownField, p+"/"+k, "unknown step field %q", k)
-			}
-		}
-		id, _ := st["id"].(string)
-		switch {
-		case !namePattern.MatchString(id):
-			add(CodeInvalidStepID, p+"/id", "step id must be a non-empty name (letters, digits, '.', '_', '-')")
-		default:
-			if first, dup := seen[id]; dup {
-				add(actionbus.CodeDuplicateStep, p+"/id", "step id %q is already used by step %d", id, first)
-			} else {
-				seen[id] = i
-			}
-		}
-		action, _ := st["action"].(string)
-		mode := ""
-		if !namePattern.MatchString(action) {
-			add(actionbus.CodeActionNotFound, p+"/action", "step action must be an action name")
-		} else if catalog != nil {
-			m, known := catalog[action]
-			if !known {
-				add(actionbus.CodeActionNotFound, p+"/action", "action %q is not in the catalog", action)
-			} else if !slices.Contains(modes, m) {
-				add(CodeInvalidActionMode, p+"/action", "action %q has an invalid mode %q", action, m)
-			} else {
-				mode = m
-			}
-		}
-		if v, present := st["allowedModes"]; present {
-			list, ok := v.([]any)
-			if !ok || len(list) == 0 {
-				add(CodeInvalidActionMode, p+"/allowedModes", "allowedModes must be a non-empty array of modes")
-			} else {
-				var have []string
-				for j, m := range list {
-					s, _ := m.(string)
-					if !slices.Contains(modes, s) {
-						add(CodeInvalidActionMode, fmt.Sprintf("%s/allowedModes/%d", p, j), "unknown mode %v (want read, draft, dryRun or mutate)", m)
-					}
-					have = append(have, s)
-				}
-				if mode != "" && !slices.Contains(have, mode) {
-					add(CodeStepModeExcluded, p+"/allowedModes", "allowedModes exclude the mode %s of action %s", mode, action)
-				}
-			}
-		}
-		if v, present := st["retry"]; present {
-			r, ok := v.(map[string]any)
-			if !ok {
-				add(CodeInvalidRetry, p+"/retry", "retry must be an object {maxAttempts, delayMs}")
-			} else {
-				for k := range r {
-					if k != "maxAttempts" && k != "delayMs" && k != "backoff" {
-						add(CodeInvalidRetry, p+"/retry/"+k, "unknown retry field %q", k)
-					}
-				}
-				if n, ok := wholeNumber(r["maxAttempts"]); !ok || n < 1 || n > 20 {
-					add(CodeInvalidRetry, p+"/retry/maxAttempts", "maxAttempts must be a whole number from 1 to 20 (it includes the first attempt)")
-				}
-				if d, present := r["delayMs"]; present {
-					if n, ok := wholeNumber(d); !ok || n < 0 || n > 24*3600*1000 {
-						add(CodeInvalidRetry, p+"/retry/delayMs", "delayMs must be a whole number of milliseconds from 0 to one day")
-					}
-				}
-				if b, present := r["backoff"]; present && b != "exponential" && b != "fixed" {
-					add(CodeInvalidRetry, p+"/retry/backoff", "backoff must be \"fixed\" or \"exponential\"")
-				}
-			}
-		}
-		if v, present := st["timeoutMs"]; present {
-			if n, ok := wholeNumber(v); !ok || n < 1 || n > 24*3600*1000 {
-				add(CodeInvalidTimeout, p+"/timeoutMs", "timeoutMs must be a whole number of milliseconds from 1 to one day")
-			}
-		}
-		if v, present := st["continueOnError"]; present {
-			if _, ok := v.(bool); !ok {
-				add(CodeInvalidContinue, p+"/continueOnError", "continueOnError must be true or false")
-			}
-		}
-		if v, present := st["idempotencyKey"]; present {
-			if s, ok := v.(string); !ok || strings.TrimSpace(s) == "" || len(s) > 512 {
-				add(CodeInvalidIdempotencyKey, p+"/idempotencyKey", "idempotencyKey must be a non-empty string of at most 512 characters")
-			}
-		}
-		if v, present := st["input"]; !present {
-			// The seed: every step gives its input ({} for none).
-			add(CodeUnsupportedInput, p+"/input", "a step needs an input object ({} for none)")
-		} else {
-			in, ok := v.(map[string]any)
-			if !ok {
-				add(CodeUnsupportedInput, p+"/input", "input must be a JSON object")
-			} else {
-				walkRefs(in, p+"/input", func(path string, ref map[string]any) {
-					from, ok := ref["$fromStep"].(string)
-					if !ok || from == "" {
-						add(CodeUnsupportedInput, path, "$fromStep must name a step")
-						return
-					}
-					for k := range ref {
-						if k != "$fromStep" && k != "path" {
-							add(CodeUnsupportedInput, path+"/"+escape(k), "a $fromStep reference has only $fromStep and path")
-						}
-					}
-					// The seed: a reference is fromStep(stepId, path), the path a
-					// JSON Pointer; anything else is an invalid step reference.
-					if ptr, present := ref["path"]; !present {
-						add(actionbus.CodeInvalidStepReference, path+"/path", "a $fromStep reference needs a path (a JSON Pointer; \"\" for the whole output)")
-					} else if s, ok := ptr.(string); !ok || (s != "" && !strings.HasPrefix(s, "/")) {
-						add(actionbus.CodeInvalidStepReference, path+"/path", "path must be a JSON Pointer (\"\" or starting with /)")
-					}
-					j, known := seen[from]
-					switch {
-					case from == id:
-						add(actionbus.CodeInvalidStepReference, path+"/$fromStep", "step %q refers to itself", from)
-					case !known || j >= i:
-						if stepIndex(steps, from) > i {
-							add(actionbus.CodeInvalidStepReference, path+"/$fromStep", "step %q is a future step; references resolve against earlier steps only", from)
-						} else {
-							add(actionbus.CodeInvalidStepReference, path+"/$fromStep", "no earlier step %q", from)
-						}
-					}
-				})
-			}
-		}
-	}
+	// What decodes of it, field by field (a field of the wrong type is
+	// left zero, and its violation is above).
+	var wf Workflow
+	_ = json.Unmarshal(b, &wf)
+	issues = append(issues, semantics(wf, catalog, bad)...)
 	slices.SortStableFunc(issues, func(a, b Issue) int { return strings.Compare(a.Path, b.Path) })
 	return issues
 }
 
-func stepIndex(steps []any, id string) int {
-	for i, s := range steps {
-		if m, ok := s.(map[string]any); ok && m["id"] == id {
-			return i
-		}
+// shapeIssue answers a violation of the workflow schema with the code and
+// the words of the field it is at.
+func shapeIssue(v schema.Issue) Issue {
+	is := func(code actionbus.Code, format string, args ...any) Issue {
+		return Issue{Code: code, Path: v.Path, Message: fmt.Sprintf(format, args...)}
 	}
-	return -1
+	tok := tokens(v.Path)
+	extra := v.Keyword == "additionalProperties"
+	last := ""
+	if len(tok) > 0 {
+		last = tok[len(tok)-1]
+	}
+	switch {
+	case len(tok) == 0:
+		return is(actionbus.CodeWorkflowValidation, "a workflow is a JSON object")
+	case len(tok) == 1 && extra:
+		return is(CodeUnknownField, "unknown workflow field %q", last)
+	case tok[0] == "workflowName" && v.Keyword == "required":
+		return is(CodeInvalidName, "workflowName is missing")
+	case tok[0] == "workflowName":
+		return is(CodeInvalidName, "workflowName must be a non-empty name (letters, digits, '.', '_', '-')")
+	case len(tok) == 1:
+		return is(CodeMissingSteps, "a workflow needs a non-empty steps array")
+	case len(tok) == 2:
+		return is(actionbus.CodeWorkflowValidation, "a step is a JSON object")
+	case len(tok) == 3 && extra:
+		return is(CodeUnknownField, "unknown step field %q", last)
+	}
+	switch field := tok[2]; field {
+	case "id":
+		return is(CodeInvalidStepID, "step id must be a non-empty name (letters, digits, '.', '_', '-')")
+	case "action":
+		return is(actionbus.CodeActionNotFound, "step action must be an action name")
+	case "allowedModes":
+		if len(tok) == 3 {
+			return is(CodeInvalidActionMode, "allowedModes must be a non-empty array of modes")
+		}
+		return is(CodeInvalidActionMode, "unknown mode (want read, draft, dryRun or mutate)")
+	case "retry":
+		switch {
+		case len(tok) == 3:
+			return is(CodeInvalidRetry, "retry must be an object {maxAttempts, delayMs}")
+		case extra:
+			return is(CodeInvalidRetry, "unknown retry field %q", last)
+		case last == "maxAttempts":
+			return is(CodeInvalidRetry, "maxAttempts must be a whole number from 1 to 20 (it includes the first attempt)")
+		case last == "delayMs":
+			return is(CodeInvalidRetry, "delayMs must be a whole number of milliseconds from 0 to one day")
+		}
+		return is(CodeInvalidRetry, "backoff must be \"fixed\" or \"exponential\"")
+	case "timeoutMs":
+		return is(CodeInvalidTimeout, "timeoutMs must be a whole number of milliseconds from 1 to one day")
+	case "continueOnError":
+		return is(CodeInvalidContinue, "continueOnError must be true or false")
+	case "idempotencyKey":
+		return is(CodeInvalidIdempotencyKey, "idempotencyKey must be a non-empty string of at most 512 characters")
+	}
+	// The input (field "input"), and the $fromStep references in it.
+	switch {
+	case len(tok) == 3 && v.Keyword == "required":
+		// The seed: every step gives its input ({} for none).
+		return is(CodeUnsupportedInput, "a step needs an input object ({} for none)")
+	case len(tok) == 3:
+		return is(CodeUnsupportedInput, "input must be a JSON object")
+	case extra:
+		return is(CodeUnsupportedInput, "a $fromStep reference has only $fromStep and path")
+	case last == "$fromStep":
+		// Said of the reference, not of its field.
+		return Issue{Code: CodeUnsupportedInput, Path: v.Path[:strings.LastIndexByte(v.Path, '/')], Message: "$fromStep must name a step"}
+	case v.Keyword == "required":
+		// The seed: a reference is fromStep(stepId, path), the path a JSON
+		// Pointer; anything else is an invalid step reference.
+		return is(actionbus.CodeInvalidStepReference, "a $fromStep reference needs a path (a JSON Pointer; \"\" for the whole output)")
+	}
+	return is(actionbus.CodeInvalidStepReference, "path must be a JSON Pointer (\"\" or starting with /)")
 }
 
-func wholeNumber(v any) (int64, bool) {
-	switch n := v.(type) {
-	case float64:
-		if n == float64(int64(n)) {
-			return int64(n), true
-		}
-	case json.Number:
-		i, err := n.Int64()
-		return i, err == nil
-	case int:
-		return int64(n), true
-	case int64:
-		return n, true
+// tokens splits a JSON Pointer into its unescaped tokens.
+func tokens(ptr string) []string {
+	if ptr == "" {
+		return nil
 	}
-	return 0, false
+	tok := strings.Split(ptr[1:], "/")
+	for i, t := range tok {
+		tok[i] = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
+	}
+	return tok
 }
+
+// semantics checks what the schema cannot: step ids unique, references
+// naming earlier steps, and with a catalog actions that exist with a mode
+// the step allows. It skips what has a shape issue (bad holds the paths
+// of the schema's violations).
+func semantics(wf Workflow, catalog Catalog, bad map[string]bool) []Issue {
+	var issues []Issue
+	add := func(code actionbus.Code, path, format string, args ...any) {
+		issues = append(issues, Issue{Code: code, Path: path, Message: fmt.Sprintf(format, args...)})
+	}
+	seen := map[string]int{}
+	for i, s := range wf.Steps {
+		p := "/steps/" + strconv.Itoa(i)
+		if bad[p] {
+			continue
+		}
+		if !bad[p+"/id"] {
+			if first, dup := seen[s.ID]; dup {
+				add(actionbus.CodeDuplicateStep, p+"/id", "step id %q is already used by step %d", s.ID, first)
+			} else {
+				seen[s.ID] = i
+			}
+		}
+		if catalog != nil && !bad[p+"/action"] {
+			switch m, known := catalog[s.Action]; {
+			case !known:
+				add(actionbus.CodeActionNotFound, p+"/action", "action %q is not in the catalog", s.Action)
+			case !slices.Contains(modes, m):
+				add(CodeInvalidActionMode, p+"/action", "action %q has an invalid mode %q", s.Action, m)
+			case s.AllowedModes != nil && !bad[p+"/allowedModes"] && !slices.Contains(s.AllowedModes, m):
+				add(CodeStepModeExcluded, p+"/allowedModes", "allowedModes exclude the mode %s of action %s", m, s.Action)
+			}
+		}
+		walkRefs(s.Input, p+"/input", func(path string, ref map[string]any) {
+			from, _ := ref["$fromStep"].(string)
+			if bad[path+"/$fromStep"] || from == "" {
+				return
+			}
+			switch j, known := seen[from]; {
+			case from == s.ID:
+				add(actionbus.CodeInvalidStepReference, path+"/$fromStep", "step %q refers to itself", from)
+			case known && j < i:
+			case slices.IndexFunc(wf.Steps, func(o Step) bool { return o.ID == from }) > i:
+				add(actionbus.CodeInvalidStepReference, path+"/$fromStep", "step %q is a future step; references resolve against earlier steps only", from)
+			default:
+				add(actionbus.CodeInvalidStepReference, path+"/$fromStep", "no earlier step %q", from)
+			}
+		})
+	}
+	return issues
+}
+
+// modes are the action modes a catalog entry may have.
+var modes = []string{"read", "draft", "dryRun", "mutate"}
 
 // walkRefs calls fn for every object in v that has a "$fromStep" key.
 func walkRefs(v any, path string, fn func(path string, ref map[string]any)) {
@@ -339,8 +289,9 @@ func Parse(doc any) (*Workflow, error) {
 	return &w, nil
 }
 
-// Dependencies returns the ids of the steps a step's input refers to.
-func (s Step) Dependencies() []string {
+// Dependencies returns the ids of the steps a step's input refers to (in
+// an input decoded from JSON).
+func Dependencies(s Step) []string {
 	var deps []string
 	walkRefs(s.Input, "", func(_ string, ref map[string]any) {
 		if id, ok := ref["$fromStep"].(string); ok && !slices.Contains(deps, id) {
@@ -353,7 +304,7 @@ func (s Step) Dependencies() []string {
 // Resolve returns the step's input with every reference replaced by the
 // value at its JSON Pointer in the referenced step's output. It fails with
 // invalid_step_reference when a pointer does not resolve.
-func (s Step) Resolve(outputs map[string]any) (map[string]any, error) {
+func Resolve(s Step, outputs map[string]any) (map[string]any, error) {
 	var firstErr error
 	var resolve func(v any) any
 	resolve = func(v any) any {

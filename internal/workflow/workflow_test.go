@@ -3,11 +3,13 @@ package workflow_test
 import (
 	"encoding/json"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/workflow"
 )
 
@@ -60,6 +62,21 @@ func TestValidationReportsEveryCheckWithCodeAndPath(t *testing.T) {
 		{"seed 002: a step without input is invalid input", `{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.searchJobs"}]}`,
 			[]workflow.Issue{{Code: "unsupported_input_value", Path: "/steps/0/input"}}},
 		{"unknown step field", `{"workflowName": "w", "steps": [` + step(`, "retries": 3`) + `]}`, []workflow.Issue{{Code: "unknown_field", Path: "/steps/0/retries"}}},
+		{"unknown workflow fields, each at its path", `{"workflowName": "w", "steps": [` + step("") + `], "author": "a", "version": 2}`,
+			[]workflow.Issue{{Code: "unknown_field", Path: "/author"}, {Code: "unknown_field", Path: "/version"}}},
+		{"unknown retry field", `{"workflowName": "w", "steps": [` + step(`, "retry": {"maxAttempts": 2, "jitter": true}`) + `]}`, []workflow.Issue{{Code: "invalid_retry", Path: "/steps/0/retry/jitter"}}},
+		{"unknown backoff", `{"workflowName": "w", "steps": [` + step(`, "retry": {"maxAttempts": 2, "backoff": "random"}`) + `]}`, []workflow.Issue{{Code: "invalid_retry", Path: "/steps/0/retry/backoff"}}},
+		{"retry without maxAttempts", `{"workflowName": "w", "steps": [` + step(`, "retry": {"delayMs": 5}`) + `]}`, []workflow.Issue{{Code: "invalid_retry", Path: "/steps/0/retry/maxAttempts"}}},
+		{"a workflow that is not an object", `["w"]`, []workflow.Issue{{Code: "workflow_validation", Path: ""}}},
+		{"a step that is not an object", `{"workflowName": "w", "steps": [` + step("") + `, 7]}`, []workflow.Issue{{Code: "workflow_validation", Path: "/steps/1"}}},
+		{"a reference naming no step", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"x": {"$fromStep": "", "path": ""}}}]}`,
+			[]workflow.Issue{{Code: "unsupported_input_value", Path: "/steps/1/input/x"}}},
+		{"a reference deep in arrays and objects", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"x": [{"y": {"$fromStep": "nope", "path": ""}}]}}]}`,
+			[]workflow.Issue{{Code: "invalid_step_reference", Path: "/steps/1/input/x/0/y/$fromStep"}}},
+		{"every issue at once, shape and meaning, in path order", `{"workflowName": "w w", "steps": [{"id": "a", "action": "nope.missing", "input": {}, "timeoutMs": -1}, {"id": "a", "action": "delivery.searchJobs", "input": {"x": {"$fromStep": "c", "path": "/"}}, "retry": {"maxAttempts": 99}}, {"id": "c", "action": "delivery.searchJobs", "input": {}}]}`,
+			[]workflow.Issue{{Code: "action_not_found", Path: "/steps/0/action"}, {Code: "invalid_timeout", Path: "/steps/0/timeoutMs"},
+				{Code: "duplicate_step", Path: "/steps/1/id"}, {Code: "invalid_step_reference", Path: "/steps/1/input/x/$fromStep"},
+				{Code: "invalid_retry", Path: "/steps/1/retry/maxAttempts"}, {Code: "invalid_workflow_name", Path: "/workflowName"}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -86,14 +103,14 @@ func TestReferencesResolveByJSONPointer(t *testing.T) {
 	s := workflow.Step{ID: "b", Input: map[string]any{"ids": map[string]any{"$fromStep": "a", "path": "/jobs/1/id"},
 		"all": map[string]any{"$fromStep": "a", "path": ""}, "lit": 3.0}}
 	out := map[string]any{"a": map[string]any{"jobs": []any{map[string]any{"id": "j0"}, map[string]any{"id": "j1"}}}}
-	in, err := s.Resolve(out)
+	in, err := workflow.Resolve(s, out)
 	require.NoError(t, err)
 	assert.Equal(t, "j1", in["ids"])
 	assert.Equal(t, out["a"], in["all"])
 	assert.Equal(t, 3.0, in["lit"])
-	assert.Equal(t, []string{"a"}, s.Dependencies())
+	assert.Equal(t, []string{"a"}, workflow.Dependencies(s))
 	s.Input["bad"] = map[string]any{"$fromStep": "a", "path": "/nope"}
-	_, err = s.Resolve(out)
+	_, err = workflow.Resolve(s, out)
 	assert.ErrorContains(t, err, "invalid_step_reference")
 }
 
@@ -112,4 +129,33 @@ func TestEveryIssueCodeIsDocumented(t *testing.T) {
 	for _, c := range workflow.IssueCodes {
 		assert.Contains(t, string(b), "| `"+string(c)+"` |", "issue code %s", c)
 	}
+}
+
+// FuzzValidate: any JSON document is answered with issues, each with a
+// known code and a message, never a panic; a document with none parses.
+func FuzzValidate(f *testing.F) {
+	f.Add(`{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.searchJobs", "input": {}}]}`)
+	f.Add(`{"workflowName": "w", "steps": [{"id": "a", "action": "x.y", "input": {"k": [{"$fromStep": "a", "path": "/0"}]}, "retry": {"maxAttempts": 2}}]}`)
+	f.Add(`{"steps": 3, "x": null}`)
+	f.Add(`[1, {"$fromStep": 2}]`)
+	f.Fuzz(func(t *testing.T, doc string) {
+		var v any
+		if json.Unmarshal([]byte(doc), &v) != nil {
+			return
+		}
+		issues := workflow.Validate(v, catalog)
+		for _, is := range issues {
+			if !slices.Contains(workflow.IssueCodes, is.Code) && is.Code != actionbus.CodeWorkflowValidation {
+				t.Fatalf("issue with an unknown code: %+v", is)
+			}
+			if is.Message == "" {
+				t.Fatalf("issue without a message: %+v", is)
+			}
+		}
+		if len(issues) == 0 {
+			if _, err := workflow.Parse(v); err != nil {
+				t.Fatalf("a valid workflow does not parse: %v", err)
+			}
+		}
+	})
 }
