@@ -116,7 +116,12 @@ type RunRequest struct {
 	Action *ActionCall
 	// Workflow, when set, makes a workflow run (see [NewWorkflow]); its
 	// result's Output holds outputByStep and steps.
-	Workflow map[string]any
+	Workflow *Workflow
+	// WorkflowJSON is a workflow given as a JSON document (read from a
+	// file, or from another program) instead of Workflow: it is sent as
+	// it is, and the dispatcher checks all of it (a field Workflow has no
+	// place for is an unknown_field issue). At most one of the two.
+	WorkflowJSON json.RawMessage
 	// UserID is who the run acts for.
 	UserID string
 	// AllowedModes are the action modes the run may use; default read,
@@ -166,7 +171,11 @@ func (c *Client) Start(ctx context.Context, req RunRequest) (string, error) {
 	data := &events.RunRequested{RunID: req.RunID, Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
 		AllowedModes: req.AllowedModes, Metadata: req.Metadata, DeadlineMs: req.Deadline.Milliseconds(), RetryOf: req.RetryOf,
 		Workspace: req.Workspace, Budget: req.Budget}
-	data.Workflow = req.Workflow
+	wf, err := workflowDocument(req)
+	if err != nil {
+		return "", fmt.Errorf("client: start run: %w", err)
+	}
+	data.Workflow = wf
 	if p := req.Principal; p != nil {
 		expires := time.Now().Add(policy.PrincipalTTL).UTC().Truncate(time.Second)
 		token, err := policy.SignPrincipal(p.KeyID, p.Key, policy.PrincipalClaim{RunID: req.RunID, Tenant: events.TenantOr(c.tenant),

@@ -347,7 +347,7 @@ func (c *Client) RetryRequest(ctx context.Context, runID string) (RunRequest, er
 	if err != nil {
 		return RunRequest{}, fmt.Errorf("client: retry %s: %w", runID, err)
 	}
-	retry := RunRequest{Workflow: req.Workflow, Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
+	retry := RunRequest{WorkflowJSON: rawWorkflow(req.Workflow), Prompt: req.Prompt, Scenario: req.Scenario, UserID: req.UserID,
 		AllowedModes: req.AllowedModes, Metadata: req.Metadata, Deadline: time.Duration(req.DeadlineMs) * time.Millisecond, RetryOf: runID}
 	if a := req.Action; a != nil {
 		retry.Action = &ActionCall{Name: a.Name, Args: a.Args, IdempotencyKey: a.IdempotencyKey}

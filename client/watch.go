@@ -17,7 +17,7 @@ func (c *Client) Requested(ctx context.Context, runID string) (*RunRequest, time
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("client: request of %s: %w", runID, err)
 	}
-	out := &RunRequest{RunID: req.RunID, Prompt: req.Prompt, Scenario: req.Scenario, Workflow: req.Workflow, UserID: req.UserID,
+	out := &RunRequest{RunID: req.RunID, Prompt: req.Prompt, Scenario: req.Scenario, Workflow: typedWorkflow(req.Workflow), UserID: req.UserID,
 		AllowedModes: req.AllowedModes, Metadata: req.Metadata, Deadline: time.Duration(req.DeadlineMs) * time.Millisecond,
 		RetryOf: req.RetryOf}
 	if a := req.Action; a != nil {

@@ -378,7 +378,10 @@ func runCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				req.Workflow = wf
+				// Sent as it is: the dispatcher checks all of it.
+				if req.WorkflowJSON, err = json.Marshal(wf); err != nil {
+					return err
+				}
 			}
 			return g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
 				return start(cmd.Context(), g, c, req, f.timeout)

@@ -142,12 +142,25 @@ func TestWorkflowFailuresAndTimeouts(t *testing.T) {
 	cause := res.Error.Details["cause"].(map[string]any)
 	assert.Equal(t, "timeout", cause["code"])
 
-	res, err = st.Client.Run(ctx, client.RunRequest{Workflow: map[string]any{"workflowName": "w", "steps": []any{
-		map[string]any{"id": "a", "action": "wf.search", "input": map[string]any{}, "retry": map[string]any{"maxAttempts": 0}}}}}, nil)
+	res, err = st.Client.Run(ctx, client.RunRequest{Workflow: &client.Workflow{WorkflowName: "w", Steps: []client.WorkflowStep{
+		{ID: "a", Action: "wf.search", Input: map[string]any{}, Retry: &client.WorkflowRetry{MaxAttempts: 0}}}}}, nil)
 	require.NoError(t, err)
 	assert.ErrorIs(t, res.Error, actionbus.ErrWorkflowValidation)
 	issues := res.Error.Details["issues"].([]any)
 	assert.Equal(t, "/steps/0/retry/maxAttempts", issues[0].(map[string]any)["path"])
+
+	// A document given as JSON travels as it is: a field no typed
+	// workflow has is the dispatcher's to refuse, at its path.
+	res, err = st.Client.Run(ctx, client.RunRequest{WorkflowJSON: []byte(`{"workflowName": "w", "owner": "ada",
+		"steps": [{"id": "a", "action": "wf.search", "input": {}}]}`)}, nil)
+	require.NoError(t, err)
+	require.ErrorIs(t, res.Error, actionbus.ErrWorkflowValidation)
+	issue := res.Error.Details["issues"].([]any)[0].(map[string]any)
+	assert.Equal(t, []any{"unknown_field", "/owner"}, []any{issue["code"], issue["path"]})
+
+	_, err = st.Client.Start(ctx, client.RunRequest{Workflow: client.NewWorkflow("w").Step("a", "wf.search", nil).Build(),
+		WorkflowJSON: []byte(`{}`)})
+	assert.ErrorIs(t, err, actionbus.ErrWorkflowValidation, "a request with a typed and a JSON workflow is refused before it is sent")
 }
 
 func TestIndependentStepsRunInParallelAndReportInDeclarationOrder(t *testing.T) {

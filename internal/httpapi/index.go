@@ -258,7 +258,7 @@ func (v *RunView) setRequest(req *client.RunRequest, at time.Time) {
 	switch {
 	case req.Workflow != nil:
 		v.Kind = string(run.KindWorkflow)
-		v.Title, _ = req.Workflow["name"].(string)
+		v.Title = req.Workflow.WorkflowName
 	case req.Action != nil:
 		v.Kind, v.Title = string(run.KindExec), req.Action.Name
 	default:

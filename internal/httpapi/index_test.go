@@ -91,6 +91,11 @@ func TestTheIndexKeepsRequestsFiltersAndBounds(t *testing.T) {
 	assert.Equal(t, "exec", v.Kind)
 	assert.Equal(t, "inv.stock", v.Title)
 	assert.False(t, x.NeedsRequest(runA))
+	wx := NewIndex("default", 0)
+	wx.Apply(ev(runB, events.TypeRunStarted, 0, events.RunStarted{Kind: "workflow"}))
+	wf := wx.ApplyRequest(runB, &client.RunRequest{Workflow: client.NewWorkflow("nightly-retry").Step("a", "x.y", nil).Build()}, t0)
+	require.NotNil(t, wf)
+	assert.Equal(t, []string{"workflow", "nightly-retry"}, []string{wf.Kind, wf.Title}, "a workflow run is titled with its workflowName")
 
 	x.Apply(ev(runB, events.TypeDecisionRequested, 1, events.DecisionRequested{RunID: runB, Cycle: 1}))
 	assert.Len(t, x.Runs(RunFilter{}), 2, "runs that have not ended are kept beyond the bound")

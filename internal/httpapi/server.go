@@ -358,9 +358,13 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request, tok *Token) {
 		writeError(w, actionbus.Errorf(actionbus.CodeForbidden, "a run acts for the token's user %s, not %s", tok.User, b.UserID))
 		return
 	}
-	req := client.RunRequest{RunID: b.RunID, Prompt: b.Prompt, Scenario: b.Scenario, Workflow: b.Workflow,
+	req := client.RunRequest{RunID: b.RunID, Prompt: b.Prompt, Scenario: b.Scenario,
 		AllowedModes: b.AllowedModes, Metadata: b.Metadata, Deadline: time.Duration(b.DeadlineMs) * time.Millisecond, Workspace: b.Workspace,
 		RetryOf: b.RetryOf}
+	if b.Workflow != nil {
+		// Sent as it is: the dispatcher checks all of it.
+		req.WorkflowJSON, _ = json.Marshal(b.Workflow) // decoded from JSON: it encodes
+	}
 	if b.Action != nil {
 		req.Action = &client.ActionCall{Name: b.Action.Name, Args: b.Action.Args, IdempotencyKey: b.Action.IdempotencyKey}
 	}
