@@ -27,7 +27,7 @@ func main() {
 	scenarios := flag.String("scenarios", service.Env("ACTIONBUS_SCENARIOS", ""), "script provider: comma-separated scenario files or directories (env ACTIONBUS_SCENARIOS)")
 	concurrency := flag.Int("concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", planner.DefaultConcurrency), "decisions made at once (env ACTIONBUS_CONCURRENCY)")
 	var oc planner.OpenAIConfig
-	flag.StringVar(&oc.BaseURL, "openai-base-url", service.Env("ACTIONBUS_OPENAI_BASE_URL", "https://api.openai.com/v1"), "openai provider: OpenAI-compatible endpoint (env ACTIONBUS_OPENAI_BASE_URL)")
+	flag.StringVar(&oc.BaseURL, "openai-base-url", service.Env("ACTIONBUS_OPENAI_BASE_URL", "https://api.openai.com/v1"), "openai provider: OpenAI-compatible endpoint (env ACTIONBUS_OPENAI_BASE_URL); the API key is read from the environment only: ACTIONBUS_OPENAI_API_KEY, else OPENAI_API_KEY")
 	flag.StringVar(&oc.Model, "openai-model", service.Env("ACTIONBUS_OPENAI_MODEL", ""), "openai provider: model name (env ACTIONBUS_OPENAI_MODEL)")
 	pool := flag.String("openai-models", service.Env("ACTIONBUS_OPENAI_MODELS", ""), "openai provider: model pool key=model,... (env ACTIONBUS_OPENAI_MODELS)")
 	flag.StringVar(&oc.PlanningModelKey, "planning-model-key", service.Env("ACTIONBUS_PLANNING_MODEL_KEY", ""), "openai provider: pool key of the planning model (env ACTIONBUS_PLANNING_MODEL_KEY)")
