@@ -167,8 +167,8 @@ type Executor struct {
 
 	heartbeat time.Duration
 	// handlers runs the handlers (set while ex runs).
-	handlers  *runners
-	idem      jetstream.KeyValue
+	handlers *runners
+	idem     jetstream.KeyValue
 	// claims are the idempotency bucket keys this process holds a claim
 	// on, from its reservation until its result or release is stored: a
 	// reservation of its own is never taken over as abandoned, even when
