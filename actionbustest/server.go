@@ -9,9 +9,11 @@ package actionbustest
 
 import (
 	"context"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -61,6 +63,10 @@ type Options struct {
 	// at run time, with no restart, as `actionbus tenant add` does;
 	// [Server.ServiceConnect] connects as a service user. Excludes Users.
 	Operator bool
+	// LeafNodes makes the server a hub that accepts leaf node
+	// connections on a free loopback port ([Server.LeafURL]), with the
+	// deployment's JetStream domain, as deploy/nats's nodes do on 7422.
+	LeafNodes bool
 }
 
 func (o *Options) setDefaults() {
@@ -104,6 +110,9 @@ func NewServer(t testing.TB, o Options) *Server {
 	t.Helper()
 	o.setDefaults()
 	eo := embedded.Options{Port: -1, StoreDir: t.TempDir(), MaxPayload: o.MaxPayload}
+	if o.LeafNodes {
+		eo.LeafNodePort, eo.JetStreamDomain = -1, accounts.JetStreamDomain
+	}
 	if o.Users {
 		conf := filepath.Join(t.TempDir(), "accounts.conf")
 		users := append(append([]string{}, natsconf.Users...), natsconf.TenantUserNames(o.Tenants...)...)
@@ -147,6 +156,23 @@ func NewServer(t testing.TB, o Options) *Server {
 		}
 	}
 	return s
+}
+
+// LeafURL is the URL a leaf node's remote connects to the server with,
+// as user (a user of deploy/nats/accounts.conf on a server started with
+// Options.Users; the link is that user's, bound to its account and
+// permissions). It is "" unless the server was started with
+// Options.LeafNodes.
+func (s *Server) LeafURL(user string) string {
+	vz, err := s.NATS.Varz(nil)
+	if err != nil || vz.LeafNode.Port <= 0 {
+		return ""
+	}
+	hp := net.JoinHostPort(vz.LeafNode.Host, strconv.Itoa(vz.LeafNode.Port))
+	if !s.users {
+		return "nats-leaf://" + hp
+	}
+	return "nats-leaf://" + user + ":" + userPassword(user) + "@" + hp
 }
 
 // userPassword is the password of a deployed user on a [Server] started

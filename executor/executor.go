@@ -85,6 +85,11 @@ type Config struct {
 	// none answers; default 1 minute. Past it, Run fails with
 	// registrar_unavailable.
 	AnnounceTimeout time.Duration
+	// JetStreamDomain is the JetStream domain of the cluster, for an
+	// executor connected through a leaf node next to its data
+	// (deploy/nats/leaf.conf): "actionbus" with deploy/nats's cluster.
+	// Default "": an executor connected to the cluster itself.
+	JetStreamDomain string
 	// Tenants dedicates the executor's pool to these tenants: its actions
 	// are offered to their runs' planners only, the dispatcher refuses
 	// them to other tenants' runs (tenant_not_served), and the executor
@@ -162,8 +167,14 @@ type Executor struct {
 
 	heartbeat time.Duration
 	// handlers runs the handlers (set while ex runs).
-	handlers  *runners
-	idem      jetstream.KeyValue
+	handlers *runners
+	idem     jetstream.KeyValue
+	// claims are the idempotency bucket keys this process holds a claim
+	// on, from its reservation until its result or release is stored: a
+	// reservation of its own is never taken over as abandoned, even when
+	// its lease could not be renewed (a leaf node's link cut, a stream
+	// electing a leader), since this process knows its holder is alive.
+	claims    sync.Map
 	artifacts artifacts.Store
 
 	// skills are the skills registered on ex, published when it runs.
@@ -229,7 +240,8 @@ func New(nc *nats.Conn, cfg Config) (*Executor, error) {
 	// this package, not by handlers (a handler's output is checked against
 	// its action's output schema first), and the dispatcher validates
 	// every result it receives: the bus checks only the envelope.
-	eb, err := bus.Open(nc, bus.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/executor/" + cfg.Pool, Logger: log, ReceiverValidates: true})
+	eb, err := bus.Open(nc, bus.BusConfig{Prefix: cfg.Prefix, Source: "/actionbus/executor/" + cfg.Pool, Logger: log, ReceiverValidates: true,
+		JetStreamDomain: cfg.JetStreamDomain})
 	if err != nil {
 		return nil, err
 	}

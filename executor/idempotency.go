@@ -168,10 +168,15 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 			return nil, &held, 0, nil
 		}
 		// The holder renews its lease every heartbeat while its handler
-		// runs; only a lease not renewed for leaseTTL is abandoned.
+		// runs; only a lease not renewed for leaseTTL is abandoned, and
+		// never one this process holds (its holder is alive: a lease
+		// that could not be renewed is a bucket out of reach).
 		staleAt := held.ReservedAt.Add(e.leaseTTL())
 		if wait := time.Until(staleAt); wait > 0 {
 			return nil, nil, wait, nil
+		}
+		if _, mine := e.claims.Load(k); mine {
+			return nil, nil, e.heartbeatInterval(), nil
 		}
 		e.log.Warn("taking over an abandoned idempotency reservation; the handler runs again with the same key",
 			"call_id", req.CallID, "previous_executor", held.Executor)
@@ -219,6 +224,7 @@ const heldKeyPatience = 30 * time.Second
 // claimed returns a claim on key k at revision rev, its lease running.
 func (e *Executor) claimed(k string, rev uint64, entry idemEntry) *idemClaim {
 	c := &idemClaim{key: k, revision: rev, entry: entry}
+	e.claims.Store(k, struct{}{})
 	e.lease(c)
 	return c
 }
@@ -247,8 +253,13 @@ func sameCall(held, want idemEntry) error {
 		WithDetail("differs", differs)
 }
 
-// complete stores the result under the claimed key.
+// complete stores the result under the claimed key. It keeps trying for
+// resultPatience while the bucket does not answer (a leaf node's link
+// cut, a stream electing a leader): a result not stored leaves a
+// reservation that another executor takes over, running the handler
+// again. It gives up at once when the reservation was taken over.
 func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Result) error {
+	defer e.claims.Delete(c.key)
 	done := c.entry
 	done.State, done.Output, done.Summary, done.Complete = "done", res.Output, res.Summary, res.Complete
 	val, err := json.Marshal(done)
@@ -256,14 +267,30 @@ func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Resul
 		return err
 	}
 	rev := c.stop()
-	uctx, cancel := bus.Bounded(context.WithoutCancel(ctx))
-	defer cancel()
-	_, err = e.idem.Update(uctx, c.key, val, rev)
-	return err
+	giveUp := time.Now().Add(resultPatience)
+	wait := 100 * time.Millisecond
+	for {
+		uctx, cancel := bus.Bounded(context.WithoutCancel(ctx))
+		_, err = e.idem.Update(uctx, c.key, val, rev)
+		cancel()
+		if err == nil || errors.Is(err, jetstream.ErrKeyExists) || time.Now().After(giveUp) {
+			return err // stored, taken over (the revision moved), or out of patience
+		}
+		e.log.Debug("idempotency result not stored yet; retrying", "call_id", c.entry.CallID, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
 
 // release gives the key up so a retry can run.
 func (e *Executor) release(c *idemClaim) {
+	defer e.claims.Delete(c.key)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rev := c.stop()

@@ -31,6 +31,7 @@ func main() {
 	flag.StringVar(&cfg.Pool, "pool", service.Env("ACTIONBUS_POOL", "default"), "executor pool (env ACTIONBUS_POOL)")
 	flag.IntVar(&cfg.Slots, "slots", service.EnvInt("ACTIONBUS_SLOTS", 8), "concurrent actions (env ACTIONBUS_SLOTS)")
 	flag.StringVar(&cfg.ID, "id", service.Env("ACTIONBUS_EXECUTOR_ID", ""), "executor id (env ACTIONBUS_EXECUTOR_ID; default host-pid-random)")
+	flag.StringVar(&cfg.JetStreamDomain, "js-domain", service.Env("ACTIONBUS_JS_DOMAIN", ""), "JetStream domain of the cluster, when connected through a leaf node (deploy/nats/leaf.conf: actionbus) (env ACTIONBUS_JS_DOMAIN)")
 	latency := flag.Duration("demo-latency", 0, "simulated I/O time of the demo delivery actions")
 	flag.StringVar(&bc.SearchEndpoint, "search-endpoint", service.Env("ACTIONBUS_SEARCH_ENDPOINT", ""), "SearxNG-style JSON search endpoint for web_search (env ACTIONBUS_SEARCH_ENDPOINT)")
 	flag.StringVar(&bc.WorkspaceRoot, "workspace", service.Env("ACTIONBUS_WORKSPACE", ""), "directory of the workspace file actions (env ACTIONBUS_WORKSPACE)")

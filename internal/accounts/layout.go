@@ -247,6 +247,9 @@ func (u serviceUser) perms(pool string) Permissions {
 	for _, s := range u.sub {
 		p.Sub = append(p.Sub, r.Replace(s))
 	}
+	if u.viaLeaf {
+		p.Pub = domainForms(p.Pub, JetStreamDomain)
+	}
 	p.AllowResponses = u.allowResponses
 	return p
 }

@@ -1,5 +1,10 @@
 package accounts
 
+import (
+	"slices"
+	"strings"
+)
+
 // serviceUser is one ACTIONBUS user of the services: what it may publish
 // and subscribe to. "{pool}" stands for the executor's pool in pub and
 // sub of a perPool user; eachPool lines are repeated for every pool (a
@@ -12,6 +17,35 @@ type serviceUser struct {
 	eachPool       []string
 	sub            []string
 	allowResponses bool
+	// viaLeaf users may connect through a leaf node (an executor next to
+	// its data): their JetStream API, KV and object store subjects are
+	// allowed in the hub domain's form too ([JetStreamDomain]), the only
+	// form JetStream's API crosses a leaf node link in.
+	viaLeaf bool
+}
+
+// JetStreamDomain is the JetStream domain of the deployment's cluster
+// (deploy/nats: jetstream { domain: actionbus }). A client behind a leaf
+// node reaches JetStream by it ($JS.actionbus.API.>), since the server
+// never lets the plain $JS.API.> cross a leaf node link.
+const JetStreamDomain = "actionbus"
+
+// domainForms returns pub with the leaf-node form of every JetStream API,
+// KV and object store subject added: "$JS.API.X" as "$JS.<domain>.API.X",
+// "$KV.X" as "$JS.<domain>.API.$KV.X", "$O.X" as "$JS.<domain>.API.$O.X"
+// (nats-server maps them back in the hub's account).
+func domainForms(pub []string, domain string) []string {
+	out := slices.Clone(pub)
+	prefix := "$JS." + domain + ".API."
+	for _, s := range pub {
+		switch {
+		case strings.HasPrefix(s, "$JS.API."):
+			out = append(out, prefix+strings.TrimPrefix(s, "$JS.API."))
+		case strings.HasPrefix(s, "$KV."), strings.HasPrefix(s, "$O."):
+			out = append(out, prefix+s)
+		}
+	}
+	return out
 }
 
 // serviceUsers are the service users' permissions in operator mode, the
@@ -112,7 +146,7 @@ var serviceUsers = []serviceUser{
 			"_INBOX_auditor.>",
 		},
 	},
-	{name: "executor", perPool: true,
+	{name: "executor", perPool: true, viaLeaf: true,
 		pub: []string{
 			"ab.run.*.*.result", "ab.rejected.>", "$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_WORK",
 			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_WORK.pool-{pool}",

@@ -41,6 +41,11 @@ type BusConfig struct {
 	// service does not pay twice for events it produces itself. Default
 	// false: a client learns of a bad request at once.
 	ReceiverValidates bool
+	// JetStreamDomain, when set, reaches JetStream by that domain
+	// ($JS.<domain>.API.>): a service connected through a leaf node to a
+	// cluster whose JetStream has that domain. Default "": the server
+	// connected to.
+	JetStreamDomain string
 }
 
 func (c *BusConfig) setDefaults() {
@@ -96,6 +101,9 @@ func NewBus(js jetstream.JetStream, cfg BusConfig) (*Bus, error) {
 // context is [Bus.JetStream].
 func Open(nc *nats.Conn, cfg BusConfig) (*Bus, error) {
 	js, err := jetstream.New(nc)
+	if cfg.JetStreamDomain != "" {
+		js, err = jetstream.NewWithDomain(nc, cfg.JetStreamDomain)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("events: jetstream: %w", err)
 	}

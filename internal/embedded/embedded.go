@@ -42,6 +42,13 @@ type Options struct {
 	// server's own default (1 MB), as in production, so that tests meet
 	// the same limit a deployment does.
 	MaxPayload int32
+	// LeafNodePort, when not 0, accepts leaf node connections on Host at
+	// this port (-1 picks a free one): a hub that executors' leaf nodes
+	// connect to (deploy/nats/leaf.conf). Default 0: none.
+	LeafNodePort int
+	// JetStreamDomain names the server's JetStream domain, which leaf
+	// nodes' clients reach it by (deploy/nats: "actionbus"). Default "".
+	JetStreamDomain string
 }
 
 // Start starts a JetStream-enabled server and waits until it accepts
@@ -77,9 +84,18 @@ func Start(opts Options) (*server.Server, error) {
 	}
 	so.ServerName, so.Host, so.Port = opts.ServerName, opts.Host, opts.Port
 	so.JetStream, so.StoreDir = true, opts.StoreDir
+	if opts.JetStreamDomain != "" {
+		so.JetStreamDomain = opts.JetStreamDomain
+	}
 	so.NoSigs, so.NoLog = true, true
 	if opts.MaxPayload > 0 {
 		so.MaxPayload = opts.MaxPayload
+	}
+	if opts.LeafNodePort != 0 {
+		so.LeafNode.Host, so.LeafNode.Port = opts.Host, opts.LeafNodePort
+		// Leaf nodes reconnect to the URLs they were given only (one
+		// server has no other to advertise).
+		so.LeafNode.NoAdvertise = true
 	}
 	ns, err := server.NewServer(so)
 	if err != nil {

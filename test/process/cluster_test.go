@@ -59,11 +59,7 @@ func (n *clusterNode) kill() {
 func startCluster(t *testing.T) []*clusterNode {
 	t.Helper()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "nats-server")
-	build := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
-	build.Dir = repoRoot(t)
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "build nats-server: %s", out)
+	bin := buildNATSServer(t)
 	accounts, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "nats", "accounts.conf"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "accounts.conf"), accounts, 0o600))
@@ -85,6 +81,7 @@ func startCluster(t *testing.T) []*clusterNode {
 		conf = regexp.MustCompile(`(?m)^http: .*$`).ReplaceAllString(conf, "")
 		conf = strings.Replace(conf, "store_dir: /data/jetstream", "store_dir: "+filepath.Join(dir, name), 1)
 		conf = strings.Replace(conf, "listen: 0.0.0.0:6222", "listen: "+route[i], 1)
+		conf = strings.Replace(conf, "listen: 0.0.0.0:7422", "listen: "+freeAddr(t), 1)
 		for j := range 3 {
 			conf = strings.Replace(conf, fmt.Sprintf("nats-route://n%d:6222", j+1), "nats-route://"+route[j], 1)
 		}

@@ -86,7 +86,8 @@ func main() {
 	}
 	defer nc.Close()
 	pool := os.Getenv("POOL")
-	ex, err := executor.New(nc, executor.Config{ID: id, Pool: pool, Slots: slots, ShutdownGrace: grace, Logger: log})
+	ex, err := executor.New(nc, executor.Config{ID: id, Pool: pool, Slots: slots, ShutdownGrace: grace, Logger: log,
+		JetStreamDomain: os.Getenv("ACTIONBUS_JS_DOMAIN")})
 	if err != nil {
 		panic(err)
 	}
