@@ -59,7 +59,7 @@ func (n *clusterNode) kill() {
 func startCluster(t *testing.T) []*clusterNode {
 	t.Helper()
 	dir := t.TempDir()
-	bin := buildNATSServer(t)
+	bin := buildNATSServer(t, dir) // restarts find it beside the configurations
 	accounts, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "nats", "accounts.conf"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "accounts.conf"), accounts, 0o600))

@@ -123,7 +123,7 @@ func startLeaf(t *testing.T, listen, hubURLs string) *actionbustest.LogBuffer {
 	require.NotEqual(t, string(b), conf)
 	path := filepath.Join(t.TempDir(), "leaf.conf")
 	require.NoError(t, os.WriteFile(path, []byte(conf), 0o600))
-	cmd := exec.Command(buildNATSServer(t), "-c", path)
+	cmd := exec.Command(buildNATSServer(t, t.TempDir()), "-c", path)
 	cmd.Env = append(os.Environ(), "HUB_LEAF_URLS="+hubURLs, "LEAF_EXECUTOR_PASSWORD=pw-site")
 	out := &actionbustest.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -138,10 +138,10 @@ func startLeaf(t *testing.T, listen, hubURLs string) *actionbustest.LogBuffer {
 	return out
 }
 
-// buildNATSServer builds nats-server from the module cache.
-func buildNATSServer(t *testing.T) string {
+// buildNATSServer builds nats-server from the module cache into dir.
+func buildNATSServer(t *testing.T, dir string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "nats-server")
+	bin := filepath.Join(dir, "nats-server")
 	build := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
 	build.Dir = repoRoot(t)
 	out, err := build.CombinedOutput()
