@@ -10,11 +10,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/policy"
+	"github.com/actionbus/actionbus/internal/schema"
 )
 
 // Payload minimization, the seed's audit hook rules: input is full,
@@ -69,18 +69,6 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// pointerTokens splits an RFC 6901 pointer into its unescaped tokens.
-func pointerTokens(p string) []string {
-	if p == "" {
-		return nil
-	}
-	parts := strings.Split(p[1:], "/")
-	for i, t := range parts {
-		parts[i] = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
-	}
-	return parts
-}
-
 // Redact returns v with the value at each path replaced by [Redacted],
 // in a deep copy when anything may change (v itself is never modified).
 // "" redacts the whole value; a path that does not exist is ignored.
@@ -93,7 +81,7 @@ func Redact(v any, paths []string) any {
 		if p == "" {
 			return Redacted
 		}
-		out = redactAt(out, pointerTokens(p))
+		out = redactAt(out, schema.Tokens(p))
 	}
 	return out
 }

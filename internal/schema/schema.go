@@ -205,6 +205,19 @@ func leaves(ve *jsonschema.ValidationError, splitExtra bool) []Issue {
 	return out
 }
 
+// Tokens splits a JSON Pointer (RFC 6901) into its unescaped tokens, the
+// inverse of [Pointer]; "" (the whole document) has none.
+func Tokens(ptr string) []string {
+	if ptr == "" {
+		return nil
+	}
+	tok := strings.Split(ptr[1:], "/")
+	for i, t := range tok {
+		tok[i] = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
+	}
+	return tok
+}
+
 // Pointer renders path tokens as a JSON Pointer (RFC 6901).
 func Pointer(tokens []string) string {
 	if len(tokens) == 0 {

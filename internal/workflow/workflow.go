@@ -108,7 +108,7 @@ func shapeIssue(v schema.Issue) Issue {
 	is := func(code actionbus.Code, format string, args ...any) Issue {
 		return Issue{Code: code, Path: v.Path, Message: fmt.Sprintf(format, args...)}
 	}
-	tok := tokens(v.Path)
+	tok := schema.Tokens(v.Path)
 	extra := v.Keyword == "additionalProperties"
 	last := ""
 	if len(tok) > 0 {
@@ -177,18 +177,6 @@ func shapeIssue(v schema.Issue) Issue {
 		return is(actionbus.CodeInvalidStepReference, "a $fromStep reference needs a path (a JSON Pointer; \"\" for the whole output)")
 	}
 	return is(actionbus.CodeInvalidStepReference, "path must be a JSON Pointer (\"\" or starting with /)")
-}
-
-// tokens splits a JSON Pointer into its unescaped tokens.
-func tokens(ptr string) []string {
-	if ptr == "" {
-		return nil
-	}
-	tok := strings.Split(ptr[1:], "/")
-	for i, t := range tok {
-		tok[i] = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
-	}
-	return tok
 }
 
 // semantics checks what the schema cannot: step ids unique, references
