@@ -510,18 +510,52 @@ func (k *kit) cancelOnce(ctx context.Context) (*result, error) {
 	return r, nil
 }
 
-// cancelQueued: E-CANCEL, the queued half.
+// cancelQueued: E-CANCEL, the queued half. Every slot is busy while the
+// work item waits in the queue and its run ends; the executor takes it
+// once a slot frees.
 func (k *kit) cancelQueued(ctx context.Context) error {
-	req := k.request(ActionEcho, map[string]any{"text": "too late"})
-	if err := k.endRun(ctx, req.RunID); err != nil {
+	if err := k.fillSlots(ctx); err != nil {
 		return err
 	}
-	r, err := k.call(ctx, req)
+	req := k.request(ActionEcho, map[string]any{"text": "too late"})
+	seq, err := k.publish(ctx, req)
 	if err != nil {
 		return err
 	}
-	_, err = failedWith(r, actionbus.CodeRunEnded)
-	return err
+	if err := k.endRun(ctx, req.RunID); err != nil {
+		return err
+	}
+	r, err := k.first(ctx, req.RunID)
+	if err != nil {
+		return err
+	}
+	if _, err := failedWith(r, actionbus.CodeRunEnded); err != nil {
+		return err
+	}
+	return k.acked(ctx, seq)
+}
+
+// fillSlots occupies every slot of the pool (the slots its executors
+// declare in presence) with a sleep call of 900 ms, and waits until all
+// are taken and no pull request waits: a busy slot asks for no work
+// (E-PULL), so the next work item waits in the queue until a slot frees.
+func (k *kit) fillSlots(ctx context.Context) error {
+	slots, err := k.poolSlots(ctx)
+	if err != nil {
+		return err
+	}
+	fill := k.request(ActionSleep, nil)
+	var last uint64
+	for i := range slots {
+		f := *fill
+		f.CallID, f.PlanIndex, f.Args = events.NewID(), i, map[string]any{"ms": 900}
+		if last, err = k.publish(ctx, &f); err != nil {
+			return err
+		}
+	}
+	return k.waitConsumer(ctx, fmt.Sprintf("all %d slots busy and no pull request waiting (E-PULL)", slots), func(ci *jetstream.ConsumerInfo) bool {
+		return ci.Delivered.Stream >= last && ci.NumWaiting == 0
+	})
 }
 
 // poolSlots sums the slots the pool's executors declare in presence.
@@ -554,27 +588,12 @@ func (k *kit) poolSlots(ctx context.Context) (int, error) {
 }
 
 // redelivery: E-REDELIVERY. The kit fills every slot of the pool with
-// sleep calls (a busy slot has no pull request waiting, E-PULL), takes
+// sleep calls ([kit.fillSlots]), takes
 // the next work item itself as an executor that then crashes, and hands
 // it back at once (as the end of a crashed executor's ack wait would,
 // sooner). The executor must run it once and report deliveries 2.
 func (k *kit) redelivery(ctx context.Context) error {
-	slots, err := k.poolSlots(ctx)
-	if err != nil {
-		return err
-	}
-	fill := k.request(ActionSleep, nil)
-	var last uint64
-	for i := range slots {
-		f := *fill
-		f.CallID, f.PlanIndex, f.Args = events.NewID(), i, map[string]any{"ms": 900}
-		if last, err = k.publish(ctx, &f); err != nil {
-			return err
-		}
-	}
-	if err := k.waitConsumer(ctx, fmt.Sprintf("all %d slots busy and no pull request waiting", slots), func(ci *jetstream.ConsumerInfo) bool {
-		return ci.Delivered.Stream >= last && ci.NumWaiting == 0
-	}); err != nil {
+	if err := k.fillSlots(ctx); err != nil {
 		return err
 	}
 	cons, err := k.js.Consumer(ctx, k.topo.StreamWork(), bus.PoolConsumer(k.cfg.Pool))
@@ -583,6 +602,9 @@ func (k *kit) redelivery(ctx context.Context) error {
 	}
 	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
 	if err != nil {
+		return err
+	}
+	if err := k.waitConsumer(ctx, "the kit's pull request waiting", func(ci *jetstream.ConsumerInfo) bool { return ci.NumWaiting >= 1 }); err != nil {
 		return err
 	}
 	req := k.request(ActionIncrement, map[string]any{"key": "redelivery-" + events.NewID()})
