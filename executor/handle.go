@@ -471,7 +471,7 @@ func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, reg *actions.
 	done := make(chan result, 1)
 	start := time.Now()
 	e.handlers.run(func() {
-		res, err := runHandler(hctx, reg.Handler, call)
+		res, err := runHandler(hctx, e.intercept(reg.Handler), call)
 		done <- result{res, err}
 	})
 	beat := time.NewTicker(e.heartbeatInterval())
