@@ -16,7 +16,7 @@ func conformanceCmd(g *globals) *cobra.Command {
 		Use:   "conformance",
 		Short: "Check an executor against docs/protocol.md (conformance kit), or host the conformance catalog",
 	}
-	cmd.AddCommand(conformanceExecutorCmd(g), conformanceServeCmd(g))
+	cmd.AddCommand(conformanceExecutorCmd(g), conformanceClientCmd(g), conformanceServeCmd(g))
 	return cmd
 }
 
@@ -95,5 +95,42 @@ func conformanceServeCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&pool, "pool", bus.DefaultPool, "pool to serve")
 	cmd.Flags().IntVar(&slots, "slots", 4, "concurrent handlers")
+	return cmd
+}
+
+func conformanceClientCmd(g *globals) *cobra.Command {
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "client",
+		Short: "Check the run.requested a client under test publishes (C-START); print a pass/fail table",
+		Long: `client listens on every tenant's run.requested subject, waits up to --wait
+for the client under test to start one run (start it once "listening" is
+printed), and checks that event against docs/protocol.md's C-START: a
+valid CloudEvent on its subject whose data fits its schema, subject and
+extensions agreeing, a ULID run id, the event id equal to the run id. The
+exit status is 1 when any check fails. The client's other rules need a
+dispatcher's answers and are not checked.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			nc, err := g.connect()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			rows, err := conformance.RunClient(cmd.Context(), nc, conformance.ClientConfig{Prefix: g.prefix, Wait: wait,
+				Listening: func() { fmt.Fprintln(g.out, "listening: start a run with the client under test") }})
+			if err != nil {
+				return err
+			}
+			conformance.PrintTable(g.out, rows)
+			if n := conformance.Failed(rows); n > 0 {
+				fmt.Fprintf(g.out, "%d of %d checks failed\n", n, len(rows))
+				return exitError{1}
+			}
+			fmt.Fprintf(g.out, "all %d checks passed\n", len(rows))
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the client to start a run")
 	return cmd
 }
