@@ -103,6 +103,7 @@ var executorCases = []executorCase{
 	{"E-ARTIFACT", "an output over the limit goes to the artifact store", (*kit).artifact},
 	{"E-APPROVAL", "a mutate call without an approval fails approval_required", (*kit).noApproval},
 	{"E-IDEMPOTENCY", "an idempotent mutation retried replays; another input conflicts", (*kit).idempotency},
+	{"E-REJECT", "an undecodable work message: event.rejected recorded, acked", (*kit).reject},
 }
 
 // kit drives one executor pool.
@@ -765,6 +766,37 @@ func (k *kit) idempotency(ctx context.Context) error {
 	}
 	_, err = failedWith(r, actionbus.CodeIdempotencyConflict)
 	return err
+}
+
+// reject: E-REJECT.
+func (k *kit) reject(ctx context.Context) error {
+	since := time.Now().Add(-time.Second)
+	ack, err := k.js.Publish(ctx, k.subj.PoolRequest(k.cfg.Pool), []byte("conformance: not a CloudEvent"))
+	if err != nil {
+		return fmt.Errorf("publish work: %w", err)
+	}
+	if err := k.acked(ctx, ack.Sequence); err != nil {
+		return err
+	}
+	subject := k.subj.Rejected(k.topo.StreamWork())
+	cons, err := k.js.OrderedConsumer(ctx, k.topo.StreamRejected(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject},
+		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since})
+	if err != nil {
+		return err
+	}
+	for {
+		msg, err := cons.Next(jetstream.FetchContext(ctx))
+		if err != nil {
+			return fmt.Errorf("expected an event.rejected on %s for work item %d, got none: %w", subject, ack.Sequence, err)
+		}
+		rec, err := k.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
+		if err != nil {
+			continue
+		}
+		if rej, ok := rec.Data.(*events.EventRejected); ok && rej.Stream == k.topo.StreamWork() && rej.StreamSequence == ack.Sequence {
+			return nil
+		}
+	}
 }
 
 func clip(s string) string {

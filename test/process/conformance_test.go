@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
 )
 
 // buildActionbus compiles the actionbus command line.
@@ -92,11 +93,11 @@ func TestTheGoExecutorPassesTheConformanceKit(t *testing.T) {
 
 	rows, out, code := runKit(t, bin, srv.URL)
 	assert.Equal(t, 0, code, out)
-	require.Len(t, rows, 13, out)
+	require.Len(t, rows, 14, out)
 	for _, r := range rows {
 		assert.Equal(t, "pass", r[2], r[1])
 	}
-	assert.Contains(t, out, "all 13 cases passed")
+	assert.Contains(t, out, "all 14 cases passed")
 }
 
 // A deliberately broken executor (fresh result ids, no input validation,
@@ -112,7 +113,7 @@ func TestTheConformanceKitFailsABrokenExecutorOnTheRulesItBreaks(t *testing.T) {
 
 	rows, out, code := runKit(t, bin, srv.URL)
 	assert.Equal(t, 1, code, "a failing case makes the exit status non-zero")
-	require.Len(t, rows, 13, out)
+	require.Len(t, rows, 14, out)
 	results := map[string][]string{}
 	for _, r := range rows {
 		results[r[0]] = append(results[r[0]], r[2])
@@ -124,4 +125,34 @@ func TestTheConformanceKitFailsABrokenExecutorOnTheRulesItBreaks(t *testing.T) {
 	assert.Contains(t, out, "expected event id")
 	assert.Contains(t, out, "expected 1 stored result for a call answered twice, got 2")
 	assert.Contains(t, out, "expected action.failed action_args_invalid, got action.completed")
+}
+
+// `actionbus conformance client`, as a process, passes the Go client's
+// start of a run: it prints that it listens, the client starts a run,
+// and the kit exits 0 with every C-START check passed.
+func TestTheGoClientPassesTheClientConformanceKit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	bin := buildActionbus(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	srv.ServeIngress(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	kit := exec.CommandContext(ctx, bin, "--nats", srv.URL, "conformance", "client", "--wait", "20s")
+	out := &actionbustest.LogBuffer{}
+	kit.Stdout, kit.Stderr = out, out
+	require.NoError(t, kit.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- kit.Wait() }()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "listening") }, 20*time.Second, 10*time.Millisecond, out.String())
+
+	c, err := client.New(srv.Connect(t), client.Options{})
+	require.NoError(t, err)
+	_, err = c.Start(ctx, client.RunRequest{Prompt: "conformance"})
+	require.NoError(t, err)
+	require.NoError(t, <-exited, out.String())
+	t.Logf("client conformance kit:\n%s", out.String())
+	assert.Contains(t, out.String(), "all 4 checks passed")
+	assert.NotContains(t, out.String(), "FAIL")
 }
