@@ -49,6 +49,10 @@ func RunClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) ([]Row, err
 	if err := nc.Flush(); err != nil {
 		return nil, err
 	}
+	if err := nc.LastError(); err != nil {
+		// A subscription refused by permissions is reported only here.
+		return nil, fmt.Errorf("conformance: listen on %s: %w", subj.AnyRun("requested"), err)
+	}
 	if cfg.Listening != nil {
 		cfg.Listening()
 	}
