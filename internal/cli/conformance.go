@@ -34,10 +34,13 @@ rule id it checks. The exit status is 1 when any case fails.
 
 The kit plays the dispatcher: it publishes crafted work on the pool's work
 subject, ends runs with run.canceled and reads results from the runs
-stream, as runs no dispatcher knows. Connect as a user allowed that (the
-admin of "actionbus dev --no-operator", or the dispatcher's credentials),
-to a development or test deployment, on a pool only the executor under
-test serves (actionbus provision --pool conformance).`,
+stream, as runs no dispatcher knows. Connect as the services account's
+admin (the "admin creds" that actionbus dev prints), to a development or
+test deployment, on a pool only the executor under test serves:
+
+  actionbus --creds ADMIN provision --pool conformance
+  actionbus --creds ADMIN conformance serve --pool conformance   # or your executor
+  actionbus --creds ADMIN conformance executor --pool conformance`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			nc, err := g.connect()
@@ -109,7 +112,9 @@ printed), and checks that event against docs/protocol.md's C-START: a
 valid CloudEvent on its subject whose data fits its schema, subject and
 extensions agreeing, a ULID run id, the event id equal to the run id. The
 exit status is 1 when any check fails. The client's other rules need a
-dispatcher's answers and are not checked.`,
+dispatcher's answers and are not checked. Connect as the services
+account's admin (the "admin creds" that actionbus dev prints): a tenant's
+own users may not listen on run requests.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			nc, err := g.connect()

@@ -9,8 +9,10 @@
 // a connection allowed what the dispatcher is allowed (publish on
 // {prefix}.pool.P.request and {prefix}.run.>, read the RUNS and WORK
 // streams, pull from the pool's consumer, read the catalog, presence and
-// artifact stores of the pool): in dev mode, the admin connection
-// (--no-operator) or the dispatcher's credentials. Each case uses a run
+// artifact stores of the pool) and more (a pull of its own from the
+// pool's consumer, the rejected stream): the services account's admin
+// user, whose credentials `actionbus dev` prints as "admin creds" (or
+// any connection to `actionbus dev --no-operator`). Each case uses a run
 // id of its own that no dispatcher knows, so run it against a
 // development or test deployment, on a pool only the executor under test
 // serves (actionbus provision --pool conformance), which hosts the
