@@ -98,3 +98,24 @@ Look up each SKU the user names with stock_of, then answer with a table.
 	// Output:
 	// stock-report 1 tool(s)
 }
+
+// An interceptor joins every handler call of an executor: here it logs
+// each call's action and outcome. Config.Interceptors[0] is outermost.
+func ExampleInterceptor() {
+	logCalls := func(ctx context.Context, call executor.Call, next executor.Next) (executor.Output, error) {
+		out, err := next(ctx, call)
+		log.Printf("%s (call %s, attempt %d): err=%v", call.Action, call.CallID, call.Attempt, err)
+		return out, err
+	}
+	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+	if err != nil {
+		fmt.Println("no NATS server to serve; the example only shows the code")
+		return
+	}
+	defer nc.Drain()
+	ex, err := executor.New(nc, executor.Config{Pool: "default", Interceptors: []executor.Interceptor{logCalls}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = ex // register actions, then ex.Run(ctx)
+}

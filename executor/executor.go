@@ -96,7 +96,39 @@ type Config struct {
 	// refuses such work too. Empty (the default) serves every tenant. All
 	// executors of a pool should agree.
 	Tenants []string
+	// Interceptors wrap every handler call, the first outermost:
+	// Interceptors[0] sees the call first and its result last (as
+	// Watermill's middleware and Temporal's interceptors). They run only
+	// for calls that reach a handler, after the protocol's checks (input
+	// validated, approval checked, idempotency key reserved; a refused or
+	// replayed call never reaches them), inside the call's timeout and
+	// cancellation, and a panic in one fails the call handler_failed as a
+	// handler's does. Output they return is validated against the output
+	// schema like a handler's. None by default.
+	Interceptors []Interceptor
 }
+
+// Output is a handler's result as an [Interceptor] sees it: the output
+// (a value of the action's output type), summary, and whether it
+// completes the run.
+type Output struct {
+	Output   any
+	Summary  string
+	Complete bool
+}
+
+// Next calls the rest of an interceptor chain: the next interceptor, or
+// the handler. The call is the one the interceptor was given; the handler
+// always receives the call's validated input, so only ctx (values, a
+// tighter deadline) passes changes on.
+type Next func(ctx context.Context, call Call) (Output, error)
+
+// Interceptor wraps the handler calls of an executor
+// ([Config.Interceptors]): it may act before and after calling next
+// (logging, metrics, tracing, an authorization of your own), change the
+// context it passes on, fail the call without calling next (an
+// *actionbus.Error chooses the code), or change the output next returned.
+type Interceptor func(ctx context.Context, call Call, next Next) (Output, error)
 
 // Observer sees an executor's work: the actions it runs and what happens
 // to each message it takes. The services' Prometheus metrics implement it.
@@ -337,6 +369,9 @@ type Call struct {
 	// InputHash is the stable hash of the input: SHA-256 over its RFC 8785
 	// canonical JSON (docs/approvals.md).
 	InputHash string
+	// Input is the call's validated input as JSON (a typed handler
+	// receives it decoded; interceptors read it here).
+	Input json.RawMessage
 	// Approval is the verified approval of a call that needed one (always
 	// for mutate actions). Re-check it at the mutation point: its
 	// Context.InputHash must equal InputHash, and Context.ExpiresAt must
@@ -414,14 +449,37 @@ func Register[In, Out any](ex *Executor, a Action, h HandlerFunc[In, Out]) error
 		if err := json.Unmarshal(call.Input, &in); err != nil {
 			return actions.Result{}, actionbus.Errorf(actionbus.CodeSchemaValidation, "input does not fit %T: %w", in, err)
 		}
-		res, err := h(ctx, in, Call{RunID: call.RunID, CallID: call.CallID, Action: call.Action,
-			UserID: call.UserID, Origin: call.Origin, Attempt: call.Attempt, IdempotencyKey: call.IdempotencyKey,
-			InputHash: call.InputHash, Approval: call.Approval, putArtifact: call.PutArtifact})
+		res, err := h(ctx, in, publicCall(call))
 		if err != nil {
 			return actions.Result{}, err
 		}
 		return actions.Result{Output: res.Output, Summary: res.Summary, Complete: res.Complete}, nil
 	})
+}
+
+// publicCall is the handler's and interceptors' view of a call.
+func publicCall(c actions.Call) Call {
+	return Call{RunID: c.RunID, CallID: c.CallID, Action: c.Action, UserID: c.UserID, Origin: c.Origin, Attempt: c.Attempt,
+		IdempotencyKey: c.IdempotencyKey, InputHash: c.InputHash, Input: c.Input, Approval: c.Approval, putArtifact: c.PutArtifact}
+}
+
+// intercept wraps h in the configured interceptors, the first outermost.
+func (e *Executor) intercept(h actions.Handler) actions.Handler {
+	if len(e.cfg.Interceptors) == 0 {
+		return h
+	}
+	return func(ctx context.Context, ac actions.Call) (actions.Result, error) {
+		next := Next(func(ctx context.Context, _ Call) (Output, error) {
+			res, err := h(ctx, ac)
+			return Output{Output: res.Output, Summary: res.Summary, Complete: res.Complete}, err
+		})
+		for i := len(e.cfg.Interceptors) - 1; i >= 0; i-- {
+			ic, inner := e.cfg.Interceptors[i], next
+			next = func(ctx context.Context, call Call) (Output, error) { return ic(ctx, call, inner) }
+		}
+		out, err := next(ctx, publicCall(ac))
+		return actions.Result{Output: out.Output, Summary: out.Summary, Complete: out.Complete}, err
+	}
 }
 
 func reflectSchema(v any) (json.RawMessage, error) {

@@ -191,136 +191,228 @@ func (e *Executor) settle(msg jetstream.Msg, req *events.ActionRequested, out ou
 	}
 }
 
-// run executes a request and publishes its result; it returns the outcome.
+// call is one work item as it goes through the stages of [Executor.run]:
+// each stage fills the fields the next one reads.
+type call struct {
+	msg        jetstream.Msg
+	req        *events.ActionRequested
+	deliveries int
+
+	// Set by prepare.
+	reg       *actions.Registered // nil when the action is not hosted
+	args      map[string]any      // the validated input
+	input     json.RawMessage     // args as JSON
+	inputHash string
+	timeout   time.Duration
+
+	// Set by idempotency.
+	key   string     // the idempotency key ("" when none)
+	claim *idemClaim // the key's reservation, held while the handler runs
+
+	// observed is the outcome reported to the Observer.
+	observed string
+}
+
+// run takes a request through the protocol's stages, in order: prepare
+// (refusals that need no handler: deliveries exhausted, run ended, action
+// not hosted, tenant not served, invalid input, missing approval),
+// idempotency (the key's reservation: replay, conflict or wait), invoke (the
+// handler through the interceptors, under its timeout, with heartbeats)
+// and publish (the result event). It returns the ack outcome.
 func (e *Executor) run(ctx context.Context, msg jetstream.Msg, req *events.ActionRequested, deliveries int) (outcome, time.Duration) {
-	observed := "handed_back"
+	c := &call{msg: msg, req: req, deliveries: deliveries, observed: "handed_back"}
 	if o := e.cfg.Observer; o != nil {
 		o.ActionStarted()
 		start := time.Now()
-		defer func() { o.ActionDone(req.Action, observed, time.Since(start)) }()
+		defer func() { o.ActionDone(req.Action, c.observed, time.Since(start)) }()
 	}
-	var reg *actions.Registered
-	var args map[string]any
-	publish := func(res actions.Result, herr error, took time.Duration, replayed bool) (outcome, time.Duration) {
-		traceCall(ctx, reg, args, res, herr)
-		switch {
-		case replayed:
-			observed = "replayed"
-		case herr != nil:
-			observed = "failed"
-		default:
-			observed = "succeeded"
-		}
-		if err := e.publishPatiently(ctx, msg, func() error {
-			return e.publishResult(context.WithoutCancel(ctx), req, res, herr, took, deliveries, replayed)
-		}); err != nil {
-			e.callLog(req).Error("result not published; the request will be redelivered", "err", err)
-			return outcomePublishFailed, 0
-		}
-		return outcomeResult, 0
+	if err := e.prepare(c); err != nil {
+		return e.publish(ctx, c, actions.Result{}, err, 0, false)
 	}
-	if deliveries >= bus.DefaultMaxDeliver {
-		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeDeliveryExhausted,
-			"delivered %d times without a result; not running it again", deliveries), 0, false)
+	r := e.idempotency(ctx, c)
+	switch {
+	case r.failure != nil:
+		return e.publish(ctx, c, actions.Result{}, r.failure, 0, false)
+	case r.replay != nil:
+		return e.publish(ctx, c, *r.replay, nil, 0, true)
+	case r.stop:
+		return r.outcome, r.delay
+	}
+	h := e.invoke(ctx, c)
+	if h.after != nil {
+		defer h.after() // once the result is out: an abandoned handler's slot and key
+	}
+	if h.handBack {
+		return outcomeHandBack, 0
+	}
+	return e.publish(ctx, c, h.res, h.err, h.took, false)
+}
+
+// prepare checks what needs no handler, in the protocol's order, and
+// returns the typed failure to publish, if any. On success c holds the
+// validated input, its hash and the call's timeout.
+func (e *Executor) prepare(c *call) error {
+	req := c.req
+	if c.deliveries >= bus.DefaultMaxDeliver {
+		return actionbus.Errorf(actionbus.CodeDeliveryExhausted, "delivered %d times without a result; not running it again", c.deliveries)
 	}
 	if e.runEnded(req.RunID) {
 		// Queued work of a run that ended (canceled, failed, completed):
 		// never started, so no effect can follow a cancel.
-		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeRunEnded,
-			"run %s ended before this call started; the handler was not called", req.RunID), 0, false)
+		return actionbus.Errorf(actionbus.CodeRunEnded, "run %s ended before this call started; the handler was not called", req.RunID)
 	}
 	reg, ok := e.reg.Lookup(req.Action) // nil when not registered
+	c.reg = reg
 	if ok && !reg.Def.ServesTenant(events.TenantOr(req.Tenant)) {
-		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeTenantNotServed,
-			"pool %s is dedicated to other tenants than %s", e.cfg.Pool, events.TenantOr(req.Tenant)), 0, false)
+		return actionbus.Errorf(actionbus.CodeTenantNotServed, "pool %s is dedicated to other tenants than %s", e.cfg.Pool, events.TenantOr(req.Tenant))
 	}
 	if !ok {
-		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not registered on pool %s", req.Action, e.cfg.Pool), 0, false)
+		return actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not registered on pool %s", req.Action, e.cfg.Pool)
 	}
 	prepared, _, issues := reg.Args.Prepare(req.Args, req.Origin)
 	if issues != nil {
-		return publish(actions.Result{}, actions.ArgsError(req.Action, issues), 0, false)
+		return actions.ArgsError(req.Action, issues)
 	}
-	args = prepared
-	input, err := jsoncodec.Marshal(args)
+	c.args = prepared
+	input, err := jsoncodec.Marshal(prepared)
 	if err != nil {
-		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeActionArgsInvalid, "input is not JSON: %w", err), 0, false)
+		return actionbus.Errorf(actionbus.CodeActionArgsInvalid, "input is not JSON: %w", err)
 	}
-	inputHash, err := policy.InputHash(args)
-	if err != nil {
-		return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeActionArgsInvalid, "input has no canonical form: %w", err), 0, false)
+	c.input = input
+	if c.inputHash, err = policy.InputHash(prepared); err != nil {
+		return actionbus.Errorf(actionbus.CodeActionArgsInvalid, "input has no canonical form: %w", err)
 	}
 	// Defense in depth: a mutation runs only with an approval bound to
 	// exactly this input.
 	if reg.Def.Mode == actions.ModeMutate {
 		switch {
 		case req.Approval == nil:
-			return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeApprovalRequired, "mutate action %s arrived without an approval", req.Action), 0, false)
-		case req.Approval.Context.InputHash != inputHash || req.Approval.Context.Action != req.Action:
-			return publish(actions.Result{}, actionbus.Errorf(actionbus.CodeApprovalInvalid, "the approval of %s is bound to other input", req.Action), 0, false)
+			return actionbus.Errorf(actionbus.CodeApprovalRequired, "mutate action %s arrived without an approval", req.Action)
+		case req.Approval.Context.InputHash != c.inputHash || req.Approval.Context.Action != req.Action:
+			return actionbus.Errorf(actionbus.CodeApprovalInvalid, "the approval of %s is bound to other input", req.Action)
 		}
 	}
-	timeout := actions.Timeout(reg.Def.TimeoutMs, req.TimeoutMs, e.cfg.DefaultTimeout)
+	c.timeout = actions.Timeout(reg.Def.TimeoutMs, req.TimeoutMs, e.cfg.DefaultTimeout)
+	return nil
+}
 
-	key := req.IdempotencyKey
-	if key == "" && reg.Def.Mode == actions.ModeMutate {
-		key = req.CallID // a mutate call is always idempotent per call
-	}
-	var claim *idemClaim
-	if key != "" {
-		c, stored, wait, err := e.reserveWaiting(ctx, msg, key, req, inputHash, timeout)
-		var conflict *actionbus.Error
-		switch {
-		case errors.As(err, &conflict):
-			return publish(actions.Result{}, conflict, 0, false)
-		case err != nil:
-			e.callLog(req).Error("idempotency key not reserved", "err", err)
-			return outcomePublishFailed, 0
-		case stored != nil:
-			e.callLog(req).Info("replaying the stored result of an idempotency key")
-			return publish(actions.Result{Output: stored.Output, Summary: stored.Summary, Complete: stored.Complete}, nil, 0, true)
-		case wait > 0:
-			return outcomeRetryLater, wait
-		}
-		claim = c
-	}
+// reservation is how the idempotency stage ends: with a failure or a
+// replay to publish, with an ack outcome (stop), or, all zero, by going
+// on to the handler.
+type reservation struct {
+	failure error
+	replay  *actions.Result
+	stop    bool
+	outcome outcome
+	delay   time.Duration
+}
 
-	call := actions.Call{RunID: req.RunID, CallID: req.CallID, Action: req.Action, UserID: req.UserID,
-		Origin: req.Origin, Attempt: req.Attempt, Input: input, IdempotencyKey: key, InputHash: inputHash, Approval: req.Approval,
+// idempotency reserves the call's idempotency key, when it has one (a mutate
+// call always does: its call id), holding it in c.claim while the handler
+// runs.
+func (e *Executor) idempotency(ctx context.Context, c *call) reservation {
+	c.key = c.req.IdempotencyKey
+	if c.key == "" && c.reg.Def.Mode == actions.ModeMutate {
+		c.key = c.req.CallID // a mutate call is always idempotent per call
+	}
+	if c.key == "" {
+		return reservation{}
+	}
+	claim, stored, wait, err := e.reserveWaiting(ctx, c.msg, c.key, c.req, c.inputHash, c.timeout)
+	var conflict *actionbus.Error
+	switch {
+	case errors.As(err, &conflict):
+		return reservation{failure: conflict}
+	case err != nil:
+		e.callLog(c.req).Error("idempotency key not reserved", "err", err)
+		return reservation{stop: true, outcome: outcomePublishFailed}
+	case stored != nil:
+		e.callLog(c.req).Info("replaying the stored result of an idempotency key")
+		return reservation{replay: &actions.Result{Output: stored.Output, Summary: stored.Summary, Complete: stored.Complete}}
+	case wait > 0:
+		return reservation{stop: true, outcome: outcomeRetryLater, delay: wait}
+	}
+	c.claim = claim
+	return reservation{}
+}
+
+// handled is what the handler stage comes to.
+type handled struct {
+	res  actions.Result
+	took time.Duration
+	err  error
+	// handBack: the executor is shutting down; nothing is published.
+	handBack bool
+	// after, when set, waits for a handler that ignored its deadline and
+	// then releases its key; it runs once the result is published.
+	after func()
+}
+
+// invoke runs the handler through the interceptors ([Config.Interceptors])
+// under the call's timeout, checks its output, and stores a success
+// under the call's idempotency key (a failure gives the key up).
+func (e *Executor) invoke(ctx context.Context, c *call) handled {
+	req := c.req
+	ac := actions.Call{RunID: req.RunID, CallID: req.CallID, Action: req.Action, UserID: req.UserID,
+		Origin: req.Origin, Attempt: req.Attempt, Input: c.input, IdempotencyKey: c.key, InputHash: c.inputHash, Approval: req.Approval,
 		PutArtifact: func(ctx context.Context, role, mediaType string, data []byte) (events.ArtifactRef, error) {
 			return e.putArtifact(ctx, req, events.DerivedID(req.CallID, "artifact", role, req.Attempt), role, mediaType, data)
 		}}
-	res, took, abandoned, herr := e.execute(ctx, msg, reg, call, timeout)
+	res, took, abandoned, herr := e.execute(ctx, c.msg, c.reg, ac, c.timeout)
+	h := handled{res: res, took: took, err: herr}
 	// release gives the key up once the handler has really returned: a
 	// handler still running past its deadline keeps its key reserved, so
 	// a retry with the same key cannot run beside it.
 	release := func() {}
-	if claim != nil {
-		release = func() { e.release(claim) }
+	if c.claim != nil {
+		release = func() { e.release(c.claim) }
 	}
 	if abandoned != nil {
 		now := release
 		release = func() {}
-		defer func() {
+		h.after = func() {
 			<-abandoned // the slot and the key are freed when the handler returns
 			now()
-		}()
+		}
 	}
 	if errors.Is(context.Cause(ctx), errShutdown) && errors.Is(herr, errShutdown) {
 		release()
-		return outcomeHandBack, 0
+		h.handBack = true
+		return h
 	}
-	if herr == nil {
-		herr = e.checkOutput(reg, &res)
+	if h.err == nil {
+		h.err = e.checkOutput(c.reg, &h.res)
 	}
-	if claim != nil && herr == nil {
-		if err := e.complete(ctx, claim, res); err != nil {
+	if c.claim != nil && h.err == nil {
+		if err := e.complete(ctx, c.claim, h.res); err != nil {
 			e.callLog(req).Warn("result not stored under its idempotency key", "err", err)
 		}
-	} else if herr != nil {
+	} else if h.err != nil {
 		release()
 	}
-	return publish(res, herr, took, false)
+	return h
+}
+
+// publish publishes the call's result (patiently: see publishPatiently)
+// and returns the ack outcome: ack once it is stored, else hand the
+// request back.
+func (e *Executor) publish(ctx context.Context, c *call, res actions.Result, herr error, took time.Duration, replayed bool) (outcome, time.Duration) {
+	traceCall(ctx, c.reg, c.args, res, herr)
+	switch {
+	case replayed:
+		c.observed = "replayed"
+	case herr != nil:
+		c.observed = "failed"
+	default:
+		c.observed = "succeeded"
+	}
+	if err := e.publishPatiently(ctx, c.msg, func() error {
+		return e.publishResult(context.WithoutCancel(ctx), c.req, res, herr, took, c.deliveries, replayed)
+	}); err != nil {
+		e.callLog(c.req).Error("result not published; the request will be redelivered", "err", err)
+		return outcomePublishFailed, 0
+	}
+	return outcomeResult, 0
 }
 
 // resultPatience is how long the executor keeps trying to publish a result
@@ -379,7 +471,7 @@ func (e *Executor) execute(ctx context.Context, msg jetstream.Msg, reg *actions.
 	done := make(chan result, 1)
 	start := time.Now()
 	e.handlers.run(func() {
-		res, err := runHandler(hctx, reg.Handler, call)
+		res, err := runHandler(hctx, e.intercept(reg.Handler), call)
 		done <- result{res, err}
 	})
 	beat := time.NewTicker(e.heartbeatInterval())

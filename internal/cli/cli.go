@@ -178,7 +178,7 @@ func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 			_ = shutdown(sctx)
 		}()
 	}
-	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), inputCmd(g), approveCmd(g), denyCmd(g), workflowCmd(g), actionsCmd(g), skillsCmd(g), mcpCmd(g), artifactsCmd(g), auditCmd(g), eventsCmd(g), replayCmd(g), runsCmd(g), retryCmd(g), tenantCmd(g), natsCmd(g), consoleCmd(g))
+	root.AddCommand(devCmd(g), provisionCmd(g), runCmd(g), execCmd(g), watchCmd(g), cancelCmd(g), inputCmd(g), approveCmd(g), denyCmd(g), workflowCmd(g), actionsCmd(g), skillsCmd(g), mcpCmd(g), artifactsCmd(g), auditCmd(g), eventsCmd(g), replayCmd(g), runsCmd(g), retryCmd(g), tenantCmd(g), natsCmd(g), consoleCmd(g), conformanceCmd(g))
 	if err := root.ExecuteContext(ctx); err != nil {
 		var exit exitError
 		if asExit(err, &exit) {

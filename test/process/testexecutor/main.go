@@ -23,6 +23,9 @@
 //	            TEST_DIR/effects holds one file per applied key whose
 //	            content is "<run id>/<order>", created atomically, as a
 //	            database's unique key would be
+//
+// With BROKEN=1 it is instead a deliberately broken executor of POOL
+// (broken.go), which the conformance kit must fail.
 package main
 
 import (
@@ -86,6 +89,13 @@ func main() {
 	}
 	defer nc.Close()
 	pool := os.Getenv("POOL")
+	if os.Getenv("BROKEN") == "1" {
+		if err := serveBroken(ctx, nc, pool); err != nil {
+			log.Error("broken executor stopped", "err", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ex, err := executor.New(nc, executor.Config{ID: id, Pool: pool, Slots: slots, ShutdownGrace: grace, Logger: log,
 		JetStreamDomain: os.Getenv("ACTIONBUS_JS_DOMAIN")})
 	if err != nil {
