@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
@@ -426,24 +427,22 @@ const resultPatience = 30 * time.Second
 // (which detects crashing handlers) on the bus's failover, and after five
 // the call would fail delivery_exhausted although its handler succeeded.
 func (e *Executor) publishPatiently(ctx context.Context, msg jetstream.Msg, publish func() error) error {
-	giveUp := time.Now().Add(resultPatience)
-	wait := 100 * time.Millisecond
-	for {
-		err := publish()
-		if err == nil || time.Now().After(giveUp) {
-			return err
-		}
+	return patiently(ctx, publish, func(err error) {
 		e.log.Debug("result not published yet; retrying", "err", err)
 		_ = msg.InProgress()
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-		wait = min(2*wait, 2*time.Second)
-	}
+	})
+}
+
+// patiently calls op until it succeeds, fails with a
+// [backoff.Permanent] error, ctx ends or resultPatience has passed,
+// waiting 100 ms doubling to 2 s (±20 %) between attempts; onRetry runs
+// before each wait.
+func patiently(ctx context.Context, op func() error, onRetry func(error)) error {
+	b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: 2 * time.Second}
+	_, err := backoff.Retry(ctx, func() (struct{}, error) { return struct{}{}, op() },
+		backoff.WithBackOff(b), backoff.WithMaxElapsedTime(resultPatience),
+		backoff.WithNotify(func(err error, _ time.Duration) { onRetry(err) }))
+	return err
 }
 
 // execute runs the handler under its timeout and the run's cancellation,

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
@@ -267,25 +268,17 @@ func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Resul
 		return err
 	}
 	rev := c.stop()
-	giveUp := time.Now().Add(resultPatience)
-	wait := 100 * time.Millisecond
-	for {
+	return patiently(ctx, func() error {
 		uctx, cancel := bus.Bounded(context.WithoutCancel(ctx))
-		_, err = e.idem.Update(uctx, c.key, val, rev)
-		cancel()
-		if err == nil || errors.Is(err, jetstream.ErrKeyExists) || time.Now().After(giveUp) {
-			return err // stored, taken over (the revision moved), or out of patience
+		defer cancel()
+		_, err := e.idem.Update(uctx, c.key, val, rev)
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return backoff.Permanent(err) // taken over: the revision moved
 		}
+		return err
+	}, func(err error) {
 		e.log.Debug("idempotency result not stored yet; retrying", "call_id", c.entry.CallID, "err", err)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-		wait = min(2*wait, 2*time.Second)
-	}
+	})
 }
 
 // release gives the key up so a retry can run.
