@@ -272,7 +272,7 @@ func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Resul
 		uctx, cancel := bus.Bounded(context.WithoutCancel(ctx))
 		defer cancel()
 		_, err := e.idem.Update(uctx, c.key, val, rev)
-		if errors.Is(err, jetstream.ErrKeyExists) {
+		if bus.IsRevisionConflict(err) {
 			return backoff.Permanent(err) // taken over: the revision moved
 		}
 		return err

@@ -554,8 +554,11 @@ func (b *Bus) emitRejected(ctx context.Context, stream, id string, rej events.Ev
 // caller reads again and retries.
 func IsRevisionConflict(err error) bool {
 	var apiErr *jetstream.APIError
-	return errors.Is(err, jetstream.ErrKeyExists) ||
-		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
+	// A replicated stream reports the lost race as 10164 where one of a
+	// single replica says 10071.
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) ||
+		(errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant))
 }
 
 // PutRevision writes val at key if the key is still at rev (0: the key

@@ -705,3 +705,25 @@ func TestServeLeavesAnAckAllConsumersAcknowledgementsToItsSettler(t *testing.T) 
 	require.NoError(t, err)
 	assert.Zero(t, info.AckFloor.Stream, "Serve acknowledged or terminated nothing itself")
 }
+
+// TestRevisionConflictsAreKnownOnOneReplica: a create of a key that exists
+// and an update at a stale revision are conflicts, whatever error form
+// the client library gives them; a missing bucket is not.
+func TestRevisionConflictsAreKnownOnOneReplica(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	ctx := ctxT(t)
+	kv, err := srv.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "conflicts"})
+	require.NoError(t, err)
+	rev, err := kv.Create(ctx, "k", []byte("1"))
+	require.NoError(t, err)
+	_, err = kv.Update(ctx, "k", []byte("2"), rev)
+	require.NoError(t, err)
+
+	_, err = kv.Create(ctx, "k", []byte("x"))
+	assert.True(t, bus.IsRevisionConflict(err), "create of an existing key: %v", err)
+	_, err = kv.Update(ctx, "k", []byte("x"), rev)
+	assert.True(t, bus.IsRevisionConflict(err), "update at a stale revision: %v", err)
+	assert.True(t, bus.IsRevisionConflict(bus.PutRevision(ctx, kv, "k", []byte("x"), rev)))
+	_, err = srv.JS.KeyValue(ctx, "no-such-bucket")
+	assert.False(t, bus.IsRevisionConflict(err), "a missing bucket: %v", err)
+}
