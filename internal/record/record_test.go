@@ -4,6 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"io/fs"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,8 +20,10 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/record"
+	"github.com/actionbus/actionbus/schemas"
 )
 
 // TestRecordsAreValidatedAgainstTheirSchemas: R-PRESENCE and
@@ -109,4 +117,31 @@ func TestAPlantedIdempotencyRecordIsNeverReplayed(t *testing.T) {
 	require.NotNil(t, res.Error)
 	assert.Equal(t, actionbus.CodeInvalidRecord, res.Error.Code)
 	assert.Empty(t, ran, "the handler did not run")
+}
+
+// TestTheDefinitionSchemaNamesEveryMemberOfTheGoType: the members of
+// schemas/action-definition.json are exactly the JSON members of
+// actions.Definition, so neither can gain one the other refuses.
+func TestTheDefinitionSchemaNamesEveryMemberOfTheGoType(t *testing.T) {
+	b, err := fs.ReadFile(schemas.FS, schemas.ActionDefinition)
+	require.NoError(t, err)
+	var doc struct {
+		Properties map[string]any `json:"properties"`
+		Defs       struct {
+			Fields struct {
+				Properties map[string]any `json:"properties"`
+			} `json:"fields"`
+		} `json:"$defs"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	var members []string
+	typ := reflect.TypeFor[actions.Definition]()
+	for i := range typ.NumField() {
+		name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			members = append(members, name)
+		}
+	}
+	assert.ElementsMatch(t, members, slices.Collect(maps.Keys(doc.Defs.Fields.Properties)))
+	assert.ElementsMatch(t, members, slices.Collect(maps.Keys(doc.Properties)))
 }

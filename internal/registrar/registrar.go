@@ -222,9 +222,6 @@ func Parse(pool string, a *events.PoolAnnounced) (*Announcement, error) {
 	claimed := map[string]string{} // tool name → the action claiming it
 	for i, raw := range a.Actions {
 		var def actions.Definition
-		if err := checkDefinition(pool, i, raw); err != nil {
-			return nil, err
-		}
 		if err := strictDecode(pool, raw, &def); err != nil {
 			if errors.Is(err, actionbus.ErrCatalogLimit) {
 				return nil, err
@@ -249,6 +246,11 @@ func Parse(pool string, a *events.PoolAnnounced) (*Announcement, error) {
 		}
 		if seen[def.Name] {
 			return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %q announced twice", def.Name).WithDetail("action", def.Name)
+		}
+		// Last, the schema other languages read: whatever the checks
+		// above let through (they answer with their own codes first).
+		if err := checkDefinition(pool, i, raw); err != nil {
+			return nil, err
 		}
 		seen[def.Name] = true
 		for _, c := range Claims(def) {
