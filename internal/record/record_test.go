@@ -145,3 +145,30 @@ func TestTheDefinitionSchemaNamesEveryMemberOfTheGoType(t *testing.T) {
 	assert.ElementsMatch(t, members, slices.Collect(maps.Keys(doc.Defs.Fields.Properties)))
 	assert.ElementsMatch(t, members, slices.Collect(maps.Keys(doc.Properties)))
 }
+
+// TestTheGoExecutorsPresenceFollowsItsSchema: E-PRESENCE. What the Go
+// executor puts in its pool's presence bucket validates against
+// schemas/presence.json, under <pool>.<executor id>.
+func TestTheGoExecutorsPresenceFollowsItsSchema(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	srv.StartStack(t, actionbustest.StackOptions{NoAuditor: true, NoPlanner: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketPresence(bus.DefaultPool))
+	require.NoError(t, err)
+	var key string
+	require.Eventually(t, func() bool {
+		keys, err := kv.Keys(ctx)
+		if err != nil || len(keys) == 0 {
+			return false
+		}
+		key = keys[0]
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "no executor put its presence")
+	e, err := kv.Get(ctx, key)
+	require.NoError(t, err)
+	require.NoError(t, record.Validate(record.Presence, key, e.Value()), "%s", e.Value())
+	var v struct{ ID, Pool string }
+	require.NoError(t, json.Unmarshal(e.Value(), &v))
+	assert.Equal(t, v.Pool+"."+v.ID, key)
+}
