@@ -543,8 +543,9 @@ func (r *Registrar) remove(ctx context.Context, pool, name string) error {
 	held := []ownerName{{KindAction, name}}
 	def := actions.Definition{Name: name}
 	if e, err := r.catKV.Get(ctx, actions.CatalogKey(pool, name)); err == nil {
-		var entry actions.Entry
-		if json.Unmarshal(e.Value(), &entry) == nil && entry.Name == name {
+		// The aliases to release are those of an entry the catalog
+		// accepts; of a refused one, only the name's own claims.
+		if entry, err := actionstore.DecodeEntry(e.Key(), e.Value()); err == nil {
 			def = entry.Definition
 		}
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
