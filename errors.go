@@ -120,6 +120,11 @@ const (
 	// or cost), a call would have, or a run asked for more budget than
 	// the host grants; the details name the budget and the usage so far.
 	CodeBudgetExceeded Code = "budget_exceeded"
+	// CodeInvalidRecord: a record a trusted service read from a bucket (a
+	// catalog entry, an idempotency record, a presence value) fails its
+	// schema in schemas/ or its hash; it is refused (not listed, not
+	// used) and logged once. The details name the record kind and key.
+	CodeInvalidRecord Code = "invalid_record"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -142,6 +147,7 @@ var Codes = []Code{
 	CodeUnauthenticated, CodeForbidden, CodeRunNotFound, CodeApprovalNotFound, CodeBadRequest,
 	CodeAccountRefused,
 	CodeArtifactNotFound, CodeRegistrarUnavailable, CodeCatalogLimit, CodeBudgetExceeded,
+	CodeInvalidRecord,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code
@@ -176,6 +182,7 @@ var (
 	ErrArtifactNotFound    = &Error{Code: CodeArtifactNotFound}
 	ErrCatalogLimit        = &Error{Code: CodeCatalogLimit}
 	ErrBudgetExceeded      = &Error{Code: CodeBudgetExceeded}
+	ErrInvalidRecord       = &Error{Code: CodeInvalidRecord}
 )
 
 // Error is an actionbus failure with a stable code. It is the Go form of the

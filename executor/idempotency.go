@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/bus"
+	"github.com/actionbus/actionbus/internal/record"
 )
 
 // Idempotency keys (see docs/architecture.md, "Idempotent effects"):
@@ -60,6 +60,20 @@ type idemEntry struct {
 	Output     any       `json:"output,omitempty"`
 	Summary    string    `json:"summary,omitempty"`
 	Complete   bool      `json:"complete,omitempty"`
+}
+
+// decodeIdem decodes the idempotency record stored under key k, refusing
+// one that fails schemas/idempotency-record.json (invalid_record: the
+// call fails with it, and never replays what such a record holds).
+func decodeIdem(k string, val []byte) (idemEntry, error) {
+	if err := record.Validate(record.IdempotencyRecord, k, val); err != nil {
+		return idemEntry{}, err
+	}
+	var held idemEntry
+	if err := json.Unmarshal(val, &held); err != nil {
+		return idemEntry{}, record.Invalid(record.IdempotencyRecord, k, "does not decode: %v", err)
+	}
+	return held, nil
 }
 
 type idemClaim struct {
@@ -158,9 +172,9 @@ func (e *Executor) reserve(ctx context.Context, key string, req *events.ActionRe
 		if err != nil {
 			return nil, nil, 0, err
 		}
-		var held idemEntry
-		if err := json.Unmarshal(cur.Value(), &held); err != nil {
-			return nil, nil, 0, fmt.Errorf("executor: idempotency entry: %w", err)
+		held, err := decodeIdem(k, cur.Value())
+		if err != nil {
+			return nil, nil, 0, err
 		}
 		if err := sameCall(held, entry); err != nil {
 			return nil, nil, 0, err

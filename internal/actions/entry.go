@@ -1,6 +1,15 @@
 package actions
 
-import "time"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gowebpki/jcs"
+)
 
 // Entry is one action of the shared catalog.
 type Entry struct {
@@ -20,3 +29,35 @@ func CatalogKey(pool, name string) string { return pool + "." + name }
 // bucket (<pool>.=skill.<name>): '=' is allowed in bucket keys and never
 // in action names, so a skill's key never collides with an action's.
 const SkillKeyMarker = "=skill"
+
+// The members of an entry that its hash is not over.
+var unhashed = []string{"hash", "publishedAt", "publishedBy"}
+
+// EntryHash is the hash a catalog entry must carry, computed from its
+// stored JSON as any language can: the lower-case hex SHA-256 over the
+// RFC 8785 canonical JSON of the entry object without its hash,
+// publishedAt and publishedBy members. For an entry the registrar wrote
+// it equals Definition.Hash() (the entry's other members are exactly the
+// definition's). The error is for a value that is not a JSON object.
+func EntryHash(raw []byte) (string, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return "", fmt.Errorf("actions: entry hash: %w", err)
+	}
+	if obj == nil {
+		return "", errors.New("actions: entry hash: not an object")
+	}
+	for _, k := range unhashed {
+		delete(obj, k)
+	}
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return "", fmt.Errorf("actions: entry hash: %w", err)
+	}
+	c, err := jcs.Transform(b)
+	if err != nil {
+		return "", fmt.Errorf("actions: entry hash: %w", err)
+	}
+	sum := sha256.Sum256(c)
+	return hex.EncodeToString(sum[:]), nil
+}

@@ -190,7 +190,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	view, err := actionstore.NewCatalog(catKV).Watch(ctx)
+	view, err := actionstore.NewCatalog(catKV, actionstore.WithLogger(s.log)).Watch(ctx)
 	if err != nil {
 		return err
 	}

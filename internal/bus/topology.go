@@ -656,6 +656,9 @@ type Requirements struct {
 	Consumers []ConsumerSpec // only Stream and Config.Durable are read
 	Buckets   []string
 	Objects   []string
+	// Pool is the executor pool whose stores these are ("" for a service
+	// of no pool): Check's error then names `provision --pool`.
+	Pool string
 }
 
 // Needs returns what a service ("dispatcher", "planner", "executor",
@@ -691,6 +694,7 @@ func (t Topology) Needs(service, pool string) Requirements {
 			Consumers: []ConsumerSpec{c(t.StreamWork(), PoolConsumer(pool))},
 			Buckets:   []string{t.BucketPresence(pool), t.BucketIdempotency(pool)},
 			Objects:   []string{t.PoolArtifacts(pool)},
+			Pool:      pool,
 		}
 	case "auditor":
 		return Requirements{
@@ -706,7 +710,9 @@ func (t Topology) Needs(service, pool string) Requirements {
 
 // Check verifies that everything in req exists. The error is an
 // *actionbus.Error with code missing_topology whose message names every
-// missing stream, consumer and bucket, and says how to create them.
+// missing stream, consumer and bucket, and says how to create them: the
+// command in details.command (`actionbus provision --nats <url>`, with
+// `--pool P` for an executor's requirements of pool P).
 func (t Topology) Check(ctx context.Context, js jetstream.JetStream, req Requirements) error {
 	var missing []string
 	var other []error
@@ -743,11 +749,18 @@ func (t Topology) Check(ctx context.Context, js jetstream.JetStream, req Require
 		return fmt.Errorf("events: check topology: %w", errors.Join(other...))
 	}
 	if len(missing) > 0 {
+		command := "actionbus provision --nats <url>"
+		why := ""
+		if req.Pool != "" {
+			// A pool's work consumer and stores exist only once it is
+			// provisioned by name: the default provisions pool default.
+			command += " --pool " + req.Pool
+			why = " (a pool's work consumer and stores exist only once `provision` names the pool; name every pool the deployment serves)"
+		}
 		return (&actionbus.Error{
-			Code: actionbus.CodeMissingTopology,
-			Message: "missing " + strings.Join(missing, ", ") +
-				"; create them with `actionbus provision --nats <url>`",
-		}).WithDetail("missing", missing)
+			Code:    actionbus.CodeMissingTopology,
+			Message: "missing " + strings.Join(missing, ", ") + "; create them with `" + command + "`" + why,
+		}).WithDetail("missing", missing).WithDetail("command", command)
 	}
 	return nil
 }

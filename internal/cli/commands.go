@@ -35,7 +35,13 @@ func provisionCmd(g *globals) *cobra.Command {
 		Use:   "provision",
 		Short: "Create or update every stream, consumer and bucket (idempotent; needs JetStream admin rights)",
 		Long: `Create or update every stream, consumer and bucket (idempotent; needs
-JetStream admin rights). Every pool named with --pool gets its work consumer.
+JetStream admin rights). Every pool named with --pool gets its work consumer
+(pool-<pool> on AB_WORK) and its presence, idempotency and artifact stores.
+A new pool exists only once provisioned: its executors refuse to start
+(missing_topology naming this command) until "actionbus provision --pool
+<pool>" ran. Name every pool the deployment serves (default: default only);
+provisioning one pool leaves the others as they are (docs/protocol.md,
+E-PROVISION).
 
 Tenants share everything provisioned here: adding a tenant needs no
 provisioning, only its NATS account — see "actionbus tenant add TENANT"
@@ -61,7 +67,7 @@ docs/tenants.md.`,
 			return nil
 		}),
 	}
-	cmd.Flags().StringSliceVar(&pools, "pool", []string{bus.DefaultPool}, "executor pools to provision work consumers for")
+	cmd.Flags().StringSliceVar(&pools, "pool", []string{bus.DefaultPool}, "executor pools to provision work consumers and stores for (repeatable; a new pool's executors cannot start before it is provisioned)")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of every stream and bucket (3 on a cluster)")
 	cmd.Flags().StringVar(&cluster, "placement-cluster", "", "place every stream and bucket in this JetStream cluster")
 	cmd.Flags().StringSliceVar(&tags, "placement-tags", nil, "place every stream and bucket on servers with these tags")

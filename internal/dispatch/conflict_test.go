@@ -12,6 +12,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/bus"
 )
 
@@ -33,6 +34,12 @@ func TestCatalogConflictEndsTheRunPromptly(t *testing.T) {
 	require.NoError(t, json.Unmarshal(entry.Value(), &def))
 	def["pool"] = "gpu"
 	legacy, err := json.Marshal(def)
+	require.NoError(t, err)
+	// With its hash (docs/protocol.md R-HASH): an entry with a stale hash
+	// would be refused as invalid_record, not held against the other.
+	def["hash"], err = actions.EntryHash(legacy)
+	require.NoError(t, err)
+	legacy, err = json.Marshal(def)
 	require.NoError(t, err)
 	_, err = catKV.Put(setup, "gpu.test.echo", legacy) // as admin
 	require.NoError(t, err)

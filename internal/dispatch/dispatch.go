@@ -233,7 +233,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err := registrar.New(d.bus, d.catKV, owners, d.log).Serve(ctx, d.js.Conn()); err != nil {
 		return err
 	}
-	if d.cat, err = actionstore.NewCatalog(d.catKV).Watch(ctx); err != nil {
+	if d.cat, err = actionstore.NewCatalog(d.catKV, actionstore.WithLogger(d.log)).Watch(ctx); err != nil {
 		return err
 	}
 	if err := d.watchPolicy(ctx); err != nil {

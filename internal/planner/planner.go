@@ -160,7 +160,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.cat, err = actionstore.NewCatalog(catKV).Watch(ctx); err != nil {
+	if s.cat, err = actionstore.NewCatalog(catKV, actionstore.WithLogger(s.log)).Watch(ctx); err != nil {
 		return err
 	}
 	limitsKV, err := s.js.KeyValue(ctx, s.topo.BucketPlannerLimits())

@@ -41,8 +41,10 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/actions/actionstore"
 	"github.com/actionbus/actionbus/internal/bus"
+	"github.com/actionbus/actionbus/internal/record"
 	"github.com/actionbus/actionbus/internal/skills"
 	"github.com/actionbus/actionbus/internal/skills/skillstore"
+	"github.com/actionbus/actionbus/schemas"
 )
 
 // QueueGroup is the queue group of every registrar: one of them answers
@@ -77,7 +79,7 @@ func New(eb *bus.Bus, catKV, owners jetstream.KeyValue, log *slog.Logger) *Regis
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Registrar{bus: eb, cat: actionstore.NewCatalog(catKV), catKV: catKV, owners: owners, log: log.With("component", "registrar")}
+	return &Registrar{bus: eb, cat: actionstore.NewCatalog(catKV, actionstore.WithLogger(log)), catKV: catKV, owners: owners, log: log.With("component", "registrar")}
 }
 
 // MaxPending is the most announcements of one pool waiting for a
@@ -199,7 +201,8 @@ type Announcement struct {
 }
 
 // Parse decodes and validates the entries of an announcement of pool
-// (the subject's): every action definition as executor.Register checks it
+// (the subject's): every action definition against
+// schemas/action-definition.json, then as executor.Register checks it
 // (normalized, so the permission recorded is the one derived from the
 // declared one), every skill as skills.Validate does, every entry of this
 // very pool, no name twice. The error is an *actionbus.Error
@@ -244,6 +247,11 @@ func Parse(pool string, a *events.PoolAnnounced) (*Announcement, error) {
 		if seen[def.Name] {
 			return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %q announced twice", def.Name).WithDetail("action", def.Name)
 		}
+		// Last, the schema other languages read: whatever the checks
+		// above let through (they answer with their own codes first).
+		if err := checkDefinition(pool, i, raw); err != nil {
+			return nil, err
+		}
 		seen[def.Name] = true
 		for _, c := range Claims(def) {
 			if other, ok := claimed[c]; ok {
@@ -285,6 +293,32 @@ func Parse(pool string, a *events.PoolAnnounced) (*Announcement, error) {
 		out.Removed = append(out.Removed, name)
 	}
 	return out, nil
+}
+
+// checkDefinition refuses an announced action that fails
+// schemas/action-definition.json (invalid_definition, with the schema's
+// issues), so what executors in any language send is checked against the
+// schema docs/protocol.md names.
+func checkDefinition(pool string, i int, obj map[string]any) error {
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %d does not encode: %v", i, err)
+	}
+	if len(raw) > MaxEntryBytes {
+		return limitError(pool, "entry_bytes", MaxEntryBytes, len(raw))
+	}
+	if err := record.Validate(record.ActionDefinition, fmt.Sprintf("%s[%d]", pool, i), raw); err != nil {
+		var typed *actionbus.Error
+		out := actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %d fails %s: %v", i, schemas.ActionDefinition, err)
+		if errors.As(err, &typed) && typed.Details["issues"] != nil {
+			out = out.WithDetail("issues", typed.Details["issues"])
+		}
+		if name, ok := obj["name"].(string); ok {
+			out = out.WithDetail("action", clip(name))
+		}
+		return out
+	}
+	return nil
 }
 
 // strictDecode decodes obj into v, refusing unknown fields and an entry
@@ -509,8 +543,9 @@ func (r *Registrar) remove(ctx context.Context, pool, name string) error {
 	held := []ownerName{{KindAction, name}}
 	def := actions.Definition{Name: name}
 	if e, err := r.catKV.Get(ctx, actions.CatalogKey(pool, name)); err == nil {
-		var entry actions.Entry
-		if json.Unmarshal(e.Value(), &entry) == nil && entry.Name == name {
+		// The aliases to release are those of an entry the catalog
+		// accepts; of a refused one, only the name's own claims.
+		if entry, err := actionstore.DecodeEntry(e.Key(), e.Value()); err == nil {
 			def = entry.Definition
 		}
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {

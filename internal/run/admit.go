@@ -182,7 +182,8 @@ func modelMayCall(origin, action, via, activeSkill string, plannerVisible bool) 
 
 // lookupRefusal is the refusal of a call whose action the catalog did not
 // resolve: action_not_found when no pool publishes it, catalog_conflict
-// (naming the pools) when several do, catalog_unavailable when the catalog
+// (naming the pools) when several do, invalid_record when its only entry
+// fails its schema or hash, catalog_unavailable when the catalog
 // could not be read. Every lookup error is a typed refusal, so a call is
 // always answered, never left to be redelivered until the run's deadline.
 func lookupRefusal(action string, err error) *actionbus.Error {
@@ -190,7 +191,8 @@ func lookupRefusal(action string, err error) *actionbus.Error {
 	switch {
 	case errors.Is(err, actionbus.ErrActionNotFound):
 		return actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not in the catalog", action).WithDetail("action", action)
-	case errors.Is(err, actionbus.ErrCatalogConflict) && errors.As(err, &abErr):
+	case errors.Is(err, actionbus.ErrCatalogConflict) && errors.As(err, &abErr),
+		errors.Is(err, actionbus.ErrInvalidRecord) && errors.As(err, &abErr):
 		return abErr.WithDetail("action", action)
 	}
 	return actionbus.Errorf(actionbus.CodeCatalogUnavailable, "the catalog could not resolve action %q: %w", action, err).

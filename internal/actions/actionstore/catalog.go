@@ -4,10 +4,12 @@
 package actionstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
@@ -18,6 +20,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/bus"
+	"github.com/actionbus/actionbus/internal/record"
 )
 
 // Catalog reads and writes the catalog bucket. Keys are
@@ -26,14 +29,63 @@ import (
 // mode, tier or pool). An entry whose Pool differs from its key's pool is
 // ignored, and an action name published by two pools is refused with
 // catalog_conflict rather than resolved in favour of either.
+//
+// Every entry read is checked by [DecodeEntry] (its schema, its key, its
+// hash, its permission): an entry that fails is refused — not listed, not
+// resolved — and logged once per stored revision.
 type Catalog struct {
-	kv jetstream.KeyValue
+	kv  jetstream.KeyValue
+	log *slog.Logger
+
+	refusedMu sync.Mutex
+	refused   map[string]uint64 // key → the revision last logged refused
+}
+
+// Option configures a [Catalog].
+type Option func(*Catalog)
+
+// WithLogger sets where refused entries are logged; default: nowhere.
+func WithLogger(log *slog.Logger) Option {
+	return func(c *Catalog) {
+		if log != nil {
+			c.log = log.With("component", "catalog")
+		}
+	}
 }
 
 // NewCatalog returns a catalog over kv.
-func NewCatalog(kv jetstream.KeyValue) *Catalog { return &Catalog{kv: kv} }
+func NewCatalog(kv jetstream.KeyValue, opts ...Option) *Catalog {
+	c := &Catalog{kv: kv, log: slog.New(slog.DiscardHandler), refused: map[string]uint64{}}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
 
-// Publish writes def to the catalog under its pool. Publishing the same
+// refuse logs err, the refusal of the entry stored under key at rev,
+// unless that revision was logged already.
+func (c *Catalog) refuse(key string, rev uint64, err error) {
+	c.refusedMu.Lock()
+	last, seen := c.refused[key]
+	if seen && last == rev {
+		c.refusedMu.Unlock()
+		return
+	}
+	if len(c.refused) >= maxRefusedKeys {
+		clear(c.refused)
+	}
+	c.refused[key] = rev
+	c.refusedMu.Unlock()
+	c.log.Warn("catalog entry refused: not listed, not dispatchable", "key", key, "revision", rev,
+		"code", actionbus.CodeOf(err), "err", err)
+}
+
+// maxRefusedKeys bounds the memory of refused entries already logged.
+const maxRefusedKeys = 4096
+
+// Publish writes def (normalized, as [actions.Definition.Normalize]
+// leaves it) to the catalog under its pool; an entry that [DecodeEntry]
+// would refuse is not written (invalid_definition). Publishing the same
 // name and version with the same hash refreshes the entry; with another
 // hash it fails with catalog_conflict (two executors disagree on what the
 // action is); a new version replaces the old one. An entry the same
@@ -47,6 +99,12 @@ func (c *Catalog) Publish(ctx context.Context, def actions.Definition, executorI
 		return err
 	}
 	key := actions.CatalogKey(def.Pool, def.Name)
+	// What is written is what every reader accepts: never an entry that
+	// DecodeEntry refuses.
+	if _, err := DecodeEntry(key, val); err != nil {
+		return actionbus.Errorf(actionbus.CodeInvalidDefinition, "action %s: the catalog would refuse its entry: %w", def.Name, err).
+			WithDetail("action", def.Name)
+	}
 	for attempt := 0; attempt < 10; attempt++ {
 		cur, err := c.kv.Get(ctx, key)
 		switch {
@@ -87,14 +145,54 @@ func (c *Catalog) Remove(ctx context.Context, pool, name string) error {
 	return nil
 }
 
-// decodeEntry decodes the entry stored under key, or reports false when
-// the entry is not one its key's pool may hold.
-func decodeEntry(key string, val []byte) (actions.Entry, bool) {
-	var e actions.Entry
-	if json.Unmarshal(val, &e) != nil || e.Pool == "" || actions.CatalogKey(e.Pool, e.Name) != key {
-		return actions.Entry{}, false
+// isSkillKey reports whether key is a skill's (package skillstore's).
+func isSkillKey(key string) bool { return strings.Contains(key, "."+actions.SkillKeyMarker+".") }
+
+// DecodeEntry decodes and checks the catalog entry stored under key: the
+// one read path of every catalog reader. An entry is refused with
+// invalid_record (record catalog_entry) when its value fails
+// schemas/catalog-entry.json, when its key is not <pool>.<name> of its
+// own pool and name, when its hash is not [actions.EntryHash] of the
+// value, or when its definition does not normalize to itself (schemas
+// that do not compile, a permission safer than its mode and declared
+// permission give). It never panics on input.
+func DecodeEntry(key string, val []byte) (actions.Entry, error) {
+	if err := record.Validate(record.CatalogEntry, key, val); err != nil {
+		return actions.Entry{}, err
 	}
-	return e, true
+	var e actions.Entry
+	dec := json.NewDecoder(bytes.NewReader(val))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil {
+		return actions.Entry{}, record.Invalid(record.CatalogEntry, key, "does not decode: %v", err)
+	}
+	if actions.CatalogKey(e.Pool, e.Name) != key {
+		return actions.Entry{}, record.Invalid(record.CatalogEntry, key, "its key is not %s.%s, its pool and name", e.Pool, e.Name)
+	}
+	h, err := actions.EntryHash(val)
+	if err != nil {
+		return actions.Entry{}, record.Invalid(record.CatalogEntry, key, "%v", err)
+	}
+	if h != e.Hash {
+		return actions.Entry{}, record.Invalid(record.CatalogEntry, key, "hash %s is not the hash of its definition", clipHash(e.Hash)).
+			WithDetail("action", e.Name)
+	}
+	norm := e.Definition
+	if err := norm.Normalize(); err != nil {
+		return actions.Entry{}, record.Invalid(record.CatalogEntry, key, "%v", err).WithDetail("action", e.Name)
+	}
+	if norm.Permission != e.Permission {
+		return actions.Entry{}, record.Invalid(record.CatalogEntry, key,
+			"its permission is not the one its mode and declared permission give").WithDetail("action", e.Name)
+	}
+	return e, nil
+}
+
+func clipHash(h string) string {
+	if len(h) > 16 {
+		return h[:16] + "…"
+	}
+	return h
 }
 
 // resolve picks the one entry of an action name among those of every
@@ -129,6 +227,7 @@ func (c *Catalog) Get(ctx context.Context, name string) (*actions.Entry, error) 
 	}
 	defer lister.Stop()
 	var found []actions.Entry
+	var refused error
 	for key := range lister.Keys() {
 		kve, err := c.kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -137,9 +236,18 @@ func (c *Catalog) Get(ctx context.Context, name string) (*actions.Entry, error) 
 		if err != nil {
 			return nil, fmt.Errorf("actions: catalog get %s: %w", name, err)
 		}
-		if e, ok := decodeEntry(key, kve.Value()); ok && e.Name == name {
+		e, err := DecodeEntry(key, kve.Value())
+		if err != nil {
+			c.refuse(key, kve.Revision(), err)
+			refused = err
+			continue
+		}
+		if e.Name == name {
 			found = append(found, e)
 		}
+	}
+	if len(found) == 0 && refused != nil {
+		return nil, refused
 	}
 	return resolve(name, found)
 }
@@ -160,9 +268,15 @@ func (c *Catalog) List(ctx context.Context) ([]actions.Entry, error) {
 		if err != nil {
 			return nil, err
 		}
-		if e, ok := decodeEntry(key, kve.Value()); ok {
-			byName[e.Name] = append(byName[e.Name], e)
+		if isSkillKey(key) {
+			continue
 		}
+		e, err := DecodeEntry(key, kve.Value())
+		if err != nil {
+			c.refuse(key, kve.Revision(), err)
+			continue
+		}
+		byName[e.Name] = append(byName[e.Name], e)
 	}
 	return resolvedList(byName), nil
 }
@@ -253,7 +367,7 @@ func (v *View) apply(kve jetstream.KeyValueEntry) {
 			delete(v.byName, old.Name)
 		}
 	}
-	if strings.Contains(key, "."+actions.SkillKeyMarker+".") {
+	if isSkillKey(key) {
 		if v.skills == nil {
 			v.skills = map[string]bool{}
 		}
@@ -267,13 +381,16 @@ func (v *View) apply(kve jetstream.KeyValueEntry) {
 	if kve.Operation() != jetstream.KeyValuePut {
 		return
 	}
-	if e, ok := decodeEntry(key, kve.Value()); ok {
-		v.entries[key] = e
-		if v.byName[e.Name] == nil {
-			v.byName[e.Name] = map[string]actions.Entry{}
-		}
-		v.byName[e.Name][key] = e
+	e, err := DecodeEntry(key, kve.Value())
+	if err != nil {
+		v.cat.refuse(key, kve.Revision(), err)
+		return
 	}
+	v.entries[key] = e
+	if v.byName[e.Name] == nil {
+		v.byName[e.Name] = map[string]actions.Entry{}
+	}
+	v.byName[e.Name][key] = e
 }
 
 // CatchUp waits until the view holds every write the bucket had stored

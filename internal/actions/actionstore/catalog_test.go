@@ -30,7 +30,9 @@ func TestCatalogEntriesAreBoundToTheirPool(t *testing.T) {
 	cat := actionstore.NewCatalog(kv)
 	schema := json.RawMessage(`{"type":"object"}`)
 	def := func(name, pool string, mode actions.Mode) actions.Definition {
-		return actions.Definition{Name: name, Pool: pool, Mode: mode, InputSchema: schema, Version: "1"}
+		d := actions.Definition{Name: name, Pool: pool, Mode: mode, InputSchema: schema, Version: "1"}
+		require.NoError(t, d.Normalize())
+		return d
 	}
 	require.NoError(t, cat.Publish(ctx, def("pay.refund", "payments", actions.ModeMutate), "ex-p"))
 	require.NoError(t, cat.Publish(ctx, def("docs.get", "default", actions.ModeRead), "ex-d"))
@@ -41,12 +43,14 @@ func TestCatalogEntriesAreBoundToTheirPool(t *testing.T) {
 	require.NoError(t, cat.Publish(ctx, def("pay.refund", "default", actions.ModeRead), "ex-d"))
 	_, err = cat.Get(ctx, "pay.refund")
 	assert.ErrorIs(t, err, &actionbus.Error{Code: actionbus.CodeCatalogConflict})
-	// An entry under the default pool's key claiming another pool.
-	forged, _ := json.Marshal(actions.Entry{Definition: def("docs.evil", "payments", actions.ModeRead)})
+	// An entry under the default pool's key claiming another pool, with
+	// the hash of its definition: refused, whatever its hash.
+	evil := def("docs.evil", "payments", actions.ModeRead)
+	forged, _ := json.Marshal(actions.Entry{Definition: evil, Hash: evil.Hash(), PublishedAt: time.Now().UTC(), PublishedBy: "x"})
 	_, err = kv.Put(ctx, "default.docs.evil", forged)
 	require.NoError(t, err)
 	_, err = cat.Get(ctx, "docs.evil")
-	assert.ErrorIs(t, err, actionbus.ErrActionNotFound)
+	assert.ErrorIs(t, err, actionbus.ErrInvalidRecord)
 
 	view, err := cat.Watch(ctx)
 	require.NoError(t, err)
