@@ -60,6 +60,9 @@ class EventQueue implements AsyncIterable<Event> {
   private waiting?: (v: void) => void;
   private closed = false;
   private seen = new Set<string>();
+  private endResolve!: (ev: Event) => void;
+  /** Resolves with the run's terminal event, once it arrives. */
+  readonly ended = new Promise<Event>((r) => (this.endResolve = r));
 
   push(ev: Event): void {
     if (this.closed) return;
@@ -68,6 +71,7 @@ class EventQueue implements AsyncIterable<Event> {
     if (key && this.seen.has(key)) return;
     if (key) this.seen.add(key);
     this.items.push(ev);
+    if (terminal.has(ev.type)) this.endResolve(ev);
     this.waiting?.();
   }
 
@@ -80,6 +84,7 @@ class EventQueue implements AsyncIterable<Event> {
     for (;;) {
       while (this.items.length > 0) {
         const ev = this.items.shift()!;
+        if (terminal.has(ev.type)) this.closed = true;
         yield ev;
         if (terminal.has(ev.type)) return;
       }
@@ -150,7 +155,8 @@ export class Client {
     const runId = req.runId ?? newId();
     if (!validRunId(runId)) throw new ActionbusError("invalid_run_id", `${runId} is not a ULID`);
     const { runId: _r, ...rest } = req;
-    const { queue, stop } = await this.live(runId);
+    const sub = await this.live(runId);
+    const { queue, stop } = sub;
     try {
       await this.publish(this.runSubject(runId, "requested"), runId, Types.RunRequested, runId, { ...rest, runId, tenant: this.tenant });
     } catch (err) {
@@ -158,18 +164,12 @@ export class Client {
       throw err;
     }
     let ended: Promise<RunOutcome> | undefined;
+    void queue.ended.then(() => sub.stop());
     const events = queue;
     return {
       runId,
       events,
-      result: () => (ended ??= (async () => {
-        try {
-          for await (const ev of events) if (terminal.has(ev.type)) return outcomeOf(ev);
-          throw new ActionbusError(Codes.Canceled, "stopped following before the run ended");
-        } finally {
-          stop();
-        }
-      })()),
+      result: () => (ended ??= queue.ended.then((ev) => outcomeOf(ev))),
       close: stop,
     };
   }
