@@ -88,7 +88,7 @@ func TestTheTypeScriptSDKAgainstTheServices(t *testing.T) {
 	}
 	buildTypeScript(t)
 	secret := []byte("ts-sdk-test-approval-secret-0123")
-	srv := actionbustest.NewServer(t, actionbustest.Options{Pools: []string{"default", "tsdk"}})
+	srv := actionbustest.NewServer(t, actionbustest.Options{Pools: []string{"default", "tsdk", "tsdk2"}})
 	srv.StartStack(t, actionbustest.StackOptions{NoExecutors: true, ApprovalKeys: "tskey:" + base64.StdEncoding.EncodeToString(secret)})
 
 	type vector struct {
@@ -115,7 +115,7 @@ func TestTheTypeScriptSDKAgainstTheServices(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "npm", "test")
 	cmd.Dir = filepath.Join(repoRoot(t), "sdk", "typescript")
-	cmd.Env = append(os.Environ(), "ACTIONBUS_NATS_URL="+srv.URL, "ACTIONBUS_POOL=tsdk",
+	cmd.Env = append(os.Environ(), "ACTIONBUS_NATS_URL="+srv.URL, "ACTIONBUS_POOL=tsdk", "ACTIONBUS_POOL2=tsdk2",
 		"ACTIONBUS_APPROVAL_KEY=tskey:"+base64.StdEncoding.EncodeToString(secret),
 		"ACTIONBUS_RESULT_IDS="+string(vjson), "ACTIONBUS_INPUT_HASH="+hash, "ACTIONBUS_APPROVAL_TOKEN="+token)
 	cmd.WaitDelay = 5 * time.Second // node outlives npm when the context kills it

@@ -12,7 +12,7 @@ import { jetstream } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
 import { z } from "zod";
 import {
-  ActionbusError, Client, Executor, RunEndedError, Types, decode, encode, newId, resultId, derivedId, inputHash, signApproval,
+  ActionbusError, Client, Executor, MaxDeliver, RunEndedError, Types, decode, encode, newId, resultId, derivedId, inputHash, signApproval,
   type Event,
 } from "../src/index.js";
 
@@ -96,19 +96,29 @@ after(async () => {
 
 /** dispatch publishes an action.requested on the pool's work subject, as the dispatcher does, and returns the result event. */
 async function dispatch(action: string, args: Record<string, unknown>, extra: Record<string, unknown> = {}, runId = newId()): Promise<Event> {
+  return (await request(pool, action, args, extra, runId)).result;
+}
+
+/** request publishes an action.requested on p's work subject; result resolves with the first result of its run. */
+async function request(p: string, action: string, args: Record<string, unknown>, extra: Record<string, unknown> = {}, runId = newId()):
+  Promise<{ callId: string; result: Promise<Event> }> {
   const callId = newId();
   const sub = nc.subscribe(`ab.run.default.${runId}.result`, { max: 1 });
   await nc.flush();
   const data = { runId, tenant: "default", callId, cycle: 1, planIndex: 0, attempt: 1, action, args, origin: "host", ...extra };
   const { headers, body } = encode({ id: derivedId(callId, "request"), type: Types.ActionRequested, source: "/actionbus/dispatcher",
-    extensions: { runid: runId, tenant: "default", pool }, data });
-  await jetstream(nc).publish(`ab.pool.${pool}.request`, body, { headers });
-  const timer = setTimeout(() => sub.unsubscribe(), 20_000);
-  for await (const m of sub) {
-    clearTimeout(timer);
-    return decode(m.headers, m.data);
-  }
-  throw new Error(`no result for ${action} within 20 s`);
+    extensions: { runid: runId, tenant: "default", pool: p }, data });
+  await jetstream(nc).publish(`ab.pool.${p}.request`, body, { headers });
+  const result = (async () => {
+    const timer = setTimeout(() => sub.unsubscribe(), 20_000);
+    for await (const m of sub) {
+      clearTimeout(timer);
+      return decode(m.headers, m.data);
+    }
+    throw new Error(`no result for ${action} within 20 s`);
+  })();
+  result.catch(() => {});
+  return { callId, result };
 }
 
 /** events collects a run's events until its end. */
@@ -135,6 +145,15 @@ async function approveWhenAsked(events: AsyncIterable<Event>): Promise<Event[]> 
     }
   }
   return out;
+}
+
+/** eventually polls cond every 20 ms until it holds, failing with what after 10 s. */
+async function eventually(cond: () => Promise<boolean>, what: string): Promise<void> {
+  const deadline = Date.now() + 10_000;
+  while (!(await cond())) {
+    assert.ok(Date.now() < deadline, `not within 10 s: ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
 }
 
 const resultOf = (evs: Event[]) => evs.find((e) => e.type === Types.ActionCompleted || e.type === Types.ActionFailed);
@@ -288,4 +307,82 @@ test("signApproval is policy.Sign for a fixed context", () => {
     inputHash: "ab", dryRunMatches: false, expiresAt: "2026-12-03T14:00:00.5Z",
   });
   assert.equal(token, want);
+});
+
+test("a message that is no event becomes event.rejected and is acked (E-REJECT)", async () => {
+  const sub = nc.subscribe("ab.rejected.>");
+  await nc.flush();
+  await jetstream(nc).publish(`ab.pool.${pool}.request`, Buffer.from("not an event"), { msgID: newId() });
+  const timer = setTimeout(() => sub.unsubscribe(), 20_000);
+  let rejected: Event | undefined;
+  for await (const m of sub) { // the auditor, which reads the work stream too, rejects it as well
+    const ev = decode(m.headers, m.data);
+    if ((ev.data as { consumer?: string }).consumer === `pool-${pool}`) {
+      rejected = ev;
+      break;
+    }
+  }
+  sub.unsubscribe();
+  clearTimeout(timer);
+  assert.ok(rejected, "an event.rejected was published");
+  assert.equal(rejected.type, Types.EventRejected);
+  const d = rejected.data as { reason: { code: string }; originalSubject: string; consumer: string; stream: string };
+  assert.equal(d.reason.code, "malformed_event");
+  assert.equal(d.originalSubject, `ab.pool.${pool}.request`);
+  assert.equal(d.consumer, `pool-${pool}`);
+  assert.equal(d.stream, "AB_WORK");
+  const work = await jetstream(nc).consumers.get("AB_WORK", `pool-${pool}`);
+  await eventually(async () => (await work.info()).num_ack_pending === 0, "the rejected message is acked");
+});
+
+// A second pool, which the test serves by hand before an executor serves it.
+const pool2 = process.env.ACTIONBUS_POOL2 ?? "tsdk2";
+let ex2: Executor;
+const stop2 = new AbortController();
+let served2: Promise<void>;
+let ran2 = 0;
+let holding!: () => void;
+const held = new Promise<void>((r) => (holding = r));
+
+test("a request delivered MaxDeliver times is answered delivery_exhausted without running (E-REDELIVERY)", async () => {
+  const { result } = await request(pool2, "ts2.echo", { text: "again" });
+  const work = await jetstream(nc).consumers.get("AB_WORK", `pool-${pool2}`);
+  for (let i = 1; i < MaxDeliver; i++) { // deliveries that crashed before answering
+    const m = await work.next({ expires: 5_000 });
+    assert.ok(m, `delivery ${i}`);
+    assert.equal(m.info.deliveryCount, i);
+    m.nak();
+  }
+  ex2 = new Executor(nc, { pool: pool2, slots: 1, shutdownGraceMs: 200 });
+  ex2.registerAction({ name: "ts2.echo", description: "Echoes.", inputSchema: { type: "object" } }, () => { ran2++; return { output: {} }; });
+  ex2.registerAction({ name: "ts2.hold", description: "Holds until aborted.", inputSchema: { type: "object" }, timeoutMs: 60_000 }, async (_i, call) => {
+    holding();
+    await new Promise((_r, reject) => call.signal.addEventListener("abort", () => reject(call.signal.reason), { once: true }));
+    return { output: {} };
+  });
+  served2 = ex2.run(stop2.signal);
+  served2.catch(() => {});
+  const res = await result;
+  assert.equal(res.type, Types.ActionFailed);
+  const d = res.data as { error: { code: string }; deliveries: number };
+  assert.equal(d.error.code, "delivery_exhausted");
+  assert.equal(d.deliveries, MaxDeliver, "deliveries is JetStream's delivery count");
+  assert.equal(ran2, 0, "the handler was not called");
+});
+
+test("at shutdown, a call not finished within the grace is handed back, unanswered (E-SHUTDOWN)", async () => {
+  await ex2.ready;
+  const { callId, result } = await request(pool2, "ts2.hold", {});
+  let answered = false;
+  void result.then(() => (answered = true), () => {});
+  await held;
+  stop2.abort();
+  await served2; // drains: the handler is aborted past the grace, its message handed back
+  const work = await jetstream(nc).consumers.get("AB_WORK", `pool-${pool2}`);
+  const m = await work.next({ expires: 5_000 });
+  assert.ok(m, "the work is back in the pool");
+  assert.equal(m.info.deliveryCount, 2);
+  assert.equal((decode(m.headers, m.data).data as { callId: string }).callId, callId);
+  m.ack();
+  assert.equal(answered, false, "no result was published for it");
 });
