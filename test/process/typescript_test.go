@@ -75,11 +75,14 @@ func buildTypeScript(t *testing.T) {
 // --test) run against the real services: an embedded NATS server, and the
 // dispatcher, script planner and auditor of actionbustest, with the pool
 // tsdk provisioned for the executor the tests run in their own process.
-// They cover a TS action served end to end, schema-invalid input, an
-// unknown action, a timeout, a cancel mid-call and the run_ended answer
+// They cover a TS action served end to end (and its audit record),
+// schema-invalid input, an unknown action, heartbeats past the ack wait, a
+// timeout, a cancel mid-call and the run_ended answer
 // to an ended run's queued work, an idempotent mutation approved from the
 // TS client and replayed, an approval-less mutation, an oversized output
-// stored as an artifact, and follow/wait; and they check the SDK's result
+// stored as an artifact, follow/wait, event.rejected for a message that
+// is no event, delivery_exhausted at the fifth delivery, and work handed
+// back at shutdown; and they check the SDK's result
 // ids, input hash and approval tokens against Go's for fixed inputs,
 // which this test computes and passes in.
 func TestTheTypeScriptSDKAgainstTheServices(t *testing.T) {
@@ -88,7 +91,9 @@ func TestTheTypeScriptSDKAgainstTheServices(t *testing.T) {
 	}
 	buildTypeScript(t)
 	secret := []byte("ts-sdk-test-approval-secret-0123")
-	srv := actionbustest.NewServer(t, actionbustest.Options{Pools: []string{"default", "tsdk", "tsdk2"}})
+	// A 2 s ack wait: a handler running longer is redelivered unless the
+	// executor keeps it in progress (E-HEARTBEAT).
+	srv := actionbustest.NewServer(t, actionbustest.Options{Pools: []string{"default", "tsdk", "tsdk2"}, AckWait: 2 * time.Second})
 	srv.StartStack(t, actionbustest.StackOptions{NoExecutors: true, ApprovalKeys: "tskey:" + base64.StdEncoding.EncodeToString(secret)})
 
 	type vector struct {

@@ -44,6 +44,17 @@ export interface RunOutcome {
   [k: string]: unknown;
 }
 
+/** AuditRecord is one audit record (schemas/audit.recorded.json): kind, action, status, eventType, hashes, … */
+export interface AuditRecord {
+  runId: string;
+  kind: string;
+  eventId: string;
+  eventType: string;
+  action?: string;
+  status?: string;
+  [k: string]: unknown;
+}
+
 const terminal = new Set([Types.RunCompleted, Types.RunFailed, Types.RunCanceled] as string[]);
 
 /** outcomeOf returns a terminal event's outcome: the completed data, or throws the run's error (run.failed's code; canceled). */
@@ -218,13 +229,19 @@ export class Client {
   }
 
   /**
-   * auditRecords reads the audit messages of a run through the read
-   * service (C-AUDIT): each stored audit.appended event, whose data holds
-   * the run's records.
+   * auditRecords reads the audit records of a run through the read
+   * service (C-AUDIT), in stream order: the records of each
+   * audit.appended, and each older audit.recorded. The auditor writes them
+   * moments after the events, so a run that has just ended may not have
+   * all of them yet.
    */
-  async auditRecords(runId: string): Promise<Event[]> {
-    const out: Event[] = [];
-    await this.scan("audit", { run: runId }, (m) => { const ev = tryDecodeStored(m); if (ev) out.push(ev); });
+  async auditRecords(runId: string): Promise<AuditRecord[]> {
+    const out: AuditRecord[] = [];
+    await this.scan("audit", { run: runId }, (m) => {
+      const ev = tryDecodeStored(m);
+      if (ev?.type === "io.actionbus.audit.appended") out.push(...((ev.data as { records?: AuditRecord[] }).records ?? []));
+      else if (ev?.type === "io.actionbus.audit.recorded") out.push(ev.data as AuditRecord);
+    });
     return out;
   }
 

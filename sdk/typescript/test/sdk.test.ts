@@ -57,6 +57,17 @@ before(async () => {
     return { output: { slept: input.ms } };
   });
   ex.registerAction({
+    name: "ts.slow", description: "Waits ms, longer than the ack wait.", timeoutMs: 20_000,
+    inputSchema: { type: "object", properties: { ms: { type: "integer" } }, required: ["ms"] },
+  }, async (input: { ms: number }, call) => {
+    count("ts.slow");
+    await new Promise<void>((resolve, reject) => {
+      const t = setTimeout(resolve, input.ms);
+      call.signal.addEventListener("abort", () => { clearTimeout(t); reject(call.signal.reason); }, { once: true });
+    });
+    return { output: { slept: input.ms } };
+  });
+  ex.registerAction({
     name: "ts.block", description: "Waits until its call is aborted.", timeoutMs: 60_000,
     inputSchema: { type: "object", properties: {} },
   }, async (_input, call) => {
@@ -185,6 +196,19 @@ test("a TypeScript action is served end to end: run → result", async () => {
   assert.equal(res.extensions.tenant, "default");
   assert.equal(res.source, `/actionbus/executor/${pool}`);
   assert.equal(evs.at(-1)!.type, Types.RunCompleted);
+  // C-AUDIT: the call's outcome is in the run's audit trail.
+  await eventually(async () => (await client.auditRecords(run.runId)).some((r) => r.action === "ts.echo" && r.status === "succeeded"),
+    "the audit trail records ts.echo succeeded");
+});
+
+test("a handler that runs past the ack wait is kept in progress, delivered once (E-HEARTBEAT)", async () => {
+  const before = calls.get("ts.slow") ?? 0;
+  const res = await dispatch("ts.slow", { ms: 4_000 }); // the consumers' ack wait is 2 s
+  assert.equal(res.type, Types.ActionCompleted, JSON.stringify(res.data));
+  assert.equal((res.data as { deliveries: number }).deliveries, 1);
+  assert.equal((calls.get("ts.slow") ?? 0) - before, 1, "the handler ran once");
+  const info = await (await jetstream(nc).consumers.get("AB_WORK", `pool-${pool}`)).info();
+  assert.equal(info.config.ack_wait, 2_000_000_000, "the test runs with a 2 s ack wait");
 });
 
 test("a zod schema is announced as JSON Schema and validates the input", async () => {
