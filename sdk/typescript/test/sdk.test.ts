@@ -10,6 +10,7 @@ import { createHash } from "node:crypto";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
+import { Kvm } from "@nats-io/kv";
 import { z } from "zod";
 import {
   ActionbusError, Client, Executor, MaxDeliver, RunEndedError, Types, decode, encode, newId, resultId, derivedId, inputHash, signApproval,
@@ -285,6 +286,33 @@ test("an idempotent mutation, approved from the TS client, is replayed the secon
   assert.deepEqual(d2.output, { count: 1 }, "the count did not move");
   assert.equal(d2.replayed, true);
   assert.equal(counters.get("k1"), 1, "the handler ran once");
+});
+
+test("an idempotency key is recorded in the Go executor's format, and refused for other input (E-IDEMPOTENCY)", async () => {
+  const key = "idem-" + newId();
+  const approval = (args: Record<string, unknown>) => ({ context: { approvalId: "a", runId: "r", stepId: "", userId: "", action: "ts.increment",
+    inputHash: inputHash(args), dryRunMatches: false, expiresAt: new Date(Date.now() + 60_000).toISOString() }, token: "checked by the dispatcher" });
+  const first = await dispatch("ts.increment", { key: "c1" }, { idempotencyKey: key, approval: approval({ key: "c1" }) });
+  assert.equal(first.type, Types.ActionCompleted, JSON.stringify(first.data));
+  const kv = await new Kvm(jetstream(nc)).open(`ab_idempotency_${pool}`);
+  const entry = await kv.get(`${pool}.default.${createHash("sha256").update(key).digest("hex")}`);
+  assert.ok(entry && entry.operation === "PUT", "the key is stored as <pool>.<tenant>.<sha256 of the key>");
+  const rec = entry.json<Record<string, unknown>>();
+  assert.equal(rec.state, "done");
+  assert.equal(rec.callId, (first.data as { callId: string }).callId);
+  assert.equal(rec.action, "ts.increment");
+  assert.equal(rec.tenant, "default");
+  assert.equal(rec.inputHash, inputHash({ key: "c1" }));
+  assert.equal(rec.executor, ex.id);
+  assert.deepEqual(rec.output, { count: 1 });
+  assert.ok(!Number.isNaN(Date.parse(rec.reservedAt as string)));
+
+  const other = await dispatch("ts.increment", { key: "c2" }, { idempotencyKey: key, approval: approval({ key: "c2" }) });
+  assert.equal(other.type, Types.ActionFailed);
+  const err = (other.data as { error: { code: string; details: { differs: string[] } } }).error;
+  assert.equal(err.code, "idempotency_key_conflict");
+  assert.deepEqual(err.details.differs, ["input"]);
+  assert.equal(counters.get("c2"), undefined, "the handler did not run");
 });
 
 test("a mutate call without an approval is refused approval_required (E-APPROVAL)", async () => {
