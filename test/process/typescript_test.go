@@ -81,8 +81,10 @@ func buildTypeScript(t *testing.T) {
 // to an ended run's queued work, an idempotent mutation approved from the
 // TS client and replayed, an approval-less mutation, an oversized output
 // stored as an artifact, follow/wait, event.rejected for a message that
-// is no event, delivery_exhausted at the fifth delivery, and work handed
-// back at shutdown; and they check the SDK's result
+// is no event, delivery_exhausted at the fifth delivery, work handed
+// back at shutdown, tenant_not_served on a dedicated pool, the Go
+// idempotency record format and its conflict, and a refused announcement
+// stopping the executor; and they check the SDK's result
 // ids, input hash and approval tokens against Go's for fixed inputs,
 // which this test computes and passes in.
 func TestTheTypeScriptSDKAgainstTheServices(t *testing.T) {

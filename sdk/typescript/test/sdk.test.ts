@@ -438,3 +438,28 @@ test("at shutdown, a call not finished within the grace is handed back, unanswer
   m.ack();
   assert.equal(answered, false, "no result was published for it");
 });
+
+test("a pool dedicated to other tenants answers tenant_not_served (E-TENANT)", async () => {
+  const ex3 = new Executor(nc, { pool: pool2, slots: 1, tenants: ["acme"] });
+  let ran = 0;
+  ex3.registerAction({ name: "ts3.echo", description: "Echoes.", inputSchema: { type: "object" } }, () => { ran++; return { output: {} }; });
+  const stop3 = new AbortController();
+  const served3 = ex3.run(stop3.signal);
+  await Promise.race([ex3.ready, served3.then(() => { throw new Error("the executor stopped before it was ready"); })]);
+  try {
+    const res = await (await request(pool2, "ts3.echo", {})).result;
+    assert.equal(res.type, Types.ActionFailed);
+    assert.equal((res.data as { error: { code: string } }).error.code, "tenant_not_served");
+    assert.equal(ran, 0);
+  } finally {
+    stop3.abort();
+    await served3;
+  }
+});
+
+test("an announcement the registrar refuses stops the executor with its code (E-ANNOUNCE)", async () => {
+  const ex4 = new Executor(nc, { pool: pool2, slots: 1 });
+  // ts.echo belongs to the other pool: announcing it here would shadow it.
+  ex4.registerAction({ name: "ts.echo", description: "Shadows.", inputSchema: { type: "object" } }, () => ({ output: {} }));
+  await assert.rejects(ex4.run(new AbortController().signal), (e: unknown) => e instanceof ActionbusError && e.code === "catalog_conflict");
+});
