@@ -3,7 +3,7 @@ GO      ?= go
 FUZZTIME ?= 15s
 PKG_FUZZ := ./internal/bus
 
-.PHONY: all build test test-cluster soak demo bench lint fuzz examples clean
+.PHONY: all build test test-cluster soak demo bench lint fuzz examples ts clean
 
 all: lint test
 
@@ -14,8 +14,10 @@ build:
 demo:
 	$(GO) run ./cmd/actionbus dev --port -1 --exit-after-demo
 
-## test: the whole suite with the race detector, plus the separate example module.
-test: examples
+## test: the whole suite with the race detector, plus the separate example
+## modules and the TypeScript SDK (whose node --test suite test/process runs
+## against the real services).
+test: examples ts
 	$(GO) test -race -count=1 -timeout 30m ./...
 
 ## examples: the example modules outside the main one build and vet
@@ -24,6 +26,12 @@ examples:
 	for d in examples/custom-executor examples/client-app; do \
 		(cd $$d && $(GO) vet ./... && $(GO) build -o "$$(mktemp -d)/" ./...) || exit 1; \
 	done
+
+## ts: install (npm ci, from the lockfiles) and build the TypeScript SDK
+## and the TypeScript example executor; needs Node 20 and npm.
+ts:
+	cd sdk/typescript && npm ci --no-audit --no-fund && npm run build
+	cd examples/ts-executor && npm ci --no-audit --no-fund && npm run build
 
 ## bench: Go benchmarks plus the end-to-end harness table.
 bench:
