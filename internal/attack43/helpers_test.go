@@ -9,6 +9,7 @@ package attack43_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -72,4 +73,11 @@ func site(t *testing.T, h *actionbustest.Server, linkUser string) (*server.Serve
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	return ls, nc
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return string(b)
 }
