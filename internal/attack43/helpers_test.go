@@ -10,10 +10,13 @@ package attack43_test
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,7 +53,13 @@ func hub(t *testing.T) *actionbustest.Server {
 // executor user, as an executor at the site connects.
 func site(t *testing.T, h *actionbustest.Server, linkUser string) (*server.Server, *nats.Conn) {
 	t.Helper()
-	t.Setenv("HUB_LEAF_URLS", `["`+h.LeafURL(linkUser)+`"]`)
+	return siteAt(t, h, h.LeafURL(linkUser))
+}
+
+// siteAt is site linked to the hub by hubURL (a leaf URL with its user).
+func siteAt(t *testing.T, h *actionbustest.Server, hubURL string) (*server.Server, *nats.Conn) {
+	t.Helper()
+	t.Setenv("HUB_LEAF_URLS", `["`+hubURL+`"]`)
 	t.Setenv("LEAF_EXECUTOR_PASSWORD", "pw-site")
 	b, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "nats", "leaf.conf"))
 	require.NoError(t, err)
@@ -69,7 +78,7 @@ func site(t *testing.T, h *actionbustest.Server, linkUser string) (*server.Serve
 	require.Eventually(t, func() bool { return h.NATS.NumLeafNodes() > before && ls.NumLeafNodes() == 1 },
 		10*time.Second, 20*time.Millisecond, "the site's link to the hub")
 	nc, err := nats.Connect(ls.ClientURL(), nats.UserInfo("executor", "pw-site"),
-		nats.CustomInboxPrefix("_INBOX_executor"), nats.Name(t.Name()))
+		nats.CustomInboxPrefix("_INBOX_executor"), nats.Name(t.Name()), nats.MaxReconnects(-1))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	return ls, nc
@@ -80,4 +89,66 @@ func mustJSON(t *testing.T, v any) string {
 	b, err := json.Marshal(v)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// linkProxy forwards TCP connections to target until cut: then it closes
+// every connection and refuses new ones until restored.
+type linkProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	down   bool
+	conns  []net.Conn
+}
+
+func newLinkProxy(t *testing.T, target string) *linkProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &linkProxy{ln: ln, target: target}
+	t.Cleanup(func() { _ = ln.Close(); p.cut() })
+	go p.serve()
+	return p
+}
+
+func (p *linkProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *linkProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.down {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		u, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		p.conns = append(p.conns, c, u)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+		go func() { _, _ = io.Copy(c, u); _ = c.Close() }()
+	}
+}
+
+func (p *linkProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *linkProxy) restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = false
 }
