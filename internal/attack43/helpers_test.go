@@ -10,13 +10,14 @@ package attack43_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,6 +57,8 @@ func site(t *testing.T, h *actionbustest.Server, linkUser string) (*server.Serve
 	return siteAt(t, h, h.LeafURL(linkUser))
 }
 
+var sites atomic.Int64
+
 // siteAt is site linked to the hub by hubURL (a leaf URL with its user).
 func siteAt(t *testing.T, h *actionbustest.Server, hubURL string) (*server.Server, *nats.Conn) {
 	t.Helper()
@@ -69,7 +72,7 @@ func siteAt(t *testing.T, h *actionbustest.Server, hubURL string) (*server.Serve
 	opts, err := server.ProcessConfigFile(path)
 	require.NoError(t, err)
 	opts.Port, opts.NoSigs, opts.NoLog = -1, true, true
-	opts.ServerName = "site-" + strings.ReplaceAll(t.Name(), "/", "-")
+	opts.ServerName = fmt.Sprintf("site-%d", sites.Add(1))
 	ls, err := server.NewServer(opts)
 	require.NoError(t, err)
 	ls.Start()
