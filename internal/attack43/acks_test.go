@@ -1,7 +1,9 @@
 package attack43_test
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +11,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/executor"
 )
 
 // ackTargets are subjects of the ACTIONBUS account that no executor user
@@ -107,4 +113,64 @@ func lastSeq(t *testing.T, js jetstream.JetStream, stream, subject string) uint6
 	}
 	require.NoError(t, err)
 	return m.Sequence
+}
+
+// TestASiteCannotBreakAnotherPoolsActionThroughJetStreamAcks is the
+// consequence of the hole above for one victim: pool "other" hosts
+// ledger.balance, which tenant acme runs. A site of the default pool
+// publishes one message on ab.rejected.> whose reply subject is that
+// action's catalog entry ($KV.ab_catalog.<key>, the key being the action's
+// name as the catalog stores it). The action must still run for acme.
+//
+// It FAILS while the hole is open: JetStream's publish ack replaces the
+// catalog entry, and acme's run of the other pool's action fails.
+func TestASiteCannotBreakAnotherPoolsActionThroughJetStreamAcks(t *testing.T) {
+	h := hub(t)
+	h.ServeIngress(t)
+	h.StartStack(t, actionbustest.StackOptions{NoExecutors: true, NoPlanner: true})
+	ex, err := executor.New(h.Connect(t), executor.Config{Pool: "other"})
+	require.NoError(t, err)
+	require.NoError(t, registerLedger(ex))
+	runCtx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- ex.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-ran })
+	ctx := ctxFor(t, 60*time.Second)
+	catalog, err := h.JS.KeyValue(ctx, "ab_catalog")
+	require.NoError(t, err)
+	var key string
+	require.Eventually(t, func() bool {
+		keys, err := catalog.ListKeys(ctx)
+		if err != nil {
+			return false
+		}
+		for k := range keys.Keys() {
+			if strings.Contains(k, "ledger") {
+				key = k
+			}
+		}
+		return key != ""
+	}, 10*time.Second, 20*time.Millisecond, "pool other's executor announced ledger.balance")
+	acme, err := client.New(h.TenantConnect(t, "client-acme", "acme"), client.Options{Tenant: "acme"})
+	require.NoError(t, err)
+	call := client.RunRequest{Action: &client.ActionCall{Name: "ledger.balance", Args: map[string]any{}}}
+	res, err := acme.Run(ctx, call, nil)
+	require.NoError(t, err)
+	require.Nil(t, res.Error, "acme runs ledger.balance before the attack: %+v", res)
+
+	_, siteConn := site(t, h, "executor")
+	before, err := catalog.Get(ctx, key)
+	require.NoError(t, err)
+	_, err = siteConn.Request("ab.rejected.attack43", nil, 5*time.Second) // the link carries the site's publishes
+	require.NoError(t, err)
+	require.NoError(t, siteConn.PublishMsg(&nats.Msg{Subject: "ab.rejected.attack43", Reply: "$KV.ab_catalog." + key, Data: []byte(`{}`)}))
+	_, err = siteConn.Request("ab.rejected.attack43", nil, 5*time.Second) // published after the attack: the attack has arrived
+	require.NoError(t, err)
+	after, err := catalog.Get(ctx, key)
+	require.NoError(t, err)
+	assert.Equal(t, before.Revision(), after.Revision(), "the site replaced pool other's catalog entry %s with %s", key, after.Value())
+
+	res, err = acme.Run(ctx, call, nil)
+	require.NoError(t, err)
+	assert.Nil(t, res.Error, "acme's run of pool other's action after the site's attack: %+v", res.Error)
 }
