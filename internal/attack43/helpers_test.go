@@ -1,0 +1,157 @@
+// Package attack43_test holds the independent attacks on the changes of
+// issue 41 item 2 (executors on NATS leaf nodes) and on schema-validated
+// workflows: each test plays a deployed party (whatever connects to a
+// site's leaf node, a tenant's client) against real embedded nats-servers
+// with the deployed accounts (deploy/nats/accounts.conf) and the shipped
+// deploy/nats/leaf.conf, and asserts the safe behaviour, so that it fails
+// while the hole it names is open.
+package attack43_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/actionbustest"
+)
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func repoRoot(t *testing.T) string {
+	_, file, _, ok := runtime.Caller(0)
+	require.True(t, ok)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// hub is a cluster node with the deployed accounts, accepting leaf nodes
+// with the deployment's JetStream domain; pools default and other, tenants
+// default and acme.
+func hub(t *testing.T) *actionbustest.Server {
+	return actionbustest.NewServer(t, actionbustest.Options{Users: true, LeafNodes: true,
+		Pools: []string{"default", "other"}, Tenants: []string{"acme"}})
+}
+
+// site runs the shipped deploy/nats/leaf.conf (in this process, but for
+// its listen port) linked to hub as the hub user linkUser, with the site
+// password "pw-site", and returns a connection to it as the site's
+// executor user, as an executor at the site connects.
+func site(t *testing.T, h *actionbustest.Server, linkUser string) (*server.Server, *nats.Conn) {
+	t.Helper()
+	return siteAt(t, h, h.LeafURL(linkUser))
+}
+
+var sites atomic.Int64
+
+// siteAt is site linked to the hub by hubURL (a leaf URL with its user).
+func siteAt(t *testing.T, h *actionbustest.Server, hubURL string) (*server.Server, *nats.Conn) {
+	t.Helper()
+	t.Setenv("HUB_LEAF_URLS", `["`+hubURL+`"]`)
+	t.Setenv("LEAF_EXECUTOR_PASSWORD", "pw-site")
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "nats", "leaf.conf"))
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "leaf.conf")
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	before := h.NATS.NumLeafNodes()
+	opts, err := server.ProcessConfigFile(path)
+	require.NoError(t, err)
+	opts.Port, opts.NoSigs, opts.NoLog = -1, true, true
+	opts.ServerName = fmt.Sprintf("site-%d", sites.Add(1))
+	ls, err := server.NewServer(opts)
+	require.NoError(t, err)
+	ls.Start()
+	t.Cleanup(func() { ls.Shutdown(); ls.WaitForShutdown() })
+	require.True(t, ls.ReadyForConnections(10*time.Second))
+	require.Eventually(t, func() bool { return h.NATS.NumLeafNodes() > before && ls.NumLeafNodes() == 1 },
+		10*time.Second, 20*time.Millisecond, "the site's link to the hub")
+	nc, err := nats.Connect(ls.ClientURL(), nats.UserInfo("executor", "pw-site"),
+		nats.CustomInboxPrefix("_INBOX_executor"), nats.Name(t.Name()), nats.MaxReconnects(-1))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return ls, nc
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// linkProxy forwards TCP connections to target until cut: then it closes
+// every connection and refuses new ones until restored.
+type linkProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	down   bool
+	conns  []net.Conn
+}
+
+func newLinkProxy(t *testing.T, target string) *linkProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &linkProxy{ln: ln, target: target}
+	t.Cleanup(func() { _ = ln.Close(); p.cut() })
+	go p.serve()
+	return p
+}
+
+func (p *linkProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *linkProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.down {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		u, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		p.conns = append(p.conns, c, u)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+		go func() { _, _ = io.Copy(c, u); _ = c.Close() }()
+	}
+}
+
+func (p *linkProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *linkProxy) restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = false
+}
