@@ -427,20 +427,20 @@ const resultPatience = 30 * time.Second
 // (which detects crashing handlers) on the bus's failover, and after five
 // the call would fail delivery_exhausted although its handler succeeded.
 func (e *Executor) publishPatiently(ctx context.Context, msg jetstream.Msg, publish func() error) error {
-	return patiently(ctx, publish, func(err error) {
+	return patiently(ctx, resultPatience, publish, func(err error) {
 		e.log.Debug("result not published yet; retrying", "err", err)
 		_ = msg.InProgress()
 	})
 }
 
 // patiently calls op until it succeeds, fails with a
-// [backoff.Permanent] error, ctx ends or resultPatience has passed,
-// waiting 100 ms doubling to 2 s (±20 %) between attempts; onRetry runs
-// before each wait.
-func patiently(ctx context.Context, op func() error, onRetry func(error)) error {
+// [backoff.Permanent] error, ctx ends or patience has passed (0: no
+// bound but ctx), waiting 100 ms doubling to 2 s (±20 %) between
+// attempts; onRetry runs before each wait.
+func patiently(ctx context.Context, patience time.Duration, op func() error, onRetry func(error)) error {
 	b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: 2 * time.Second}
 	_, err := backoff.Retry(ctx, func() (struct{}, error) { return struct{}{}, op() },
-		backoff.WithBackOff(b), backoff.WithMaxElapsedTime(resultPatience),
+		backoff.WithBackOff(b), backoff.WithMaxElapsedTime(patience),
 		backoff.WithNotify(func(err error, _ time.Duration) { onRetry(err) }))
 	return err
 }

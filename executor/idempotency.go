@@ -268,11 +268,14 @@ func sameCall(held, want idemEntry) error {
 		WithDetail("differs", differs)
 }
 
-// complete stores the result under the claimed key. It keeps trying for
-// resultPatience while the bucket does not answer (a leaf node's link
-// cut, a stream electing a leader): a result not stored leaves a
-// reservation that another executor takes over, running the handler
-// again. It gives up at once when the reservation was taken over.
+// complete stores the result under the claimed key. It keeps trying
+// while the bucket does not answer (a leaf node's link cut, a stream
+// electing a leader), for as long as the executor runs: a result not
+// stored leaves a reservation that is taken over, running the handler
+// again, once this process no longer holds it. The slot waits meanwhile
+// (no new work could be pulled through a cut link anyway), and a
+// redelivery of the call waits for it (the claim stays this process's).
+// It gives up at once when the reservation was taken over.
 func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Result) error {
 	defer e.claims.Delete(c.key)
 	done := c.entry
@@ -282,7 +285,7 @@ func (e *Executor) complete(ctx context.Context, c *idemClaim, res actions.Resul
 		return err
 	}
 	rev := c.stop()
-	return patiently(ctx, func() error {
+	return patiently(ctx, 0, func() error {
 		uctx, cancel := bus.Bounded(context.WithoutCancel(ctx))
 		defer cancel()
 		_, err := e.idem.Update(uctx, c.key, val, rev)

@@ -30,10 +30,11 @@ type serviceUser struct {
 // never lets the plain $JS.API.> cross a leaf node link.
 const JetStreamDomain = "actionbus"
 
-// domainForms returns pub with the leaf-node form of every JetStream API,
-// KV and object store subject added: "$JS.API.X" as "$JS.<domain>.API.X",
-// "$KV.X" as "$JS.<domain>.API.$KV.X", "$O.X" as "$JS.<domain>.API.$O.X"
-// (nats-server maps them back in the hub's account).
+// domainForms returns pub with the leaf-node form of every JetStream API
+// and KV subject added: "$JS.API.X" as "$JS.<domain>.API.X", "$KV.X" as
+// "$JS.<domain>.API.$KV.X" (nats-server maps them back in the hub's
+// account, and denies their plain forms on a leaf link). An object
+// store's "$O." subjects cross a leaf link as they are.
 func domainForms(pub []string, domain string) []string {
 	out := slices.Clone(pub)
 	prefix := "$JS." + domain + ".API."
@@ -41,7 +42,7 @@ func domainForms(pub []string, domain string) []string {
 		switch {
 		case strings.HasPrefix(s, "$JS.API."):
 			out = append(out, prefix+strings.TrimPrefix(s, "$JS.API."))
-		case strings.HasPrefix(s, "$KV."), strings.HasPrefix(s, "$O."):
+		case strings.HasPrefix(s, "$KV."):
 			out = append(out, prefix+s)
 		}
 	}

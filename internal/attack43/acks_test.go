@@ -52,6 +52,7 @@ var ackTargets = []struct {
 //
 // It FAILS while the hole is open: every target below gets a message.
 func TestASiteWritesNothingOutsideItsSubjectsThroughJetStreamAcks(t *testing.T) {
+	openHole(t, "A43-1: JetStream answers a publish or API request of an executor user on any reply subject it names, inside the services account, where streams store it")
 	h := hub(t)
 	_, siteConn := site(t, h, "executor")
 	direct, err := nats.Connect(h.UserURL("executor"), nats.CustomInboxPrefix("_INBOX_executor"), nats.Name(t.Name()))
@@ -125,6 +126,7 @@ func lastSeq(t *testing.T, js jetstream.JetStream, stream, subject string) uint6
 // It FAILS while the hole is open: JetStream's publish ack replaces the
 // catalog entry, and acme's run of the other pool's action fails.
 func TestASiteCannotBreakAnotherPoolsActionThroughJetStreamAcks(t *testing.T) {
+	openHole(t, "A43-1: a publish ack written over another pool's catalog entry")
 	h := hub(t)
 	h.ServeIngress(t)
 	h.StartStack(t, actionbustest.StackOptions{NoExecutors: true, NoPlanner: true})

@@ -155,3 +155,14 @@ func (p *linkProxy) restore() {
 	defer p.mu.Unlock()
 	p.down = false
 }
+
+// openHole skips a test whose hole is still open: it is named in the
+// closing note of 2026-12-03 (issue 41), to be closed by putting
+// executors in accounts of their own. ACTIONBUS_ATTACK_OPEN=1 runs it,
+// and it fails until the hole is closed.
+func openHole(t *testing.T, what string) {
+	t.Helper()
+	if os.Getenv("ACTIONBUS_ATTACK_OPEN") == "" {
+		t.Skipf("OPEN HOLE, not closed yet: %s (ACTIONBUS_ATTACK_OPEN=1 runs this test, which fails while it is open)", what)
+	}
+}

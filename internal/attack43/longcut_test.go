@@ -30,9 +30,11 @@ import (
 // (as a retry does), must replay the stored result, not run the handler
 // again.
 //
-// It FAILS while the hole is open: the record stays "claimed", no longer
-// this process's, so the redelivered call takes it over as abandoned and
-// runs the handler a second time with the same key.
+// It failed while the hole was open: the record stayed "claimed", no
+// longer this process's, so the redelivered call took it over as
+// abandoned and ran the handler a second time with the same key. Now the
+// executor keeps the claim and goes on storing the record until the link
+// is back.
 func TestALinkCutLongerThanTheResultPatienceDuplicatesNoEffect(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cuts a link for 30 s")
@@ -94,8 +96,12 @@ func TestALinkCutLongerThanTheResultPatienceDuplicatesNoEffect(t *testing.T) {
 
 	proxy.cut()
 	close(release)
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "result not stored under its idempotency key") },
-		45*time.Second, 100*time.Millisecond, "the executor gives the idempotency record up")
+	// The outage outlasts the executor's 30 s of patience with a result
+	// publish (after which it used to give the idempotency record up).
+	select {
+	case <-time.After(35 * time.Second):
+	case <-ctx.Done():
+	}
 	proxy.restore()
 
 	res, err := acme.Wait(ctx, runID)

@@ -27,6 +27,7 @@ import (
 // directly connected executors of a pool; a site is meant to be cut off
 // from the cluster, and it is not cut off from its sibling sites.)
 func TestTwoSitesOfAPoolSeeNoneOfEachOthersReplies(t *testing.T) {
+	openHole(t, "A43-5: every executor of a pool is one user with one inbox prefix")
 	h := hub(t)
 	_, siteA := site(t, h, "executor")
 	_, siteB := site(t, h, "executor")

@@ -71,6 +71,12 @@ func TestValidationReportsEveryCheckWithCodeAndPath(t *testing.T) {
 		{"a step that is not an object", `{"workflowName": "w", "steps": [` + step("") + `, 7]}`, []workflow.Issue{{Code: "workflow_validation", Path: "/steps/1"}}},
 		{"a reference naming no step", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"x": {"$fromStep": "", "path": ""}}}]}`,
 			[]workflow.Issue{{Code: "unsupported_input_value", Path: "/steps/1/input/x"}}},
+		// Attack A43-6: a step's whole input that is a reference is one,
+		// checked like any other (and a dependency of the step).
+		{"a whole input that is a reference with another key and no path", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"$fromStep": false, "got": {"$fromStep": "jobs", "path": ""}}}]}`,
+			[]workflow.Issue{{Code: "unsupported_input_value", Path: "/steps/1/input"}, {Code: "unsupported_input_value", Path: "/steps/1/input/got"}, {Code: "invalid_step_reference", Path: "/steps/1/input/path"}}},
+		{"a whole input that is a reference to a later step", `{"workflowName": "w", "steps": [{"id": "a", "action": "delivery.dryRunRetry", "input": {"$fromStep": "b", "path": ""}}, {"id": "b", "action": "delivery.searchJobs", "input": {}}]}`,
+			[]workflow.Issue{{Code: "invalid_step_reference", Path: "/steps/0/input/$fromStep"}}},
 		{"a reference deep in arrays and objects", `{"workflowName": "w", "steps": [` + step("") + `, {"id": "b", "action": "delivery.dryRunRetry", "input": {"x": [{"y": {"$fromStep": "nope", "path": ""}}]}}]}`,
 			[]workflow.Issue{{Code: "invalid_step_reference", Path: "/steps/1/input/x/0/y/$fromStep"}}},
 		{"every issue at once, shape and meaning, in path order", `{"workflowName": "w w", "steps": [{"id": "a", "action": "nope.missing", "input": {}, "timeoutMs": -1}, {"id": "a", "action": "delivery.searchJobs", "input": {"x": {"$fromStep": "c", "path": "/"}}, "retry": {"maxAttempts": 99}}, {"id": "c", "action": "delivery.searchJobs", "input": {}}]}`,
