@@ -267,6 +267,12 @@ func (s Subjects) AnyRun(verb string) string { return s.prefix + ".run.*.*." + v
 // PoolRequest returns the work subject of an executor pool.
 func (s Subjects) PoolRequest(pool string) string { return s.prefix + ".pool." + pool + ".request" }
 
+// PoolEnded is the subject on which the dispatcher tells a pool's
+// executors that a run with calls on the pool ended (core NATS; the
+// data is the run id, nothing of the run): they stop its running calls
+// and answer its queued ones run_ended.
+func (s Subjects) PoolEnded(pool string) string { return s.prefix + ".pool." + pool + ".ended" }
+
 // Announce returns the subject on which a pool's executors announce their
 // actions and skills to the registrar (request/reply, core NATS).
 func (s Subjects) Announce(pool string) string { return s.prefix + ".pool." + pool + ".announce" }

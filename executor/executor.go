@@ -517,16 +517,15 @@ func (e *Executor) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Runs that end while their actions run or wait in the queue: cancel
-	// those handlers, and answer queued calls without running them. Core
-	// subscriptions see every executor's copy of the terminal event.
-	for _, verb := range []string{"canceled", "failed", "completed"} {
-		sub, err := e.nc.Subscribe(e.topo.Subjects().AnyRun(verb), e.onRunEnded)
-		if err != nil {
-			return fmt.Errorf("executor: subscribe to run ends: %w", err)
-		}
-		defer sub.Unsubscribe() //nolint:errcheck // best effort at shutdown
+	// Runs that end while their calls on this pool run or wait in the
+	// queue: cancel those handlers, and answer queued calls without
+	// running them. The dispatcher tells the pool (the run id only); every
+	// executor of the pool hears it.
+	ends, err := e.nc.Subscribe(e.topo.Subjects().PoolEnded(e.cfg.Pool), e.onRunEnded)
+	if err != nil {
+		return fmt.Errorf("executor: subscribe to run ends: %w", err)
 	}
+	defer ends.Unsubscribe() //nolint:errcheck // best effort at shutdown
 	e.log.Info("executor serving", "actions", len(e.reg.Definitions()), "slots", e.cfg.Slots)
 	e.readyOnce.Do(func() { close(e.ready) })
 
@@ -576,7 +575,7 @@ func (e *Executor) Run(ctx context.Context) error {
 var ErrRunEnded = errors.New("executor: the run ended")
 
 func (e *Executor) onRunEnded(m *nats.Msg) {
-	runID := e.topo.Subjects().RunIDFromSubject(m.Subject)
+	runID := string(m.Data)
 	if !events.ValidRunID(runID) {
 		return
 	}

@@ -58,7 +58,7 @@ var serviceUsers = []serviceUser{
 		pub: []string{
 			"ab.run.*.*.started", "ab.run.*.*.step", "ab.run.*.*.progress", "ab.run.*.*.decide",
 			"ab.run.*.*.completed", "ab.run.*.*.failed", "ab.run.*.*.canceled", "ab.run.*.*.sched.*",
-			"ab.run.*.*.approval", "ab.run.*.*.synthesize", "ab.pool.*.request", "ab.rejected.>",
+			"ab.run.*.*.approval", "ab.run.*.*.synthesize", "ab.pool.*.request", "ab.pool.*.ended", "ab.rejected.>",
 			// The ingress: the requests stream's only writer.
 			"ab.ingress.*.*.requested", "ab.ingress.*.*.cancel", "ab.ingress.*.*.input", "ab.ingress.*.*.approve",
 			"ab.ingress.*.*.deny",
@@ -162,7 +162,7 @@ var serviceUsers = []serviceUser{
 			"$JS.API.DIRECT.GET.OBJ_ab_artifacts_{pool}.>", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts_{pool}",
 		},
 		sub: []string{
-			"_INBOX_executor.>", "ab.run.*.*.canceled", "ab.run.*.*.failed", "ab.run.*.*.completed",
+			"_INBOX_executor.>", "ab.pool.{pool}.ended",
 		},
 	},
 }

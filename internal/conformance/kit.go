@@ -5,7 +5,8 @@
 //
 // The kit plays the dispatcher: it publishes crafted action.requested
 // events on the pool's work subject, cancels runs with run.canceled
-// events, and reads the results from the runs stream. It therefore needs
+// events and the pool's ended signal, and reads the results from the
+// runs stream. It therefore needs
 // a connection allowed what the dispatcher is allowed (publish on
 // {prefix}.pool.P.request and {prefix}.run.>, read the RUNS and WORK
 // streams, pull from the pool's consumer, read the catalog, presence and
@@ -214,11 +215,17 @@ func (k *kit) publish(ctx context.Context, req *events.ActionRequested) (uint64,
 	return ack.Sequence, nil
 }
 
-// endRun publishes run.canceled for runID, as the dispatcher does when a
-// run is canceled.
+// endRun ends runID as the dispatcher does when a run with calls on the
+// pool is canceled: run.canceled, then the run's id on the pool's ended
+// subject, which is what executors hear (E-CANCEL).
 func (k *kit) endRun(ctx context.Context, runID string) error {
-	_, err := k.bus.Emit(ctx, events.TypeRunCanceled, events.NewID(), k.cfg.Tenant, runID, "", &events.RunCanceled{RunID: runID, Reason: "conformance kit"})
-	return err
+	if _, err := k.bus.Emit(ctx, events.TypeRunCanceled, events.NewID(), k.cfg.Tenant, runID, "", &events.RunCanceled{RunID: runID, Reason: "conformance kit"}); err != nil {
+		return err
+	}
+	if err := k.nc.Publish(k.subj.PoolEnded(k.cfg.Pool), []byte(runID)); err != nil {
+		return err
+	}
+	return k.nc.FlushWithContext(ctx)
 }
 
 // result is a result event as stored.

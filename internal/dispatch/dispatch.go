@@ -560,13 +560,30 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev uint64) error
 		}
 		return err
 	}
-	if st.IsTerminal() && !d.deferred.ended(st.RunID) {
-		// Its end is published: its alarm has nothing left to watch
-		// (unless it was never armed).
-		d.alarms.cancel(d.bus.Subjects().Schedule(st.TenantOrDefault(), st.RunID, "*"))
+	if st.IsTerminal() {
+		d.tellPools(st)
+		if !d.deferred.ended(st.RunID) {
+			// Its end is published: its alarm has nothing left to watch
+			// (unless it was never armed).
+			d.alarms.cancel(d.bus.Subjects().Schedule(st.TenantOrDefault(), st.RunID, "*"))
+		}
 	}
 	d.cache.put(st, rev)
 	return nil
+}
+
+// tellPools tells the executors of every pool with a call of the ended run
+// st in flight that it ended (core NATS, the run id only): they stop the
+// call, or answer it run_ended if it has not started. Best effort: a
+// signal lost leaves the call to run to its end, and its result is
+// ignored. Executors are told nothing else of runs: not their outputs,
+// nor of runs with nothing on their pool.
+func (d *Dispatcher) tellPools(st *run.State) {
+	for _, pool := range st.PoolsInFlight() {
+		if err := d.js.Conn().Publish(d.bus.Subjects().PoolEnded(pool), []byte(st.RunID)); err != nil {
+			d.log.Warn("executors not told that a run ended", "run_id", st.RunID, "pool", pool, "err", err)
+		}
+	}
 }
 
 // job is one event waiting to be applied to its run.

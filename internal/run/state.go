@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/actionbus/actionbus"
@@ -477,4 +478,17 @@ func (e *ExecCall) Same(prior *State) bool {
 		return *execCallOf(&events.ActionCall{Name: prior.Calls[0].Action, Args: prior.Calls[0].Args}) == *e
 	}
 	return false
+}
+
+// PoolsInFlight returns the pools holding a call of the run that was sent
+// and not answered, each once, in call order: the executors that must
+// hear that the run ended, to stop the call or not start it.
+func (st *State) PoolsInFlight() []string {
+	var pools []string
+	for _, c := range st.Calls {
+		if c.Dispatched && !c.Done && c.Pool != "" && !slices.Contains(pools, c.Pool) {
+			pools = append(pools, c.Pool)
+		}
+	}
+	return pools
 }

@@ -225,8 +225,8 @@ export class Executor {
     this.heartbeatMs = Math.max(50, Math.floor(ackWaitMs / 3));
 
     // E-CANCEL: a run that ends stops its calls; its queued calls are not run.
-    const subs = ["canceled", "failed", "completed"].map((verb) =>
-      this.nc.subscribe(this.subject("run", "*", "*", verb), { callback: (_e, m) => this.onRunEnded(m) }));
+    // The dispatcher tells the pool, with the run id only.
+    const subs = [this.nc.subscribe(this.subject("pool", this.pool, "ended"), { callback: (_e, m) => this.onRunEnded(m) })];
     await this.nc.flush();
 
     const presenceKey = `${this.pool}.${this.id}`;
@@ -273,7 +273,7 @@ export class Executor {
   }
 
   private onRunEnded(m: Msg): void {
-    const runId = m.subject.split(".")[3] ?? "";
+    const runId = m.string();
     if (!validRunId(runId)) return;
     if (this.ended.size >= 8192) this.ended.delete(this.ended.values().next().value as string);
     this.ended.add(runId);
