@@ -235,3 +235,48 @@ func TestAPlanCallsAGoActionAndATypeScriptActionAtOnce(t *testing.T) {
 	}
 	assert.Equal(t, map[string]string{"go.upper": "succeeded", "conformance.echo": "succeeded"}, outcome, "both calls' outcomes are in the audit trail")
 }
+
+// The TypeScript example executor (examples/ts-executor, which hosts the
+// conformance catalog), as a node process, passes every case of the
+// conformance kit run as a process, as the Go executor does
+// (TestTheGoExecutorPassesTheConformanceKit): exit status 0, every row
+// "pass".
+func TestTheTypeScriptExecutorPassesTheConformanceKit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	requireNode(t)
+	buildTypeScript(t)
+	bin := buildActionbus(t)
+	srv := actionbustest.NewServer(t, actionbustest.Options{Pools: []string{"default", "conformance"}})
+	serveRegistrar(t, srv)
+	cmd := exec.Command("node", "dist/main.js")
+	cmd.Dir = filepath.Join(repoRoot(t), "examples", "ts-executor")
+	cmd.Env = append(os.Environ(), "NATS_URL="+srv.URL, "POOL=conformance", "SLOTS=3")
+	logs := &actionbustest.LogBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Errorf("the TypeScript executor did not stop on SIGTERM")
+		}
+		if t.Failed() {
+			t.Logf("ts-executor output:\n%s", logs.String())
+		}
+	})
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "ts-executor ready") }, time.Minute, 20*time.Millisecond,
+		"the TypeScript executor did not start")
+
+	rows, out, code := runKit(t, bin, srv.URL)
+	assert.Equal(t, 0, code, out)
+	require.Len(t, rows, 14, out)
+	for _, r := range rows {
+		assert.Equal(t, "pass", r[2], r[1])
+	}
+}
