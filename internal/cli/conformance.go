@@ -33,8 +33,8 @@ executor), through the cases of docs/protocol.md: one row per case with the
 rule id it checks. The exit status is 1 when any case fails.
 
 The kit plays the dispatcher: it publishes crafted work on the pool's work
-subject, ends runs with run.canceled and reads results from the runs
-stream, as runs no dispatcher knows. Connect as the services account's
+subject, ends runs with run.canceled and the pool's ended signal
+(ab.pool.P.ended) and reads results from the runs stream, as runs no dispatcher knows. Connect as the services account's
 admin (the "admin creds" that actionbus dev prints), to a development or
 test deployment, on a pool only the executor under test serves:
 
