@@ -170,8 +170,8 @@ func TestASitePublishesNothingBeyondItsPool(t *testing.T) {
 // user may not read: another pool's work, the tenants' requests to the
 // read service, results, audit records, the services' inboxes, bucket
 // updates. The hub then publishes on each; the site may receive only what
-// the executor user may (a run's terminal events, its own inbox). It
-// passes when the boundary holds.
+// the executor user may (its pool's ended signal, its own inbox; since
+// A43-3 no run's terminal events). It passes when the boundary holds.
 func TestASiteReceivesNothingBeyondItsPool(t *testing.T) {
 	h := hub(t)
 	_, nc := site(t, h, "executor")
@@ -179,7 +179,7 @@ func TestASiteReceivesNothingBeyondItsPool(t *testing.T) {
 		"ab.pool.other.request", "ab.pool.default.request", "ab.api.acme.runs", "ab.run.acme.R.result",
 		"ab.run.acme.R.requested", "ab.run.acme.R.approval", "ab.run.acme.R.started", "ab.audit.acme.R.rec",
 		"ab.stream.acme.R", "_INBOX_dispatcher.x", "_INBOX_executor-other.x", "_INBOX_acme.x", "$KV.ab_runs.acme.x",
-		"ab.pool.other.announce",
+		"ab.pool.other.announce", "ab.pool.other.ended", "ab.run.acme.R.completed", "ab.run.acme.R.failed",
 	}
 	got := make(chan string, 1024)
 	for _, s := range append([]string{">", "ab.>", "ab.run.*.*.*", "ab.run.acme.>", "_INBOX_executor.>"}, forbidden...) {
@@ -205,7 +205,7 @@ func TestASiteReceivesNothingBeyondItsPool(t *testing.T) {
 	}
 	// Published after the forbidden ones on the same connection: once it
 	// arrives, they would have too.
-	require.NoError(t, admin.Publish("ab.run.acme.R.completed", nil))
+	require.NoError(t, admin.Publish("ab.pool.default.ended", nil))
 	require.NoError(t, admin.Flush())
 	var received []string
 	deadline := time.After(5 * time.Second)
@@ -213,7 +213,7 @@ func TestASiteReceivesNothingBeyondItsPool(t *testing.T) {
 		select {
 		case s := <-got:
 			received = append(received, s)
-			if strings.HasPrefix(s, "ab.run.acme.R.completed") {
+			if strings.HasPrefix(s, "ab.pool.default.ended") {
 				done = true
 			}
 		case <-deadline:
@@ -221,9 +221,9 @@ func TestASiteReceivesNothingBeyondItsPool(t *testing.T) {
 		}
 	}
 	for _, s := range received {
-		if !strings.HasPrefix(s, "ab.run.acme.R.completed") && !strings.HasPrefix(s, "_INBOX_executor.control") {
+		if !strings.HasPrefix(s, "ab.pool.default.ended") && !strings.HasPrefix(s, "_INBOX_executor.control") {
 			assert.Fail(t, "received through the site", s)
 		}
 	}
-	assert.Contains(t, fmt.Sprint(received), "ab.run.acme.R.completed", "the control arrived")
+	assert.Contains(t, fmt.Sprint(received), "ab.pool.default.ended", "the control arrived")
 }
