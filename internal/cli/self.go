@@ -35,9 +35,15 @@ func commandFor(arg0, exe string, lookPath func(string) (string, error)) string 
 }
 
 // underGoRun reports whether exe is an executable go run built: go run
-// links it as $GOTMPDIR/go-build…/…/exe/NAME and removes it on exit.
+// links it as $GOTMPDIR/go-build…/…/exe/NAME and removes it on exit, and
+// since Go 1.24 runs a build it has cached from the build cache itself,
+// as $GOCACHE/<2 hex>/<hash>-d/NAME.
 func underGoRun(exe string) bool {
 	dir := filepath.Dir(exe)
+	if cached := filepath.Base(dir); strings.HasSuffix(cached, "-d") && len(cached) > 4 &&
+		isHex(strings.TrimSuffix(cached, "-d")) && filepath.Base(filepath.Dir(dir)) == cached[:2] {
+		return true
+	}
 	if filepath.Base(dir) != "exe" {
 		return false
 	}
@@ -47,6 +53,11 @@ func underGoRun(exe string) bool {
 		}
 	}
 	return false
+}
+
+// isHex reports whether s is made of lower-case hexadecimal digits only.
+func isHex(s string) bool {
+	return strings.Trim(s, "0123456789abcdef") == ""
 }
 
 // sameFile reports whether two paths name the same file.

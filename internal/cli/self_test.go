@@ -26,6 +26,10 @@ func TestHintsNameTheProgramRunning(t *testing.T) {
 	goRun := filepath.Join(os.TempDir(), "go-build1234", "b001", "exe", "actionbus")
 
 	assert.Equal(t, "go run ./cmd/actionbus", commandFor(goRun, goRun, notOnPath), "under go run")
+	cached := filepath.Join(os.TempDir(), "cache", "d1", "d1d04382821c8c4d51bca7dda1c411a272bdd4343cc741a219e720579a6ee1a3-d", "actionbus")
+	assert.Equal(t, "go run ./cmd/actionbus", commandFor(cached, cached, notOnPath), "under go run, a build it cached")
+	notCached := filepath.Join(os.TempDir(), "cache", "zz", "release-d", "actionbus")
+	assert.Equal(t, notCached, commandFor(notCached, notCached, notOnPath), "a directory that only ends in -d")
 	assert.Equal(t, "actionbus", commandFor("actionbus", bin, onPath(bin)), "started from $PATH")
 	assert.Equal(t, "actionbus", commandFor(bin, bin, onPath(bin)), "started by its path, which $PATH finds by name")
 	assert.Equal(t, "./bin/actionbus", commandFor("./bin/actionbus", bin, onPath(other)), "$PATH finds another actionbus")
