@@ -1,14 +1,12 @@
 package actions
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/gowebpki/jcs"
+	"github.com/actionbus/actionbus/internal/canonical"
 )
 
 // Entry is one action of the shared catalog.
@@ -50,14 +48,9 @@ func EntryHash(raw []byte) (string, error) {
 	for _, k := range unhashed {
 		delete(obj, k)
 	}
-	b, err := json.Marshal(obj)
+	h, err := canonical.Hash(obj)
 	if err != nil {
 		return "", fmt.Errorf("actions: entry hash: %w", err)
 	}
-	c, err := jcs.Transform(b)
-	if err != nil {
-		return "", fmt.Errorf("actions: entry hash: %w", err)
-	}
-	sum := sha256.Sum256(c)
-	return hex.EncodeToString(sum[:]), nil
+	return h, nil
 }
