@@ -11,12 +11,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,68 +89,6 @@ func mustJSON(t *testing.T, v any) string {
 	b, err := json.Marshal(v)
 	require.NoError(t, err)
 	return string(b)
-}
-
-// linkProxy forwards TCP connections to target until cut: then it closes
-// every connection and refuses new ones until restored.
-type linkProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	down   bool
-	conns  []net.Conn
-}
-
-func newLinkProxy(t *testing.T, target string) *linkProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &linkProxy{ln: ln, target: target}
-	t.Cleanup(func() { _ = ln.Close(); p.cut() })
-	go p.serve()
-	return p
-}
-
-func (p *linkProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *linkProxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.down {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		u, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		p.conns = append(p.conns, c, u)
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
-		go func() { _, _ = io.Copy(c, u); _ = c.Close() }()
-	}
-}
-
-func (p *linkProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
-}
-
-func (p *linkProxy) restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = false
 }
 
 // openHole skips a test whose hole is still open: it is named in the

@@ -44,8 +44,8 @@ func TestALinkCutLongerThanTheResultPatienceDuplicatesNoEffect(t *testing.T) {
 	h.StartStack(t, actionbustest.StackOptions{NoExecutors: true, NoPlanner: true})
 	hubURL, err := url.Parse(h.LeafURL("executor"))
 	require.NoError(t, err)
-	proxy := newLinkProxy(t, hubURL.Host)
-	hubURL.Host = proxy.addr()
+	proxy := actionbustest.NewLinkProxy(t, hubURL.Host)
+	hubURL.Host = proxy.Addr()
 
 	var count atomic.Int64
 	started := make(chan struct{}, 4)
@@ -94,7 +94,7 @@ func TestALinkCutLongerThanTheResultPatienceDuplicatesNoEffect(t *testing.T) {
 		}
 	}, 30*time.Second, 100*time.Millisecond, "the site's executor runs count.bump")
 
-	proxy.cut()
+	proxy.Cut()
 	close(release)
 	// The outage outlasts the executor's 30 s of patience with a result
 	// publish (after which it used to give the idempotency record up).
@@ -102,7 +102,7 @@ func TestALinkCutLongerThanTheResultPatienceDuplicatesNoEffect(t *testing.T) {
 	case <-time.After(35 * time.Second):
 	case <-ctx.Done():
 	}
-	proxy.restore()
+	proxy.Restore()
 
 	res, err := acme.Wait(ctx, runID)
 	require.NoError(t, err)

@@ -3,14 +3,11 @@ package process
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,9 +42,9 @@ func TestAnExecutorOnALeafNodeServesItsPoolAndSurvivesTheLinkCut(t *testing.T) {
 
 	hub, err := url.Parse(srv.LeafURL("executor"))
 	require.NoError(t, err)
-	link := newLinkProxy(t, hub.Host)
+	link := actionbustest.NewLinkProxy(t, hub.Host)
 	leafAddr := freeAddr(t)
-	leaf := startLeaf(t, leafAddr, fmt.Sprintf(`["nats-leaf://executor:%s@%s"]`, passwordOf(hub), link.addr()))
+	leaf := startLeaf(t, leafAddr, fmt.Sprintf(`["nats-leaf://executor:%s@%s"]`, passwordOf(hub), link.Addr()))
 	require.Eventually(t, func() bool { return srv.NATS.NumLeafNodes() == 1 }, 30*time.Second, 20*time.Millisecond,
 		"the leaf node never linked to the hub:\n%s", leaf.String())
 
@@ -65,13 +62,13 @@ func TestAnExecutorOnALeafNodeServesItsPoolAndSurvivesTheLinkCut(t *testing.T) {
 	}
 	// Calls are running on the site: cut the link under them.
 	lines(t, filepath.Join(dir, "invocations"), 4)
-	link.cut()
+	link.Cut()
 	require.Eventually(t, func() bool { return srv.NATS.NumLeafNodes() == 0 }, 30*time.Second, 20*time.Millisecond, "the hub never lost the leaf")
 	select {
 	case <-time.After(3 * time.Second): // the outage: longer than the ack wait, so work is redelivered
 	case <-ctx.Done():
 	}
-	link.restore()
+	link.Restore()
 	require.Eventually(t, func() bool { return srv.NATS.NumLeafNodes() == 1 }, 30*time.Second, 20*time.Millisecond, "the leaf never linked again")
 
 	for i, id := range ids {
@@ -88,7 +85,7 @@ func TestAnExecutorOnALeafNodeServesItsPoolAndSurvivesTheLinkCut(t *testing.T) {
 	for call, n := range calls {
 		assert.Equal(t, 1, n, "the handler of call %s ran %d times", call, n)
 	}
-	assert.GreaterOrEqual(t, link.accepted(), 2, "the leaf linked again through the proxy after the cut")
+	assert.GreaterOrEqual(t, link.Accepted(), 2, "the leaf linked again through the proxy after the cut")
 
 	// What the site reaches through the link is the pool's executor user's,
 	// nothing more: its own stream's information, never the run states.
@@ -152,79 +149,4 @@ func buildNATSServer(t *testing.T, dir string) string {
 func passwordOf(u *url.URL) string {
 	p, _ := u.User.Password()
 	return p
-}
-
-// linkProxy forwards TCP connections to target until cut: then it closes
-// every connection and refuses new ones until restored.
-type linkProxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	down  bool
-	conns []net.Conn
-	count int
-}
-
-func newLinkProxy(t *testing.T, target string) *linkProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &linkProxy{ln: ln, target: target}
-	go p.serve()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.cut()
-	})
-	return p
-}
-
-func (p *linkProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *linkProxy) serve() {
-	for {
-		in, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.down {
-			p.mu.Unlock()
-			_ = in.Close()
-			continue
-		}
-		out, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-		if err != nil {
-			p.mu.Unlock()
-			_ = in.Close()
-			continue
-		}
-		p.conns = append(p.conns, in, out)
-		p.count++
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
-		go func() { _, _ = io.Copy(in, out); _ = in.Close() }()
-	}
-}
-
-func (p *linkProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
-}
-
-func (p *linkProxy) restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = false
-}
-
-func (p *linkProxy) accepted() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.count
 }
