@@ -186,26 +186,7 @@ func TestAPlanCallsAGoActionAndATypeScriptActionAtOnce(t *testing.T) {
 	rec := srv.Record(t, "ab.run.>")
 
 	// The TypeScript example executor, as its own process.
-	cmd := exec.Command("node", "dist/main.js")
-	cmd.Dir = filepath.Join(repoRoot(t), "examples", "ts-executor")
-	cmd.Env = append(os.Environ(), "NATS_URL="+srv.URL, "POOL=tsx")
-	logs := &actionbustest.LogBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			assert.NoError(t, err, "the TypeScript executor did not exit cleanly:\n%s", logs.String())
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			t.Errorf("the TypeScript executor did not stop on SIGTERM:\n%s", logs.String())
-		}
-	})
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "ts-executor ready") }, time.Minute, 20*time.Millisecond,
-		"the TypeScript executor did not start:\n%s", logs.String())
+	logs := startTSExecutor(t, srv.URL, "tsx")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -250,9 +231,24 @@ func TestTheTypeScriptExecutorPassesTheConformanceKit(t *testing.T) {
 	bin := buildActionbus(t)
 	srv := actionbustest.NewServer(t, actionbustest.Options{Pools: []string{"default", "conformance"}})
 	serveRegistrar(t, srv)
+	startTSExecutor(t, srv.URL, "conformance", "SLOTS=3")
+
+	rows, out, code := runKit(t, bin, srv.URL)
+	assert.Equal(t, 0, code, out)
+	require.Len(t, rows, 14, out)
+	for _, r := range rows {
+		assert.Equal(t, "pass", r[2], r[1])
+	}
+}
+
+// startTSExecutor runs examples/ts-executor (built) as a node process on
+// pool, connected to url, until the test ends (SIGTERM, then it must exit
+// cleanly); it returns its output once the executor says it is ready.
+func startTSExecutor(t *testing.T, url, pool string, env ...string) *actionbustest.LogBuffer {
+	t.Helper()
 	cmd := exec.Command("node", "dist/main.js")
 	cmd.Dir = filepath.Join(repoRoot(t), "examples", "ts-executor")
-	cmd.Env = append(os.Environ(), "NATS_URL="+srv.URL, "POOL=conformance", "SLOTS=3")
+	cmd.Env = append(append(os.Environ(), "NATS_URL="+url, "POOL="+pool), env...)
 	logs := &actionbustest.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())
@@ -261,22 +257,14 @@ func TestTheTypeScriptExecutorPassesTheConformanceKit(t *testing.T) {
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case err := <-exited:
+			assert.NoError(t, err, "the TypeScript executor did not exit cleanly:\n%s", logs.String())
 		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
-			t.Errorf("the TypeScript executor did not stop on SIGTERM")
-		}
-		if t.Failed() {
-			t.Logf("ts-executor output:\n%s", logs.String())
+			t.Errorf("the TypeScript executor did not stop on SIGTERM:\n%s", logs.String())
 		}
 	})
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "ts-executor ready") }, time.Minute, 20*time.Millisecond,
-		"the TypeScript executor did not start")
-
-	rows, out, code := runKit(t, bin, srv.URL)
-	assert.Equal(t, 0, code, out)
-	require.Len(t, rows, 14, out)
-	for _, r := range rows {
-		assert.Equal(t, "pass", r[2], r[1])
-	}
+		"the TypeScript executor did not start:\n%s", logs.String())
+	return logs
 }
