@@ -894,7 +894,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 // crash before that redelivers them, and they end the run again, as
 // above.
 func (d *Dispatcher) end(ctx context.Context, st *run.State, revision uint64, checkStored bool) error {
-	decided := st.Terminal.Type
+	decided, ours := st.Terminal.Type, true // ours: this transition stored the end
 	if checkStored {
 		stored, err := d.storedEnd(ctx, st)
 		if err != nil {
@@ -904,6 +904,7 @@ func (d *Dispatcher) end(ctx context.Context, st *run.State, revision uint64, ch
 			// Its end may be stored longer ago than the stream
 			// deduplicates: it is adopted and not published again.
 			d.machine.Adopt(st, stored)
+			ours = false
 			end := run.EndID(st)
 			st.Outbox = slices.DeleteFunc(st.Outbox, func(e run.Effect) bool { return e.ID == end })
 		}
@@ -929,18 +930,20 @@ func (d *Dispatcher) end(ctx context.Context, st *run.State, revision uint64, ch
 			return fmt.Errorf("dispatch: run %s: the stream holds its end's id, but no end under its subjects", st.RunID)
 		}
 		d.machine.Adopt(st, stored)
+		ours = false
 	}
 	if d.crashAfterEnd != nil && d.crashAfterEnd(st.RunID, decided) {
 		d.cache.drop(st.RunID)
 		return errSimulatedCrash
 	}
-	d.endPublished(st)
+	d.endPublished(st, ours)
 	return d.writeEnd(ctx, st, revision)
 }
 
 // storedEnd returns the terminal event stored for run st, if any: a
 // batch direct get of the last message on each terminal subject of the run
-// (one request; a run has at most one).
+// (one request; a run has at most one). An event there without the run's
+// end id is not its end.
 func (d *Dispatcher) storedEnd(ctx context.Context, st *run.State) (*run.Terminal, error) {
 	tenant, subjects := st.TenantOrDefault(), d.bus.Subjects()
 	gctx, cancel := bus.Bounded(ctx)
@@ -961,6 +964,13 @@ func (d *Dispatcher) storedEnd(ctx context.Context, st *run.State) (*run.Termina
 		if err != nil {
 			return nil, bus.Permanent(fmt.Errorf("dispatch: run %s: its stored end does not decode: %w", st.RunID, err))
 		}
+		if r.Event.ID() != run.EndID(st) {
+			// Not the run's: its end's id is derived from the run's
+			// secret id key. Only the services may publish on these
+			// subjects; this is the second fence.
+			d.log.Warn("ignoring a terminal event that is not the run's", "run_id", st.RunID, "subject", m.Subject, "id", r.Event.ID())
+			continue
+		}
 		if t, ok := run.StoredEnd(r.Data); ok {
 			return t, nil
 		}
@@ -969,14 +979,16 @@ func (d *Dispatcher) storedEnd(ctx context.Context, st *run.State) (*run.Termina
 }
 
 // endPublished does what follows the publication of run st's end: the
-// executors with its calls in flight are told, its alarm canceled, its
-// end counted.
-func (d *Dispatcher) endPublished(st *run.State) {
+// executors with its calls in flight are told, its alarm canceled, and,
+// when this dispatcher stored the end (counted), the end counted.
+func (d *Dispatcher) endPublished(st *run.State, counted bool) {
 	d.tellPools(st)
 	if !d.deferred.ended(st.RunID) {
 		d.alarms.cancel(d.bus.Subjects().Schedule(st.TenantOrDefault(), st.RunID, "*"))
 	}
-	d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), time.Since(st.CreatedAt))
+	if counted {
+		d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), time.Since(st.CreatedAt))
+	}
 }
 
 // writeEnd stores the ended state st, read at revision, after its end was
