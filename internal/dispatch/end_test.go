@@ -15,6 +15,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/run"
@@ -82,6 +83,22 @@ func endedState(t *testing.T, js jetstream.JetStream, runID string) run.State {
 			}
 		case <-ctx.Done():
 			t.Fatalf("run %s: its state was not written ended", runID)
+		}
+	}
+}
+
+// waitPastTheWindow publishes a probe with message id probe to the work
+// stream and returns once the stream stores it again: its duplicate window
+// has passed since the call.
+func waitPastTheWindow(ctx context.Context, t *testing.T, js jetstream.JetStream, probe string) {
+	t.Helper()
+	_, err := js.Publish(ctx, "ab.pool.nobody.request", nil, jetstream.WithMsgID(probe))
+	require.NoError(t, err)
+	for {
+		ack, err := js.Publish(ctx, "ab.pool.nobody.request", nil, jetstream.WithMsgID(probe))
+		require.NoError(t, err)
+		if !ack.Duplicate {
+			return
 		}
 	}
 }
@@ -173,15 +190,7 @@ func TestAnEndStoredLongerAgoThanTheStreamDeduplicatesIsNotStoredTwice(t *testin
 	probe := "probe-" + res.RunID
 	ctx, cancel := context.WithTimeout(ctxT(t), 20*time.Second)
 	defer cancel()
-	_, err = js.Publish(ctx, "ab.pool.nobody.request", nil, jetstream.WithMsgID(probe))
-	require.NoError(t, err)
-	for {
-		ack, err := js.Publish(ctx, "ab.pool.nobody.request", nil, jetstream.WithMsgID(probe))
-		require.NoError(t, err)
-		if !ack.Duplicate {
-			break
-		}
-	}
+	waitPastTheWindow(ctx, t, js, probe)
 	require.NoError(t, st.Client.Cancel(ctxT(t), res.RunID, "too late"))
 	stored := endedState(t, js, res.RunID)
 	assert.Equal(t, run.StatusCompleted, stored.Status)
@@ -190,4 +199,55 @@ func TestAnEndStoredLongerAgoThanTheStreamDeduplicatesIsNotStoredTwice(t *testin
 	// before the cancel wrote it; none of them stored a second end.
 	crashing.Store(false)
 	assert.Equal(t, map[string]uint64{"completed": 1}, storedEnds(t, js, res.RunID))
+}
+
+// TestAnEventOnATerminalSubjectWithoutTheRunsEndIDIsNotItsEnd: the
+// streams deduplicate for one second; a run waits on its action until its
+// state is older than that, and a run.canceled that is not the run's (its
+// id is not the run's end id, which only the dispatcher can derive) is
+// stored on the run's canceled subject. When the action finishes, the
+// dispatcher looks for a stored end before publishing its own (the state
+// is stale): it passes over the forged one, and the run completes.
+func TestAnEventOnATerminalSubjectWithoutTheRunsEndIDIsNotItsEnd(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	gate := make(chan struct{})
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "gate.wait", Description: "Wait for the test's gate."},
+			func(ctx context.Context, _ map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+				select {
+				case <-gate:
+					return executor.Result[map[string]any]{Output: map[string]any{"ok": true}}, nil
+				case <-ctx.Done():
+					return executor.Result[map[string]any]{}, ctx.Err()
+				}
+			})
+	}})
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	for _, name := range []string{"AB_RUNS", "AB_TIMERS", "AB_WORK"} {
+		s, err := js.Stream(ctxT(t), name)
+		require.NoError(t, err)
+		cfg := s.CachedInfo().Config
+		cfg.Duplicates = time.Second
+		_, err = js.UpdateStream(ctxT(t), cfg)
+		require.NoError(t, err)
+	}
+	startDispatcher(t, srv, dispatch.Config{})
+	runID, err := st.Client.Start(ctxT(t), client.RunRequest{Action: &client.ActionCall{Name: "gate.wait", Args: map[string]any{}}})
+	require.NoError(t, err)
+	// The run's state (written at admission) is past half the window once
+	// the work stream no longer deduplicates a probe published now.
+	probe := "probe-" + runID
+	ctx, cancel := context.WithTimeout(ctxT(t), 20*time.Second)
+	defer cancel()
+	waitPastTheWindow(ctx, t, js, probe)
+	forger, err := bus.Open(nc, bus.BusConfig{Source: "forger"})
+	require.NoError(t, err)
+	_, err = forger.Emit(ctx, events.TypeRunCanceled, events.NewID(), "default", runID, "", &events.RunCanceled{RunID: runID, Reason: "forged"})
+	require.NoError(t, err)
+	close(gate)
+	stored := endedState(t, js, runID)
+	assert.Equal(t, run.StatusCompleted, stored.Status, "%+v", stored.Terminal)
+	assert.Equal(t, map[string]uint64{"completed": 1, "canceled": 1}, storedEnds(t, js, runID), "the run's own end is stored beside the forged one")
 }
