@@ -75,7 +75,7 @@ Other terminals can use the same server: actionbus --nats nats://HOST:PORT run .
 	cmd.Flags().StringVar(&f.host, "host", "127.0.0.1", "loopback address to listen on")
 	cmd.Flags().IntVar(&f.port, "port", 4222, "port to listen on (-1 picks a free one)")
 	cmd.Flags().StringVar(&f.store, "store", "", "JetStream store directory (default: a temporary directory removed at exit)")
-	cmd.Flags().IntVar(&f.executors, "executors", 2, "executor instances")
+	cmd.Flags().IntVar(&f.executors, "executors", 2, "executor instances (0: none; executors of pool default run elsewhere)")
 	cmd.Flags().IntVar(&f.slots, "slots", 2, "slots per executor")
 	cmd.Flags().StringSliceVar(&f.scenarios, "scenarios", nil, "extra scenario files or directories (JSON or YAML), read once at start: restart dev to load a changed or new file")
 	cmd.Flags().StringVar(&f.demoScenario, "demo", "delivery-retry", "scenario of the demo run")
@@ -95,6 +95,9 @@ Other terminals can use the same server: actionbus --nats nats://HOST:PORT run .
 func runDev(ctx context.Context, g *globals, f devFlags) error {
 	if ip := net.ParseIP(f.host); ip == nil || !ip.IsLoopback() {
 		return fmt.Errorf("--host %q is not a loopback address; dev mode has no authentication", f.host)
+	}
+	if f.executors < 0 || f.slots < 1 {
+		return fmt.Errorf("--executors must be 0 or more and --slots 1 or more (got %d and %d)", f.executors, f.slots)
 	}
 	if f.store == "" {
 		dir, err := os.MkdirTemp("", "actionbus-dev-")
@@ -209,7 +212,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 	store := demo.NewStore()
 	st, err := stack.Start(ctx, nc, stack.Config{
 		Audit:  auditCfg,
-		Prefix: g.prefix, Provider: provider, Executors: f.executors, Slots: f.slots,
+		Prefix: g.prefix, Provider: provider, Executors: f.executors, NoExecutors: f.executors == 0, Slots: f.slots,
 		Register: func(ex *executor.Executor) error {
 			if _, err := builtin.Register(ex, builtin.Config{}); err != nil {
 				return err

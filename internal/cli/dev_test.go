@@ -94,6 +94,13 @@ func TestDevRefusesNonLoopbackHosts(t *testing.T) {
 	assert.Contains(t, errOut.String(), "not a loopback address")
 }
 
+func TestDevRefusesANegativeExecutorCount(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := cli.Execute(context.Background(), []string{"dev", "--port", "-1", "--executors", "-1"}, nil, &out, &errOut)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut.String(), "--executors must be 0 or more")
+}
+
 func TestRunExitCodeFollowsTheTerminalState(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
