@@ -132,3 +132,26 @@ func TestProtocolResultIDExample(t *testing.T) {
 		assert.True(t, strings.HasPrefix(c.id, c.callID[:10]), "the id keeps the call id's timestamp")
 	}
 }
+
+// TestProtocolArtifactIDExample: the worked artifact names of E-ARTIFACT
+// are what the Go executor names an offloaded output
+// (events.DerivedID(callId, "artifact", "output")), with the digest and
+// entropy bytes the page shows.
+func TestProtocolArtifactIDExample(t *testing.T) {
+	doc := protocolDoc(t)
+	cases := []struct{ callID, digest, id string }{
+		{"01JDQ2V7XH3M8Q5T9W4Z6B1C0E", "22b61b760889615ade9cede2ab951a29c61be73c32a1eac6e33b88d76d332159", "01JDQ2V7XH4AV1PXG8H5GNNQMW"},
+		{"call-7", "", "0000000000MTZ17V20K81788ZH"},
+	}
+	for _, c := range cases {
+		assert.Equal(t, c.id, events.DerivedID(c.callID, "artifact", "output"))
+		assert.Contains(t, doc, "`"+c.id+"`")
+		if c.digest == "" {
+			continue
+		}
+		sum := sha256.Sum256([]byte(c.callID + "\x00artifact\x00output"))
+		assert.Equal(t, c.digest, hex.EncodeToString(sum[:]))
+		assert.Contains(t, doc, c.digest)
+		assert.Contains(t, doc, "`"+c.digest[:20]+"`", "the entropy bytes")
+	}
+}
