@@ -102,22 +102,27 @@ func (e *Executor) pullFailed(ctx context.Context, err error) {
 	}
 }
 
+// reject stores the rejection of a work message that is no call (E-REJECT)
+// and acks it once the rejection is stored; a rejection that could not be
+// stored leaves the message to be delivered again.
+func (e *Executor) reject(ctx context.Context, msg jetstream.Msg, reason error) {
+	if err := e.bus.Reject(context.WithoutCancel(ctx), msg, bus.PoolConsumer(e.cfg.Pool), reason); err != nil {
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.Ack()
+}
+
 // handle runs one message.
 func (e *Executor) handle(ctx context.Context, msg jetstream.Msg) {
 	rec, err := e.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
 	if err != nil {
-		if rerr := e.bus.Reject(context.WithoutCancel(ctx), msg, bus.PoolConsumer(e.cfg.Pool), err); rerr != nil {
-			_ = msg.NakWithDelay(time.Second)
-			return
-		}
-		_ = msg.Ack()
+		e.reject(ctx, msg, err)
 		return
 	}
 	req, ok := rec.Data.(*events.ActionRequested)
 	if !ok {
-		_ = e.bus.Reject(context.WithoutCancel(ctx), msg, bus.PoolConsumer(e.cfg.Pool),
-			actionbus.Errorf(actionbus.CodeUnknownEventType, "%s does not belong on a work subject", rec.Event.Type()))
-		_ = msg.Ack()
+		e.reject(ctx, msg, actionbus.Errorf(actionbus.CodeUnknownEventType, "%s does not belong on a work subject", rec.Event.Type()))
 		return
 	}
 	deliveries := 1
