@@ -181,15 +181,9 @@ func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event, opts 
 // Emit builds an event with [Bus.New] and publishes it on the subject the
 // catalog gives its type ([events.Subjects.SubjectFor]).
 func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool string, data any, ext ...events.Extension) (*event.Event, error) {
-	e, _, err := b.emit(ctx, eventType, id, tenant, runID, pool, data, ext...)
-	return e, err
-}
-
-// emit is [Bus.Emit], returning the stream's acknowledgement too.
-func (b *Bus) emit(ctx context.Context, eventType, id, tenant, runID, pool string, data any, ext ...events.Extension) (*event.Event, *jetstream.PubAck, error) {
 	subject, err := b.subjects.SubjectFor(eventType, tenant, runID, pool)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if eventType == events.TypeActionRequested && pool != "" {
 		ext = append(ext, events.Extension{Name: events.ExtPool, Value: pool})
@@ -197,13 +191,12 @@ func (b *Bus) emit(ctx context.Context, eventType, id, tenant, runID, pool strin
 	ext = append(ext, traceExtensions(ctx)...)
 	e, err := b.New(eventType, id, tenant, runID, data, ext...)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	ack, err := b.Publish(ctx, subject, e)
-	if err != nil {
-		return nil, nil, err
+	if _, err := b.Publish(ctx, subject, e); err != nil {
+		return nil, err
 	}
-	return e, ack, nil
+	return e, nil
 }
 
 // traceExtensions are the distributed-tracing extensions of the run
@@ -264,81 +257,72 @@ func (b *Bus) TimerEmission(id, tenant, name string, at time.Time, t *events.Tim
 
 // EmitAll validates and publishes several events at once: every publish is
 // sent before any acknowledgement is awaited, so a batch costs about one
-// round trip. It returns the ids of the batch's stored events that their
-// stream already held (the publish was a duplicate of an earlier one with
-// the same id, which is what stays stored), and the first error; events
-// published before it stay published (their ids make a retry safe).
-func (b *Bus) EmitAll(ctx context.Context, batch []events.Emission) (held []string, err error) {
+// round trip. It returns the first error; events published before it stay
+// published (their ids make a retry safe).
+func (b *Bus) EmitAll(ctx context.Context, batch []events.Emission) error {
 	if len(batch) == 1 && batch[0].Subject == "" && batch[0].Header == nil {
 		x := batch[0]
-		_, ack, err := b.emit(ctx, x.Type, x.ID, x.Tenant, x.RunID, x.Pool, x.Data, x.Ext...)
-		if err == nil && ack.Duplicate {
-			held = []string{x.ID}
-		}
-		return held, err
+		_, err := b.Emit(ctx, x.Type, x.ID, x.Tenant, x.RunID, x.Pool, x.Data, x.Ext...)
+		return err
 	}
 	futures := make([]jetstream.PubAckFuture, 0, len(batch))
-	ids := make([]string, 0, len(batch))
 	traced := traceExtensions(ctx)
 	for _, x := range batch {
 		subject := x.Subject
 		if subject == "" {
 			var err error
 			if subject, err = b.subjects.SubjectFor(x.Type, x.Tenant, x.RunID, x.Pool); err != nil {
-				return nil, err
+				return err
 			}
 		}
 		e, err := b.New(x.Type, x.ID, x.Tenant, x.RunID, x.Data, append(x.Ext, traced...)...)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if err := b.validateOutgoing(e); err != nil {
-			return nil, fmt.Errorf("events: publish %s: %w", x.Type, err)
+			return fmt.Errorf("events: publish %s: %w", x.Type, err)
 		}
 		msg, err := Encode(subject, e, b.cfg.Mode)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		for k, v := range x.Header {
 			msg.Header[k] = v
 		}
 		tracing.Inject(ctx, msg.Header)
 		if err := b.checkSize(x.Type, msg); err != nil {
-			return nil, err
+			return err
 		}
 		if live(x.Type) {
 			// Live events go out on core NATS with the batch: nothing
 			// stores them, so there is no acknowledgement to wait for.
 			if err := b.js.Conn().PublishMsg(msg); err != nil {
-				return nil, fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
+				return fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
 			}
 			continue
 		}
 		f, err := b.js.PublishMsgAsync(msg)
 		if err != nil {
-			return nil, fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
+			return fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
 		}
-		futures, ids = append(futures, f), append(ids, x.ID)
+		futures = append(futures, f)
 	}
 	// A publish the server never acknowledges (a permissions violation,
 	// no stream) must not hang the caller.
 	timeout := time.NewTimer(PublishTimeout)
 	defer timeout.Stop()
-	for i, f := range futures {
+	for _, f := range futures {
 		select {
-		case ack := <-f.Ok():
-			if ack.Duplicate {
-				held = append(held, ids[i])
-			}
+		case <-f.Ok():
 		case err := <-f.Err():
-			return nil, fmt.Errorf("events: publish on %s: %w", f.Msg().Subject, err)
+			return fmt.Errorf("events: publish on %s: %w", f.Msg().Subject, err)
 		case <-timeout.C:
-			return nil, fmt.Errorf("events: publish on %s: no acknowledgement within %s", f.Msg().Subject, PublishTimeout)
+			return fmt.Errorf("events: publish on %s: no acknowledgement within %s", f.Msg().Subject, PublishTimeout)
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 	}
-	return held, nil
+	return nil
 }
 
 // checkSize refuses a message the server would refuse: one over the

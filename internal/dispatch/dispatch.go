@@ -178,10 +178,6 @@ type Dispatcher struct {
 	// state and publishing its outbox when it returns true: nothing is
 	// published, the event is handed back, the cache is lost.
 	crashAfterWrite func(runID string) bool
-	// crashAfterEnd, set by tests, simulates a crash between the
-	// publication of a run's end and the write of its state; it is given
-	// the run and the end its transition decided.
-	crashAfterEnd func(runID, decided string) bool
 }
 
 // errSimulatedCrash is what a simulated crash returns.
@@ -775,7 +771,6 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		if span == nil {
 			ctx, span = d.traceTransition(ctx, st, batch)
 		}
-		written := st.UpdatedAt // the stored state's last write
 		// An outbox read from the bucket may never have been published (its
 		// writer crashed): it goes out again with this transition's.
 		var carried []run.Effect
@@ -849,15 +844,12 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			if err != nil {
 				return nil, err
 			}
-			st, revision, written = current, entry.Revision(), current.UpdatedAt
+			st, revision = current, entry.Revision()
 			st.Outbox = run.Dedupe(append(d.carriedOutbox(st, revision), run.Arm(st, d.machine.FailWith(st, tooLarge), time.Now())...))
 			st.UpdatedAt = time.Now().UTC()
 			if after, err = st.Encode(); err != nil {
 				return nil, bus.Permanent(err)
 			}
-		}
-		if !wasTerminal && st.IsTerminal() {
-			return nil, d.end(ctx, st, revision, time.Since(written) > d.outboxFresh)
 		}
 		uctx, cancel := bus.Bounded(ctx)
 		rev, err := d.runs.Update(uctx, runID, after, revision)
@@ -875,158 +867,6 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		return nil, d.flush(ctx, st, rev)
 	}
 	return nil, fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
-}
-
-// end commits a transition that ends the run st (read at revision, its
-// outbox set). Its terminal event is the commit: it is published first
-// and the state is written after it, so a run's end puts one stored write
-// on the client's path instead of two in sequence (each an fsync where
-// the server syncs every write). Every terminal event of a run has the
-// same id, so the stream keeps one: a second end — another dispatcher's
-// decision on the same state, or this transition applied again after a
-// crash between the two writes — is answered as a duplicate, and the
-// state adopts the end that is stored ([run.Machine.Adopt]). The stream
-// deduplicates within its duplicate window only, so a state last written
-// longer ago than half of it (checkStored) first looks for an end already
-// stored, which a dispatcher that crashed before writing the state left.
-//
-// The events that led here are acknowledged once the state is written: a
-// crash before that redelivers them, and they end the run again, as
-// above.
-func (d *Dispatcher) end(ctx context.Context, st *run.State, revision uint64, checkStored bool) error {
-	decided, ours := st.Terminal.Type, true // ours: this transition stored the end
-	if checkStored {
-		stored, err := d.storedEnd(ctx, st)
-		if err != nil {
-			return err
-		}
-		if stored != nil {
-			// Its end may be stored longer ago than the stream
-			// deduplicates: it is adopted and not published again.
-			d.machine.Adopt(st, stored)
-			ours = false
-			end := run.EndID(st)
-			st.Outbox = slices.DeleteFunc(st.Outbox, func(e run.Effect) bool { return e.ID == end })
-		}
-	}
-	held, err := d.publishHeld(ctx, st, st.Outbox)
-	if tooLarge := overPayload(err); tooLarge != nil {
-		d.cache.drop(st.RunID)
-		return d.failTooLarge(ctx, st.RunID, tooLarge)
-	}
-	if err != nil {
-		d.cache.drop(st.RunID)
-		return err
-	}
-	if slices.Contains(held, run.EndID(st)) {
-		// An end was stored first: it is the run's. What else this
-		// transition published stays published (its slots released, its
-		// steps recorded); only its end gives way.
-		stored, err := d.storedEnd(ctx, st)
-		if err != nil {
-			return err
-		}
-		if stored == nil {
-			return fmt.Errorf("dispatch: run %s: the stream holds its end's id, but no end under its subjects", st.RunID)
-		}
-		d.machine.Adopt(st, stored)
-		ours = false
-	}
-	if d.crashAfterEnd != nil && d.crashAfterEnd(st.RunID, decided) {
-		d.cache.drop(st.RunID)
-		return errSimulatedCrash
-	}
-	d.endPublished(st, ours)
-	return d.writeEnd(ctx, st, revision)
-}
-
-// storedEnd returns the terminal event stored for run st, if any: a
-// batch direct get of the last message on each terminal subject of the run
-// (one request; a run has at most one). An event there without the run's
-// end id is not its end.
-func (d *Dispatcher) storedEnd(ctx context.Context, st *run.State) (*run.Terminal, error) {
-	tenant, subjects := st.TenantOrDefault(), d.bus.Subjects()
-	gctx, cancel := bus.Bounded(ctx)
-	defer cancel()
-	msgs, err := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRuns(), []string{
-		subjects.Run(tenant, st.RunID, "completed"), subjects.Run(tenant, st.RunID, "failed"), subjects.Run(tenant, st.RunID, "canceled")})
-	if err != nil {
-		return nil, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
-	}
-	for m, err := range msgs {
-		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
-		}
-		r, err := d.bus.Receive(m.Subject, m.Header, m.Data)
-		if err != nil {
-			return nil, bus.Permanent(fmt.Errorf("dispatch: run %s: its stored end does not decode: %w", st.RunID, err))
-		}
-		if r.Event.ID() != run.EndID(st) {
-			// Not the run's: its end's id is derived from the run's
-			// secret id key. Only the services may publish on these
-			// subjects; this is the second fence.
-			d.log.Warn("ignoring a terminal event that is not the run's", "run_id", st.RunID, "subject", m.Subject, "id", r.Event.ID())
-			continue
-		}
-		if t, ok := run.StoredEnd(r.Data); ok {
-			return t, nil
-		}
-	}
-	return nil, nil
-}
-
-// endPublished does what follows the publication of run st's end: the
-// executors with its calls in flight are told, its alarm canceled, and,
-// when this dispatcher stored the end (counted), the end counted.
-func (d *Dispatcher) endPublished(st *run.State, counted bool) {
-	d.tellPools(st)
-	if !d.deferred.ended(st.RunID) {
-		d.alarms.cancel(d.bus.Subjects().Schedule(st.TenantOrDefault(), st.RunID, "*"))
-	}
-	if counted {
-		d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), time.Since(st.CreatedAt))
-	}
-}
-
-// writeEnd stores the ended state st, read at revision, after its end was
-// published. A write that finds the state changed since (another
-// dispatcher stored a transition between) stores the end on top of what is
-// stored, unless that has ended already: the end is published, so it is
-// the run's, whatever the other transition decided.
-func (d *Dispatcher) writeEnd(ctx context.Context, st *run.State, revision uint64) error {
-	end := st.Terminal
-	for attempt := 0; attempt < 10; attempt++ {
-		st.UpdatedAt = time.Now().UTC()
-		val, err := st.Encode()
-		if err != nil {
-			return bus.Permanent(err)
-		}
-		uctx, cancel := bus.Bounded(ctx)
-		rev, err := d.runs.Update(uctx, st.RunID, val, revision)
-		cancel()
-		if err == nil {
-			d.cache.put(st, rev)
-			return nil
-		}
-		d.cache.drop(st.RunID)
-		if !bus.IsRevisionConflict(err) {
-			return err
-		}
-		current, entry, err := d.loadStored(ctx, st.RunID)
-		if err != nil {
-			return err
-		}
-		if current.IsTerminal() {
-			d.cache.put(current, entry.Revision())
-			return nil
-		}
-		st, revision = current, entry.Revision()
-		st.Outbox = d.machine.Adopt(st, end)
-	}
-	return fmt.Errorf("dispatch: run %s: too many concurrent updates", st.RunID)
 }
 
 // traceTransition starts the span of one transition of a run: a child of
@@ -1058,19 +898,12 @@ func (d *Dispatcher) traceTransition(ctx context.Context, st *run.State, batch [
 // for other services first (run.WorkFirst), the live steps as one
 // run.progress event (run.Progress).
 func (d *Dispatcher) publish(ctx context.Context, st *run.State, effects []run.Effect) error {
-	_, err := d.publishHeld(ctx, st, effects)
-	return err
-}
-
-// publishHeld is [Dispatcher.publish], returning the ids of the stored
-// events that their streams already held (see [bus.Bus.EmitAll]).
-func (d *Dispatcher) publishHeld(ctx context.Context, st *run.State, effects []run.Effect) ([]string, error) {
 	ctx = tracing.WithRun(ctx, st.Trace)
 	batch := make([]events.Emission, 0, len(effects))
 	for _, e := range run.Progress(st, run.WorkFirst(effects)) {
 		if e.Kind == run.EffectRelease {
 			if err := d.release(ctx, e); err != nil {
-				return nil, err
+				return err
 			}
 			continue
 		}
@@ -1084,11 +917,10 @@ func (d *Dispatcher) publishHeld(ctx context.Context, st *run.State, effects []r
 		}
 	}
 	if len(batch) == 0 {
-		return nil, nil
+		return nil
 	}
-	held, err := d.bus.EmitAll(ctx, batch)
-	if err != nil {
-		return nil, err
+	if err := d.bus.EmitAll(ctx, batch); err != nil {
+		return err
 	}
 	for _, e := range effects {
 		if e.Kind == run.EffectTimer && e.Timer.Name != run.AdmittedAlarm {
@@ -1098,7 +930,7 @@ func (d *Dispatcher) publishHeld(ctx context.Context, st *run.State, effects []r
 			break
 		}
 	}
-	return held, nil
+	return nil
 }
 
 // stateHeadroom is kept below the server's max payload for the headers of
@@ -1118,26 +950,12 @@ func (d *Dispatcher) stateTooLarge(state []byte) *actionbus.Error {
 // size, instead of waiting for its deadline.
 func (d *Dispatcher) publishOrFail(ctx context.Context, st *run.State, effects []run.Effect) error {
 	err := d.publish(ctx, st, effects)
-	if tooLarge := overPayload(err); tooLarge != nil {
-		return d.failTooLarge(ctx, st.RunID, tooLarge)
-	}
-	return err
-}
-
-// overPayload is err's payload_too_large error, if it is one.
-func overPayload(err error) *actionbus.Error {
 	var tooLarge *actionbus.Error
-	if errors.As(err, &tooLarge) && tooLarge.Code == actionbus.CodePayloadTooLarge {
-		return tooLarge
+	if !errors.As(err, &tooLarge) || tooLarge.Code != actionbus.CodePayloadTooLarge {
+		return err
 	}
-	return nil
-}
-
-// failTooLarge fails the run runID, an event of which is over the server's
-// max payload.
-func (d *Dispatcher) failTooLarge(ctx context.Context, runID string, tooLarge *actionbus.Error) error {
-	d.log.Warn("an event of the run is over the server's max payload; failing the run", "run_id", runID, "err", tooLarge.Message)
-	return d.failStored(ctx, runID, tooLarge)
+	d.log.Warn("an event of the run is over the server's max payload; failing the run", "run_id", st.RunID, "err", tooLarge.Message)
+	return d.failStored(ctx, st.RunID, tooLarge)
 }
 
 // failStored ends the stored run with abErr (replacing a terminal event

@@ -76,17 +76,7 @@ func (e env) PriorRun(ctx context.Context, runID string) (*run.State, error) {
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, nil
 	}
-	if err != nil || st.IsTerminal() {
-		return st, err
-	}
-	// A run's end is published before its state is written (see
-	// Dispatcher.end): a client that saw it may ask before the write.
-	if ended, err := e.d.endedState(ctx, runID); err == nil {
-		return ended, nil
-	} else if !errors.Is(err, errNotEnded) {
-		return nil, err
-	}
-	return st, nil
+	return st, err
 }
 
 // ClaimRetry sets RetriedBy on the stored state of priorID with a

@@ -15,8 +15,3 @@ func SetCrashHoldingAlarm(d *Dispatcher, f func(runID string) bool) { d.deferred
 func ClaimRetry(ctx context.Context, d *Dispatcher, priorID, retryID string) (string, error) {
 	return env{d}.ClaimRetry(ctx, priorID, retryID)
 }
-
-// SetCrashAfterEnd makes d simulate a crash between publishing a run's end
-// and writing its state whenever f, given the run and the type of end its
-// transition decided, returns true.
-func SetCrashAfterEnd(d *Dispatcher, f func(runID, endType string) bool) { d.crashAfterEnd = f }

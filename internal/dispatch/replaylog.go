@@ -40,9 +40,12 @@ type ReplayedLog struct {
 // read and not written, and an action under a limit is refused (the grant
 // it got is not in the log). The run must have ended.
 func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*ReplayedLog, error) {
-	stored, err := d.endedState(ctx, runID)
+	stored, _, err := d.loadStored(ctx, runID)
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: replay %s: %w", runID, err)
+	}
+	if !stored.IsTerminal() {
+		return nil, fmt.Errorf("dispatch: replay %s: the run has not ended", runID)
 	}
 	log, err := d.storedLog(ctx, tenant, runID)
 	if err != nil {
@@ -203,50 +206,4 @@ func (e *replayEnv) Acquire(ctx context.Context, _ *run.State, c run.CallState) 
 		return run.Capacity{}, fmt.Errorf("dispatch: replay: action %s is under a limit, whose grant is not in the log", c.Action)
 	}
 	return run.Capacity{OK: true}, nil
-}
-
-// errNotEnded is endedState's error for a run that has not ended.
-var errNotEnded = errors.New("the run has not ended")
-
-// endedState returns the stored state of the ended run runID. A run's end
-// is published before its state is written (see Dispatcher.end), so a
-// reader that saw the end may find the state before it: it waits for the
-// write (bounded by bus.Bounded), which a crash of the writer delays until
-// the end's events are redelivered.
-func (d *Dispatcher) endedState(ctx context.Context, runID string) (*run.State, error) {
-	st, _, err := d.loadStored(ctx, runID)
-	if err != nil || st.IsTerminal() {
-		return st, err
-	}
-	end, err := d.storedEnd(ctx, st)
-	if err != nil {
-		return nil, err
-	}
-	if end == nil {
-		return nil, errNotEnded
-	}
-	wctx, cancel := bus.Bounded(ctx)
-	defer cancel()
-	w, err := d.runs.Watch(wctx, runID)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case entry := <-w.Updates():
-			if entry == nil {
-				continue // the watch is current
-			}
-			if entry.Operation() != jetstream.KeyValuePut {
-				return nil, fmt.Errorf("run %s: its state was removed", runID)
-			}
-			st, err := decodeState(runID, entry.Value())
-			if err != nil || st.IsTerminal() {
-				return &st, err
-			}
-		case <-wctx.Done():
-			return nil, fmt.Errorf("run %s: its end is stored, its state not written within %s: %w", runID, bus.PublishTimeout, wctx.Err())
-		}
-	}
 }

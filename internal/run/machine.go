@@ -515,29 +515,3 @@ func (m *Machine) onCancel(st *State, c *events.CancelRequested) []Effect {
 	return append([]Effect{step(st, StepCanceled, nil, "", c.Reason, "")},
 		m.terminate(st, &Terminal{Type: events.TypeRunCanceled, Reason: c.Reason})...)
 }
-
-// StoredEnd is the [Terminal] of a run's stored terminal event (data is
-// the decoded data of a run.completed, run.failed or run.canceled); ok is
-// false for any other event.
-func StoredEnd(data any) (t *Terminal, ok bool) {
-	switch d := data.(type) {
-	case *events.RunCompleted:
-		return &Terminal{Type: events.TypeRunCompleted, Answer: d.Answer, Output: d.Output, Citations: d.Citations}, true
-	case *events.RunCanceled:
-		return &Terminal{Type: events.TypeRunCanceled, Reason: d.Reason}, true
-	case *events.RunFailed:
-		cause := d.Error
-		return &Terminal{Type: events.TypeRunFailed, Error: &cause}, true
-	}
-	return nil, false
-}
-
-// Adopt ends st with t, the terminal event its run already has in the
-// stream: the stored end is the run's end, whatever st would have decided
-// (another dispatcher, or an earlier attempt of this transition, published
-// it first). It returns the effects of the end: the run's slots released,
-// and its end, which publishing again leaves as it is stored.
-func (m *Machine) Adopt(st *State, t *Terminal) []Effect {
-	st.Terminal = nil
-	return m.terminate(st, t)
-}
