@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -145,8 +146,13 @@ func TestRunsSurviveCrashesAtEveryStateWrite(t *testing.T) {
 			terminals[id][r.Event.ID()] = true
 		}
 	}
+	js, err := jetstream.New(srv.Connect(t))
+	require.NoError(t, err)
 	for _, id := range ids {
 		assert.Len(t, terminals[id], 1, "run %s ends once", id)
+		// A second copy of an end would have the first's id: the stream
+		// is what counts them.
+		assert.Equal(t, map[string]uint64{"completed": 1}, storedEnds(t, js, id), "run %s has one end stored", id)
 	}
 	counted.mu.Lock()
 	defer counted.mu.Unlock()
