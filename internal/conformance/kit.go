@@ -512,6 +512,11 @@ func (k *kit) inputMissing(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	return checkMissing(r)
+}
+
+// checkMissing checks the answer to conformance.echo's input {}.
+func checkMissing(r *result) error {
 	issues, err := argsIssues(r, ActionEcho)
 	if err != nil {
 		return err
@@ -533,6 +538,11 @@ func (k *kit) inputType(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	return checkType(r)
+}
+
+// checkType checks the answer to conformance.echo's input {"text": secretValue}.
+func checkType(r *result) error {
 	issues, err := argsIssues(r, ActionEcho)
 	if err != nil {
 		return err
@@ -563,6 +573,12 @@ func (k *kit) outputInvalid(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	return checkOutputIssues(r)
+}
+
+// checkOutputIssues checks the answer to conformance.shape returning
+// {"name": secretValue}.
+func checkOutputIssues(r *result) error {
 	f, err := failedWith(r, actionbus.CodeSchemaValidation)
 	if err != nil {
 		return err

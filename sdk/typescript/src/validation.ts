@@ -81,7 +81,7 @@ export function schemaIssues(errors: readonly ErrorObject[] | null | undefined):
   const out: SchemaIssue[] = [];
   const extra = new Map<string, string[]>();
   for (const e of list) {
-    if (list.some((o) => o !== e && o.schemaPath.startsWith(e.schemaPath + "/"))) continue; // not a leaf
+    if (e.keyword === "if" || list.some((o) => o !== e && o.schemaPath.startsWith(e.schemaPath + "/"))) continue; // not a leaf: its then/else, branches, … are listed
     const p = (e.params ?? {}) as Obj;
     if (e.keyword === "required") {
       out.push({ path: `${e.instancePath}/${escapeToken(String(p.missingProperty))}`, keyword: "required", reason: "missing required property" });
@@ -262,7 +262,7 @@ function admitsNull(s: Obj | undefined): boolean {
   return t === "null" || (Array.isArray(t) && t.includes("null"));
 }
 
-/** withoutBlank drops the schema's issues at keys already reported missing (null or blank), after them. */
+/** withBlank puts the blank issues first and drops the schema's issues at their keys (reported missing already). */
 export function withBlank(blank: ArgIssue[], issues: ArgIssue[]): ArgIssue[] {
   const keys = new Set(blank.map((b) => b.key));
   return [...blank, ...issues.filter((i) => !keys.has(i.key))];

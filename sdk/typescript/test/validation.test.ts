@@ -105,6 +105,9 @@ test("an output failing its schema: schema_validation, issues {path, keyword, re
   const anyOf = ajv.compile({ anyOf: [{ type: "string" }, { type: "integer", minimum: 3 }] });
   assert.equal(anyOf(1), false);
   assert.deepEqual(schemaIssues(anyOf.errors).map((i) => i.keyword), ["type", "minimum"], "only the leaves, as Go's");
+  const ifThen = ajv.compile({ if: { properties: { a: { const: 1 } } }, then: { required: ["b"] } });
+  assert.equal(ifThen({ a: 1 }), false);
+  assert.deepEqual(schemaIssues(ifThen.errors), [{ path: "/b", keyword: "required", reason: "missing required property" }]);
 });
 
 test("a rejection keeps 32 KiB of the body with the whole body's size and hash, as Go's bus (E-REJECT)", () => {
