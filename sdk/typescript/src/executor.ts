@@ -46,6 +46,8 @@ export interface ActionDefinition<I = unknown> {
   version?: string;
   /** Input keys only the host may set: removed from input whose origin is not "host" before validation (E-INPUT). */
   hostOnlyKeys?: string[];
+  /** An object property of the input that collects the arguments a model put beside it instead of inside it. */
+  healFlattenedInto?: string;
 }
 
 /** Call is the invocation a handler serves. */
@@ -352,7 +354,7 @@ export class Executor {
       return fail(Codes.TenantNotServed, `pool ${this.pool} is dedicated to other tenants than ${tenant}`);
     }
     // E-INPUT: prepared as the Go executor prepares it, then validated; the hash is the prepared input's.
-    const prepared = prepareArgs(req.action, reg.inputJSON, reg.def.hostOnlyKeys, req.args, req.origin);
+    const prepared = prepareArgs(req.action, reg.inputJSON, reg.def, req.args, req.origin);
     const checked = this.checkInput(reg, req.action, prepared.input);
     const issues = withBlank(prepared.blank, checked.ok ? [] : checked.issues);
     if (issues.length > 0) return publish(undefined, argsError(req.action, issues), 0);
@@ -563,6 +565,7 @@ export class Executor {
       actions.push({ name: d.name, description: d.description, mode: d.mode ?? "read", tier: d.tier ?? 0, inputSchema,
         outputSchema: d.outputSchema, version: d.version ?? "1", timeoutMs: d.timeoutMs, pool: this.pool,
         hostOnlyKeys: d.hostOnlyKeys && d.hostOnlyKeys.length > 0 ? d.hostOnlyKeys : undefined,
+        healFlattenedInto: d.healFlattenedInto || undefined,
         tenants: this.cfg.tenants.length > 0 ? this.cfg.tenants : undefined });
     }
     const subject = this.subject("pool", this.pool, "announce");

@@ -178,7 +178,10 @@ export function argsError(action: string, issues: ArgIssue[]): ActionbusError {
 
 /**
  * Prepared is an input made ready for validation, as the Go executor's
- * ArgsChecker.Prepare makes it: for input whose origin is not "host", the
+ * ArgsChecker.Prepare makes it: keys beside healFlattenedInto lifted into
+ * it (unless it holds a non-empty object already); aliases a property
+ * lists in "x-aliases" renamed to it (the property wins a collision); for
+ * input whose origin is not "host", the
  * hostOnlyKeys and the keys the schema does not declare (recursively;
  * an object schema without properties declares nothing and strips
  * nothing) removed; optional top-level keys given as null removed (unless
@@ -189,16 +192,23 @@ export interface Prepared {
   input: Obj;
   /** Issues of required values given as null or blank (reason missing). */
   blank: ArgIssue[];
+  healed: string[];
+  rewrites: { path: string; from: string; to: string; collision: boolean }[];
   stripped: string[];
   hostOnlyStripped: string[];
   nullAbsent: string[];
 }
 
-/** prepareArgs prepares args for action (its input schema root and hostOnlyKeys); args is not modified. */
-export function prepareArgs(action: string, root: Obj | undefined, hostOnlyKeys: readonly string[] | undefined,
-  args: Obj | undefined, origin: string | undefined): Prepared {
+/** What of an action's definition input preparation reads besides its input schema. */
+export interface PrepareOptions {
+  hostOnlyKeys?: readonly string[];
+  healFlattenedInto?: string;
+}
+
+/** prepareArgs prepares args for action (its input schema root and opts); args is not modified. */
+export function prepareArgs(action: string, root: Obj | undefined, opts: PrepareOptions, args: Obj | undefined, origin: string | undefined): Prepared {
   const input = (isObj(args) ? structuredClone(args) : {}) as Obj;
-  const rep: Prepared = { input, blank: [], stripped: [], hostOnlyStripped: [], nullAbsent: [] };
+  const rep: Prepared = { input, blank: [], healed: [], rewrites: [], stripped: [], hostOnlyStripped: [], nullAbsent: [] };
   const resolve = (s: unknown): Obj | undefined => {
     let cur = isObj(s) ? s : undefined;
     for (let i = 0; i < 8 && cur; i++) {
@@ -215,8 +225,41 @@ export function prepareArgs(action: string, root: Obj | undefined, hostOnlyKeys:
     const p = resolve(s)?.properties;
     return isObj(p) ? p : undefined;
   };
+  if (root) {
+    const into = opts.healFlattenedInto;
+    const cur = into ? input[into] : undefined;
+    if (into && !(isObj(cur) && Object.keys(cur).length > 0)) {
+      const props = properties(root) ?? {};
+      const lifted: Obj = {};
+      for (const k of Object.keys(input)) {
+        if (Object.hasOwn(props, k) || k === "reasoning") continue;
+        lifted[k] = input[k];
+        delete input[k];
+        rep.healed.push(k);
+      }
+      rep.healed.sort();
+      if (Object.keys(lifted).length > 0) input[into] = lifted;
+    }
+    const rewrite = (s: unknown, obj: Obj, path: string) => {
+      const props = properties(s) ?? {};
+      for (const canonical of Object.keys(props).sort()) {
+        const ps = resolve(props[canonical]);
+        const raw = ps?.["x-aliases"];
+        const aliases = Array.isArray(raw) ? raw : typeof raw === "string" ? raw.split(",").map((a) => a.trim()) : [];
+        for (const a of aliases) {
+          if (typeof a !== "string" || a === "" || a === canonical || !Object.hasOwn(obj, a)) continue;
+          const collision = Object.hasOwn(obj, canonical);
+          if (!collision) obj[canonical] = obj[a];
+          delete obj[a];
+          rep.rewrites.push({ path, from: a, to: canonical, collision });
+        }
+        if (isObj(obj[canonical]) && ps) rewrite(ps, obj[canonical] as Obj, `${path}/${escapeToken(canonical)}`);
+      }
+    };
+    rewrite(root, input, "");
+  }
   if (origin !== "host") {
-    for (const k of hostOnlyKeys ?? []) {
+    for (const k of opts.hostOnlyKeys ?? []) {
       if (k in input) {
         delete input[k];
         rep.hostOnlyStripped.push("/" + escapeToken(k));

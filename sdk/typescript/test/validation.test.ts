@@ -21,7 +21,7 @@ const validateEcho = ajv.compile(echo);
 // The executor's E-INPUT path, with a JSON Schema: prepare, validate, join.
 function check(args: Record<string, unknown>, origin = "host", schema: Record<string, unknown> = echo, hostOnly?: string[]) {
   const validate = schema === echo ? validateEcho : ajv.compile(schema);
-  const prep = prepareArgs("conformance.echo", schema, hostOnly, args, origin);
+  const prep = prepareArgs("conformance.echo", schema, { hostOnlyKeys: hostOnly }, args, origin);
   const issues: ArgIssue[] = validate(prep.input) ? [] : argIssues("conformance.echo", schemaIssues(validate.errors));
   return { prep, issues: withBlank(prep.blank, issues) };
 }
@@ -77,6 +77,18 @@ test("a required value given as null or blank is missing; an optional null is ab
   assert.deepEqual(ok.issues, []);
   assert.deepEqual(ok.prep.input, { text: "t", maybe: null }, "a key whose schema admits null keeps it");
   assert.deepEqual(ok.prep.nullAbsent, ["/note"]);
+});
+
+test("aliases are renamed and flattened arguments lifted, as Go's checker does, whatever the origin (E-INPUT)", () => {
+  const schema = { type: "object", properties: { query: { type: "string", "x-aliases": ["q", "search"] }, args: { type: "object" } }, required: ["query"] };
+  const p = prepareArgs("a", schema, {}, { q: "x", search: "y" }, "model");
+  assert.deepEqual(p.input, { query: "x" });
+  assert.deepEqual(p.rewrites, [{ path: "", from: "q", to: "query", collision: false }, { path: "", from: "search", to: "query", collision: true }]);
+  const h = prepareArgs("a", schema, { healFlattenedInto: "args" }, { query: "x", reasoning: "r", city: "Oslo" }, "host");
+  assert.deepEqual(h.input, { query: "x", reasoning: "r", args: { city: "Oslo" } });
+  assert.deepEqual(h.healed, ["city"]);
+  const kept = prepareArgs("a", schema, { healFlattenedInto: "args" }, { query: "x", args: { a: 1 }, city: "Oslo" }, "host");
+  assert.deepEqual(kept.input, { query: "x", args: { a: 1 }, city: "Oslo" }, "a wrapper that holds something is left alone");
 });
 
 test("zod issues are worded and keyed as the Go checker's (E-INPUT)", () => {
