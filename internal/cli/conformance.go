@@ -28,8 +28,8 @@ func conformanceExecutorCmd(g *globals) *cobra.Command {
 		Short: "Drive a running executor hosting the conformance catalog through the protocol's cases; print a pass/fail table",
 		Long: `executor drives the executor serving --pool, which must host the
 conformance catalog (conformance.echo, conformance.sleep, conformance.big,
-conformance.increment; "actionbus conformance serve" hosts it with the Go
-executor), through the cases of docs/protocol.md: one row per case with the
+conformance.increment, conformance.shape; "actionbus conformance serve"
+hosts it with the Go executor), through the cases of docs/protocol.md: one row per case with the
 rule id it checks. The exit status is 1 when any case fails.
 
 The kit plays the dispatcher: it publishes crafted work on the pool's work

@@ -10,7 +10,7 @@ import (
 )
 
 // The conformance catalog: the actions an executor under test hosts on
-// its pool, which the kit drives (docs/protocol.md names the same four).
+// its pool, which the kit drives (docs/protocol.md names the same five).
 const (
 	// ActionEcho (read) returns its input {text} as its output.
 	ActionEcho = "conformance.echo"
@@ -22,7 +22,16 @@ const (
 	// ActionIncrement (mutate) increments an in-memory counter of {key}
 	// and returns {count}: a replay is visible, as the count does not move.
 	ActionIncrement = "conformance.increment"
+	// ActionShape (read) returns the object {output} of its input as its
+	// output, which its output schema checks ({count: integer, name:
+	// string}, both required): the kit makes it return output that fails
+	// (E-OUTPUT).
+	ActionShape = "conformance.shape"
 )
+
+// Catalog is the conformance catalog's action names, in the order
+// docs/protocol.md lists them.
+var Catalog = []string{ActionEcho, ActionSleep, ActionBig, ActionIncrement, ActionShape}
 
 // SleepTimeout is conformance.sleep's declared timeout.
 const SleepTimeout = time.Second
@@ -33,6 +42,8 @@ var (
 	sleepInput     = []byte(`{"type":"object","properties":{"ms":{"type":"integer","minimum":0,"maximum":60000}},"required":["ms"],"additionalProperties":false}`)
 	bigInput       = []byte(`{"type":"object","properties":{"bytes":{"type":"integer","minimum":1,"maximum":4194304}},"required":["bytes"],"additionalProperties":false}`)
 	incrementInput = []byte(`{"type":"object","properties":{"key":{"type":"string"}},"required":["key"],"additionalProperties":false}`)
+	shapeInput     = []byte(`{"type":"object","properties":{"output":{"type":"object"}},"required":["output"],"additionalProperties":false}`)
+	shapeOutput    = []byte(`{"type":"object","properties":{"count":{"type":"integer"},"name":{"type":"string"}},"required":["count","name"]}`)
 )
 
 type echoIO struct {
@@ -63,6 +74,10 @@ type incrementOut struct {
 	Count int `json:"count"`
 }
 
+type shapeIn struct {
+	Output map[string]any `json:"output"`
+}
+
 // RegisterCatalog registers the conformance catalog on ex, so that the
 // Go executor can be driven by `actionbus conformance executor`. Its
 // counters live in memory, per call of RegisterCatalog.
@@ -91,6 +106,13 @@ func RegisterCatalog(ex *executor.Executor) error {
 	if err := executor.Register(ex, executor.Action{Name: ActionBig, Description: "Conformance: returns bytes x characters.", InputSchema: bigInput},
 		func(_ context.Context, in bigIn, _ executor.Call) (executor.Result[bigOut], error) {
 			return executor.Result[bigOut]{Output: bigOut{Data: strings.Repeat("x", in.Bytes)}, Summary: "big"}, nil
+		}); err != nil {
+		return err
+	}
+	if err := executor.Register(ex, executor.Action{Name: ActionShape, Description: "Conformance: returns the object output of its input, checked by its output schema.",
+		InputSchema: shapeInput, OutputSchema: shapeOutput},
+		func(_ context.Context, in shapeIn, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: in.Output, Summary: "shaped"}, nil
 		}); err != nil {
 		return err
 	}

@@ -97,12 +97,15 @@ var executorCases = []executorCase{
 	{"E-RESULT", "a read action's result: subject, attributes, extensions, copied fields", (*kit).readResult},
 	{"E-RESULT-ID", "a result's id and Nats-Msg-Id derive from callId and attempt", (*kit).resultID},
 	{"E-INPUT", "a schema-invalid input fails action_args_invalid", (*kit).invalidInput},
+	{"E-INPUT", "a missing required property: an issue at its key, reason missing", (*kit).inputMissing},
+	{"E-INPUT", "a type mismatch: an issue reason type, worded without the value", (*kit).inputType},
 	{"E-UNKNOWN-ACTION", "work naming an action not hosted fails action_not_found, acked", (*kit).unknownAction},
 	{"E-TIMEOUT", "a call past its timeout fails timeout with details.timeoutMs", (*kit).timeout},
 	{"E-CANCEL", "a run canceled mid-call stops the call: canceled", (*kit).cancelMidCall},
 	{"E-CANCEL", "queued work of an ended run fails run_ended", (*kit).cancelQueued},
 	{"E-REDELIVERY", "a call taken by a crashed executor runs once, deliveries 2", (*kit).redelivery},
 	{"E-RESULT-ID", "the same work item delivered twice: one stored result", (*kit).duplicate},
+	{"E-OUTPUT", "an output failing its schema fails schema_validation with details.issues", (*kit).outputInvalid},
 	{"E-ARTIFACT", "an output over the limit goes to the artifact store", (*kit).artifact},
 	{"E-APPROVAL", "a mutate call without an approval fails approval_required", (*kit).noApproval},
 	{"E-IDEMPOTENCY", "an idempotent mutation retried replays; another input conflicts", (*kit).idempotency},
@@ -353,7 +356,7 @@ func (k *kit) announced(ctx context.Context) error {
 		return err
 	}
 	var missing []string
-	for _, name := range []string{ActionEcho, ActionSleep, ActionBig, ActionIncrement} {
+	for _, name := range Catalog {
 		if _, err := kv.Get(ctx, actions.CatalogKey(k.cfg.Pool, name)); err != nil {
 			missing = append(missing, name)
 		}
@@ -443,6 +446,174 @@ func (k *kit) invalidInput(ctx context.Context) error {
 	}
 	_, err = failedWith(r, actionbus.CodeActionArgsInvalid)
 	return err
+}
+
+// secretValue is a value the kit's invalid inputs and outputs carry that
+// no issue may repeat: an error words the rule, never the value
+// ("Validation issues" under E-INPUT).
+const secretValue = 918273645
+
+// argsIssues checks the details of r, an action_args_invalid answer of
+// action: actionName, a non-empty issues array of {actionName, key,
+// reason, error} strings, the first issue repeated at the top, and no
+// word of secretValue anywhere.
+func argsIssues(r *result, action string) ([]map[string]any, error) {
+	f, err := failedWith(r, actionbus.CodeActionArgsInvalid)
+	if err != nil {
+		return nil, err
+	}
+	d := f.Error.Details
+	raw, _ := json.Marshal(d)
+	if fmt.Sprint(d["actionName"]) != action {
+		return nil, fmt.Errorf("expected details.actionName %s, got %v (details %s)", action, d["actionName"], clip(string(raw)))
+	}
+	list, _ := d["issues"].([]any)
+	if len(list) == 0 {
+		return nil, fmt.Errorf("expected details.issues, a non-empty array, got %s", clip(string(raw)))
+	}
+	issues := make([]map[string]any, 0, len(list))
+	for i, x := range list {
+		is, _ := x.(map[string]any)
+		for _, field := range []string{"actionName", "key", "reason", "error"} {
+			if _, ok := is[field].(string); !ok {
+				return nil, fmt.Errorf("expected issue %d to have %s, a string, got %s", i, field, clip(string(raw)))
+			}
+		}
+		if is["actionName"] != action {
+			return nil, fmt.Errorf("expected issue %d's actionName %s, got %v", i, action, is["actionName"])
+		}
+		issues = append(issues, is)
+	}
+	for _, field := range []string{"key", "reason", "error"} {
+		if d[field] != issues[0][field] {
+			return nil, fmt.Errorf("expected details.%s to repeat the first issue's (%v), got %v", field, issues[0][field], d[field])
+		}
+	}
+	if secret := fmt.Sprint(secretValue); strings.Contains(string(raw), secret) || strings.Contains(f.Error.Message, secret) {
+		return nil, fmt.Errorf("expected issues that word the rule, never the rejected value %s, got %s", secret, clip(string(raw)))
+	}
+	return issues, nil
+}
+
+// findIssue returns the first issue whose field key is key, nil when none.
+func findIssue(issues []map[string]any, field, key string) map[string]any {
+	for _, is := range issues {
+		if is[field] == key {
+			return is
+		}
+	}
+	return nil
+}
+
+// inputMissing: E-INPUT, a required property absent: its issue's key is
+// the property's pointer (not the object's) and its reason "missing".
+func (k *kit) inputMissing(ctx context.Context) error {
+	r, err := k.call(ctx, k.request(ActionEcho, map[string]any{}))
+	if err != nil {
+		return err
+	}
+	return checkMissing(r)
+}
+
+// checkMissing checks the answer to conformance.echo's input {}.
+func checkMissing(r *result) error {
+	issues, err := argsIssues(r, ActionEcho)
+	if err != nil {
+		return err
+	}
+	is := findIssue(issues, "key", "/text")
+	if is == nil {
+		return fmt.Errorf(`expected an issue with key "/text" (the missing property's pointer, not its object's), got %v`, issues)
+	}
+	if is["reason"] != "missing" {
+		return fmt.Errorf(`expected the issue of "/text" to have reason "missing", got %q`, is["reason"])
+	}
+	return nil
+}
+
+// inputType: E-INPUT, a value of the wrong type: its issue's reason is
+// the keyword "type", and no issue repeats the value.
+func (k *kit) inputType(ctx context.Context) error {
+	r, err := k.call(ctx, k.request(ActionEcho, map[string]any{"text": secretValue}))
+	if err != nil {
+		return err
+	}
+	return checkType(r)
+}
+
+// checkType checks the answer to conformance.echo's input {"text": secretValue}.
+func checkType(r *result) error {
+	issues, err := argsIssues(r, ActionEcho)
+	if err != nil {
+		return err
+	}
+	is := findIssue(issues, "key", "/text")
+	if is == nil {
+		return fmt.Errorf(`expected an issue with key "/text", got %v`, issues)
+	}
+	if is["reason"] != "type" {
+		return fmt.Errorf(`expected the issue of "/text" to have reason "type" (the keyword that failed), got %q`, is["reason"])
+	}
+	return nil
+}
+
+// outputInvalid: E-OUTPUT. conformance.shape returns what it is given:
+// a fitting output completes; {"name": number} fails schema_validation
+// with details.issues {path, keyword, reason}, sorted by path, among them
+// /count (required) and /name (type), none repeating the value.
+func (k *kit) outputInvalid(ctx context.Context) error {
+	r, err := k.call(ctx, k.request(ActionShape, map[string]any{"output": map[string]any{"count": 1, "name": "fits"}}))
+	if err != nil {
+		return err
+	}
+	if _, err := completed(r); err != nil {
+		return fmt.Errorf("an output that fits its schema: %w", err)
+	}
+	r, err = k.call(ctx, k.request(ActionShape, map[string]any{"output": map[string]any{"name": secretValue}}))
+	if err != nil {
+		return err
+	}
+	return checkOutputIssues(r)
+}
+
+// checkOutputIssues checks the answer to conformance.shape returning
+// {"name": secretValue}.
+func checkOutputIssues(r *result) error {
+	f, err := failedWith(r, actionbus.CodeSchemaValidation)
+	if err != nil {
+		return err
+	}
+	raw, _ := json.Marshal(f.Error.Details)
+	list, _ := f.Error.Details["issues"].([]any)
+	if len(list) == 0 {
+		return fmt.Errorf("expected details.issues, a non-empty array, got details %s", clip(string(raw)))
+	}
+	issues := make([]map[string]any, 0, len(list))
+	prev := ""
+	for i, x := range list {
+		is, _ := x.(map[string]any)
+		for _, field := range []string{"path", "keyword", "reason"} {
+			if _, ok := is[field].(string); !ok {
+				return fmt.Errorf("expected issue %d to have %s, a string, got %s", i, field, clip(string(raw)))
+			}
+		}
+		p := is["path"].(string)
+		if p < prev {
+			return fmt.Errorf("expected details.issues sorted by path, got %q after %q", p, prev)
+		}
+		prev = p
+		issues = append(issues, is)
+	}
+	for _, want := range [][2]string{{"/count", "required"}, {"/name", "type"}} {
+		is := findIssue(issues, "path", want[0])
+		if is == nil || is["keyword"] != want[1] {
+			return fmt.Errorf("expected an issue {path %q, keyword %q}, got %s", want[0], want[1], clip(string(raw)))
+		}
+	}
+	if secret := fmt.Sprint(secretValue); strings.Contains(string(raw), secret) || strings.Contains(f.Error.Message, secret) {
+		return fmt.Errorf("expected issues that word the rule, never the rejected value %s, got %s", secret, clip(string(raw)))
+	}
+	return nil
 }
 
 // unknownAction: E-UNKNOWN-ACTION.

@@ -93,11 +93,11 @@ func TestTheGoExecutorPassesTheConformanceKit(t *testing.T) {
 
 	rows, out, code := runKit(t, bin, srv.URL)
 	assert.Equal(t, 0, code, out)
-	require.Len(t, rows, 14, out)
+	require.Len(t, rows, 17, out)
 	for _, r := range rows {
 		assert.Equal(t, "pass", r[2], r[1])
 	}
-	assert.Contains(t, out, "all 14 cases passed")
+	assert.Contains(t, out, "all 17 cases passed")
 }
 
 // A deliberately broken executor (fresh result ids, no input validation,
@@ -113,13 +113,14 @@ func TestTheConformanceKitFailsABrokenExecutorOnTheRulesItBreaks(t *testing.T) {
 
 	rows, out, code := runKit(t, bin, srv.URL)
 	assert.Equal(t, 1, code, "a failing case makes the exit status non-zero")
-	require.Len(t, rows, 14, out)
+	require.Len(t, rows, 17, out)
 	results := map[string][]string{}
 	for _, r := range rows {
 		results[r[0]] = append(results[r[0]], r[2])
 	}
 	assert.Equal(t, []string{"FAIL", "FAIL"}, results["E-RESULT-ID"], "fresh result ids: the id formula and the duplicate request both fail")
-	assert.Equal(t, []string{"FAIL"}, results["E-INPUT"], "no input validation")
+	assert.Equal(t, []string{"FAIL", "FAIL", "FAIL"}, results["E-INPUT"], "no input validation")
+	assert.Equal(t, []string{"FAIL"}, results["E-OUTPUT"], "no output validation")
 	assert.Equal(t, []string{"FAIL"}, results["E-ANNOUNCE"], "no announcement")
 	assert.Equal(t, []string{"pass"}, results["E-RESULT"], "its result shape is right")
 	assert.Contains(t, out, "expected event id")

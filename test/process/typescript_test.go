@@ -235,7 +235,7 @@ func TestTheTypeScriptExecutorPassesTheConformanceKit(t *testing.T) {
 
 	rows, out, code := runKit(t, bin, srv.URL)
 	assert.Equal(t, 0, code, out)
-	require.Len(t, rows, 14, out)
+	require.Len(t, rows, 17, out)
 	for _, r := range rows {
 		assert.Equal(t, "pass", r[2], r[1])
 	}

@@ -1,5 +1,5 @@
 // An actionbus executor in TypeScript. It hosts the conformance catalog
-// (docs/protocol.md: conformance.echo, .sleep, .big, .increment), which
+// (docs/protocol.md: conformance.echo, .sleep, .big, .increment, .shape), which
 // `actionbus conformance executor --pool POOL` drives, and one domain
 // action, inventory.checkStock (a zod schema).
 //
@@ -58,6 +58,12 @@ ex.registerAction({
   counters.set(input.key, count);
   return { output: { count }, summary: `${input.key} is now ${count}` };
 });
+
+ex.registerAction({
+  name: "conformance.shape", mode: "read", description: "Returns the object output of its input, checked by its output schema (conformance catalog).",
+  inputSchema: { type: "object", properties: { output: { type: "object" } }, required: ["output"], additionalProperties: false },
+  outputSchema: { type: "object", properties: { count: { type: "integer" }, name: { type: "string" } }, required: ["count", "name"] },
+}, (input: { output: Record<string, unknown> }) => ({ output: input.output, summary: "shaped" }));
 
 const stock: Record<string, number> = { "SKU-1": 12, "SKU-2": 0 };
 ex.registerAction({

@@ -21,6 +21,7 @@ export const Codes = {
   UnknownEventType: "unknown_event_type",
   EventRejected: "event_rejected",
   ApprovalNotFound: "approval_not_found",
+  InvalidRecord: "invalid_record",
   Internal: "internal",
 } as const;
 

@@ -15,11 +15,13 @@ import { derivedId, newId, resultId, validRunId } from "./ids.js";
 import { inputHash as hashInput } from "./canonical.js";
 import { putArtifact, type ArtifactStore } from "./artifacts.js";
 import { Idempotency, type IdemEntry } from "./idempotency.js";
+import { argIssues, argIssuesOfZod, argsError, prepareArgs, schemaError, schemaIssues, withBlank, type ArgIssue, type ZodIssueLike } from "./validation.js";
+import { rejection } from "./rejected.js";
 import { tenantOr, type ActionRequested, type ApprovalGrant, type ArtifactRef, type Mode } from "./wire.js";
 
 /** A zod schema, as far as the SDK uses one (zod 4). */
 export interface ZodLike<T = unknown> {
-  safeParse(v: unknown): { success: true; data: T } | { success: false; error: { issues: { path: PropertyKey[]; message: string }[] } };
+  safeParse(v: unknown): { success: true; data: T } | { success: false; error: { issues: ZodIssueLike[] } };
 }
 
 /** ActionDefinition describes an action for {@link Executor.registerAction}. */
@@ -42,6 +44,10 @@ export interface ActionDefinition<I = unknown> {
   timeoutMs?: number;
   /** Default "1". */
   version?: string;
+  /** Input keys only the host may set: removed from input whose origin is not "host" before validation (E-INPUT). */
+  hostOnlyKeys?: string[];
+  /** An object property of the input that collects the arguments a model put beside it instead of inside it. */
+  healFlattenedInto?: string;
 }
 
 /** Call is the invocation a handler serves. */
@@ -113,6 +119,8 @@ interface Registered {
   handler: Handler;
   validateInput?: ValidateFunction;
   validateOutput?: ValidateFunction;
+  /** The input's JSON Schema (a zod schema's, once announced): what input preparation reads. */
+  inputJSON?: Record<string, unknown>;
 }
 
 /** Delivery bound of the pool consumer (bus.DefaultMaxDeliver): at it, delivery_exhausted (E-REDELIVERY). */
@@ -152,7 +160,7 @@ export class Executor {
   private readonly cfg: Required<Omit<ExecutorConfig, "tenants" | "logger" | "id" | "pool">> & { tenants: string[] };
   private readonly log: Logger;
   private readonly actions = new Map<string, Registered>();
-  private readonly ajv = new Ajv2020({ strict: false, allErrors: true });
+  private readonly ajv = new Ajv2020({ strict: false, allErrors: true, verbose: true });
   private readonly inflight = new Map<string, Map<string, AbortController>>();
   private readonly ended = new Set<string>();
   private heartbeatMs = 10_000;
@@ -190,7 +198,7 @@ export class Executor {
     if (!/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/.test(def.name)) throw new ActionbusError("invalid_definition", `invalid action name ${JSON.stringify(def.name)}`);
     if (this.actions.has(def.name)) throw new ActionbusError("invalid_definition", `action ${def.name} is already registered`);
     if (!def.inputSchema && !def.schema) throw new ActionbusError("invalid_definition", `action ${def.name} needs an inputSchema or a zod schema`);
-    const reg: Registered = { def: def as ActionDefinition, handler: handler as Handler };
+    const reg: Registered = { def: def as ActionDefinition, handler: handler as Handler, inputJSON: def.inputSchema };
     try {
       if (def.inputSchema) reg.validateInput = this.ajv.compile(def.inputSchema);
       if (def.outputSchema) reg.validateOutput = this.ajv.compile(def.outputSchema);
@@ -313,8 +321,8 @@ export class Executor {
     const hdrs: Record<string, string[]> = {};
     for (const k of m.headers?.keys() ?? []) hdrs[k] = m.headers!.values(k);
     const stream = m.info.stream || "unknown";
-    const data = { reason, originalSubject: m.subject, originalHeaders: hdrs, originalData: Buffer.from(m.data.subarray(0, 64 << 10)).toString("base64"),
-      consumer: `pool-${this.pool}`, stream, streamSequence: m.info.streamSequence };
+    const data = rejection({ reason, subject: m.subject, headers: hdrs, data: m.data, consumer: `pool-${this.pool}`, stream,
+      streamSequence: m.info.streamSequence, maxPayload: this.nc.info?.max_payload ?? 0 });
     const { headers, body } = encode({ id: newId(), type: Types.EventRejected, source: `/actionbus/executor/${this.pool}`, data });
     try {
       await this.js.publish(this.subject("rejected", stream), body, { headers });
@@ -345,13 +353,13 @@ export class Executor {
     if (this.cfg.tenants.length > 0 && !this.cfg.tenants.includes(tenant)) { // E-TENANT
       return fail(Codes.TenantNotServed, `pool ${this.pool} is dedicated to other tenants than ${tenant}`);
     }
-    // E-INPUT
-    const args = req.args ?? {};
-    let input: unknown = args;
-    const issues = this.checkInput(reg, args);
-    if (issues.ok) input = issues.value;
-    else return publish(undefined, argsError(req.action, issues.issues), 0);
-    const hash = hashInput(args);
+    // E-INPUT: prepared as the Go executor prepares it, then validated; the hash is the prepared input's.
+    const prepared = prepareArgs(req.action, reg.inputJSON, reg.def, req.args, req.origin);
+    const checked = this.checkInput(reg, req.action, prepared.input);
+    const issues = withBlank(prepared.blank, checked.ok ? [] : checked.issues);
+    if (issues.length > 0) return publish(undefined, argsError(req.action, issues), 0);
+    const input = checked.ok ? checked.value : prepared.input;
+    const hash = hashInput(prepared.input);
     // E-APPROVAL: a mutation runs only with an approval bound to its input.
     const mode = reg.def.mode ?? "read";
     if (mode === "mutate") {
@@ -408,18 +416,23 @@ export class Executor {
         derivedId(req.callId, "artifact", role, req.attempt), role, mediaType, data, this.cfg.previewBytes),
     };
     const start = Date.now();
+    let deadlineAt = 0; // when the call's deadline aborted its signal
     const running = (async () => reg.handler(input, call))();
     running.catch(() => {}); // observed below
     let res: Result | undefined;
     let err: ActionbusError | undefined;
     let abandoned = false;
+    let took = 0;
     try {
       const deadline = new Promise<"deadline">((resolve) =>
         ctl.signal.addEventListener("abort", () => {
           if (!(ctl.signal.reason instanceof TimeoutReason)) return; // canceled: wait for the handler
+          deadlineAt = Date.now();
           setTimeout(() => resolve("deadline"), returnGrace);
         }, { once: true }));
       const first = await Promise.race([running.then((r) => ({ r }), (e: unknown) => ({ e })), deadline]);
+      // E-RESULT: durationMs is the handler's own running time, to its deadline on a timeout.
+      took = (ctl.signal.reason instanceof TimeoutReason && deadlineAt > 0 ? deadlineAt : Date.now()) - start;
       const reason = ctl.signal.reason;
       if (first === "deadline") {
         abandoned = true;
@@ -444,7 +457,6 @@ export class Executor {
       calls.delete(req.callId);
       if (calls.size === 0 && this.inflight.get(req.runId) === calls) this.inflight.delete(req.runId);
     }
-    const took = Date.now() - start;
     if (held) {
       if (!err && res) {
         try { await held.complete(res); } catch (cerr) { this.log.warn("result not stored under its idempotency key", { err: String(cerr) }); }
@@ -460,23 +472,21 @@ export class Executor {
     return outcome;
   }
 
-  private checkInput(reg: Registered, args: Record<string, unknown>): { ok: true; value: unknown } | { ok: false; issues: { key: string; error: string }[] } {
+  private checkInput(reg: Registered, action: string, args: Record<string, unknown>): { ok: true; value: unknown } | { ok: false; issues: ArgIssue[] } {
     if (reg.def.schema) {
       const r = reg.def.schema.safeParse(args);
       if (r.success) return { ok: true, value: r.data };
-      return { ok: false, issues: r.error.issues.map((i) => ({ key: "/" + i.path.map(String).join("/"), error: i.message })) };
+      return { ok: false, issues: argIssuesOfZod(action, args, r.error.issues) };
     }
     if (reg.validateInput && !reg.validateInput(args)) {
-      return { ok: false, issues: (reg.validateInput.errors ?? []).map((e) => ({ key: e.instancePath || "/", error: e.message ?? "invalid" })) };
+      return { ok: false, issues: argIssues(action, schemaIssues(reg.validateInput.errors)) };
     }
     return { ok: true, value: args };
   }
 
+  // E-OUTPUT: schema_validation with details.issues {path, keyword, reason}, sorted by path.
   private checkOutput(reg: Registered, res: Result): ActionbusError | undefined {
-    if (reg.validateOutput && !reg.validateOutput(res.output ?? null)) {
-      const msgs = (reg.validateOutput.errors ?? []).map((e) => `${e.instancePath || "/"}: ${e.message}`);
-      return new ActionbusError(Codes.SchemaValidation, `output of ${reg.def.name} does not fit its output schema: ${msgs.join("; ")}`);
-    }
+    if (reg.validateOutput && !reg.validateOutput(res.output ?? null)) return schemaError(schemaIssues(reg.validateOutput.errors));
     return undefined;
   }
 
@@ -550,9 +560,12 @@ export class Executor {
       if (!inputSchema && d.schema) {
         const zod = await import("zod");
         inputSchema = zod.toJSONSchema(d.schema as never, { io: "input" }) as Record<string, unknown>;
+        reg.inputJSON = inputSchema;
       }
       actions.push({ name: d.name, description: d.description, mode: d.mode ?? "read", tier: d.tier ?? 0, inputSchema,
         outputSchema: d.outputSchema, version: d.version ?? "1", timeoutMs: d.timeoutMs, pool: this.pool,
+        hostOnlyKeys: d.hostOnlyKeys && d.hostOnlyKeys.length > 0 ? d.hostOnlyKeys : undefined,
+        healFlattenedInto: d.healFlattenedInto || undefined,
         tenants: this.cfg.tenants.length > 0 ? this.cfg.tenants : undefined });
     }
     const subject = this.subject("pool", this.pool, "announce");
@@ -587,13 +600,6 @@ type Outcome = { kind: "result" } | { kind: "handBack" } | { kind: "retryLater";
 function normalizeResult(r: unknown): Result {
   if (r && typeof r === "object" && "output" in (r as Record<string, unknown>)) return r as Result;
   return { output: r };
-}
-
-function argsError(action: string, issues: { key: string; error: string }[]): ActionbusError {
-  const first = issues[0] ?? { key: "/", error: "invalid" };
-  const full = issues.map((i) => ({ actionName: action, key: i.key === "/" ? "" : i.key, reason: "invalid", error: i.error }));
-  return new ActionbusError(Codes.ActionArgsInvalid, `arguments of ${action} are invalid: ${issues.map((i) => `${i.key}: ${i.error}`).join("; ")}`,
-    { actionName: action, key: full[0]?.key ?? "", reason: "invalid", error: first.error, issues: full });
 }
 
 function timeoutError(action: string, timeoutMs: number, ignoredSignal: boolean): ActionbusError {

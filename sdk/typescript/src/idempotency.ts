@@ -5,8 +5,63 @@
 // inputHash, output, summary, complete}. A reservation is a lease renewed
 // every heartbeat; one not renewed for three heartbeats is taken over.
 import type { KV } from "@nats-io/kv";
+import { Ajv2020 } from "ajv/dist/2020.js";
 import { ActionbusError, Codes } from "./errors.js";
 import type { Logger, Result } from "./executor.js";
+import { joinIssues, schemaIssues } from "./validation.js";
+
+/**
+ * RecordSchema is schemas/idempotency-record.json with its two references
+ * (action-definition.json#/$defs/name, defs.json#/$defs/tenant) inlined;
+ * a test keeps it equal to the file.
+ */
+export const RecordSchema = {
+  type: "object",
+  required: ["state", "callId", "executor", "reservedAt", "timeoutMs", "action", "inputHash"],
+  properties: {
+    state: { enum: ["reserved", "done"] },
+    callId: { type: "string", minLength: 1 },
+    executor: { type: "string" },
+    reservedAt: { type: "string", format: "date-time" },
+    timeoutMs: { type: "integer", minimum: 0 },
+    action: { type: "string", pattern: "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$" },
+    tenant: { type: "string", pattern: "^[a-z0-9][a-z0-9_-]{0,31}$" },
+    userId: { type: "string" },
+    inputHash: { type: "string" },
+    output: {},
+    summary: { type: "string" },
+    complete: { type: "boolean" },
+  },
+  additionalProperties: false,
+} as const;
+
+const recordAjv = new Ajv2020({ strict: false, allErrors: true, verbose: true });
+// RFC 3339 date-time, as Go's time.Time decodes it.
+recordAjv.addFormat("date-time", /^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$/);
+const validateRecord = recordAjv.compile(RecordSchema);
+
+const clipKey = (k: string) => (k.length <= 200 ? k : k.slice(0, 200) + "…");
+
+/**
+ * decodeRecord reads the idempotency record under key (R-IDEMPOTENCY): one
+ * that does not decode or fails the schema is refused with invalid_record
+ * (details: record, key, and the schema's issues), never replayed or trusted.
+ */
+export function decodeRecord(key: string, raw: Uint8Array): IdemEntry {
+  const invalid = (msg: string, issues?: unknown) => new ActionbusError(Codes.InvalidRecord,
+    `idempotency_record ${clipKey(key)} is invalid: ${msg}`, { record: "idempotency_record", key: clipKey(key), ...(issues ? { issues } : {}) });
+  let v: unknown;
+  try {
+    v = JSON.parse(Buffer.from(raw).toString("utf8"));
+  } catch (err) {
+    throw invalid(`not a JSON document: ${(err as Error).message}`);
+  }
+  if (!validateRecord(v)) {
+    const issues = schemaIssues(validateRecord.errors);
+    throw invalid(joinIssues(issues), issues);
+  }
+  return v as IdemEntry;
+}
 
 /** IdemEntry is what the bucket holds under a key. */
 export interface IdemEntry {
@@ -68,7 +123,7 @@ export class Idempotency {
           if (!cur) throw err;
           continue; // released meanwhile
         }
-        const held = JSON.parse(Buffer.from(cur.value).toString("utf8")) as IdemEntry;
+        const held = decodeRecord(key, cur.value); // R-IDEMPOTENCY
         const conflict = sameCall(held, entry);
         if (conflict) throw conflict;
         if (held.state === "done") return { kind: "stored", entry: held };

@@ -5,3 +5,6 @@ export * from "./cloudevents.js";
 export * from "./wire.js";
 export * from "./executor.js";
 export * from "./client.js";
+export * from "./validation.js";
+export * from "./rejected.js";
+export { decodeRecord, RecordSchema } from "./idempotency.js";

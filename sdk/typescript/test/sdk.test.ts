@@ -94,6 +94,18 @@ before(async () => {
     name: "ts.zod", description: "Greets a name (a zod schema).",
     schema: z.object({ name: z.string().min(2) }),
   }, (input: { name: string }) => ({ output: { greeting: `hello ${input.name}` } }));
+  ex.registerAction({
+    name: "ts.stubborn", description: "Ignores its signal: runs 600 ms under a 300 ms timeout.", timeoutMs: 300,
+    inputSchema: { type: "object", properties: {} },
+  }, async () => {
+    await new Promise((r) => setTimeout(r, 600));
+    return { output: { late: true } };
+  });
+  ex.registerAction({
+    name: "ts.shape", description: "Returns the object output of its input, checked by its output schema.",
+    inputSchema: { type: "object", properties: { output: { type: "object" } }, required: ["output"], additionalProperties: false },
+    outputSchema: { type: "object", properties: { count: { type: "integer" }, name: { type: "string" } }, required: ["count", "name"] },
+  }, (input: { output: Record<string, unknown> }) => ({ output: input.output }));
   served = ex.run(stop.signal);
   served.catch(() => {});
   await Promise.race([ex.ready, served.then(() => { throw new Error("the executor stopped before it was ready"); })]);
@@ -229,6 +241,49 @@ test("schema-invalid input fails action_args_invalid without calling the handler
   assert.equal(err.details.actionName, "ts.echo");
   assert.ok(err.details.issues.length >= 1);
   assert.equal(calls.get("ts.echo") ?? 0, before, "the handler was not called");
+});
+
+test("the executor's input issues: a missing property at its key, reason missing; a type mismatch, reason type (E-INPUT)", async () => {
+  const missing = (await dispatch("ts.echo", {})).data as { error: { code: string; details: Record<string, unknown> } };
+  assert.equal(missing.error.code, "action_args_invalid");
+  const issue = { actionName: "ts.echo", key: "/text", reason: "missing", error: "missing required property" };
+  assert.deepEqual(missing.error.details, { ...issue, issues: [issue] });
+  const typed = (await dispatch("ts.echo", { text: 918273645 })).data as { error: { message: string; details: Record<string, unknown> } };
+  assert.equal(typed.error.details.reason, "type");
+  assert.equal(typed.error.details.key, "/text");
+  assert.ok(!JSON.stringify(typed.error).includes("918273645"), "the rule is worded, not the value");
+  const blank = (await dispatch("ts.echo", { text: "   " })).data as { error: { details: Record<string, unknown> } };
+  assert.equal(blank.error.details.reason, "missing", "a blank required string is missing, as for Go");
+});
+
+test("input a model wrote loses its undeclared keys before validation; the host's does not (E-INPUT)", async () => {
+  const model = await dispatch("ts.echo", { text: "hi", extra: true }, { origin: "model" });
+  assert.equal(model.type, Types.ActionCompleted, JSON.stringify(model.data));
+  assert.deepEqual((model.data as { output: unknown }).output, { text: "hi" });
+  const host = await dispatch("ts.echo", { text: "hi", extra: true });
+  assert.equal((host.data as { error: { details: { reason: string } } }).error.details.reason, "additionalProperties");
+});
+
+test("an output failing its schema fails schema_validation with details.issues sorted by path (E-OUTPUT)", async () => {
+  const ok = await dispatch("ts.shape", { output: { count: 1, name: "fits" } });
+  assert.equal(ok.type, Types.ActionCompleted);
+  const bad = await dispatch("ts.shape", { output: { name: 918273645 } });
+  assert.equal(bad.type, Types.ActionFailed);
+  const err = (bad.data as { error: { code: string; message: string; details: unknown } }).error;
+  assert.equal(err.code, "schema_validation");
+  assert.deepEqual(err.details, { issues: [
+    { path: "/count", keyword: "required", reason: "missing required property" },
+    { path: "/name", keyword: "type", reason: "must be of type string, got number" },
+  ] });
+  assert.equal(err.message, "/count: missing required property; /name: must be of type string, got number");
+});
+
+test("durationMs of a handler that ignores its deadline stops at the deadline, without the grace (E-RESULT)", async () => {
+  const res = await dispatch("ts.stubborn", {});
+  const d = res.data as { error: { code: string; details: { ignoredContext: boolean } }; durationMs: number };
+  assert.equal(d.error.code, "timeout");
+  assert.equal(d.error.details.ignoredContext, true);
+  assert.ok(d.durationMs >= 295 && d.durationMs < 400, `durationMs ${d.durationMs}: the 300 ms to the deadline, not the 100 ms grace after it`);
 });
 
 test("work naming an action this executor does not host fails action_not_found (E-UNKNOWN-ACTION)", async () => {
@@ -385,6 +440,44 @@ test("a message that is no event becomes event.rejected and is acked (E-REJECT)"
   assert.equal(d.stream, "AB_WORK");
   const work = await jetstream(nc).consumers.get("AB_WORK", `pool-${pool}`);
   await eventually(async () => (await work.info()).num_ack_pending === 0, "the rejected message is acked");
+});
+
+test("a rejection keeps 32 KiB of a large body, with its size and hash (E-REJECT)", async () => {
+  const body = Buffer.alloc(40 << 10, "z");
+  const sub = nc.subscribe("ab.rejected.>");
+  await nc.flush();
+  await jetstream(nc).publish(`ab.pool.${pool}.request`, body, { msgID: newId() });
+  const timer = setTimeout(() => sub.unsubscribe(), 20_000);
+  let d: { originalData: string; originalDataBytes: number; originalDataHash: string } | undefined;
+  for await (const m of sub) {
+    const ev = decode(m.headers, m.data);
+    const data = ev.data as { consumer?: string; originalDataBytes?: number };
+    if (data.consumer === `pool-${pool}` && data.originalDataBytes === body.length) {
+      d = ev.data as typeof d;
+      break;
+    }
+  }
+  sub.unsubscribe();
+  clearTimeout(timer);
+  assert.ok(d, "an event.rejected of the large body was published");
+  assert.equal(Buffer.from(d.originalData, "base64").length, 32 << 10);
+  assert.equal(d.originalDataHash, createHash("sha256").update(body).digest("hex"));
+});
+
+test("an idempotency record that fails its schema is refused invalid_record, never replayed (R-IDEMPOTENCY)", async () => {
+  const key = "bad-record-" + newId();
+  const kv = await new Kvm(jetstream(nc)).open(`ab_idempotency_${pool}`);
+  await kv.put(`${pool}.default.${createHash("sha256").update(key).digest("hex")}`,
+    JSON.stringify({ state: "done", callId: "x", output: { count: 99 }, forged: true }));
+  const args = { key: "forged" };
+  const approval = { context: { approvalId: "a", runId: "r", stepId: "", userId: "", action: "ts.increment", inputHash: inputHash(args),
+    dryRunMatches: false, expiresAt: new Date(Date.now() + 60_000).toISOString() }, token: "checked by the dispatcher" };
+  const res = await dispatch("ts.increment", args, { idempotencyKey: key, approval });
+  assert.equal(res.type, Types.ActionFailed, JSON.stringify(res.data));
+  const err = (res.data as { error: { code: string; details: { record: string } } }).error;
+  assert.equal(err.code, "invalid_record");
+  assert.equal(err.details.record, "idempotency_record");
+  assert.equal(counters.get("forged"), undefined, "the handler did not run");
 });
 
 // A second pool, which the test serves by hand before an executor serves it.
