@@ -516,17 +516,22 @@ func (k *kit) inputMissing(ctx context.Context) error {
 }
 
 // checkMissing checks the answer to conformance.echo's input {}.
-func checkMissing(r *result) error {
+func checkMissing(r *result) error { return checkTextIssue(r, "missing", "a required property absent") }
+
+// checkTextIssue checks that an answer of conformance.echo has an issue
+// keyed "/text" — the property's pointer, not its object's — with reason
+// want (why says what the reason stands for).
+func checkTextIssue(r *result, want, why string) error {
 	issues, err := argsIssues(r, ActionEcho)
 	if err != nil {
 		return err
 	}
 	is := findIssue(issues, "key", "/text")
 	if is == nil {
-		return fmt.Errorf(`expected an issue with key "/text" (the missing property's pointer, not its object's), got %v`, issues)
+		return fmt.Errorf(`expected an issue with key "/text" (the property's pointer, not its object's), got %v`, issues)
 	}
-	if is["reason"] != "missing" {
-		return fmt.Errorf(`expected the issue of "/text" to have reason "missing", got %q`, is["reason"])
+	if is["reason"] != want {
+		return fmt.Errorf(`expected the issue of "/text" to have reason %q (%s), got %q`, want, why, is["reason"])
 	}
 	return nil
 }
@@ -543,18 +548,7 @@ func (k *kit) inputType(ctx context.Context) error {
 
 // checkType checks the answer to conformance.echo's input {"text": secretValue}.
 func checkType(r *result) error {
-	issues, err := argsIssues(r, ActionEcho)
-	if err != nil {
-		return err
-	}
-	is := findIssue(issues, "key", "/text")
-	if is == nil {
-		return fmt.Errorf(`expected an issue with key "/text", got %v`, issues)
-	}
-	if is["reason"] != "type" {
-		return fmt.Errorf(`expected the issue of "/text" to have reason "type" (the keyword that failed), got %q`, is["reason"])
-	}
-	return nil
+	return checkTextIssue(r, "type", "the keyword that failed")
 }
 
 // outputInvalid: E-OUTPUT. conformance.shape returns what it is given:
