@@ -467,32 +467,52 @@ func argsIssues(r *result, action string) ([]map[string]any, error) {
 	if fmt.Sprint(d["actionName"]) != action {
 		return nil, fmt.Errorf("expected details.actionName %s, got %v (details %s)", action, d["actionName"], clip(string(raw)))
 	}
-	list, _ := d["issues"].([]any)
-	if len(list) == 0 {
-		return nil, fmt.Errorf("expected details.issues, a non-empty array, got %s", clip(string(raw)))
+	issues, err := issueList(d, "actionName", "key", "reason", "error")
+	if err != nil {
+		return nil, err
 	}
-	issues := make([]map[string]any, 0, len(list))
-	for i, x := range list {
-		is, _ := x.(map[string]any)
-		for _, field := range []string{"actionName", "key", "reason", "error"} {
-			if _, ok := is[field].(string); !ok {
-				return nil, fmt.Errorf("expected issue %d to have %s, a string, got %s", i, field, clip(string(raw)))
-			}
-		}
+	for i, is := range issues {
 		if is["actionName"] != action {
 			return nil, fmt.Errorf("expected issue %d's actionName %s, got %v", i, action, is["actionName"])
 		}
-		issues = append(issues, is)
 	}
 	for _, field := range []string{"key", "reason", "error"} {
 		if d[field] != issues[0][field] {
 			return nil, fmt.Errorf("expected details.%s to repeat the first issue's (%v), got %v", field, issues[0][field], d[field])
 		}
 	}
-	if secret := fmt.Sprint(secretValue); strings.Contains(string(raw), secret) || strings.Contains(f.Error.Message, secret) {
-		return nil, fmt.Errorf("expected issues that word the rule, never the rejected value %s, got %s", secret, clip(string(raw)))
+	return issues, noSecret(f)
+}
+
+// issueList reads details.issues: a non-empty array of objects whose
+// fields are all strings.
+func issueList(details map[string]any, fields ...string) ([]map[string]any, error) {
+	raw, _ := json.Marshal(details)
+	list, _ := details["issues"].([]any)
+	if len(list) == 0 {
+		return nil, fmt.Errorf("expected details.issues, a non-empty array, got details %s", clip(string(raw)))
+	}
+	issues := make([]map[string]any, 0, len(list))
+	for i, x := range list {
+		is, _ := x.(map[string]any)
+		for _, field := range fields {
+			if _, ok := is[field].(string); !ok {
+				return nil, fmt.Errorf("expected issue %d to have %s, a string, got %s", i, field, clip(string(raw)))
+			}
+		}
+		issues = append(issues, is)
 	}
 	return issues, nil
+}
+
+// noSecret fails when the error f carries repeats secretValue in its
+// details or message: an error words the rule, never the rejected value.
+func noSecret(f *events.ActionFailed) error {
+	raw, _ := json.Marshal(f.Error.Details)
+	if secret := fmt.Sprint(secretValue); strings.Contains(string(raw), secret) || strings.Contains(f.Error.Message, secret) {
+		return fmt.Errorf("expected issues that word the rule, never the rejected value %s, got %s", secret, clip(string(raw)))
+	}
+	return nil
 }
 
 // findIssue returns the first issue whose field key is key, nil when none.
@@ -578,25 +598,14 @@ func checkOutputIssues(r *result) error {
 		return err
 	}
 	raw, _ := json.Marshal(f.Error.Details)
-	list, _ := f.Error.Details["issues"].([]any)
-	if len(list) == 0 {
-		return fmt.Errorf("expected details.issues, a non-empty array, got details %s", clip(string(raw)))
+	issues, err := issueList(f.Error.Details, "path", "keyword", "reason")
+	if err != nil {
+		return err
 	}
-	issues := make([]map[string]any, 0, len(list))
-	prev := ""
-	for i, x := range list {
-		is, _ := x.(map[string]any)
-		for _, field := range []string{"path", "keyword", "reason"} {
-			if _, ok := is[field].(string); !ok {
-				return fmt.Errorf("expected issue %d to have %s, a string, got %s", i, field, clip(string(raw)))
-			}
-		}
-		p := is["path"].(string)
-		if p < prev {
+	for i := 1; i < len(issues); i++ {
+		if p, prev := issues[i]["path"].(string), issues[i-1]["path"].(string); p < prev {
 			return fmt.Errorf("expected details.issues sorted by path, got %q after %q", p, prev)
 		}
-		prev = p
-		issues = append(issues, is)
 	}
 	for _, want := range [][2]string{{"/count", "required"}, {"/name", "type"}} {
 		is := findIssue(issues, "path", want[0])
@@ -604,10 +613,7 @@ func checkOutputIssues(r *result) error {
 			return fmt.Errorf("expected an issue {path %q, keyword %q}, got %s", want[0], want[1], clip(string(raw)))
 		}
 	}
-	if secret := fmt.Sprint(secretValue); strings.Contains(string(raw), secret) || strings.Contains(f.Error.Message, secret) {
-		return fmt.Errorf("expected issues that word the rule, never the rejected value %s, got %s", secret, clip(string(raw)))
-	}
-	return nil
+	return noSecret(f)
 }
 
 // unknownAction: E-UNKNOWN-ACTION.
