@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +37,9 @@ type Options struct {
 	Prefix string
 	// Pools are the executor pools to provision; default ["default"].
 	Pools []string
+	// Partitions the runs are spread over ([bus.Topology.Partitions]);
+	// default 1.
+	Partitions int
 	// SkipProvision leaves the server empty (no streams, consumers or
 	// buckets), for tests of provisioning itself.
 	SkipProvision bool
@@ -150,7 +154,7 @@ func NewServer(t testing.TB, o Options) *Server {
 	if !o.SkipProvision {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		topo := bus.Topology{Prefix: o.Prefix, Pools: o.Pools, AckWait: o.AckWait}
+		topo := bus.Topology{Prefix: o.Prefix, Pools: o.Pools, AckWait: o.AckWait, Partitions: o.Partitions}
 		if err := topo.Provision(ctx, s.JS); err != nil {
 			t.Fatalf("actionbustest: provision: %v", err)
 		}
@@ -243,7 +247,9 @@ func (s *Server) ServeIngress(t testing.TB) {
 
 // Stored returns how many messages stream holds on the subjects that
 // filter matches (a subject or a wildcard): what a test reads to see that
-// something was written, or removed, without consuming it.
+// something was written, or removed, without consuming it. A run event is
+// matched by the subject it was published on: the partition token the
+// streams store it with is not part of filter.
 func (s *Server) Stored(t testing.TB, stream, filter string) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -252,13 +258,19 @@ func (s *Server) Stored(t testing.TB, stream, filter string) int {
 	if err != nil {
 		t.Fatalf("actionbustest: stream %s: %v", stream, err)
 	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
-	if err != nil {
-		t.Fatalf("actionbustest: stream %s, subjects %s: %v", stream, filter, err)
+	filters := []string{filter}
+	if !strings.HasSuffix(filter, ">") {
+		filters = append(filters, filter+".*")
 	}
 	n := 0
-	for _, c := range info.State.Subjects {
-		n += int(c)
+	for _, f := range filters {
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(f))
+		if err != nil {
+			t.Fatalf("actionbustest: stream %s, subjects %s: %v", stream, f, err)
+		}
+		for _, c := range info.State.Subjects {
+			n += int(c)
+		}
 	}
 	return n
 }

@@ -117,6 +117,12 @@ func (d *deployment) spawn(name, bin, user string, extraEnv []string, args ...st
 // serves pprof on its own loopback address (ACTIONBUS_DEBUG_ADDR) for
 // -profile.
 func deploy(ctx context.Context, bins string, syncAlways bool) *deployment {
+	return deployDispatchers(ctx, bins, syncAlways, 1)
+}
+
+// deployDispatchers deploys the topology with the runs spread over n
+// partitions and n dispatcher processes (dispatcher, dispatcher-2, …).
+func deployDispatchers(ctx context.Context, bins string, syncAlways bool, n int) *deployment {
 	dir, err := os.MkdirTemp("", "actionbus-bench-")
 	must(err)
 	d := &deployment{dir: dir, addr: freePort(), debug: map[string]string{}, monitor: freePort()}
@@ -144,7 +150,7 @@ func deploy(ctx context.Context, bins string, syncAlways bool) *deployment {
 	d.admin = connect(ctx, d.url("admin"), "")
 	d.adminJS, err = jetstream.New(d.admin)
 	must(err)
-	prov := exec.CommandContext(ctx, filepath.Join(bins, "actionbus"), "provision")
+	prov := exec.CommandContext(ctx, filepath.Join(bins, "actionbus"), "provision", fmt.Sprintf("--partitions=%d", n))
 	prov.Env = append(os.Environ(), "NATS_URL="+d.url("admin"))
 	if out, err := prov.CombinedOutput(); err != nil {
 		must(fmt.Errorf("actionbus provision: %v: %s", err, out))
@@ -164,6 +170,9 @@ func deploy(ctx context.Context, bins string, syncAlways bool) *deployment {
 	// the dispatcher's bound on a run's calls in flight (default 8) is set
 	// to the workload's width, as a user running ten-wide fan-outs would.
 	svc("dispatcher", filepath.Join(bins, "dispatcher"), "dispatcher", fmt.Sprintf("--max-plan-parallel=%d", fanoutWidth))
+	for i := 2; i <= n; i++ {
+		svc(fmt.Sprintf("dispatcher-%d", i), filepath.Join(bins, "dispatcher"), "dispatcher", fmt.Sprintf("--max-plan-parallel=%d", fanoutWidth))
+	}
 	svc("planner", filepath.Join(bins, "planner"), "planner", "--scenarios", scen)
 	d.auditor = svc("auditor", filepath.Join(bins, "auditor"), "auditor")
 	d.auditorBin = filepath.Join(bins, "auditor")
@@ -172,7 +181,14 @@ func deploy(ctx context.Context, bins string, syncAlways bool) *deployment {
 	d.nc = connect(ctx, d.url("client"), client.InboxPrefix(""))
 	d.c, err = client.New(d.nc, client.Options{})
 	must(err)
-	// Ready: echo is in the catalog and a run goes through.
+	// Ready: every dispatcher serves its share of the partitions, echo is
+	// in the catalog and a run goes through.
+	for n > 1 && d.logLines("dispatcher", `"msg":"partition acquired"`)-d.logLines("dispatcher", `"msg":"partition released"`) < n {
+		if ctx.Err() != nil {
+			must(fmt.Errorf("the dispatchers never took the %d partitions: %s", n, d.logs()))
+		}
+		time.Sleep(100 * time.Millisecond) // polling the processes' start-up
+	}
 	for {
 		acts, err := d.c.Actions(ctx)
 		if err == nil && slices.ContainsFunc(acts, func(a client.ActionInfo) bool { return a.Name == "echo" }) {
@@ -209,6 +225,20 @@ func (d *deployment) stop() {
 	d.admin.Close()
 	d.server.stop()
 	_ = os.RemoveAll(d.dir)
+}
+
+// logLines counts the lines holding what in the logs of the processes
+// whose name starts with prefix.
+func (d *deployment) logLines(prefix, what string) int {
+	n := 0
+	for _, p := range d.services {
+		if !strings.HasPrefix(p.name, prefix) {
+			continue
+		}
+		out, _ := os.ReadFile(p.log)
+		n += bytes.Count(out, []byte(what))
+	}
+	return n
 }
 
 // logs returns the tails of the processes' logs (for a failure message).

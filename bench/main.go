@@ -263,6 +263,7 @@ func main() {
 	memRuns := flag.Int("memory-runs", 10000, "runs in flight for the dispatcher memory figure (0 skips it)")
 	profileDir := flag.String("profile", "", "write CPU profiles of every service under W4 load (with -timeline: during each workload's sequential runs) to this folder")
 	out := flag.String("out", "bench/results", "folder for the JSON figures")
+	sweep := flag.Bool("sweep", true, "also measure W4 with 1, 2 and 4 partitions and dispatcher processes (throughput and state-write conflicts)")
 	timelineRuns := flag.Int("timeline", 0, "instead of the workloads, run this many W1, W2 and A1 runs and print the median time of each of their stored writes")
 	flag.Parse()
 	if *serveExec {
@@ -304,6 +305,10 @@ func main() {
 		results = append(results, measureMode(ctx, bins, syncAlways, *reps, profile))
 	}
 
+	var sweepPts []sweepPoint
+	if *sweep {
+		sweepPts = sweepDispatchers(ctx, bins, []int{1, 2, 4}, *reps)
+	}
 	var inproc []Figure
 	if *inProcess {
 		fmt.Fprintln(os.Stderr, "actionbus in one process (actionbus dev)")
@@ -323,6 +328,9 @@ func main() {
 		report(os.Stdout, *reps, r)
 	}
 	reportRestate(os.Stdout, results)
+	if len(sweepPts) > 0 {
+		reportSweep(os.Stdout, sweepPts)
+	}
 	if len(inproc) > 0 {
 		fmt.Fprintln(os.Stdout, "\nin one process (actionbus dev: embedded server, every service in the bench process)")
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)

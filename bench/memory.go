@@ -94,7 +94,7 @@ func memoryInFlight(ctx context.Context, n int) (float64, string, error) {
 		}
 	}
 	// In flight: every run.requested handled, every run waiting on its action.
-	cons, err := js.Consumer(ctx, "AB_REQUESTS", bus.ConsumerDispatcherRequests)
+	cons, err := js.Consumer(ctx, "AB_REQUESTS", bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 0))
 	if err != nil {
 		return 0, "", err
 	}

@@ -3,6 +3,7 @@ package events
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -128,12 +129,70 @@ func (s Subjects) Run(tenant, runID, verb string) string {
 	return s.prefix + ".run." + tenant + "." + runID + "." + verb
 }
 
+// Stored run events carry one token more than the subject they were
+// published on: the run's partition, {prefix}.run.{tenant}.{runId}.{verb}.{partition},
+// appended by the streams' subject transform (the server's
+// partition(), over the run id token), so that each partition's events
+// can be consumed by one dispatcher ([Subjects.InPartition]). Publishers
+// and core NATS subscribers see the five-token subject; readers of a
+// stream filter with [Subjects.StoredRun] or [Subjects.StoredAnyRun] and
+// read a stored subject back with [Subjects.Canonical].
+
+// StoredRun returns the filter of one run's stored events of verb, in
+// whatever partition: {prefix}.run.{tenant}.{runId}.{verb}.*.
+func (s Subjects) StoredRun(tenant, runID, verb string) string {
+	return s.Run(tenant, runID, verb) + ".*"
+}
+
+// StoredAnyRun returns the filter of every run's stored events of verb.
+func (s Subjects) StoredAnyRun(verb string) string { return s.AnyRun(verb) + ".*" }
+
+// InPartition returns the filter of the stored events of verb of the runs
+// of one partition.
+func (s Subjects) InPartition(verb string, partition int) string {
+	return s.AnyRun(verb) + "." + strconv.Itoa(partition)
+}
+
+// Canonical returns the subject a stored run event was published on: a
+// stored subject without its partition token. Any other subject, a
+// schedule's among them, is returned as it is.
+func (s Subjects) Canonical(subject string) string {
+	rest, ok := strings.CutPrefix(subject, s.prefix+".run.")
+	if !ok {
+		return subject
+	}
+	i := strings.LastIndexByte(rest, '.')
+	if i < 0 || strings.Count(rest, ".") != 3 || !allDigits(rest[i+1:]) {
+		return subject
+	}
+	if verb := rest[strings.LastIndexByte(rest[:i], '.')+1 : i]; verb == scheduleVerb {
+		return subject
+	}
+	return subject[:len(subject)-len(rest)+i]
+}
+
+func allDigits(tok string) bool {
+	if tok == "" || len(tok) > 4 {
+		return false
+	}
+	for _, r := range tok {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// scheduleVerb is the fifth token of a schedule's subject ([Subjects.Schedule]).
+const scheduleVerb = "sched"
+
 // Schedule returns the subject of one of a run's timer schedules:
 // {prefix}.run.{tenant}.{runId}.sched.{name}. A new schedule on the same
 // subject replaces the previous one. Schedule subjects have one token more
-// than run events, so the per-run consumers' filters never match them.
+// than published run events; the fifth token, "sched", keeps them out of
+// every filter of stored run events, which names a verb.
 func (s Subjects) Schedule(tenant, runID, name string) string {
-	return s.prefix + ".run." + tenant + "." + runID + ".sched." + name
+	return s.prefix + ".run." + tenant + "." + runID + "." + scheduleVerb + "." + name
 }
 
 // Stream returns the core NATS subject on which a run's final answer is

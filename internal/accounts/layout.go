@@ -15,6 +15,7 @@ package accounts
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/jwt/v2"
@@ -243,6 +244,12 @@ func (u serviceUser) perms(pool string) Permissions {
 	var p Permissions
 	for _, s := range u.pub {
 		p.Pub = append(p.Pub, r.Replace(s))
+	}
+	for partition := range bus.MaxPartitions {
+		r := strings.NewReplacer("{partition}", strconv.Itoa(partition))
+		for _, s := range u.eachPartition {
+			p.Pub = append(p.Pub, r.Replace(s))
+		}
 	}
 	for _, s := range u.sub {
 		p.Sub = append(p.Sub, r.Replace(s))

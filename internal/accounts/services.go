@@ -15,6 +15,9 @@ type serviceUser struct {
 	perPool        bool
 	pub            []string
 	eachPool       []string
+	// eachPartition lines are repeated for every partition a deployment
+	// may have ({partition}: 0 to [bus.MaxPartitions]-1).
+	eachPartition []string
 	sub            []string
 	allowResponses bool
 	// viaLeaf users may connect through a leaf node (an executor next to
@@ -63,13 +66,11 @@ var serviceUsers = []serviceUser{
 			"ab.ingress.*.*.requested", "ab.ingress.*.*.cancel", "ab.ingress.*.*.input", "ab.ingress.*.*.approve",
 			"ab.ingress.*.*.deny",
 			"$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_REQUESTS", "$JS.API.STREAM.INFO.AB_WORK",
-			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_RUNS.dispatcher",
-			"$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.dispatcher", "$JS.ACK.AB_RUNS.dispatcher.>",
-			"$JS.API.CONSUMER.INFO.AB_REQUESTS.dispatcher-requests",
-			"$JS.API.CONSUMER.MSG.NEXT.AB_REQUESTS.dispatcher-requests", "$JS.ACK.AB_REQUESTS.dispatcher-requests.>",
-			"$JS.API.STREAM.INFO.AB_TIMERS", "$JS.API.STREAM.PURGE.AB_TIMERS",
-			"$JS.API.CONSUMER.INFO.AB_TIMERS.dispatcher-timers",
-			"$JS.API.CONSUMER.MSG.NEXT.AB_TIMERS.dispatcher-timers", "$JS.ACK.AB_TIMERS.dispatcher-timers.>",
+			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.STREAM.INFO.AB_TIMERS", "$JS.API.STREAM.PURGE.AB_TIMERS",
+			// The dispatchers' presence, from which each derives the
+			// partitions it owns.
+			"$JS.API.STREAM.INFO.KV_ab_dispatchers", "$KV.ab_dispatchers.>", "$JS.API.CONSUMER.CREATE.KV_ab_dispatchers.>",
+			"$JS.API.CONSUMER.DELETE.KV_ab_dispatchers.>", "$JS.FC.KV_ab_dispatchers.>",
 			"$JS.API.STREAM.INFO.KV_ab_runs", "$JS.API.STREAM.MSG.GET.KV_ab_runs", "$JS.API.DIRECT.GET.KV_ab_runs.>",
 			"$KV.ab_runs.>", "$JS.API.STREAM.INFO.KV_ab_limits", "$JS.API.STREAM.MSG.GET.KV_ab_limits",
 			"$JS.API.DIRECT.GET.KV_ab_limits.>", "$KV.ab_limits.>", "$JS.API.STREAM.INFO.KV_ab_catalog",
@@ -88,6 +89,18 @@ var serviceUsers = []serviceUser{
 			// streams, the catalog and artifacts.
 			"$JS.API.STREAM.INFO.AB_AUDIT", "$JS.API.DIRECT.GET.AB_RUNS", "$JS.API.DIRECT.GET.AB_REQUESTS",
 			"$JS.API.DIRECT.GET.AB_AUDIT", "$JS.API.DIRECT.GET.KV_ab_catalog", "$JS.API.DIRECT.GET.OBJ_ab_artifacts",
+		},
+		// Each partition's three consumers, pulled (pinned), acknowledged
+		// and unpinned when the partition is handed to another dispatcher.
+		eachPartition: []string{
+			"$JS.API.CONSUMER.INFO.AB_RUNS.dispatcher-p{partition}", "$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.dispatcher-p{partition}",
+			"$JS.ACK.AB_RUNS.dispatcher-p{partition}.>", "$JS.API.CONSUMER.UNPIN.AB_RUNS.dispatcher-p{partition}",
+			"$JS.API.CONSUMER.INFO.AB_REQUESTS.dispatcher-requests-p{partition}",
+			"$JS.API.CONSUMER.MSG.NEXT.AB_REQUESTS.dispatcher-requests-p{partition}",
+			"$JS.ACK.AB_REQUESTS.dispatcher-requests-p{partition}.>", "$JS.API.CONSUMER.UNPIN.AB_REQUESTS.dispatcher-requests-p{partition}",
+			"$JS.API.CONSUMER.INFO.AB_TIMERS.dispatcher-timers-p{partition}",
+			"$JS.API.CONSUMER.MSG.NEXT.AB_TIMERS.dispatcher-timers-p{partition}",
+			"$JS.ACK.AB_TIMERS.dispatcher-timers-p{partition}.>", "$JS.API.CONSUMER.UNPIN.AB_TIMERS.dispatcher-timers-p{partition}",
 		},
 		// The pools' artifact stores, read for workflows and tenants.
 		eachPool: []string{

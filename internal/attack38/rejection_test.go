@@ -139,11 +139,11 @@ func TestAttack38_TenantClientHoldsTheAuditorWithAnUnrejectableRequest(t *testin
 		return c.CachedInfo().AckFloor.Stream
 	}
 	ok = assert.Eventually(t, func() bool {
-		return floor("auditor-requests") >= ack.Sequence && floor("dispatcher-requests") >= ack.Sequence
+		return floor("auditor-requests") >= ack.Sequence && floor(bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 0)) >= ack.Sequence
 	},
 		15*time.Second, 100*time.Millisecond, "the dispatcher and the auditor acknowledge the request") && ok
 	if !ok {
-		t.Logf("ack floors at the request (stream sequence %d): auditor %d, dispatcher %d", ack.Sequence, floor("auditor-requests"), floor("dispatcher-requests"))
+		t.Logf("ack floors at the request (stream sequence %d): auditor %d, dispatcher %d", ack.Sequence, floor("auditor-requests"), floor(bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 0)))
 	}
 
 	c, err := client.New(nc, client.Options{Prefix: srv.Prefix, Tenant: tenant})

@@ -382,6 +382,7 @@ const PublishTimeout = 10 * time.Second
 // against its subject ([events.Subjects.CheckBinding]). The error is an
 // *actionbus.Error; hand it to [Bus.Reject].
 func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*events.Received, error) {
+	subject = b.subjects.Canonical(subject)
 	e, err := Decode(subject, h, body)
 	if err != nil {
 		return nil, err

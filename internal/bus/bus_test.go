@@ -118,10 +118,12 @@ func serve(t *testing.T, srv *actionbustest.Server, eb *bus.Bus, consumer string
 	if consumer == bus.ConsumerDispatcherRequests {
 		stream = bus.Topology{}.StreamRequests()
 	}
-	cons, err := srv.JS.Consumer(ctx, stream, consumer)
+	cons, err := srv.JS.Consumer(ctx, stream, bus.PartitionConsumer(consumer, 0))
 	require.NoError(t, err)
 	done := make(chan error, 1)
-	go func() { done <- eb.Serve(ctx, cons, bus.ServeOptions{Name: consumer, Concurrency: 4}, h) }()
+	go func() {
+		done <- eb.Serve(ctx, cons, bus.ServeOptions{Name: consumer, Concurrency: 4, PriorityGroup: bus.OwnerGroup}, h)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		assert.NoError(t, <-done)
@@ -235,7 +237,7 @@ func TestBadEventsAreRejectedAndConsumingGoesOn(t *testing.T) {
 	mu.Unlock()
 
 	// Every message was acked: nothing is left pending or to redeliver.
-	cons, err := srv.JS.Consumer(ctx, "AB_RUNS", bus.ConsumerDispatcher)
+	cons, err := srv.JS.Consumer(ctx, "AB_RUNS", bus.PartitionConsumer(bus.ConsumerDispatcher, 0))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		info, err := cons.Info(ctx)
@@ -269,12 +271,12 @@ func TestRejectionSpeaksForNoRun(t *testing.T) {
 	})
 	require.NoError(t, err)
 	reasons := make(chan error, 1)
-	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.ConsumerDispatcherRequests)
+	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 0))
 	require.NoError(t, err)
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "dispatcher-requests", OnReject: func(_ context.Context, msg jetstream.Msg, reason error) error {
+		done <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "dispatcher-requests", PriorityGroup: bus.OwnerGroup, OnReject: func(_ context.Context, msg jetstream.Msg, reason error) error {
 			reasons <- reason
 			return nil
 		}}, func(context.Context, *events.Received, jetstream.Msg) error {
@@ -328,7 +330,7 @@ func TestHandlerErrorsAreRetriedAndPermanentOnesTerminated(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("a transient handler error was not retried")
 	}
-	cons, err := srv.JS.Consumer(ctx, "AB_RUNS", bus.ConsumerDispatcher)
+	cons, err := srv.JS.Consumer(ctx, "AB_RUNS", bus.PartitionConsumer(bus.ConsumerDispatcher, 0))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		info, err := cons.Info(ctx)
@@ -400,7 +402,7 @@ func TestServeOrderByKeepsEachRunInOrder(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
-	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.ConsumerDispatcherRequests)
+	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 0))
 	require.NoError(t, err)
 	var mu sync.Mutex
 	seen := map[string][]int{}
@@ -410,7 +412,7 @@ func TestServeOrderByKeepsEachRunInOrder(t *testing.T) {
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "ordered", Concurrency: 8, OrderBy: eb.Subjects().RunIDFromSubject},
+		done <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "ordered", PriorityGroup: bus.OwnerGroup, Concurrency: 8, OrderBy: eb.Subjects().RunIDFromSubject},
 			func(_ context.Context, r *events.Received, _ jetstream.Msg) error {
 				req := r.Data.(*events.RunRequested)
 				mu.Lock()
@@ -459,14 +461,14 @@ func TestServeRetriesATransientFailureUntilItPasses(t *testing.T) {
 	_, err := eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
 		&events.RunRequested{RunID: runID, Prompt: "through a failover"})
 	require.NoError(t, err)
-	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.ConsumerDispatcherRequests)
+	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 0))
 	require.NoError(t, err)
 	const failures = 8
 	handled := make(chan uint64, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	served := make(chan error, 1)
 	go func() {
-		served <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "failover", Concurrency: 1, NakDelay: time.Millisecond},
+		served <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "failover", PriorityGroup: bus.OwnerGroup, Concurrency: 1, NakDelay: time.Millisecond},
 			func(_ context.Context, _ *events.Received, msg jetstream.Msg) error {
 				md, err := msg.Metadata()
 				if err != nil {
@@ -550,7 +552,7 @@ func TestServeSettlesLaterAnswersByWhatTheyReceive(t *testing.T) {
 			&events.RunRequested{RunID: runID, Prompt: strconv.Itoa(i)})
 		require.NoError(t, err)
 	}
-	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.ConsumerDispatcherRequests)
+	cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 0))
 	require.NoError(t, err)
 	type taken struct {
 		prompt    string
@@ -561,7 +563,7 @@ func TestServeSettlesLaterAnswersByWhatTheyReceive(t *testing.T) {
 	sctx, cancel := context.WithCancel(ctx)
 	served := make(chan error, 1)
 	go func() {
-		served <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "later", Concurrency: 1, NakDelay: time.Millisecond, OrderBy: eb.Subjects().RunIDFromSubject},
+		served <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "later", PriorityGroup: bus.OwnerGroup, Concurrency: 1, NakDelay: time.Millisecond, OrderBy: eb.Subjects().RunIDFromSubject},
 			func(_ context.Context, r *events.Received, msg jetstream.Msg) error {
 				md, err := msg.Metadata()
 				require.NoError(t, err)

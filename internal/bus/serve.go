@@ -86,6 +86,22 @@ type ServeOptions struct {
 	// Nil acknowledges each message (AckPolicy explicit).
 	AckAll AckAllSettler
 
+	// PriorityGroup, when set, pulls as a member of that priority group
+	// of the consumer: of a pinned consumer ([Topology.Partitions]) only
+	// the client the server pinned receives messages.
+	PriorityGroup string
+	// PullExpiry is how long each pull request lives; default 10 s. A
+	// pinned client keeps its pin by pulling again within the consumer's
+	// PinnedTTL, so a pinned consumer's pulls expire sooner.
+	PullExpiry time.Duration
+	// DrainGrace, when set, lets the handlers in hand go on for that long
+	// after ctx ends (Serve stops pulling at once); then their context is
+	// canceled too. Zero cancels them with ctx. A dispatcher that hands a
+	// partition to another drains it, so that the transitions in hand
+	// finish instead of being redelivered; the grace bounds what waits on
+	// a context (a held result lingering for the run's next write).
+	DrainGrace time.Duration
+
 	// maxDeliver is the consumer's MaxDeliver (0: unknown or unbounded).
 	maxDeliver int
 }
@@ -149,8 +165,21 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 	if info := cons.CachedInfo(); info != nil {
 		opts.maxDeliver = info.Config.MaxDeliver
 	}
-	open := func() (jetstream.MessagesContext, error) {
-		return cons.Messages(jetstream.PullMaxMessages(opts.Concurrency), jetstream.PullExpiry(pullExpiry))
+	if opts.PullExpiry <= 0 {
+		opts.PullExpiry = pullExpiry
+	}
+	pullOpts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(opts.Concurrency), jetstream.PullExpiry(opts.PullExpiry)}
+	if opts.PriorityGroup != "" {
+		pullOpts = append(pullOpts, jetstream.PullPriorityGroup(opts.PriorityGroup))
+	}
+	open := func() (jetstream.MessagesContext, error) { return cons.Messages(pullOpts...) }
+	handlerCtx := ctx
+	if opts.DrainGrace > 0 {
+		hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
+		defer cancelHandlers() // after the handlers are done (deferred before them)
+		stopGrace := context.AfterFunc(ctx, func() { time.AfterFunc(opts.DrainGrace, cancelHandlers) })
+		defer stopGrace()
+		handlerCtx = hctx
 	}
 	iter, err := open()
 	if err != nil {
@@ -192,7 +221,7 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 			for it := range work {
 				msg := it.msg
 				for {
-					b.handle(ctx, log, opts, msg, h, &wg)
+					b.handle(handlerCtx, log, opts, msg, h, &wg)
 					<-slots
 					if it.key == "" {
 						break
@@ -245,6 +274,9 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 			}
 			continue
 		}
+		if canonical := b.subjects.Canonical(msg.Subject()); canonical != msg.Subject() {
+			msg = storedMsg{msg, canonical}
+		}
 		if opts.AckAll != nil && !opts.AckAll.Take(msg) {
 			<-slots
 			continue
@@ -272,6 +304,17 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 }
 
 type lane struct{ pending []jetstream.Msg }
+
+// storedMsg is a message read from a stream whose stored subject carries
+// the run's partition: its Subject is the one it was published on
+// ([events.Subjects.Canonical]), which handlers, the binding check and
+// rejections read.
+type storedMsg struct {
+	jetstream.Msg
+	subject string
+}
+
+func (m storedMsg) Subject() string { return m.subject }
 
 // handle receives msg and runs h on it; a handler that answers [Later] is
 // settled by a goroutine counted in wg.

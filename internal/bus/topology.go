@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -62,6 +63,102 @@ type Topology struct {
 	// IdempotencyTTL is how long results of calls with an idempotency key
 	// are kept for replays; default 24 hours.
 	IdempotencyTTL time.Duration
+	// Partitions is how many partitions the runs are spread over; default
+	// (0) what the streams have, else 1; at most [MaxPartitions]. Each run's events are stored under its
+	// partition ([events.Subjects.InPartition]: the server's partition()
+	// of the run id), and each partition is consumed by one dispatcher at
+	// a time, so a run has one owner and more dispatchers, up to
+	// Partitions, share the runs. Changing it moves runs in flight to
+	// other partitions: change it with the dispatchers drained.
+	Partitions int
+}
+
+// MaxPartitions bounds [Topology.Partitions]: the dispatcher user's
+// permissions name each partition's consumers (a consumer name is one
+// subject token, which no wildcard can match a part of).
+const MaxPartitions = 32
+
+// Partition consumers: each partition of the runs has its own dispatcher
+// consumers, pinned to one dispatcher at a time.
+const (
+	// OwnerGroup is the priority group every dispatcher pulls the
+	// partition consumers in: the server delivers a consumer's messages
+	// to the one client it pinned, so two dispatchers never handle one
+	// partition at once, even while they disagree on who owns it.
+	OwnerGroup = "owner"
+	// PinnedTTL is how long a pin outlives its client's last pull (a
+	// dispatcher that died without handing its partitions on).
+	PinnedTTL = 6 * time.Second
+	// PartitionPullExpiry is how long a partition consumer's pull lives:
+	// a pinned dispatcher pulls again well within [PinnedTTL].
+	PartitionPullExpiry = 2 * time.Second
+	// DispatcherPresenceTTL is how long a dispatcher's presence lasts
+	// without a refresh: its partitions move to the others after it.
+	DispatcherPresenceTTL = 4 * time.Second
+)
+
+// PartitionConsumer returns the name of one partition's consumer of a
+// dispatcher consumer ([ConsumerDispatcher], [ConsumerDispatcherRequests],
+// [ConsumerDispatcherTimers]): "<name>-p<partition>".
+func PartitionConsumer(name string, partition int) string {
+	return name + "-p" + strconv.Itoa(partition)
+}
+
+// DispatcherConsumers are the three dispatcher consumers of a partition,
+// each with the stream it reads.
+func (t Topology) DispatcherConsumers(partition int) []ConsumerSpec {
+	t = t.withDefaults()
+	s := t.Subjects()
+	in := func(verbs ...string) []string {
+		var out []string
+		for _, v := range verbs {
+			out = append(out, s.InPartition(v, partition))
+		}
+		return out
+	}
+	pinned := func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+		c.PriorityPolicy, c.PriorityGroups, c.PinnedTTL = jetstream.PriorityPolicyPinned, []string{OwnerGroup}, PinnedTTL
+		return c
+	}
+	p := strconv.Itoa(partition)
+	return []ConsumerSpec{
+		{t.StreamRuns(), pinned(t.durable(PartitionConsumer(ConsumerDispatcher, partition),
+			"dispatcher: decisions, results, synthesis parts of partition "+p, in("decision", "result", "synthesized")...))},
+		{t.StreamTimers(), pinned(t.durable(PartitionConsumer(ConsumerDispatcherTimers, partition),
+			"dispatcher: fired timers of partition "+p, in(events.TimerVerb)...))},
+		{t.StreamRequests(), pinned(t.durable(PartitionConsumer(ConsumerDispatcherRequests, partition),
+			"dispatcher: run requests, cancels, inputs, approvals' answers of partition "+p, in("*")...))},
+	}
+}
+
+// partitionTransform returns the transform that stores the run events of
+// verb ("*": any) under their run's partition: source's wildcards are the
+// tenant, the run and, for "*", the verb.
+func (t Topology) partitionTransform(source, verb string) *jetstream.SubjectTransformConfig {
+	s := t.Subjects()
+	if verb == "*" {
+		verb = "{{wildcard(3)}}"
+	}
+	return &jetstream.SubjectTransformConfig{Source: source,
+		Destination: s.Run("{{wildcard(1)}}", "{{wildcard(2)}}", verb) + ".{{partition(" + strconv.Itoa(t.withDefaults().Partitions) + ",2)}}"}
+}
+
+// partitionsRE reads the partition count back from a stream's transform.
+var partitionsRE = regexp.MustCompile(`\{\{\s*partition\(\s*(\d+)\s*,`)
+
+// PartitionsOf returns the number of partitions a runs, timers or
+// requests stream was provisioned with (its subject transform), or an
+// error when it stores no partition.
+func PartitionsOf(cfg jetstream.StreamConfig) (int, error) {
+	if cfg.SubjectTransform != nil {
+		if m := partitionsRE.FindStringSubmatch(cfg.SubjectTransform.Destination); m != nil {
+			if n, err := strconv.Atoi(m[1]); err == nil && n >= 1 && n <= MaxPartitions {
+				return n, nil
+			}
+		}
+	}
+	return 0, actionbus.Errorf(actionbus.CodeMissingTopology,
+		"stream %s stores no run partition (provisioned by an earlier version): run `actionbus provision` with the services drained", cfg.Name)
 }
 
 // DefaultAckWait is the ack wait of every consumer unless configured.
@@ -92,6 +189,9 @@ func (t Topology) withDefaults() Topology {
 	if t.IdempotencyTTL == 0 {
 		t.IdempotencyTTL = 24 * time.Hour
 	}
+	if t.Partitions == 0 {
+		t.Partitions = 1
+	}
 	return t
 }
 
@@ -111,6 +211,9 @@ func (t Topology) Validate() error {
 	}
 	if t.Replicas < 1 || t.Replicas > 5 {
 		return fmt.Errorf("events: replicas must be 1 to 5, got %d", t.Replicas)
+	}
+	if t.Partitions < 1 || t.Partitions > MaxPartitions {
+		return fmt.Errorf("events: partitions must be 1 to %d, got %d", MaxPartitions, t.Partitions)
 	}
 	return nil
 }
@@ -194,6 +297,13 @@ func (t Topology) BucketPresence(pool string) string { return t.perPool("presenc
 // wipe records, not even its own pool's in one stroke.
 func (t Topology) BucketIdempotency(pool string) string { return t.perPool("idempotency", pool) }
 
+// BucketDispatchers is the key-value bucket of the dispatchers'
+// presence: each live dispatcher refreshes its key, and every dispatcher
+// derives the partitions it owns from the keys there.
+func (t Topology) BucketDispatchers() string {
+	return strings.ToLower(t.withDefaults().Prefix) + "_dispatchers"
+}
+
 // BucketPolicy is the key-value bucket of the reloadable policy document.
 func (t Topology) BucketPolicy() string {
 	return strings.ToLower(t.withDefaults().Prefix) + "_policy"
@@ -245,11 +355,10 @@ func (t Topology) Subjects() events.Subjects { return events.MustSubjects(t.with
 
 // IngestedTransform is the requests stream's subject transform: an event
 // the ingress writes on [events.Subjects.Ingested] is stored under [events.Subjects.Run]
-// of the same tenant, run and verb.
+// of the same tenant, run and verb, in the run's partition.
 func (t Topology) IngestedTransform() *jetstream.SubjectTransformConfig {
 	s := t.Subjects()
-	return &jetstream.SubjectTransformConfig{Source: s.Ingested("*", "*", "*"),
-		Destination: s.Run("{{wildcard(1)}}", "{{wildcard(2)}}", "{{wildcard(3)}}")}
+	return t.partitionTransform(s.Ingested("*", "*", "*"), "*")
 }
 
 // Streams returns the stream configurations.
@@ -269,6 +378,7 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 		}
 	}
 	runs := base(t.StreamRuns(), "actionbus per-run events of services", s.ServiceRunSubjects())
+	runs.SubjectTransform = t.partitionTransform(s.AnyRun("*"), "*")
 	runs.Retention = jetstream.LimitsPolicy
 	runs.MaxAge = t.RunRetention
 	// Direct gets name the subject in the API subject
@@ -282,6 +392,9 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 	timers.Retention = jetstream.LimitsPolicy
 	timers.MaxAge = t.RunRetention
 	timers.AllowMsgSchedules = true
+	// The fired timers are stored under their partition; the schedules,
+	// one token longer, are not transformed.
+	timers.SubjectTransform = t.partitionTransform(s.AnyRun(events.TimerVerb), events.TimerVerb)
 
 	// Only the ingress writes the requests stream, under subjects no
 	// tenant imports; the transform stores each event under its run
@@ -453,20 +566,18 @@ func (t Topology) Consumers() []ConsumerSpec {
 	t = t.withDefaults()
 	s := t.Subjects()
 	out := []ConsumerSpec{
-		{t.StreamRuns(), t.durable(ConsumerDispatcher, "dispatcher: decisions, results, synthesis parts",
-			s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("synthesized"))},
-		{t.StreamTimers(), t.durable(ConsumerDispatcherTimers, "dispatcher: fired timers", s.AnyRun(events.TimerVerb))},
-		{t.StreamRequests(), t.durable(ConsumerDispatcherRequests, "dispatcher: run requests, cancels, inputs, approvals' answers",
-			s.AnyRun("*"))},
-		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision and synthesis requests", s.AnyRun("decide"), s.AnyRun("synthesize"))},
-		{t.StreamRuns(), auditor(t.durable(ConsumerAuditorRuns, "auditor: every per-run event of services but timers", s.AnyRun("*")))},
-		{t.StreamTimers(), auditor(t.durable(ConsumerAuditorTimers, "auditor: every fired timer (not the schedules)", s.AnyRun(events.TimerVerb)))},
-		{t.StreamRequests(), auditor(t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.AnyRun("*")))},
+		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision and synthesis requests", s.StoredAnyRun("decide"), s.StoredAnyRun("synthesize"))},
+		{t.StreamRuns(), auditor(t.durable(ConsumerAuditorRuns, "auditor: every per-run event of services but timers", s.StoredAnyRun("*")))},
+		{t.StreamTimers(), auditor(t.durable(ConsumerAuditorTimers, "auditor: every fired timer (not the schedules)", s.StoredAnyRun(events.TimerVerb)))},
+		{t.StreamRequests(), auditor(t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.StoredAnyRun("*")))},
 		{t.StreamWork(), auditor(t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools()))},
 		{t.StreamRejected(), auditor(t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected()))},
 	}
 	for _, p := range t.Pools {
 		out = append(out, ConsumerSpec{t.StreamWork(), work(t.durable(PoolConsumer(p), "executors of pool "+p, s.PoolRequest(p)))})
+	}
+	for p := range t.Partitions {
+		out = append(out, t.DispatcherConsumers(p)...)
 	}
 	return out
 }
@@ -483,6 +594,10 @@ func (t Topology) Buckets() []jetstream.KeyValueConfig {
 		// uses any more holds nothing worth keeping.
 		{Bucket: t.BucketLimits(), Description: "actionbus concurrency keys and rate limits (dispatchers)", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: 24 * time.Hour, Placement: t.Placement},
 		{Bucket: t.BucketPlannerLimits(), Description: "actionbus planners' LLM concurrency and rate limits", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas, TTL: 24 * time.Hour, Placement: t.Placement},
+		// An expired presence leaves a delete marker, which the other
+		// dispatchers' watches see.
+		{Bucket: t.BucketDispatchers(), Description: "actionbus presence of the dispatchers (keys expire)", History: 1, Storage: jetstream.FileStorage,
+			Replicas: t.Replicas, TTL: DispatcherPresenceTTL, LimitMarkerTTL: DispatcherPresenceTTL, Placement: t.Placement},
 	}
 	for _, p := range t.Pools {
 		out = append(out,
@@ -577,9 +692,18 @@ func (t Topology) sealRecords(ctx context.Context, js jetstream.JetStream, strea
 // auditor is to be stopped while it is.
 // It needs JetStream admin rights; services only [Topology.Check].
 func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
+	if t.Partitions == 0 {
+		// Unset keeps what the streams were provisioned with: adding a
+		// pool must not move every run to another partition.
+		st, err := js.Stream(ctx, t.StreamRuns())
+		if err == nil {
+			t.Partitions, _ = PartitionsOf(st.CachedInfo().Config)
+		}
+	}
 	if err := t.Validate(); err != nil {
 		return err
 	}
+	t = t.withDefaults()
 	if err := t.checkRunsStream(ctx, js); err != nil {
 		return err
 	}
@@ -592,6 +716,9 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 		if err := t.provisionConsumer(ctx, js, cs); err != nil {
 			return err
 		}
+	}
+	if err := t.removeStaleDispatcherConsumers(ctx, js); err != nil {
+		return err
 	}
 	for _, kc := range t.Buckets() {
 		if t.idempotencyBucket(kc.Bucket) {
@@ -626,6 +753,54 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 		}
 	}
 	return nil
+}
+
+// removeStaleDispatcherConsumers deletes the dispatcher consumers that no
+// partition of the topology has: those of partitions past
+// [Topology.Partitions] and the single consumers of an unpartitioned
+// layout. Left in place they would hold events nobody consumes.
+func (t Topology) removeStaleDispatcherConsumers(ctx context.Context, js jetstream.JetStream) error {
+	t = t.withDefaults()
+	keep := map[string]bool{}
+	for p := range t.Partitions {
+		for _, cs := range t.DispatcherConsumers(p) {
+			keep[cs.Stream+"/"+cs.Config.Durable] = true
+		}
+	}
+	for stream, base := range map[string]string{t.StreamRuns(): ConsumerDispatcher, t.StreamTimers(): ConsumerDispatcherTimers,
+		t.StreamRequests(): ConsumerDispatcherRequests} {
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			return fmt.Errorf("events: provision %s: %w", stream, err)
+		}
+		names := st.ConsumerNames(ctx)
+		for name := range names.Name() {
+			if keep[stream+"/"+name] || !staleDispatcherConsumer(base, name) {
+				continue
+			}
+			if err := js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return fmt.Errorf("events: provision %s: remove consumer %s: %w", stream, name, err)
+			}
+		}
+		if err := names.Err(); err != nil {
+			return fmt.Errorf("events: provision %s: list consumers: %w", stream, err)
+		}
+	}
+	return nil
+}
+
+// staleDispatcherConsumer reports whether name is a dispatcher consumer
+// of base: the unpartitioned one or one partition's.
+func staleDispatcherConsumer(base, name string) bool {
+	if name == base {
+		return true
+	}
+	p, ok := strings.CutPrefix(name, base+"-p")
+	if !ok {
+		return false
+	}
+	_, err := strconv.Atoi(p)
+	return err == nil
 }
 
 // checkRunsStream refuses to provision over a runs stream that allows
@@ -674,9 +849,9 @@ func (t Topology) Needs(service, pool string) Requirements {
 			// The audit stream: the read service the dispatcher hosts
 			// answers tenants' audit reads from it.
 			Streams: []string{t.StreamRuns(), t.StreamTimers(), t.StreamRequests(), t.StreamWork(), t.StreamRejected(), t.StreamAudit()},
-			Consumers: []ConsumerSpec{c(t.StreamRuns(), ConsumerDispatcher), c(t.StreamTimers(), ConsumerDispatcherTimers),
-				c(t.StreamRequests(), ConsumerDispatcherRequests)},
-			Buckets: []string{t.BucketRuns(), t.BucketCatalog(), t.BucketCatalogOwners(), t.BucketPolicy(), t.BucketLimits()},
+			// The partitions' consumers: the dispatcher checks those of
+			// the count its streams were provisioned with when it starts.
+			Buckets: []string{t.BucketRuns(), t.BucketCatalog(), t.BucketCatalogOwners(), t.BucketPolicy(), t.BucketLimits(), t.BucketDispatchers()},
 			Objects: []string{t.BucketArtifacts()},
 		}
 	case "planner":

@@ -29,7 +29,7 @@ import (
 
 func provisionCmd(g *globals) *cobra.Command {
 	var pools, tags []string
-	var replicas int
+	var replicas, partitions int
 	var cluster string
 	cmd := &cobra.Command{
 		Use:   "provision",
@@ -43,12 +43,18 @@ A new pool exists only once provisioned: its executors refuse to start
 provisioning one pool leaves the others as they are (docs/protocol.md,
 E-PROVISION).
 
+--partitions spreads the runs over that many partitions: each run's
+events are stored under its partition, and each partition is served by
+one dispatcher at a time, so more dispatchers (up to the partitions)
+share the runs; a dispatcher that stops or dies hands its partitions to
+the others within seconds (docs/scaling.md).
+
 Tenants share everything provisioned here: adding a tenant needs no
 provisioning, only its NATS account — see "actionbus tenant add TENANT"
 (operator mode), "actionbus tenant users TENANT" (static config) and
 docs/tenants.md.`,
 		RunE: g.withJetStream(func(cmd *cobra.Command, _ []string, js jetstream.JetStream) error {
-			topo := bus.Topology{Prefix: g.prefix, Pools: pools, Replicas: replicas}
+			topo := bus.Topology{Prefix: g.prefix, Pools: pools, Replicas: replicas, Partitions: partitions}
 			if cluster != "" || len(tags) > 0 {
 				topo.Placement = &jetstream.Placement{Cluster: cluster, Tags: tags}
 			}
@@ -69,6 +75,7 @@ docs/tenants.md.`,
 	}
 	cmd.Flags().StringSliceVar(&pools, "pool", []string{bus.DefaultPool}, "executor pools to provision work consumers and stores for (repeatable; a new pool's executors cannot start before it is provisioned)")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of every stream and bucket (3 on a cluster)")
+	cmd.Flags().IntVar(&partitions, "partitions", 0, fmt.Sprintf("partitions the runs are spread over, each served by one dispatcher at a time (1 to %d; default: as provisioned before, else 1; change it with the dispatchers drained)", bus.MaxPartitions))
 	cmd.Flags().StringVar(&cluster, "placement-cluster", "", "place every stream and bucket in this JetStream cluster")
 	cmd.Flags().StringSliceVar(&tags, "placement-tags", nil, "place every stream and bucket on servers with these tags")
 	return cmd

@@ -41,6 +41,10 @@ type skuIn struct {
 // fanOut is how many calls of inv.count the waterfall test runs at once.
 const fanOut = 10
 
+// countTakes is how long a call of inv.count works once its batch is
+// together.
+const countTakes = 20 * time.Millisecond
+
 // together holds the calls of inv.count in batches of fanOut, each call
 // until its batch runs at once (or, should it never, for at most ten
 // seconds): met says how many batches did.
@@ -82,6 +86,14 @@ func register(g *together) func(*executor.Executor) error {
 			func(ctx context.Context, in skuIn, _ executor.Call) (executor.Result[map[string]any], error) {
 				if err := g.wait(ctx); err != nil {
 					return executor.Result[map[string]any]{}, err
+				}
+				// Counting takes a moment once the batch is together: the
+				// call that completes the batch would otherwise take no
+				// time at all, and a bar of zero length overlaps nothing.
+				select {
+				case <-time.After(countTakes):
+				case <-ctx.Done():
+					return executor.Result[map[string]any]{}, ctx.Err()
 				}
 				return executor.Result[map[string]any]{Output: map[string]any{"sku": in.SKU, "counted": 12}}, nil
 			}); err != nil {

@@ -77,6 +77,15 @@ func (c *stateCache) put(st *run.State, revision uint64) {
 	c.entries[runID] = cachedState{st: st, revision: revision}
 }
 
+// forgetStates drops every cached state (not what was sent): a dispatcher
+// that takes a partition may have cached its runs' states when it last
+// owned it, and another owner has written them since.
+func (c *stateCache) forgetStates() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.entries)
+}
+
 func (c *stateCache) drop(runID string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -72,7 +72,7 @@ func requestsPending(t *testing.T, srv *actionbustest.Server) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := srv.JS.Consumer(ctx, bus.Topology{Prefix: events.DefaultPrefix}.StreamRequests(), bus.ConsumerDispatcherRequests)
+	c, err := srv.JS.Consumer(ctx, bus.Topology{Prefix: events.DefaultPrefix}.StreamRequests(), bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 0))
 	require.NoError(t, err)
 	info, err := c.Info(ctx)
 	require.NoError(t, err)

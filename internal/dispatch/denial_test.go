@@ -10,6 +10,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/policy"
 )
@@ -91,12 +92,14 @@ func storedEnds(t *testing.T, js jetstream.JetStream, runID string) map[string]u
 	t.Helper()
 	s, err := js.Stream(ctxT(t), "AB_RUNS")
 	require.NoError(t, err)
-	info, err := s.Info(ctxT(t), jetstream.WithSubjectFilter("ab.run.default."+runID+".*"))
+	info, err := s.Info(ctxT(t), jetstream.WithSubjectFilter("ab.run.default."+runID+".>"))
 	require.NoError(t, err)
 	ends := map[string]uint64{}
-	for _, typ := range []string{"completed", "failed", "canceled"} {
-		if n, ok := info.State.Subjects["ab.run.default."+runID+"."+typ]; ok {
-			ends[typ] = n
+	for subject, n := range info.State.Subjects {
+		for _, typ := range []string{"completed", "failed", "canceled"} {
+			if events.MustSubjects("ab").Canonical(subject) == "ab.run.default."+runID+"."+typ {
+				ends[typ] += n
+			}
 		}
 	}
 	return ends

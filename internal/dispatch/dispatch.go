@@ -31,7 +31,6 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/events"
@@ -254,28 +253,6 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	stopDeferred := context.AfterFunc(ctx, d.deferred.release)
 	defer stopDeferred()
 	go d.republish(ctx)
-	// Two consumers: what services write (decisions, results, timers)
-	// and what clients and approvers write (requests, cancels, inputs,
-	// approvals' answers) live in separate streams.
-	type served struct {
-		cons jetstream.Consumer
-		opts bus.ServeOptions
-	}
-	var all []served
-	for _, c := range d.topo.Needs("dispatcher", "").Consumers {
-		cons, err := d.js.Consumer(ctx, c.Stream, c.Config.Durable)
-		if err != nil {
-			return err
-		}
-		opts := bus.ServeOptions{Name: c.Config.Durable, Concurrency: d.cfg.Concurrency}
-		if d.cfg.Metrics != nil {
-			opts.Observer = d.cfg.Metrics
-		}
-		if c.Config.Durable == bus.ConsumerDispatcherRequests {
-			opts.OnReject = d.onRejected
-		}
-		all = append(all, served{cons, opts})
-	}
 	// The read service: tenants read their runs, audit records,
 	// artifacts and the catalog through it (they hold no JetStream).
 	// Every dispatcher answers in one queue group.
@@ -301,11 +278,42 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	defer in.Stop()
 	d.log.Info("dispatcher serving")
 	close(d.ready)
-	g, gctx := errgroup.WithContext(ctx)
-	for _, s := range all {
-		g.Go(func() error { return d.bus.Serve(gctx, s.cons, s.opts, d.handle) })
+	// The runs' events: each partition's by the one dispatcher that owns
+	// it (see partitions).
+	return d.servePartitions(ctx)
+}
+
+// drainGrace is how long a partition's transitions in hand may go on once
+// the dispatcher stops serving it (see [bus.ServeOptions.DrainGrace]).
+const drainGrace = 2 * time.Second
+
+// serveConsumer serves one of a partition's consumers until ctx ends,
+// then lets the events in hand finish. An error (the consumer deleted
+// under it, or unreadable) is retried: the partition is served until it
+// is handed on.
+func (d *Dispatcher) serveConsumer(ctx context.Context, c bus.ConsumerSpec) {
+	opts := bus.ServeOptions{Name: c.Config.Durable, Concurrency: d.cfg.Concurrency, PriorityGroup: bus.OwnerGroup,
+		PullExpiry: bus.PartitionPullExpiry, DrainGrace: drainGrace}
+	if d.cfg.Metrics != nil {
+		opts.Observer = d.cfg.Metrics
 	}
-	return g.Wait()
+	if c.Stream == d.topo.StreamRequests() {
+		opts.OnReject = d.onRejected
+	}
+	for ctx.Err() == nil {
+		cons, err := d.js.Consumer(ctx, c.Stream, c.Config.Durable)
+		if err == nil {
+			err = d.bus.Serve(ctx, cons, opts, d.handle)
+		}
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		d.log.Warn("partition consumer not served; retrying", "consumer", c.Config.Durable, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // onRejected answers a rejected run request: when its subject names a
@@ -857,6 +865,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		if err != nil {
 			d.cache.drop(runID)
 			if bus.IsRevisionConflict(err) {
+				d.stateConflict(runID)
 				continue
 			}
 			return nil, err
@@ -867,6 +876,15 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		return nil, d.flush(ctx, st, rev)
 	}
 	return nil, fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
+}
+
+// stateConflict notes a run state write that another writer beat: with
+// each run's events served by its partition's one owner, that happens
+// only while a partition moves (or an operator's `actionbus retry` claims
+// a run), so it is counted and logged.
+func (d *Dispatcher) stateConflict(runID string) {
+	d.cfg.Metrics.StateConflict()
+	d.log.Info("run state write conflict", "run_id", runID)
 }
 
 // traceTransition starts the span of one transition of a run: a child of
@@ -982,6 +1000,7 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 		rev, err := d.runs.Update(uctx, runID, val, entry.Revision())
 		cancel()
 		if bus.IsRevisionConflict(err) {
+			d.stateConflict(runID)
 			continue
 		}
 		if err != nil {

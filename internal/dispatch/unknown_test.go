@@ -60,7 +60,7 @@ func TestACancelInputOrApprovalAnswerForAnUnknownRunIsRejectedOnce(t *testing.T)
 
 			// Settled: nothing of the requests consumer is pending or was
 			// redelivered, and the rejection stays the only one.
-			cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.ConsumerDispatcherRequests)
+			cons, err := srv.JS.Consumer(ctx, bus.Topology{}.StreamRequests(), bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 0))
 			require.NoError(t, err)
 			require.Eventually(t, func() bool {
 				info, err := cons.Info(ctx)

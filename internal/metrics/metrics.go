@@ -43,6 +43,10 @@ type Metrics struct {
 
 	capacityWaiting *prometheus.GaugeVec
 	capacityWaits   *prometheus.CounterVec
+
+	stateConflicts  prometheus.Counter
+	partitionsOwned prometheus.Gauge
+	partitionMoves  *prometheus.CounterVec
 }
 
 // latency buckets from 0.5 ms to ~2 min.
@@ -83,9 +87,16 @@ func New() *Metrics {
 			Help: "Calls waiting for a slot of the action's concurrency key or rate limit, as last seen by this dispatcher."}, []string{"action"}),
 		capacityWaits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "actionbus_capacity_waits_total",
 			Help: "Times a call was told to wait for capacity, per action."}, []string{"action"}),
+		stateConflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "actionbus_run_state_conflicts_total",
+			Help: "Run state writes refused because another writer changed the state first (with partitioned dispatchers, only while partitions move)."}),
+		partitionsOwned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "actionbus_partitions_owned",
+			Help: "Partitions of the runs this dispatcher serves."}),
+		partitionMoves: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "actionbus_partition_moves_total",
+			Help: "Partitions this dispatcher took (acquired) or handed on (released)."}, []string{"direction"}),
 	}
 	r.MustRegister(m.handled, m.handleSeconds, m.inFlight, m.redeliveries, m.rejected, m.runs, m.runSeconds,
 		m.decisions, m.decisionSeconds, m.actions, m.actionSeconds, m.actionsInFlight, m.auditRecords, m.capacityWaiting, m.capacityWaits,
+		m.stateConflicts, m.partitionsOwned, m.partitionMoves,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -128,6 +139,27 @@ func (m *Metrics) CapacityWait(action string, waiting int) {
 			m.capacityWaits.WithLabelValues(action).Inc()
 		}
 	}
+}
+
+// StateConflict counts a run state write refused by its revision check.
+func (m *Metrics) StateConflict() {
+	if m != nil {
+		m.stateConflicts.Inc()
+	}
+}
+
+// PartitionMoved counts a partition acquired (true) or released, and sets
+// how many the dispatcher now owns.
+func (m *Metrics) PartitionMoved(acquired bool, owned int) {
+	if m == nil {
+		return
+	}
+	direction := "released"
+	if acquired {
+		direction = "acquired"
+	}
+	m.partitionMoves.WithLabelValues(direction).Inc()
+	m.partitionsOwned.Set(float64(owned))
 }
 
 // RunStarted counts a run the dispatcher accepted.

@@ -286,13 +286,13 @@ func (s *Service) events(ctx context.Context, tenant string, r Request, budget i
 	if r.Last {
 		subjects := make([]string, len(r.Verbs))
 		for i, v := range r.Verbs {
-			subjects[i] = s.subjects.Run(tenant, r.Run, v)
+			subjects[i] = s.subjects.StoredRun(tenant, r.Run, v)
 		}
 		it, err := jetstreamext.GetLastMsgsFor(ctx, s.js, stream, subjects)
 		if err != nil {
 			return Page{}, readErr(err)
 		}
-		msgs, err := collect(it)
+		msgs, err := s.collect(it)
 		if err != nil {
 			return Page{}, err
 		}
@@ -302,9 +302,9 @@ func (s *Service) events(ctx context.Context, tenant string, r Request, budget i
 		}
 		return fill(msgs, 0, r.limit(), budget, r.HeadersOnly, keep)
 	}
-	filter := s.subjects.Run(tenant, r.Run, "*")
+	filter := s.subjects.StoredRun(tenant, r.Run, "*")
 	if len(r.Verbs) == 1 {
-		filter = s.subjects.Run(tenant, r.Run, r.Verbs[0])
+		filter = s.subjects.StoredRun(tenant, r.Run, r.Verbs[0])
 	}
 	p, err := s.page(ctx, stream, filter, r, budget, keep)
 	if err == nil && r.After == 0 && len(p.Msgs) == 0 && len(r.Verbs) == 0 {
@@ -331,7 +331,7 @@ func (s *Service) page(ctx context.Context, stream, filter string, r Request, bu
 	if err != nil {
 		return Page{}, readErr(err)
 	}
-	msgs, err := collect(it)
+	msgs, err := s.collect(it)
 	if err != nil {
 		return Page{}, err
 	}
@@ -346,7 +346,7 @@ func (s *Service) page(ctx context.Context, stream, filter string, r Request, bu
 }
 
 // collect reads a direct get's messages; none is an empty list.
-func collect(it func(yield func(*jetstream.RawStreamMsg, error) bool)) ([]stored, error) {
+func (s *Service) collect(it func(yield func(*jetstream.RawStreamMsg, error) bool)) ([]stored, error) {
 	var out []stored
 	for m, err := range it {
 		if errors.Is(err, jetstreamext.ErrNoMessages) {
@@ -355,15 +355,16 @@ func collect(it func(yield func(*jetstream.RawStreamMsg, error) bool)) ([]stored
 		if err != nil {
 			return nil, readErr(err)
 		}
-		out = append(out, storedOf(m))
+		out = append(out, s.storedOf(m))
 	}
 	return out, nil
 }
 
 // storedOf is a direct get's message with the server's headers
-// (Nats-Stream, Nats-Sequence, ...) taken out.
-func storedOf(m *jetstream.RawStreamMsg) stored {
-	st := stored{seq: m.Sequence, subject: m.Subject, time: m.Time, data: m.Data}
+// (Nats-Stream, Nats-Sequence, ...) taken out, under the subject it was
+// published on (a stored run event's partition token dropped).
+func (s *Service) storedOf(m *jetstream.RawStreamMsg) stored {
+	st := stored{seq: m.Sequence, subject: s.subjects.Canonical(m.Subject), time: m.Time, data: m.Data}
 	if np := m.Header.Get("Nats-Num-Pending"); np != "" {
 		st.pending = parseUint(np)
 	}
@@ -428,7 +429,7 @@ func (s *Service) findArtifact(ctx context.Context, tenant, id string) (artifact
 		if err != nil {
 			return artifactLoc{}, readErr(err)
 		}
-		msgs, err := collect(it)
+		msgs, err := s.collect(it)
 		if err != nil {
 			return artifactLoc{}, err
 		}
@@ -470,7 +471,7 @@ func (s *Service) artifact(ctx context.Context, tenant string, r Request, budget
 	if err != nil {
 		return Chunk{}, readErr(err)
 	}
-	msgs, err := collect(it)
+	msgs, err := s.collect(it)
 	if err != nil {
 		return Chunk{}, err
 	}
@@ -565,7 +566,7 @@ func (s *Service) skills(ctx context.Context, name string) ([]skills.Skill, erro
 	if err != nil {
 		return nil, readErr(err)
 	}
-	msgs, err := collect(it)
+	msgs, err := s.collect(it)
 	if err != nil {
 		return nil, err
 	}

@@ -285,7 +285,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		_, err := clientJS.CreateOrUpdateConsumer(short, "AB_RUNS", jetstream.ConsumerConfig{Durable: "dispatcher", FilterSubject: "ab.run.*.*.completed", AckPolicy: jetstream.AckExplicitPolicy})
 		assert.Error(t, err, "the client changed the dispatcher's filter")
 		assert.Error(t, clientJS.DeleteConsumer(short, "AB_RUNS", "planner"), "the client deleted the planner's consumer")
-		_, err = clientJS.Consumer(short, "AB_REQUESTS", bus.ConsumerDispatcherRequests)
+		_, err = clientJS.Consumer(short, "AB_REQUESTS", bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 0))
 		assert.Error(t, err, "the client inspected the dispatcher's request consumer")
 		require.NoError(t, clientNC.PublishRequest("$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.dispatcher", clientNC.NewRespInbox(), []byte(`{"batch":1}`)))
 		clientRefused.waitFor(t, `Permissions Violation for Publish to "$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.dispatcher"`)

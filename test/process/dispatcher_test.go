@@ -65,11 +65,15 @@ func terminalsStoredOf(t *testing.T, ctx context.Context, js jetstream.JetStream
 	require.NoError(t, err)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		info, err := stream.Info(ctx, jetstream.WithSubjectFilter("ab.run."+tenant+"."+runID+".*"))
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter("ab.run."+tenant+"."+runID+".>"))
 		require.NoError(t, err)
 		var n uint64
-		for _, verb := range []string{"completed", "failed", "canceled"} {
-			n += info.State.Subjects["ab.run."+tenant+"."+runID+"."+verb]
+		for subject, count := range info.State.Subjects {
+			for _, verb := range []string{"completed", "failed", "canceled"} {
+				if events.MustSubjects("ab").Canonical(subject) == "ab.run."+tenant+"."+runID+"."+verb {
+					n += count
+				}
+			}
 		}
 		if n > 0 || time.Now().After(deadline) {
 			return n
@@ -156,7 +160,7 @@ func TestTwoDispatcherProcessesShareTwoHundredRuns(t *testing.T) {
 		t.Skip("starts dispatcher processes")
 	}
 	bin := buildServices(t)
-	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	srv := actionbustest.NewServer(t, actionbustest.Options{Partitions: 4})
 	rec := srv.Record(t, "")
 	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoAuditor: true, Scenarios: crashScenarios, Executors: 2, Slots: 16,
 		Register: func(ex *executor.Executor) error {

@@ -108,7 +108,7 @@ func TestChaosSoak(t *testing.T) {
 	}
 	seconds, runs := envOr("SOAK_SECONDS", 60), envOr("SOAK_RUNS", 150)
 	chaosFor := time.Duration(seconds) * time.Second
-	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: 2 * time.Second})
+	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: 2 * time.Second, Partitions: 4})
 	bins := buildServices(t)
 	exe := buildTestExecutor(t)
 	dir := t.TempDir()

@@ -157,7 +157,7 @@ func TestATenantCannotReachAnotherTenantsRuns(t *testing.T) {
 		require.Eventually(t, func() bool {
 			n := 0
 			for _, r := range rejections(t, ctx, adminJS, waiting) {
-				if r.Reason.Code == actionbus.CodeRunNotFound && r.Consumer == bus.ConsumerDispatcherRequests {
+				if r.Reason.Code == actionbus.CodeRunNotFound && r.Consumer == bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 0) {
 					n++
 				}
 			}
