@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -55,9 +56,15 @@ func TestAReportIsRepairedProposedBlockedRevisedAppliedPublished(t *testing.T) {
 		"job_1041 timed out.\n\njob_1042 was never picked up by a worker.\n\n## Next steps\n\nRetry them.", res.Answer)
 	assert.Equal(t, 3.0, res.Output.(map[string]any)["version"], "two changes after the first version")
 
+	// The recorder reads core NATS: the run's end can reach the client
+	// before the recorder has every request.
+	isRequest := func(r actionbustest.Recorded) bool {
+		return r.Type() == events.TypeDecisionRequested && r.Event.Extensions()[events.ExtRunID] == res.RunID
+	}
+	rec.WaitForN(t, 10*time.Second, 6, isRequest)
 	var reqs []events.DecisionRequested
 	for _, r := range rec.All() {
-		if r.Type() == events.TypeDecisionRequested && r.Event.Extensions()[events.ExtRunID] == res.RunID {
+		if isRequest(r) {
 			var d events.DecisionRequested
 			require.NoError(t, events.DataAs(r.Event, &d))
 			reqs = append(reqs, d)
