@@ -359,7 +359,7 @@ func main() {
 	}
 	b, _ := json.MarshalIndent(map[string]any{
 		"go": runtime.Version(), "cpus": runtime.NumCPU(), "reps": *reps, "topology": "deployed: nats-server, dispatcher, planner, auditor, 2 executors as processes",
-		"modes": modesJSON, "inProcess": inproc, "memory": memory, "heap": heap,
+		"modes": modesJSON, "inProcess": inproc, "memory": memory, "heap": heap, "dispatchersSweep": sweepFigures(sweepPts),
 	}, "", "  ")
 	must(os.WriteFile(path, b, 0o644))
 	fmt.Printf("\nfigures written to %s\n", path)

@@ -58,3 +58,16 @@ func reportSweep(o io.Writer, pts []sweepPoint) {
 	}
 	must(tw.Flush())
 }
+
+// sweepFigures are the sweep's figures for the JSON results.
+func sweepFigures(pts []sweepPoint) []Figure {
+	var out []Figure
+	for _, p := range pts {
+		system := fmt.Sprintf("%d partitions, %d dispatchers", p.dispatchers, p.dispatchers)
+		m, lo, hi := median(p.runsPerSec)
+		out = append(out, Figure{Name: "W4 runs/s", System: system, Value: m, Min: lo, Max: hi, Unit: "runs/s", Reps: p.runsPerSec})
+		c, clo, chi := median(p.conflicts)
+		out = append(out, Figure{Name: "run state write conflicts per 1 000 runs", System: system, Value: c, Min: clo, Max: chi, Unit: "conflicts", Reps: p.conflicts})
+	}
+	return out
+}

@@ -1,0 +1,113 @@
+package attack41_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/actionbus/actionbus/actionbustest"
+	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
+)
+
+// unpartitioned turns srv's streams and dispatcher consumers into the
+// layout of the release before partitions (cb308c1): run events stored on
+// the subjects they were published on, and one consumer of each kind.
+func unpartitioned(t *testing.T, srv *actionbustest.Server) {
+	ctx := ctxFor(t, 20*time.Second)
+	topo := bus.Topology{Prefix: srv.Prefix}
+	s := topo.Subjects()
+	for _, name := range []string{topo.StreamRuns(), topo.StreamTimers(), topo.StreamRequests()} {
+		st, err := srv.JS.Stream(ctx, name)
+		require.NoError(t, err)
+		cfg := st.CachedInfo().Config
+		cfg.SubjectTransform = nil
+		if name == topo.StreamRequests() {
+			cfg.SubjectTransform = &jetstream.SubjectTransformConfig{Source: s.Ingested("*", "*", "*"),
+				Destination: s.Run("{{wildcard(1)}}", "{{wildcard(2)}}", "{{wildcard(3)}}")}
+		}
+		_, err = srv.JS.UpdateStream(ctx, cfg)
+		require.NoError(t, err)
+	}
+	for _, c := range topo.DispatcherConsumers(0) {
+		require.NoError(t, srv.JS.DeleteConsumer(ctx, c.Stream, c.Config.Durable))
+	}
+	old := func(stream, name string, filters ...string) {
+		_, err := srv.JS.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: name, FilterSubjects: filters,
+			AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: bus.HandlerMaxDeliver})
+		require.NoError(t, err)
+	}
+	old(topo.StreamRuns(), bus.ConsumerDispatcher, s.AnyRun("decision"), s.AnyRun("result"), s.AnyRun("synthesized"))
+	old(topo.StreamTimers(), bus.ConsumerDispatcherTimers, s.AnyRun("timer"))
+	old(topo.StreamRequests(), bus.ConsumerDispatcherRequests, s.RequestSubjects()...)
+	for _, c := range []struct{ stream, name, filter string }{
+		{topo.StreamRuns(), bus.ConsumerAuditorRuns, s.AnyRun("*")},
+		{topo.StreamRequests(), bus.ConsumerAuditorRequests, s.AnyRun("*")},
+		{topo.StreamRuns(), bus.ConsumerPlanner, s.AnyRun("decide")},
+	} {
+		cons, err := srv.JS.Consumer(ctx, c.stream, c.name)
+		require.NoError(t, err)
+		cfg := cons.CachedInfo().Config
+		cfg.FilterSubjects = []string{c.filter}
+		if c.name == bus.ConsumerPlanner {
+			cfg.FilterSubjects = append(cfg.FilterSubjects, s.AnyRun("synthesize"))
+		}
+		_, err = srv.JS.UpdateConsumer(ctx, c.stream, cfg)
+		require.NoError(t, err)
+	}
+}
+
+// TestAttack41_UpgradeKeepsTheRunsOfTheReleaseBefore: an operator
+// upgrades a deployment of the release before partitions as the
+// dispatcher's own error tells (bus.PartitionsOf: "run `actionbus
+// provision` with the services drained"). Before the upgrade one run
+// completed (its events stored on five-token subjects) and one was
+// requested while the dispatchers were stopped. After `actionbus
+// provision` (no --partitions):
+//   - the completed run's result must still be readable (client.Ended,
+//     the read service, `actionbus runs`, replay and retry read it): the
+//     readers now filter on six-token subjects only;
+//   - the waiting request must still be handled: provision deleted the
+//     old dispatcher-requests consumer, and no new consumer matches a
+//     five-token subject.
+func TestAttack41_UpgradeKeepsTheRunsOfTheReleaseBefore(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	unpartitioned(t, srv)
+	srv.ServeIngress(t)
+	ctx := ctxFor(t, 60*time.Second)
+	c, err := client.New(srv.Connect(t), client.Options{Prefix: srv.Prefix})
+	require.NoError(t, err)
+
+	// A run the release before completed.
+	done, err := c.Start(ctx, client.RunRequest{UserID: "ada", Action: &client.ActionCall{Name: "inv.count", Args: map[string]any{}}})
+	require.NoError(t, err)
+	b, err := bus.Open(srv.Connect(t), bus.BusConfig{Prefix: srv.Prefix, Source: "/dispatcher"})
+	require.NoError(t, err)
+	_, err = b.Emit(ctx, events.TypeRunCompleted, events.NewID(), events.DefaultTenant, done, "", &events.RunCompleted{RunID: done, Output: "42", Cycles: 1})
+	require.NoError(t, err)
+	require.Equal(t, 1, srv.Stored(t, "AB_RUNS", "ab.run.default."+done+".completed"))
+	// A run requested while the dispatchers were stopped for the upgrade.
+	waiting, err := c.Start(ctx, client.RunRequest{UserID: "ada", Action: &client.ActionCall{Name: "inv.count", Args: map[string]any{}}})
+	require.NoError(t, err)
+
+	require.NoError(t, bus.Topology{Prefix: srv.Prefix}.Provision(ctx, srv.JS), "actionbus provision")
+	srv.StartStack(t, actionbustest.StackOptions{NoAuditor: true, NoPlanner: true, Register: registerEcho})
+
+	t.Run("the result of a run before the upgrade is read", func(t *testing.T) {
+		res, err := c.Ended(ctx, done)
+		if assert.NoError(t, err) && assert.NotNil(t, res, "no result read for a run that completed before the upgrade") {
+			assert.Equal(t, client.StatusCompleted, res.Status)
+		}
+	})
+	t.Run("a request stored before the upgrade is handled", func(t *testing.T) {
+		wctx := ctxFor(t, 15*time.Second)
+		res, err := c.Wait(wctx, waiting)
+		if assert.NoError(t, err, "the run requested before the upgrade never ends") {
+			assert.Equal(t, client.StatusCompleted, res.Status)
+		}
+	})
+}
