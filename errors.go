@@ -125,6 +125,11 @@ const (
 	// schema in schemas/ or its hash; it is refused (not listed, not
 	// used) and logged once. The details name the record kind and key.
 	CodeInvalidRecord Code = "invalid_record"
+	// CodeTopologyBusy: provisioning would remove a consumer that still
+	// holds events (a dispatcher consumer of a partition that would no
+	// longer exist, or of the layout before partitions); nothing was
+	// changed. The details name the consumer and its events.
+	CodeTopologyBusy Code = "topology_busy"
 )
 
 // Codes lists every defined code, in declaration order.
@@ -147,7 +152,7 @@ var Codes = []Code{
 	CodeUnauthenticated, CodeForbidden, CodeRunNotFound, CodeApprovalNotFound, CodeBadRequest,
 	CodeAccountRefused,
 	CodeArtifactNotFound, CodeRegistrarUnavailable, CodeCatalogLimit, CodeBudgetExceeded,
-	CodeInvalidRecord,
+	CodeInvalidRecord, CodeTopologyBusy,
 }
 
 // Sentinel errors, one per code, for errors.Is. Any *Error with the same code
@@ -183,6 +188,7 @@ var (
 	ErrCatalogLimit        = &Error{Code: CodeCatalogLimit}
 	ErrBudgetExceeded      = &Error{Code: CodeBudgetExceeded}
 	ErrInvalidRecord       = &Error{Code: CodeInvalidRecord}
+	ErrTopologyBusy        = &Error{Code: CodeTopologyBusy}
 )
 
 // Error is an actionbus failure with a stable code. It is the Go form of the

@@ -144,6 +144,14 @@ func (s Subjects) StoredRun(tenant, runID, verb string) string {
 	return s.Run(tenant, runID, verb) + ".*"
 }
 
+// StoredForms returns the filters of one run's stored events of verb in
+// both forms a stream may hold within its retention: under a partition
+// ([Subjects.StoredRun]) and as published (stored by a release before
+// partitions). Readers of a run's history read both.
+func (s Subjects) StoredForms(tenant, runID, verb string) []string {
+	return []string{s.Run(tenant, runID, verb), s.StoredRun(tenant, runID, verb)}
+}
+
 // StoredAnyRun returns the filter of every run's stored events of verb.
 func (s Subjects) StoredAnyRun(verb string) string { return s.AnyRun(verb) + ".*" }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
@@ -61,19 +62,39 @@ func unpartitioned(t *testing.T, srv *actionbustest.Server) {
 	}
 }
 
+// drainLegacy acknowledges what the old layout's dispatcher consumers
+// hold, as the dispatchers of the release before do when the runs in
+// flight end before an upgrade.
+func drainLegacy(t *testing.T, srv *actionbustest.Server) {
+	ctx := ctxFor(t, 20*time.Second)
+	topo := bus.Topology{Prefix: srv.Prefix}
+	for stream, name := range map[string]string{topo.StreamRuns(): bus.ConsumerDispatcher, topo.StreamTimers(): bus.ConsumerDispatcherTimers,
+		topo.StreamRequests(): bus.ConsumerDispatcherRequests} {
+		cons, err := srv.JS.Consumer(ctx, stream, name)
+		require.NoError(t, err)
+		for cons.CachedInfo().NumPending > 0 {
+			batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
+			require.NoError(t, err)
+			for m := range batch.Messages() {
+				require.NoError(t, m.DoubleAck(ctx))
+			}
+			cons, err = srv.JS.Consumer(ctx, stream, name)
+			require.NoError(t, err)
+		}
+	}
+}
+
 // TestAttack41_UpgradeKeepsTheRunsOfTheReleaseBefore: an operator
 // upgrades a deployment of the release before partitions as the
 // dispatcher's own error tells (bus.PartitionsOf: "run `actionbus
-// provision` with the services drained"). Before the upgrade one run
-// completed (its events stored on five-token subjects) and one was
-// requested while the dispatchers were stopped. After `actionbus
-// provision` (no --partitions):
-//   - the completed run's result must still be readable (client.Ended,
-//     the read service, `actionbus runs`, replay and retry read it): the
-//     readers now filter on six-token subjects only;
-//   - the waiting request must still be handled: provision deleted the
-//     old dispatcher-requests consumer, and no new consumer matches a
-//     five-token subject.
+// provision` with the services drained").
+//   - A run requested while the dispatchers were stopped is still in the
+//     old dispatcher-requests consumer: provision must not strand it (no
+//     consumer of the new layout matches a five-token subject). It
+//     refuses, topology_busy, and changes nothing.
+//   - Once the old consumers are empty, provision goes through, and a
+//     run that completed before the upgrade (its events stored on
+//     five-token subjects) is still read: the readers read both forms.
 func TestAttack41_UpgradeKeepsTheRunsOfTheReleaseBefore(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	unpartitioned(t, srv)
@@ -81,6 +102,7 @@ func TestAttack41_UpgradeKeepsTheRunsOfTheReleaseBefore(t *testing.T) {
 	ctx := ctxFor(t, 60*time.Second)
 	c, err := client.New(srv.Connect(t), client.Options{Prefix: srv.Prefix})
 	require.NoError(t, err)
+	topo := bus.Topology{Prefix: srv.Prefix}
 
 	// A run the release before completed.
 	done, err := c.Start(ctx, client.RunRequest{UserID: "ada", Action: &client.ActionCall{Name: "inv.count", Args: map[string]any{}}})
@@ -90,24 +112,41 @@ func TestAttack41_UpgradeKeepsTheRunsOfTheReleaseBefore(t *testing.T) {
 	_, err = b.Emit(ctx, events.TypeRunCompleted, events.NewID(), events.DefaultTenant, done, "", &events.RunCompleted{RunID: done, Output: "42", Cycles: 1})
 	require.NoError(t, err)
 	require.Equal(t, 1, srv.Stored(t, "AB_RUNS", "ab.run.default."+done+".completed"))
+	drainLegacy(t, srv)
 	// A run requested while the dispatchers were stopped for the upgrade.
 	waiting, err := c.Start(ctx, client.RunRequest{UserID: "ada", Action: &client.ActionCall{Name: "inv.count", Args: map[string]any{}}})
 	require.NoError(t, err)
 
-	require.NoError(t, bus.Topology{Prefix: srv.Prefix}.Provision(ctx, srv.JS), "actionbus provision")
+	t.Run("provision refuses to strand a request stored before the upgrade", func(t *testing.T) {
+		err := bus.Topology{Prefix: srv.Prefix}.Provision(ctx, srv.JS)
+		require.ErrorIs(t, err, actionbus.ErrTopologyBusy)
+		assert.Contains(t, err.Error(), bus.ConsumerDispatcherRequests)
+		cons, err := srv.JS.Consumer(ctx, topo.StreamRequests(), bus.ConsumerDispatcherRequests)
+		require.NoError(t, err, "the old consumer is kept")
+		assert.Equal(t, uint64(1), cons.CachedInfo().NumPending, "with the request in it")
+		st, err := srv.JS.Stream(ctx, topo.StreamRuns())
+		require.NoError(t, err)
+		assert.Nil(t, st.CachedInfo().Config.SubjectTransform, "the streams are as they were")
+	})
+
+	// The old dispatchers end the run in flight; then the upgrade goes on.
+	drainLegacy(t, srv)
+	_, err = b.Emit(ctx, events.TypeRunCompleted, events.NewID(), events.DefaultTenant, waiting, "", &events.RunCompleted{RunID: waiting, Output: "42", Cycles: 1})
+	require.NoError(t, err)
+	require.NoError(t, topo.Provision(ctx, srv.JS), "actionbus provision, drained")
 	srv.StartStack(t, actionbustest.StackOptions{NoAuditor: true, NoPlanner: true, Register: registerEcho})
 
 	t.Run("the result of a run before the upgrade is read", func(t *testing.T) {
-		res, err := c.Ended(ctx, done)
-		if assert.NoError(t, err) && assert.NotNil(t, res, "no result read for a run that completed before the upgrade") {
-			assert.Equal(t, client.StatusCompleted, res.Status)
+		for _, id := range []string{done, waiting} {
+			res, err := c.Ended(ctx, id)
+			if assert.NoError(t, err) && assert.NotNil(t, res, "no result read for a run that completed before the upgrade") {
+				assert.Equal(t, client.StatusCompleted, res.Status)
+			}
 		}
 	})
-	t.Run("a request stored before the upgrade is handled", func(t *testing.T) {
-		wctx := ctxFor(t, 15*time.Second)
-		res, err := c.Wait(wctx, waiting)
-		if assert.NoError(t, err, "the run requested before the upgrade never ends") {
-			assert.Equal(t, client.StatusCompleted, res.Status)
-		}
+	t.Run("a run after the upgrade goes through", func(t *testing.T) {
+		res, err := c.Run(ctx, client.RunRequest{UserID: "ada", Action: &client.ActionCall{Name: "inv.count", Args: map[string]any{}}}, nil)
+		require.NoError(t, err)
+		assert.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
 	})
 }

@@ -566,10 +566,15 @@ func (t Topology) Consumers() []ConsumerSpec {
 	t = t.withDefaults()
 	s := t.Subjects()
 	out := []ConsumerSpec{
-		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision and synthesis requests", s.StoredAnyRun("decide"), s.StoredAnyRun("synthesize"))},
-		{t.StreamRuns(), auditor(t.durable(ConsumerAuditorRuns, "auditor: every per-run event of services but timers", s.StoredAnyRun("*")))},
-		{t.StreamTimers(), auditor(t.durable(ConsumerAuditorTimers, "auditor: every fired timer (not the schedules)", s.StoredAnyRun(events.TimerVerb)))},
-		{t.StreamRequests(), auditor(t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.StoredAnyRun("*")))},
+		// Each filter in both stored forms: under a partition, and as a
+		// release before partitions stored it (what it left unhandled is
+		// still planned and audited after an upgrade).
+		{t.StreamRuns(), t.durable(ConsumerPlanner, "planner: decision and synthesis requests",
+			s.AnyRun("decide"), s.StoredAnyRun("decide"), s.AnyRun("synthesize"), s.StoredAnyRun("synthesize"))},
+		{t.StreamRuns(), auditor(t.durable(ConsumerAuditorRuns, "auditor: every per-run event of services but timers", s.AnyRun("*"), s.StoredAnyRun("*")))},
+		{t.StreamTimers(), auditor(t.durable(ConsumerAuditorTimers, "auditor: every fired timer (not the schedules)",
+			s.AnyRun(events.TimerVerb), s.StoredAnyRun(events.TimerVerb)))},
+		{t.StreamRequests(), auditor(t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.AnyRun("*"), s.StoredAnyRun("*")))},
 		{t.StreamWork(), auditor(t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools()))},
 		{t.StreamRejected(), auditor(t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected()))},
 	}
@@ -707,6 +712,9 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 	if err := t.checkRunsStream(ctx, js); err != nil {
 		return err
 	}
+	if err := t.checkStaleDispatcherConsumers(ctx, js); err != nil {
+		return err
+	}
 	for _, sc := range t.Streams() {
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 			return fmt.Errorf("events: provision stream %s: %w", sc.Name, err)
@@ -755,11 +763,11 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 	return nil
 }
 
-// removeStaleDispatcherConsumers deletes the dispatcher consumers that no
-// partition of the topology has: those of partitions past
-// [Topology.Partitions] and the single consumers of an unpartitioned
-// layout. Left in place they would hold events nobody consumes.
-func (t Topology) removeStaleDispatcherConsumers(ctx context.Context, js jetstream.JetStream) error {
+// staleDispatcherConsumers calls fn with each existing dispatcher
+// consumer that no partition of the topology has: those of partitions
+// past [Topology.Partitions] and the single consumers of the layout
+// before partitions.
+func (t Topology) staleDispatcherConsumers(ctx context.Context, js jetstream.JetStream, fn func(stream, name string) error) error {
 	t = t.withDefaults()
 	keep := map[string]bool{}
 	for p := range t.Partitions {
@@ -770,23 +778,68 @@ func (t Topology) removeStaleDispatcherConsumers(ctx context.Context, js jetstre
 	for stream, base := range map[string]string{t.StreamRuns(): ConsumerDispatcher, t.StreamTimers(): ConsumerDispatcherTimers,
 		t.StreamRequests(): ConsumerDispatcherRequests} {
 		st, err := js.Stream(ctx, stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("events: provision %s: %w", stream, err)
 		}
-		names := st.ConsumerNames(ctx)
-		for name := range names.Name() {
-			if keep[stream+"/"+name] || !staleDispatcherConsumer(base, name) {
-				continue
-			}
-			if err := js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return fmt.Errorf("events: provision %s: remove consumer %s: %w", stream, name, err)
+		lister := st.ConsumerNames(ctx)
+		var stale []string
+		for name := range lister.Name() {
+			if !keep[stream+"/"+name] && staleDispatcherConsumer(base, name) {
+				stale = append(stale, name)
 			}
 		}
-		if err := names.Err(); err != nil {
+		if err := lister.Err(); err != nil {
 			return fmt.Errorf("events: provision %s: list consumers: %w", stream, err)
+		}
+		for _, name := range stale {
+			if err := fn(stream, name); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// checkStaleDispatcherConsumers refuses, before anything is changed, to
+// provision a layout that would remove a dispatcher consumer still
+// holding events: no consumer of the new layout matches their stored
+// subjects, so they would never be handled. Fewer partitions, or the
+// first provisioning with partitions over a layout without them, need
+// the dispatchers' consumers empty: clients stopped, the runs in flight
+// ended.
+func (t Topology) checkStaleDispatcherConsumers(ctx context.Context, js jetstream.JetStream) error {
+	return t.staleDispatcherConsumers(ctx, js, func(stream, name string) error {
+		cons, err := js.Consumer(ctx, stream, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("events: provision %s: consumer %s: %w", stream, name, err)
+		}
+		info := cons.CachedInfo()
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			return nil
+		}
+		return actionbus.Errorf(actionbus.CodeTopologyBusy,
+			"consumer %s of %s still holds %d pending and %d unacknowledged events, which no consumer of %d partition(s) would handle: "+
+				"stop the clients, let the dispatchers end the runs in flight, then provision again", name, stream, info.NumPending, info.NumAckPending, t.withDefaults().Partitions).
+			WithDetail("stream", stream).WithDetail("consumer", name).WithDetail("pending", info.NumPending).WithDetail("ackPending", info.NumAckPending)
+	})
+}
+
+// removeStaleDispatcherConsumers deletes the dispatcher consumers that no
+// partition of the topology has ([Topology.checkStaleDispatcherConsumers]
+// found them empty): left in place they would keep messages for nobody.
+func (t Topology) removeStaleDispatcherConsumers(ctx context.Context, js jetstream.JetStream) error {
+	return t.staleDispatcherConsumers(ctx, js, func(stream, name string) error {
+		if err := js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("events: provision %s: remove consumer %s: %w", stream, name, err)
+		}
+		return nil
+	})
 }
 
 // staleDispatcherConsumer reports whether name is a dispatcher consumer

@@ -389,7 +389,7 @@ func (d *Dispatcher) unknownRun(ctx context.Context, r *events.Received, msg jet
 	defer cancel()
 	// A batch direct get, as the read service reads (what the dispatcher's
 	// user may ask in operator mode).
-	msgs, gerr := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRequests(), []string{d.bus.Subjects().Run(r.Tenant, runID, "requested")})
+	msgs, gerr := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRequests(), d.bus.Subjects().StoredForms(r.Tenant, runID, "requested"))
 	if gerr != nil {
 		return err
 	}

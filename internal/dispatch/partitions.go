@@ -73,7 +73,9 @@ func memberKey(instance string) string {
 	if len(clean) > 64 {
 		clean = clean[:64]
 	}
-	return clean + "-" + nuid.Next()[:8]
+	// nuid's first twelve characters are the same for every id of a
+	// process; the whole id is unique.
+	return clean + "-" + nuid.Next()
 }
 
 // servePartitions serves the partitions this dispatcher owns until ctx
@@ -206,14 +208,11 @@ func (ps *partitions) reconcile(ctx context.Context, log *slog.Logger, members [
 			// before (no other dispatcher is live), a pin can only be a
 			// dead one's.
 			previous := wasOwner[p]
-			if previous == "" || !slices.Contains(members, previous) {
-				ps.unpin(p)
-			}
 			if !forgot {
 				ps.d.cache.forgetStates()
 				forgot = true
 			}
-			ps.serving[p] = ps.serve(ctx, p)
+			ps.serving[p] = ps.serve(ctx, p, previous == "" || !slices.Contains(members, previous))
 			ps.d.cfg.Metrics.PartitionMoved(true, len(ps.serving))
 			log.Info("partition acquired", "partition", p, "from", previous, "members", len(members))
 		}
@@ -227,21 +226,26 @@ func (ps *partitions) owned() int {
 	return len(ps.serving)
 }
 
-// serve starts serving partition p's consumers.
-func (ps *partitions) serve(ctx context.Context, p int) *servedPartition {
+// serve starts serving partition p's consumers, first lifting their pin
+// when unpin says it is a dead dispatcher's (off the watch's goroutine:
+// an unpin waits for the server, and the presence must not).
+func (ps *partitions) serve(ctx context.Context, p int, unpin bool) *servedPartition {
 	pctx, stop := context.WithCancel(ctx)
 	sp := &servedPartition{stop: stop, done: make(chan struct{}), since: time.Now()}
-	var wg sync.WaitGroup
-	for _, c := range ps.d.topo.DispatcherConsumers(p) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ps.d.serveConsumer(pctx, c)
-		}()
-	}
 	go func() {
+		defer close(sp.done)
+		if unpin {
+			ps.unpin(p)
+		}
+		var wg sync.WaitGroup
+		for _, c := range ps.d.topo.DispatcherConsumers(p) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ps.d.serveConsumer(pctx, c)
+			}()
+		}
 		wg.Wait()
-		close(sp.done)
 	}()
 	return sp
 }
@@ -251,7 +255,7 @@ func (ps *partitions) serve(ctx context.Context, p int) *servedPartition {
 // error, which changes nothing.
 func (ps *partitions) unpin(p int) {
 	for _, c := range ps.d.topo.DispatcherConsumers(p) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		err := ps.streams[c.Stream].UnpinConsumer(ctx, c.Config.Durable, bus.OwnerGroup)
 		cancel()
 		if err != nil {

@@ -119,8 +119,8 @@ func (d *Dispatcher) storedLog(ctx context.Context, tenant, runID string) ([]log
 		filters []string
 	}{
 		{d.topo.StreamRequests(), []string{s.RunEvents(tenant, runID)}},
-		{d.topo.StreamRuns(), []string{s.StoredRun(tenant, runID, "decision"), s.StoredRun(tenant, runID, "result"), s.StoredRun(tenant, runID, "synthesized")}},
-		{d.topo.StreamTimers(), []string{s.StoredRun(tenant, runID, "timer")}},
+		{d.topo.StreamRuns(), slices.Concat(s.StoredForms(tenant, runID, "decision"), s.StoredForms(tenant, runID, "result"), s.StoredForms(tenant, runID, "synthesized"))},
+		{d.topo.StreamTimers(), s.StoredForms(tenant, runID, "timer")},
 	} {
 		got, err := d.readStream(ctx, src.stream, src.filters)
 		if err != nil {

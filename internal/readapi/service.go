@@ -284,9 +284,9 @@ func (s *Service) events(ctx context.Context, tenant string, r Request, budget i
 		return false
 	}
 	if r.Last {
-		subjects := make([]string, len(r.Verbs))
-		for i, v := range r.Verbs {
-			subjects[i] = s.subjects.StoredRun(tenant, r.Run, v)
+		var subjects []string
+		for _, v := range r.Verbs {
+			subjects = append(subjects, s.subjects.StoredForms(tenant, r.Run, v)...)
 		}
 		it, err := jetstreamext.GetLastMsgsFor(ctx, s.js, stream, subjects)
 		if err != nil {
@@ -302,11 +302,9 @@ func (s *Service) events(ctx context.Context, tenant string, r Request, budget i
 		}
 		return fill(msgs, 0, r.limit(), budget, r.HeadersOnly, keep)
 	}
-	filter := s.subjects.StoredRun(tenant, r.Run, "*")
-	if len(r.Verbs) == 1 {
-		filter = s.subjects.StoredRun(tenant, r.Run, r.Verbs[0])
-	}
-	p, err := s.page(ctx, stream, filter, r, budget, keep)
+	// Every stored event of the run, in both forms a stream may hold (see
+	// events.Subjects.StoredForms); keep picks the verbs asked for.
+	p, err := s.page(ctx, stream, s.subjects.RunEvents(tenant, r.Run), r, budget, keep)
 	if err == nil && r.After == 0 && len(p.Msgs) == 0 && len(r.Verbs) == 0 {
 		return Page{}, actionbus.Errorf(actionbus.CodeRunNotFound, "no stored event of run %s in tenant %s", r.Run, tenant).
 			WithDetail("runId", r.Run)
