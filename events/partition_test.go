@@ -14,8 +14,8 @@ func TestCanonicalDropsOnlyTheStoredPartitionToken(t *testing.T) {
 		{"ab.run.acme.01J.result.7", "ab.run.acme.01J.result"},
 		{"ab.run.acme.01J.requested.0", "ab.run.acme.01J.requested"},
 		{"ab.run.acme.01J.timer.1023", "ab.run.acme.01J.timer"},
-		{"ab.run.acme.01J.result", "ab.run.acme.01J.result"},      // as published
-		{"ab.run.acme.01J.sched.12", "ab.run.acme.01J.sched.12"},  // a schedule, never partitioned
+		{"ab.run.acme.01J.result", "ab.run.acme.01J.result"},       // as published
+		{"ab.run.acme.01J.sched.12", "ab.run.acme.01J.sched.12"},   // a schedule, never partitioned
 		{"ab.run.acme.01J.result.x7", "ab.run.acme.01J.result.x7"}, // not a partition
 		{"ab.run.acme.01J.result.", "ab.run.acme.01J.result."},
 		{"ab.run.acme.01J.result.7.8", "ab.run.acme.01J.result.7.8"},

@@ -11,13 +11,13 @@ import (
 // stream name cannot hold a wildcard). allowResponses lets it answer
 // requests on their reply subjects (the registrar, the read service).
 type serviceUser struct {
-	name           string
-	perPool        bool
-	pub            []string
-	eachPool       []string
+	name     string
+	perPool  bool
+	pub      []string
+	eachPool []string
 	// eachPartition lines are repeated for every partition a deployment
 	// may have ({partition}: 0 to [bus.MaxPartitions]-1).
-	eachPartition []string
+	eachPartition  []string
 	sub            []string
 	allowResponses bool
 	// viaLeaf users may connect through a leaf node (an executor next to

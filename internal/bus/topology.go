@@ -69,7 +69,8 @@ type Topology struct {
 	// of the run id), and each partition is consumed by one dispatcher at
 	// a time, so a run has one owner and more dispatchers, up to
 	// Partitions, share the runs. Changing it moves runs in flight to
-	// other partitions: change it with the dispatchers drained.
+	// other partitions; lowering it removes consumers, which Provision
+	// refuses while they hold events (actionbus.CodeTopologyBusy).
 	Partitions int
 }
 
