@@ -59,23 +59,9 @@ func startDispatcher(t *testing.T, srv *actionbustest.Server, cfg dispatch.Confi
 	return stop
 }
 
-// gauge reads one metric (a gauge or a counter without labels) of m.
+// gauge reads one metric (a gauge or a counter) of m; 0 when unrecorded.
 func gauge(t *testing.T, m *metrics.Metrics, name string) float64 {
 	t.Helper()
-	families, err := m.Registry.Gather()
-	require.NoError(t, err)
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, mt := range f.GetMetric() {
-			if g := mt.GetGauge(); g != nil {
-				return g.GetValue()
-			}
-			if c := mt.GetCounter(); c != nil {
-				return c.GetValue()
-			}
-		}
-	}
-	return 0
+	v, _ := m.Value(name)
+	return v
 }

@@ -141,6 +141,31 @@ func (m *Metrics) CapacityWait(action string, waiting int) {
 	}
 }
 
+// Value returns the value of the metric name, a gauge or a counter without
+// labels (the sum over its series otherwise), and false when no series of
+// it was recorded.
+func (m *Metrics) Value(name string) (float64, bool) {
+	families, err := m.Registry.Gather()
+	if err != nil {
+		return 0, false
+	}
+	total, found := 0.0, false
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			switch {
+			case mt.GetGauge() != nil:
+				total, found = total+mt.GetGauge().GetValue(), true
+			case mt.GetCounter() != nil:
+				total, found = total+mt.GetCounter().GetValue(), true
+			}
+		}
+	}
+	return total, found
+}
+
 // StateConflict counts a run state write refused by its revision check.
 func (m *Metrics) StateConflict() {
 	if m != nil {
