@@ -2,7 +2,6 @@ package attack41_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -69,7 +68,7 @@ func TestAttack41_FewerPartitionsStrandNoStoredEvent(t *testing.T) {
 		t.Errorf("%d of %d runs ended; %d requests were stored in partitions 2 and 3, whose consumers provision removed", rec.Count(ended), runs, high)
 		for _, name := range []string{bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 2), bus.PartitionConsumer(bus.ConsumerDispatcherRequests, 3)} {
 			_, err := srv.JS.Consumer(ctx, topo.StreamRequests(), name)
-			t.Log(fmt.Sprintf("consumer %s: %v", name, err))
+			t.Logf("consumer %s: %v", name, err)
 		}
 	}
 }
