@@ -298,7 +298,7 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
 		defer rcancel()
 		cons, err := js.OrderedConsumer(rctx, topo.StreamRuns(), jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{"ab.run.*.*.completed", "ab.run.*.*.failed", "ab.run.*.*.canceled"}})
+			FilterSubjects: []string{"ab.run.*.*.completed.*", "ab.run.*.*.failed.*", "ab.run.*.*.canceled.*"}})
 		if err != nil {
 			return false
 		}
@@ -310,7 +310,7 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 			n := 0
 			for m := range batch.Messages() {
 				n++
-				terminals[strings.Split(m.Subject(), ".")[3]]++ // ab.run.<tenant>.<runId>.<verb>
+				terminals[strings.Split(m.Subject(), ".")[3]]++ // ab.run.<tenant>.<runId>.<verb>.<partition>
 			}
 			if n == 0 {
 				return len(terminals) >= runs

@@ -117,7 +117,7 @@ func TestServicesServeMetricsAndReadiness(t *testing.T) {
 	assert.Equal(t, 3.0, metric(d, "actionbus_runs_total", `state="started"`))
 	assert.Equal(t, 3.0, metric(d, "actionbus_runs_total", `kind="agent"`, `state="completed"`))
 	assert.Equal(t, 3.0, metric(d, "actionbus_run_duration_seconds_count", `state="completed"`))
-	assert.Greater(t, metric(d, "actionbus_events_handled_total", `consumer="dispatcher"`, `outcome="ok"`), 20.0)
+	assert.Greater(t, metric(d, "actionbus_events_handled_total", `consumer="dispatcher-p0"`, `outcome="ok"`), 20.0)
 	p := scrape("planner")
 	assert.Equal(t, 3.0, metric(p, "actionbus_decisions_total", `type="plan"`, `provider="script"`))
 	assert.Equal(t, 3.0, metric(p, "actionbus_decisions_total", `type="final"`))
