@@ -155,15 +155,32 @@ func TestThreePartitionedDispatchersShareAThousandRunsThroughKills(t *testing.T)
 		what string
 	}
 	var moves []move
-	step := func(after time.Duration, what string, do func()) {
-		time.Sleep(after) // pacing of the chaos, not synchronisation
+	startedRuns := func() int {
+		idsMu.Lock()
+		defer idsMu.Unlock()
+		return len(ids)
+	}
+	// step waits until the load has started afterRuns runs, does what,
+	// and waits until the live dispatchers serve every partition again.
+	step := func(afterRuns int, what string, do func(), live ...string) {
+		require.Eventually(t, func() bool { return startedRuns() >= afterRuns }, 60*time.Second, 5*time.Millisecond, "%d runs started", afterRuns)
 		moves = append(moves, move{time.Now(), what})
 		do()
+		require.Eventually(t, func() bool {
+			a, sum := acquired(), 0
+			for _, id := range live {
+				if a[id] == 0 {
+					return false
+				}
+				sum += a[id]
+			}
+			return sum == partitions
+		}, 20*time.Second, 20*time.Millisecond, "after %s, %v serve every partition: %v", what, live, acquired())
 	}
-	step(2*time.Second, "kill d1", dispatchers["d1"].kill9)
-	step(6*time.Second, "kill d2", dispatchers["d2"].kill9)
-	step(6*time.Second, "restart d1", func() { dispatchers["d1"].start(t) })
-	step(4*time.Second, "restart d2", func() { dispatchers["d2"].start(t) })
+	step(100, "kill d1", dispatchers["d1"].kill9, "d2", "d3")
+	step(300, "kill d2", dispatchers["d2"].kill9, "d3")
+	step(550, "restart d1", func() { dispatchers["d1"].start(t) }, "d1", "d3")
+	step(750, "restart d2", func() { dispatchers["d2"].start(t) }, "d1", "d2", "d3")
 	require.NoError(t, <-started)
 
 	idsMu.Lock()
