@@ -194,9 +194,7 @@ func (ps *partitions) reconcile(ctx context.Context, log *slog.Logger, members [
 			ps.wg.Add(1)
 			go func() {
 				defer ps.wg.Done()
-				sp.stop()
-				<-sp.done
-				ps.unpin(p)
+				ps.handOn(p, sp)
 				ps.d.cfg.Metrics.PartitionMoved(false, ps.owned())
 				log.Info("partition released", "partition", p, "to", o, "served_for", time.Since(sp.since).Round(time.Millisecond).String(),
 					"drain", time.Since(start).Round(time.Millisecond).String())
@@ -250,6 +248,14 @@ func (ps *partitions) serve(ctx context.Context, p int, unpin bool) *servedParti
 	return sp
 }
 
+// handOn stops serving partition p, waits for the transitions in hand
+// (bounded by the drain grace) and lifts its pin for the next owner.
+func (ps *partitions) handOn(p int, sp *servedPartition) {
+	sp.stop()
+	<-sp.done
+	ps.unpin(p)
+}
+
 // unpin lifts the pin of partition p's consumers, so that the server pins
 // the next dispatcher that pulls. A consumer with no pin answers an
 // error, which changes nothing.
@@ -273,9 +279,7 @@ func (ps *partitions) leave(log *slog.Logger) {
 		ps.wg.Add(1)
 		go func() {
 			defer ps.wg.Done()
-			sp.stop()
-			<-sp.done
-			ps.unpin(p)
+			ps.handOn(p, sp)
 		}()
 	}
 	ps.mu.Unlock()
