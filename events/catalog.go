@@ -155,6 +155,19 @@ func (s Subjects) StoredForms(tenant, runID, verb string) []string {
 // StoredAnyRun returns the filter of every run's stored events of verb.
 func (s Subjects) StoredAnyRun(verb string) string { return s.AnyRun(verb) + ".*" }
 
+// Fence returns the subject of a partition's fence in the runs stream:
+// {prefix}.fence.{partition}. The dispatcher that takes a partition
+// publishes there first, and every run end it publishes expects the
+// fence's last sequence to be its own (the server checks it), so a
+// dispatcher that lost the partition while paused cannot publish an end
+// after its successor started. No service consumes it.
+func (s Subjects) Fence(partition int) string {
+	return s.prefix + ".fence." + strconv.Itoa(partition)
+}
+
+// Fences is the filter of every partition's fence.
+func (s Subjects) Fences() string { return s.prefix + ".fence.*" }
+
 // InPartition returns the filter of the stored events of verb of the runs
 // of one partition.
 func (s Subjects) InPartition(verb string, partition int) string {

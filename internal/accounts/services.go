@@ -62,6 +62,8 @@ var serviceUsers = []serviceUser{
 			"ab.run.*.*.started", "ab.run.*.*.step", "ab.run.*.*.progress", "ab.run.*.*.decide",
 			"ab.run.*.*.completed", "ab.run.*.*.failed", "ab.run.*.*.canceled", "ab.run.*.*.sched.*",
 			"ab.run.*.*.approval", "ab.run.*.*.synthesize", "ab.pool.*.request", "ab.pool.*.ended", "ab.rejected.>",
+			// The partitions' fences (see Subjects.Fence).
+			"ab.fence.*",
 			// The ingress: the requests stream's only writer.
 			"ab.ingress.*.*.requested", "ab.ingress.*.*.cancel", "ab.ingress.*.*.input", "ab.ingress.*.*.approve",
 			"ab.ingress.*.*.deny",

@@ -1,6 +1,7 @@
 package bus_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -62,6 +63,7 @@ func TestARunsEventsAreStoredUnderOnePartitionInEveryStream(t *testing.T) {
 		assert.Equal(t, s.Run(events.DefaultTenant, runID, "requested")+"."+partition, req[0])
 		assert.Equal(t, s.Run(events.DefaultTenant, runID, "canceled")+"."+partition, svc[0], "the same partition in both streams")
 		assert.Equal(t, s.Run(events.DefaultTenant, runID, "canceled"), s.Canonical(svc[0]))
+		assert.Equal(t, partition, strconv.Itoa(bus.RunPartition(runID, partitions)), "the dispatcher computes the server's partition of a run")
 		assert.Equal(t, []string{s.Schedule(events.DefaultTenant, runID, "alarm")},
 			storedSubjects(t, srv, topo.StreamTimers(), s.RunEvents(events.DefaultTenant, runID)), "a schedule is stored as published")
 		seen[partition] = true

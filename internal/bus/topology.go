@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"regexp"
 	"strconv"
 	"strings"
@@ -146,6 +147,18 @@ func (t Topology) partitionTransform(source, verb string) *jetstream.SubjectTran
 
 // partitionsRE reads the partition count back from a stream's transform.
 var partitionsRE = regexp.MustCompile(`\{\{\s*partition\(\s*(\d+)\s*,`)
+
+// RunPartition returns the partition of the runs, out of partitions, that
+// the streams' transform stores run runID's events under: the server's
+// partition() of the run id token, FNV-1a (32 bits) modulo the count.
+func RunPartition(runID string, partitions int) int {
+	if partitions <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(runID))
+	return int(h.Sum32() % uint32(partitions))
+}
 
 // PartitionsOf returns the number of partitions a runs, timers or
 // requests stream was provisioned with (its subject transform), or an
@@ -378,7 +391,8 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 			Discard:     jetstream.DiscardOld,
 		}
 	}
-	runs := base(t.StreamRuns(), "actionbus per-run events of services", s.ServiceRunSubjects())
+	runs := base(t.StreamRuns(), "actionbus per-run events of services, and the partitions' fences",
+		append(s.ServiceRunSubjects(), s.Fences()))
 	runs.SubjectTransform = t.partitionTransform(s.AnyRun("*"), "*")
 	runs.Retention = jetstream.LimitsPolicy
 	runs.MaxAge = t.RunRetention

@@ -35,6 +35,9 @@ type stateCache struct {
 type cachedState struct {
 	st       *run.State
 	revision uint64
+	// fence is the partition fence under which this dispatcher wrote
+	// revision; 0 when it read it (see Dispatcher.endFirst).
+	fence uint64
 }
 
 func newStateCache(max int) *stateCache {
@@ -42,17 +45,18 @@ func newStateCache(max int) *stateCache {
 }
 
 // take removes runID's state from the cache and hands it to the caller.
-func (c *stateCache) take(runID string) (*run.State, uint64, bool) {
+func (c *stateCache) take(runID string) (cachedState, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.entries[runID]
 	delete(c.entries, runID)
-	return e.st, e.revision, ok
+	return e, ok
 }
 
-// put caches st, stored at revision with its outbox published; the cache
-// owns st from then on. Its outbox is not kept: it was sent.
-func (c *stateCache) put(st *run.State, revision uint64) {
+// put caches st, stored at revision with its outbox published, by this
+// dispatcher under fence (0: read, not written); the cache owns st from
+// then on. Its outbox is not kept: it was sent.
+func (c *stateCache) put(st *run.State, revision, fence uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	runID := st.RunID
@@ -74,7 +78,7 @@ func (c *stateCache) put(st *run.State, revision uint64) {
 		}
 	}
 	st.Outbox = nil
-	c.entries[runID] = cachedState{st: st, revision: revision}
+	c.entries[runID] = cachedState{st: st, revision: revision, fence: fence}
 }
 
 // forgetStates drops every cached state (not what was sent): a dispatcher

@@ -15,74 +15,104 @@ import (
 	"github.com/actionbus/actionbus/internal/policy"
 )
 
-// TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesBeforeTheEnd: an
-// exec run of a mutation waits for its approval. An approver denies it;
-// the dispatcher stores the ended state and dies before publishing its
-// run.failed. Another approver's grant of the same approval arrives
-// before the denial is redelivered: it finds the run ended, so the
-// mutation is never requested. The redelivered denial publishes the stored
-// end: the client is told the approval was denied, and the stream holds
-// one end.
+// TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit: an
+// exec run of a mutation waits for its approval. An approver denies it,
+// and the dispatcher dies halfway through committing the denial. Another
+// approver's grant of the same approval arrives before the denial is
+// redelivered: it must find the run ended, so the mutation is never
+// requested, and the stream holds one end, the denial's.
 //
-// This is why a run's state is written before its end is published: with
-// the end first (tried and withdrawn, see docs/architecture.md "Messages
-// per run"), the grant was applied on the stored state, still waiting for
-// its approval, and the mutation ran after the client was told it was
-// denied.
-func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesBeforeTheEnd(t *testing.T) {
-	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	rec := srv.Record(t, "")
-	ops := &opsActions{}
-	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: ops.register})
-	js, err := jetstream.New(srv.Connect(t))
-	require.NoError(t, err)
-	ctx := ctxT(t)
+// The denial is committed one of two ways (see end.go): from a state the
+// dispatcher wrote itself under its fence, the end first and the state
+// after it; from a state it only read (here: after a restart), the state
+// first and the end after it. Each has its own crash between the two.
+func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// restarted: the denial reaches a dispatcher that did not write
+		// the state it applies to.
+		restarted bool
+		crash     func(*dispatch.Dispatcher, func(string) bool)
+		// refusal is the code the late grant gets: the stored denial
+		// answered it (state first), or the run had ended with no
+		// approval pending (end first: the grant is applied to the state
+		// before the denial, ended by adopting the stored end, as a
+		// grant of a run canceled while it waited is).
+		refusal actionbus.Code
+	}{
+		{name: "end first, crash before the state", crash: dispatch.SetCrashAfterEnd, refusal: actionbus.CodeApprovalInvalid},
+		{name: "state first after a restart, crash before the end", restarted: true, crash: dispatch.SetCrashAfterWrite, refusal: actionbus.CodeApprovalReplayed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := actionbustest.NewServer(t, actionbustest.Options{})
+			rec := srv.Record(t, "")
+			ops := &opsActions{}
+			st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: ops.register})
+			js, err := jetstream.New(srv.Connect(t))
+			require.NoError(t, err)
+			ctx := ctxT(t)
+			keys := policy.Keys{"k1": {Secret: approvalKey, Holder: "alice"}}
 
-	var (
-		mu       sync.Mutex
-		target   string // the run whose denial crashes
-		approval string
-		once     sync.Once
-	)
-	grantErr := make(chan error, 1)
-	crash := func(runID string) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if runID != target {
-			return false
-		}
-		// The process dies after writing the ended state; meanwhile the
-		// other approver's grant is on its way, and reaches the
-		// dispatcher before the denial is redelivered (after its nak
-		// delay).
-		crashed := false
-		once.Do(func() {
-			crashed = true
-			go func() { grantErr <- st.Client.Approve(ctx, approval, "k1", approvalKey) }()
+			var (
+				mu       sync.Mutex
+				target   string // the run whose denial crashes
+				approval string
+				once     sync.Once
+				crashed  bool
+			)
+			grantErr := make(chan error, 1)
+			crash := func(runID string) bool {
+				mu.Lock()
+				defer mu.Unlock()
+				if runID != target {
+					return false
+				}
+				// The process dies mid-commit; meanwhile the other
+				// approver's grant is on its way, and reaches the
+				// dispatcher before the denial is redelivered (after its
+				// nak delay).
+				now := false
+				once.Do(func() {
+					now, crashed = true, true
+					go func() { grantErr <- st.Client.Approve(ctx, approval, "k1", approvalKey) }()
+				})
+				return now
+			}
+			var stopFirst func()
+			if tc.restarted {
+				stopFirst = startDispatcher(t, srv, dispatch.Config{ApprovalKeys: keys, InstanceID: "first"})
+			} else {
+				startDispatcher(t, srv, dispatch.Config{ApprovalKeys: keys, InstanceID: "crashing"},
+					func(d *dispatch.Dispatcher) { tc.crash(d, crash) })
+			}
+
+			runID, err := st.Client.Start(ctx, restart("read", "mutate"))
+			require.NoError(t, err)
+			id := awaitingApproval(t, rec, runID)
+			if tc.restarted {
+				stopFirst()
+				startDispatcher(t, srv, dispatch.Config{ApprovalKeys: keys, InstanceID: "crashing"},
+					func(d *dispatch.Dispatcher) { tc.crash(d, crash) })
+			}
+			mu.Lock()
+			target, approval = runID, id
+			mu.Unlock()
+
+			require.NoError(t, st.Client.Deny(ctx, id, "k1", approvalKey, "not now"))
+			res, err := st.Client.Wait(ctx, runID)
+			require.NoError(t, err)
+			require.NotNil(t, res.Error)
+			assert.Equal(t, actionbus.CodeApprovalDenied, res.Error.Code, "the client is told the approval was denied")
+			mu.Lock()
+			require.True(t, crashed, "the dispatcher crashed mid-commit")
+			mu.Unlock()
+			var refused *actionbus.Error
+			require.ErrorAs(t, <-grantErr, &refused)
+			assert.Equal(t, tc.refusal, refused.Code, "%v", refused)
+			assert.Equal(t, map[string]uint64{"failed": 1}, storedEnds(t, js, runID))
+			assert.Empty(t, ops.ran(), "a run whose approval was denied ran its mutation")
 		})
-		return crashed
 	}
-	startDispatcher(t, srv, dispatch.Config{ApprovalKeys: policy.Keys{"k1": {Secret: approvalKey, Holder: "alice"}}, InstanceID: "crashing"},
-		func(d *dispatch.Dispatcher) { dispatch.SetCrashAfterWrite(d, crash) })
-
-	runID, err := st.Client.Start(ctx, restart("read", "mutate"))
-	require.NoError(t, err)
-	id := awaitingApproval(t, rec, runID)
-	mu.Lock()
-	target, approval = runID, id
-	mu.Unlock()
-
-	require.NoError(t, st.Client.Deny(ctx, id, "k1", approvalKey, "not now"))
-	res, err := st.Client.Wait(ctx, runID)
-	require.NoError(t, err)
-	require.NotNil(t, res.Error)
-	assert.Equal(t, actionbus.CodeApprovalDenied, res.Error.Code, "the client is told the approval was denied")
-	// The grant reached the stored denial: refused, already answered.
-	var refused *actionbus.Error
-	require.ErrorAs(t, <-grantErr, &refused)
-	assert.Equal(t, actionbus.CodeApprovalReplayed, refused.Code, "%v", refused)
-	assert.Equal(t, map[string]uint64{"failed": 1}, storedEnds(t, js, runID))
-	assert.Empty(t, ops.ran(), "a run whose approval was denied ran its mutation")
 }
 
 // storedEnds returns the terminal events stored for run runID of the

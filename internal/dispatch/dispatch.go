@@ -177,6 +177,13 @@ type Dispatcher struct {
 	// state and publishing its outbox when it returns true: nothing is
 	// published, the event is handed back, the cache is lost.
 	crashAfterWrite func(runID string) bool
+	// crashAfterEnd, set by tests, simulates a crash between publishing
+	// a run's end and writing its state (see endFirst) when it returns
+	// true.
+	crashAfterEnd func(runID string) bool
+
+	// fences are the partitions' fences this dispatcher holds.
+	fences *fences
 }
 
 // errSimulatedCrash is what a simulated crash returns.
@@ -204,6 +211,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	d.deferred = newDeferredAlarms(d, cfg.AlarmDelay)
 	d.unsent = newUnpublished()
 	d.machine = run.New(env{d}, cfg.Limits)
+	d.fences = newFences(d.js, d.bus.Subjects(), cfg.InstanceID)
 	return d, nil
 }
 
@@ -407,6 +415,10 @@ func (d *Dispatcher) unknownRun(ctx context.Context, r *events.Received, msg jet
 // it and changes nothing, except that an outbox still in the stored state
 // (the creator crashed before publishing) is published.
 func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect) error {
+	_, fence, err := d.fences.ensure(ctx, st.RunID)
+	if err != nil {
+		return err
+	}
 	st.Outbox = run.Dedupe(run.ArmAdmitted(st, out, time.Now(), d.cfg.ActionGrace))
 	val, err := st.Encode()
 	if err != nil {
@@ -446,10 +458,10 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 	// when the run ends or the alarm is armed.
 	rest, settled := d.deferred.hold(ctx, st, st.Outbox)
 	if settled == nil {
-		return d.flush(ctx, st, rev)
+		return d.flush(ctx, st, rev, fence)
 	}
 	st.Outbox = rest
-	if err := d.flush(ctx, st, rev); err != nil {
+	if err := d.flush(ctx, st, rev, fence); err != nil {
 		d.deferred.take(st.RunID, nil) // the request is redelivered and arms it
 		return err
 	}
@@ -462,9 +474,9 @@ func (d *Dispatcher) rearm(ctx context.Context, runID string) error {
 	if d.deferred.holds(runID) {
 		return nil
 	}
-	st, _, err := d.loadStored(ctx, runID)
-	if err != nil {
-		return err
+	st, _, adopted, _, err := d.loadOwned(ctx, runID)
+	if err != nil || adopted {
+		return err // an adopted end is written by the run's next event
 	}
 	alarm, ok := run.Rearm(st)
 	if !ok {
@@ -536,18 +548,21 @@ func (d *Dispatcher) carriedOutbox(st *run.State, revision uint64) []run.Effect 
 // may still be unsent (carriedOutbox), or, with unsent, whatever it is:
 // the caller knows its publish failed.
 func (d *Dispatcher) flushStored(ctx context.Context, runID string, unsent bool) error {
-	st, entry, err := d.loadStored(ctx, runID)
+	st, entry, adopted, fence, err := d.loadOwned(ctx, runID)
 	if err != nil {
 		return err
+	}
+	if adopted {
+		return d.commitAdopted(ctx, st, entry.Revision(), fence)
 	}
 	if !unsent {
 		st.Outbox = d.carriedOutbox(st, entry.Revision())
 	}
 	if len(st.Outbox) == 0 {
-		d.cache.put(st, entry.Revision())
+		d.cache.put(st, entry.Revision(), 0)
 		return nil
 	}
-	return d.flush(ctx, st, entry.Revision())
+	return d.flush(ctx, st, entry.Revision(), 0)
 }
 
 // flush publishes the outbox of st (stored at revision rev). It stays in
@@ -556,7 +571,12 @@ func (d *Dispatcher) flushStored(ctx context.Context, runID string, unsent bool)
 // is cached (the cache owns st from then on): a cached state's outbox is
 // known sent. Until the outbox is published the state is not cached, so
 // a failed publish is retried from the stored outbox.
-func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev uint64) error {
+//
+// fence is the partition fence under which this dispatcher wrote rev (0:
+// it read the state, or wrote it unfenced): a run whose cached state this
+// dispatcher wrote under its current fence may publish its end first
+// (see endFirst).
+func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev, fence uint64) error {
 	if d.crashAfterWrite != nil && d.crashAfterWrite(st.RunID) {
 		d.cache.drop(st.RunID)
 		return errSimulatedCrash
@@ -569,15 +589,20 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev uint64) error
 		return err
 	}
 	if st.IsTerminal() {
-		d.tellPools(st)
-		if !d.deferred.ended(st.RunID) {
-			// Its end is published: its alarm has nothing left to watch
-			// (unless it was never armed).
-			d.alarms.cancel(d.bus.Subjects().Schedule(st.TenantOrDefault(), st.RunID, "*"))
-		}
+		d.endPublished(st)
 	}
-	d.cache.put(st, rev)
+	d.cache.put(st, rev, fence)
 	return nil
+}
+
+// endPublished does what follows the publication of run st's end: the
+// executors with its calls in flight are told, and its alarm, with
+// nothing left to watch, canceled (unless it was never armed).
+func (d *Dispatcher) endPublished(st *run.State) {
+	d.tellPools(st)
+	if !d.deferred.ended(st.RunID) {
+		d.alarms.cancel(d.bus.Subjects().Schedule(st.TenantOrDefault(), st.RunID, "*"))
+	}
 }
 
 // tellPools tells the executors of every pool with a call of the ended run
@@ -658,6 +683,7 @@ type runQueue struct {
 type heldState struct {
 	st       *run.State
 	revision uint64 // the stored revision st was applied on
+	fence    uint64 // the fence under which this dispatcher wrote revision (0: read)
 	jobs     []*job // the events applied to st since
 }
 
@@ -740,6 +766,11 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 	if held != nil {
 		all = append(slices.Clip(held.jobs), batch...)
 	}
+	// The partition's fence comes before any read of the run's state.
+	p, fence, err := d.fences.ensure(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
 	for attempt := 0; attempt < 20; attempt++ {
 		// A cached state is one whose outbox was published; its revision
 		// makes a stale copy (another dispatcher wrote since) fail the
@@ -748,18 +779,21 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		var st *run.State
 		var revision uint64
 		var cached bool
+		var written uint64 // the fence under which this dispatcher wrote st
 		apply := all
 		if held != nil && attempt == 0 {
-			st, revision, cached, apply = held.st, held.revision, true, batch
+			st, revision, written, cached, apply = held.st, held.revision, held.fence, true, batch
 		} else {
-			st, revision, cached = d.cache.take(runID)
+			var c cachedState
+			c, cached = d.cache.take(runID)
+			st, revision, written = c.st, c.revision, c.fence
 		}
 		fresh := !cached || attempt > 0
-		var stored []byte // the state as read from the bucket, when fresh
+		var stored []byte        // the state as read from the bucket, when fresh
+		var adopted []run.Effect // what a stored end adopted implies (loadOwned)
+		var adoptedEnd bool      // st ended by adopting its stored end
 		if fresh {
-			gctx, cancel := bus.Bounded(ctx)
-			entry, err := d.runs.Get(gctx, runID)
-			cancel()
+			loaded, entry, isAdopted, _, err := d.loadOwned(ctx, runID)
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
 				// An event for a run we do not know (yet): the
 				// run.requested may still be on its way; retry with
@@ -770,12 +804,14 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			if err != nil {
 				return nil, err
 			}
-			decoded, err := decodeState(runID, entry.Value())
-			if err != nil {
-				return nil, err
+			st, revision, stored, written = loaded, entry.Revision(), entry.Value(), 0
+			if isAdopted {
+				adopted, adoptedEnd, st.Outbox = st.Outbox, true, nil
 			}
-			st, revision, stored = &decoded, entry.Revision(), entry.Value()
 		}
+		// The run may end first (endFirst) only from a state this
+		// dispatcher wrote under its current fence of the partition.
+		mayEndFirst := !fresh && written != 0 && written == fence
 		if span == nil {
 			ctx, span = d.traceTransition(ctx, st, batch)
 		}
@@ -787,7 +823,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		}
 		st.Outbox = nil
 		wasTerminal := st.IsTerminal()
-		var out []run.Effect
+		out := adopted
 		for _, j := range apply {
 			if j.refused = st.CheckTenant(j.tenant); j.refused != nil {
 				continue
@@ -808,12 +844,13 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			if err := d.publish(ctx, st, out); err != nil {
 				return nil, err
 			}
-			return &heldState{st: st, revision: revision, jobs: all}, nil
+			return &heldState{st: st, revision: revision, fence: written, jobs: all}, nil
 		}
-		if len(out) == 0 && held != nil && attempt == 0 {
-			// The held events changed the state: it is written (should
-			// the held state be stale, the write fails and all is applied
-			// again on the stored state).
+		if len(out) == 0 && (held != nil && attempt == 0 || adoptedEnd) {
+			// The held events changed the state, or it adopted the run's
+			// stored end: it is written (should the held state be stale,
+			// the write fails and all is applied again on the stored
+			// state).
 			out = []run.Effect{run.Saved(st, time.Now())}
 		}
 		if len(out) == 0 {
@@ -831,9 +868,9 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			}
 			if len(carried) > 0 {
 				unchanged.Outbox = carried
-				return nil, d.flush(ctx, &unchanged, revision)
+				return nil, d.flush(ctx, &unchanged, revision, 0)
 			}
-			d.cache.put(&unchanged, revision)
+			d.cache.put(&unchanged, revision, 0)
 			return nil, nil
 		}
 		// The transition's timers become pending timers of the state,
@@ -848,16 +885,19 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			// The new state could never be stored: the run fails from the
 			// state as it is stored, with the limit named.
 			d.log.Warn("run state over the server's max payload; failing the run", "run_id", runID, "bytes", len(after))
-			current, entry, err := d.loadStored(ctx, runID)
+			current, entry, _, _, err := d.loadOwned(ctx, runID)
 			if err != nil {
 				return nil, err
 			}
-			st, revision = current, entry.Revision()
+			st, revision, mayEndFirst = current, entry.Revision(), false
 			st.Outbox = run.Dedupe(append(d.carriedOutbox(st, revision), run.Arm(st, d.machine.FailWith(st, tooLarge), time.Now())...))
 			st.UpdatedAt = time.Now().UTC()
 			if after, err = st.Encode(); err != nil {
 				return nil, bus.Permanent(err)
 			}
+		}
+		if mayEndFirst && !wasTerminal && st.IsTerminal() {
+			return nil, d.endFirst(ctx, st, revision, after, p, fence)
 		}
 		uctx, cancel := bus.Bounded(ctx)
 		rev, err := d.runs.Update(uctx, runID, after, revision)
@@ -873,7 +913,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		if !wasTerminal && st.IsTerminal() {
 			d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), st.UpdatedAt.Sub(st.CreatedAt))
 		}
-		return nil, d.flush(ctx, st, rev)
+		return nil, d.flush(ctx, st, rev, fence)
 	}
 	return nil, fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
 }
@@ -916,13 +956,20 @@ func (d *Dispatcher) traceTransition(ctx context.Context, st *run.State, batch [
 // for other services first (run.WorkFirst), the live steps as one
 // run.progress event (run.Progress).
 func (d *Dispatcher) publish(ctx context.Context, st *run.State, effects []run.Effect) error {
+	return d.publishWith(ctx, st, effects, nil)
+}
+
+// publishWith is [Dispatcher.publish] with endHeader added to the run's
+// end, if the effects hold it (the fence of an end published first). The
+// run's slots are released once the events are stored: a refused end
+// leaves them to the transition that ends the run instead.
+func (d *Dispatcher) publishWith(ctx context.Context, st *run.State, effects []run.Effect, endHeader nats.Header) error {
 	ctx = tracing.WithRun(ctx, st.Trace)
 	batch := make([]events.Emission, 0, len(effects))
+	var releases []run.Effect
 	for _, e := range run.Progress(st, run.WorkFirst(effects)) {
 		if e.Kind == run.EffectRelease {
-			if err := d.release(ctx, e); err != nil {
-				return err
-			}
+			releases = append(releases, e)
 			continue
 		}
 		if e.Kind == run.EffectTimer {
@@ -931,14 +978,21 @@ func (d *Dispatcher) publish(ctx context.Context, st *run.State, effects []run.E
 			continue
 		}
 		if em, ok := run.Render(st, e); ok {
+			if e.Kind == run.EffectEnd && endHeader != nil {
+				em.Header = endHeader
+			}
 			batch = append(batch, em)
 		}
 	}
-	if len(batch) == 0 {
-		return nil
+	if len(batch) > 0 {
+		if err := d.bus.EmitAll(ctx, batch); err != nil {
+			return err
+		}
 	}
-	if err := d.bus.EmitAll(ctx, batch); err != nil {
-		return err
+	for _, e := range releases {
+		if err := d.release(ctx, e); err != nil {
+			return err
+		}
 	}
 	for _, e := range effects {
 		if e.Kind == run.EffectTimer && e.Timer.Name != run.AdmittedAlarm {
@@ -968,21 +1022,34 @@ func (d *Dispatcher) stateTooLarge(state []byte) *actionbus.Error {
 // size, instead of waiting for its deadline.
 func (d *Dispatcher) publishOrFail(ctx context.Context, st *run.State, effects []run.Effect) error {
 	err := d.publish(ctx, st, effects)
-	var tooLarge *actionbus.Error
-	if !errors.As(err, &tooLarge) || tooLarge.Code != actionbus.CodePayloadTooLarge {
+	tooLarge := overPayload(err)
+	if tooLarge == nil {
 		return err
 	}
 	d.log.Warn("an event of the run is over the server's max payload; failing the run", "run_id", st.RunID, "err", tooLarge.Message)
 	return d.failStored(ctx, st.RunID, tooLarge)
 }
 
+// overPayload is err's payload_too_large error, if it is one.
+func overPayload(err error) *actionbus.Error {
+	var tooLarge *actionbus.Error
+	if errors.As(err, &tooLarge) && tooLarge.Code == actionbus.CodePayloadTooLarge {
+		return tooLarge
+	}
+	return nil
+}
+
 // failStored ends the stored run with abErr (replacing a terminal event
 // that could not be published) and publishes its run.failed.
 func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *actionbus.Error) error {
 	for attempt := 0; attempt < 10; attempt++ {
-		st, entry, err := d.loadStored(ctx, runID)
+		st, entry, adopted, fence, err := d.loadOwned(ctx, runID)
 		if err != nil {
 			return err
+		}
+		if adopted {
+			// Its end is stored: nothing is left to fail.
+			return d.commitAdopted(ctx, st, entry.Revision(), fence)
 		}
 		if t := st.Terminal; t != nil && t.Error != nil && t.Error.Code == actionbus.CodePayloadTooLarge {
 			return d.publish(ctx, st, st.Outbox)
@@ -1014,7 +1081,7 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 		}
 		// The outbox stays stored, as every published outbox does (see
 		// carriedOutbox): the cache knows it sent.
-		d.cache.put(st, rev)
+		d.cache.put(st, rev, fence)
 		return nil
 	}
 	return fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)

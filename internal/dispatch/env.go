@@ -76,7 +76,16 @@ func (e env) PriorRun(ctx context.Context, runID string) (*run.State, error) {
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, nil
 	}
-	return st, err
+	if err != nil || st.IsTerminal() {
+		return st, err
+	}
+	// A run's end may be published before its state is written
+	// (endFirst): a client that saw it may ask before the write.
+	ended, err := e.d.endedState(ctx, runID)
+	if errors.Is(err, errNotEnded) {
+		return st, nil
+	}
+	return ended, err
 }
 
 // ClaimRetry sets RetriedBy on the stored state of priorID with a

@@ -15,3 +15,7 @@ func SetCrashHoldingAlarm(d *Dispatcher, f func(runID string) bool) { d.deferred
 func ClaimRetry(ctx context.Context, d *Dispatcher, priorID, retryID string) (string, error) {
 	return env{d}.ClaimRetry(ctx, priorID, retryID)
 }
+
+// SetCrashAfterEnd makes d simulate a crash between publishing a run's
+// end and writing its state whenever f returns true.
+func SetCrashAfterEnd(d *Dispatcher, f func(runID string) bool) { d.crashAfterEnd = f }

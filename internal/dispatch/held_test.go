@@ -130,8 +130,7 @@ func TestResultsOfAFanOutAreStoredWithTheRunsNextWrite(t *testing.T) {
 	for i, s := range steps {
 		assert.Equal(t, []string{"s1", "s2", "s3", "s4", "s5"}[i], s.(map[string]any)["id"])
 	}
-	final, err := kv.Get(ctx, runID)
-	require.NoError(t, err)
+	final := endedEntry(t, js, runID)
 	stream, err := js.Stream(ctx, "KV_ab_runs")
 	require.NoError(t, err)
 	// The run's writes after admission: one (the key's revisions are

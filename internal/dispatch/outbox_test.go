@@ -28,7 +28,7 @@ func TestAStoredOutboxIsSentAgainOnlyWhileItMayBeUnsent(t *testing.T) {
 			d := &Dispatcher{cache: newStateCache(8), outboxFresh: time.Minute}
 			st := &run.State{RunID: "R", UpdatedAt: time.Now().Add(-tc.age), Outbox: outbox}
 			if tc.sentHere {
-				d.cache.put(&run.State{RunID: "R"}, 7)
+				d.cache.put(&run.State{RunID: "R"}, 7, 0)
 			}
 			got := d.carriedOutbox(st, 7)
 			if tc.carried {
@@ -40,7 +40,7 @@ func TestAStoredOutboxIsSentAgainOnlyWhileItMayBeUnsent(t *testing.T) {
 	}
 	// A publish that failed forgets what was sent.
 	d := &Dispatcher{cache: newStateCache(8), outboxFresh: time.Minute}
-	d.cache.put(&run.State{RunID: "R"}, 7)
+	d.cache.put(&run.State{RunID: "R"}, 7, 0)
 	d.cache.drop("R")
 	assert.Equal(t, outbox, d.carriedOutbox(&run.State{RunID: "R", UpdatedAt: time.Now(), Outbox: outbox}, 7))
 }

@@ -50,6 +50,7 @@ type partitions struct {
 }
 
 type servedPartition struct {
+	gen   uint64 // the fences' generation of this serving
 	stop  context.CancelFunc
 	done  chan struct{}
 	since time.Time
@@ -107,6 +108,7 @@ func (d *Dispatcher) servePartitions(ctx context.Context) error {
 		}
 	}
 	ps := &partitions{d: d, kv: kv, self: memberKey(d.cfg.InstanceID), count: count, streams: streams, serving: map[int]*servedPartition{}}
+	d.fences.setCount(count)
 	return ps.run(ctx)
 }
 
@@ -230,6 +232,7 @@ func (ps *partitions) owned() int {
 func (ps *partitions) serve(ctx context.Context, p int, unpin bool) *servedPartition {
 	pctx, stop := context.WithCancel(ctx)
 	sp := &servedPartition{stop: stop, done: make(chan struct{}), since: time.Now()}
+	sp.gen = ps.d.fences.open(p)
 	go func() {
 		defer close(sp.done)
 		if unpin {
@@ -253,6 +256,7 @@ func (ps *partitions) serve(ctx context.Context, p int, unpin bool) *servedParti
 func (ps *partitions) handOn(p int, sp *servedPartition) {
 	sp.stop()
 	<-sp.done
+	ps.d.fences.close(p, sp.gen)
 	ps.unpin(p)
 }
 

@@ -40,12 +40,9 @@ type ReplayedLog struct {
 // read and not written, and an action under a limit is refused (the grant
 // it got is not in the log). The run must have ended.
 func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*ReplayedLog, error) {
-	stored, _, err := d.loadStored(ctx, runID)
+	stored, err := d.endedState(ctx, runID)
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: replay %s: %w", runID, err)
-	}
-	if !stored.IsTerminal() {
-		return nil, fmt.Errorf("dispatch: replay %s: the run has not ended", runID)
 	}
 	log, err := d.storedLog(ctx, tenant, runID)
 	if err != nil {

@@ -281,6 +281,10 @@ func Saved(st *State, now time.Time) Effect {
 	return Effect{Kind: EffectSave, ID: st.derive("saved", now.UnixNano())}
 }
 
+// EndID is the id of the run's terminal event: one per run, whichever
+// way it ends, so its stream keeps one within its duplicate window.
+func EndID(st *State) string { return endEffect(st).ID }
+
 func endEffect(st *State) Effect {
 	return Effect{Kind: EffectEnd, ID: st.derive("terminal")}
 }

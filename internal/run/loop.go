@@ -66,6 +66,33 @@ func (m *Machine) terminate(st *State, t *Terminal) []Effect {
 	return append(releaseEffects(st), endEffect(st))
 }
 
+// StoredEnd is the [Terminal] of a run's stored terminal event (data is
+// the decoded data of a run.completed, run.failed or run.canceled); ok is
+// false for any other event.
+func StoredEnd(data any) (t *Terminal, ok bool) {
+	switch d := data.(type) {
+	case *events.RunCompleted:
+		return &Terminal{Type: events.TypeRunCompleted, Answer: d.Answer, Output: d.Output, Citations: d.Citations}, true
+	case *events.RunCanceled:
+		return &Terminal{Type: events.TypeRunCanceled, Reason: d.Reason}, true
+	case *events.RunFailed:
+		cause := d.Error
+		return &Terminal{Type: events.TypeRunFailed, Error: &cause}, true
+	}
+	return nil, false
+}
+
+// Adopt ends st with t, the terminal event its run already has in the
+// stream, whatever st would decide: the end was published before the
+// state that decided it was written, and the writer did not write it (it
+// crashed, or lost its partition). It returns what the end implies
+// besides its event, which is stored: the run's slots released.
+func (m *Machine) Adopt(st *State, t *Terminal) []Effect {
+	st.Terminal = nil
+	out := m.terminate(st, t)
+	return slices.DeleteFunc(out, func(e Effect) bool { return e.Kind == EffectEnd })
+}
+
 func (m *Machine) fail(st *State, err error) []Effect {
 	var abErr *actionbus.Error
 	if !errors.As(err, &abErr) {

@@ -118,7 +118,7 @@ func TestLeastPrivilegeUsersRunTheSystem(t *testing.T) {
 // their schema again (docs/events.md): that rests on no other user being
 // able to publish on their subjects. Every subject of every event type
 // the dispatcher produces, published as every other deployed user, is
-// refused by the server.
+// refused by the server, and so is a partition's fence.
 func TestOnlyTheDispatcherPublishesItsEvents(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a nats-server process")
@@ -134,6 +134,10 @@ func TestOnlyTheDispatcherPublishesItsEvents(t *testing.T) {
 		subjects = append(subjects, strings.NewReplacer("{prefix}", "ab", "{tenant}", "default", "{runId}", events.NewID(), "{pool}", "default").Replace(e.Subject))
 	}
 	require.GreaterOrEqual(t, len(subjects), 10, "the dispatcher's event types")
+	// The partitions' fences: a user who could publish one would stall
+	// every end published before its state (each refused, then decided
+	// again from the stored state), not change one.
+	subjects = append(subjects, events.MustSubjects("ab").Fence(0), events.MustSubjects("ab").Fence(7))
 	for _, user := range []struct{ name, inbox string }{
 		{"client", "_INBOX_default"}, {"approver", "_INBOX_default"},
 		{"executor", "_INBOX_executor"}, {"planner", "_INBOX_planner"}, {"auditor", "_INBOX_auditor"},

@@ -1,0 +1,278 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"github.com/actionbus/actionbus/internal/bus"
+	"github.com/actionbus/actionbus/internal/run"
+)
+
+// A run's end is usually its commit. When the state a transition ends
+// the run from is one this dispatcher wrote under its current fence of
+// the run's partition (see fences), the terminal event is published first,
+// expecting that fence (the server refuses it once another dispatcher
+// fenced the partition), and the ended state is written after it: a
+// run's end puts one stored write on the client's path instead of two in
+// sequence, each an fsync where the server syncs every write.
+//
+// What makes it safe, with the state written after the end:
+//   - Any other writer of the run's state must have read the revision this
+//     dispatcher wrote, after it was written, so after this dispatcher's
+//     fence; and every read of a state from the bucket by an owner looks,
+//     in the same request, for the run's stored end and for the partition's
+//     last fence (lookEnd). A reader that finds another's fence gives way
+//     (errFenced); one that finds the end adopts it (run.Machine.Adopt), so
+//     no transition is applied after a run's end, whether or not its state
+//     was written.
+//   - The fence check makes the end itself fail once a successor fenced:
+//     a dispatcher that lost its partition while paused cannot publish an
+//     end the successor, which read the state after its fence, does not
+//     know of.
+//   - A crash between the end and the state write redelivers the events
+//     that ended the run; the next owner reads the state, finds the end and
+//     adopts it, and its releases and signals are sent then.
+//
+// A state this dispatcher only read (after a restart, a partition move or
+// a write conflict) ends the other way: state first, revision-checked,
+// then the end.
+
+// endFirst commits a transition that ends run st: st was read at revision
+// (written by this dispatcher under fence of partition p), its outbox set
+// and val its encoding. It publishes the outbox, the end expecting the
+// fence, then writes the state. The events that led here are acknowledged
+// once the state is written: a failure after the end is published hands
+// them back, and their redelivery adopts the stored end.
+func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint64, val []byte, p int, fence uint64) error {
+	err := d.publishWith(ctx, st, st.Outbox, d.fences.header(p, fence))
+	if bus.IsRevisionConflict(err) {
+		// The fence is not the partition's last: another dispatcher fenced
+		// it since, or it aged out of the stream (it is renewed then, with
+		// a publish that expects none). The events are redelivered.
+		d.cache.drop(st.RunID)
+		if _, rerr := d.fences.renew(ctx, p, fence); rerr != nil {
+			d.fences.lost(p, fence)
+			d.log.Info("run end refused: another dispatcher fenced the partition", "run_id", st.RunID, "partition", p)
+		}
+		return fmt.Errorf("dispatch: run %s: its end: %w", st.RunID, errFenced)
+	}
+	if tooLarge := overPayload(err); tooLarge != nil {
+		d.cache.drop(st.RunID)
+		d.log.Warn("an event of the run is over the server's max payload; failing the run", "run_id", st.RunID, "err", tooLarge.Message)
+		return d.failStored(ctx, st.RunID, tooLarge)
+	}
+	if err != nil {
+		d.cache.drop(st.RunID)
+		return err
+	}
+	d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), st.UpdatedAt.Sub(st.CreatedAt))
+	if d.crashAfterEnd != nil && d.crashAfterEnd(st.RunID) {
+		d.cache.drop(st.RunID)
+		return errSimulatedCrash
+	}
+	d.endPublished(st)
+	uctx, cancel := bus.Bounded(ctx)
+	rev, err := d.runs.Update(uctx, st.RunID, val, revision)
+	cancel()
+	if err != nil {
+		// Redelivered, the events find the end stored and adopt it.
+		d.cache.drop(st.RunID)
+		if bus.IsRevisionConflict(err) {
+			d.stateConflict(st.RunID)
+		}
+		return err
+	}
+	d.cache.put(st, rev, fence)
+	return nil
+}
+
+// lookEnd reads, in one batch direct get, run st's stored end (nil if it
+// has none) and partition p's last fence, which must be fence: another
+// dispatcher's is errFenced. An event on a terminal subject without the
+// run's end id is not its end (only the services may publish there; its
+// id is derived from the run's secret id key).
+func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence uint64) (*run.Terminal, error) {
+	tenant, subjects := st.TenantOrDefault(), d.bus.Subjects()
+	filters := []string{subjects.Fence(p)}
+	for _, verb := range []string{"completed", "failed", "canceled"} {
+		filters = append(filters, subjects.StoredForms(tenant, st.RunID, verb)...)
+	}
+	gctx, cancel := bus.Bounded(ctx)
+	defer cancel()
+	msgs, err := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRuns(), filters)
+	if err != nil {
+		return nil, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
+	}
+	var end *run.Terminal
+	fenceSubject, fenced := subjects.Fence(p), false
+	for m, err := range msgs {
+		if errors.Is(err, jetstreamext.ErrNoMessages) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
+		}
+		if m.Subject == fenceSubject {
+			if m.Sequence > fence {
+				d.fences.lost(p, fence)
+				return nil, fmt.Errorf("dispatch: run %s: %w", st.RunID, errFenced)
+			}
+			// An older fence: the replica that answered has not stored
+			// this dispatcher's yet (a direct get may be served by a
+			// follower), so it may not hold an end stored before it.
+			fenced = m.Sequence == fence
+			continue
+		}
+		r, err := d.bus.Receive(m.Subject, m.Header, m.Data)
+		if err != nil {
+			return nil, bus.Permanent(fmt.Errorf("dispatch: run %s: its stored end does not decode: %w", st.RunID, err))
+		}
+		if r.Event.ID() != run.EndID(st) {
+			d.log.Warn("ignoring a terminal event that is not the run's", "run_id", st.RunID, "subject", m.Subject, "id", r.Event.ID())
+			continue
+		}
+		if t, ok := run.StoredEnd(r.Data); ok {
+			end = t
+		}
+	}
+	if !fenced {
+		return nil, d.fenceUnseen(ctx, st.RunID, p, fence)
+	}
+	return end, nil
+}
+
+// fenceUnseen is lookEnd's error when the answer did not hold this
+// dispatcher's fence of partition p: the replica that answered is behind
+// (the read is retried), or the fence is no longer in the stream (it aged
+// out with the stream's MaxAge, or was purged), and it is published again
+// if no other dispatcher fenced since (fences.renew). Either way the
+// transition is retried, under the fence then current.
+func (d *Dispatcher) fenceUnseen(ctx context.Context, runID string, p int, fence uint64) error {
+	if _, err := d.fences.renew(ctx, p, fence); err != nil && !bus.IsRevisionConflict(err) {
+		return err
+	}
+	return fmt.Errorf("dispatch: run %s: the read did not hold the partition's fence %d: %w", runID, fence, errFenced)
+}
+
+// loadOwned reads the stored state of runID, a run of a partition this
+// dispatcher serves, for a transition: after its fence (fences.ensure),
+// with lookEnd. A state whose end is stored but not written is returned
+// ended, adopted true, its outbox what the end implies besides its event
+// (to be written and published: commitAdopted). fence is this
+// dispatcher's on the run's partition.
+func (d *Dispatcher) loadOwned(ctx context.Context, runID string) (st *run.State, entry jetstream.KeyValueEntry, adopted bool, fence uint64, err error) {
+	p, fence, err := d.fences.ensure(ctx, runID)
+	if err != nil {
+		return nil, nil, false, 0, err
+	}
+	if st, entry, err = d.loadStored(ctx, runID); err != nil {
+		return nil, nil, false, fence, err
+	}
+	if st.IsTerminal() {
+		return st, entry, false, fence, nil
+	}
+	end, err := d.lookEnd(ctx, st, p, fence)
+	if err != nil || end == nil {
+		return st, entry, false, fence, err
+	}
+	st.Outbox = d.machine.Adopt(st, end)
+	return st, entry, true, fence, nil
+}
+
+// commitAdopted writes st, ended by adoption (loadOwned) from the state
+// read at revision, and publishes what its end implies.
+func (d *Dispatcher) commitAdopted(ctx context.Context, st *run.State, revision, fence uint64) error {
+	st.UpdatedAt = time.Now().UTC()
+	val, err := st.Encode()
+	if err != nil {
+		return bus.Permanent(err)
+	}
+	uctx, cancel := bus.Bounded(ctx)
+	rev, err := d.runs.Update(uctx, st.RunID, val, revision)
+	cancel()
+	if err != nil {
+		d.cache.drop(st.RunID)
+		return err
+	}
+	return d.flush(ctx, st, rev, fence)
+}
+
+// errNotEnded is endedState's error for a run that has not ended.
+var errNotEnded = errors.New("the run has not ended")
+
+// endedState returns the stored state of the ended run runID, for a
+// reader (a retry of it, a replay). A run's end may be published before
+// its state is written (endFirst), so a reader that saw the end may find
+// the state before it: it waits for the write (bounded by bus.Bounded),
+// which a crash of the writer delays until the end's events are
+// redelivered.
+func (d *Dispatcher) endedState(ctx context.Context, runID string) (*run.State, error) {
+	st, _, err := d.loadStored(ctx, runID)
+	if err != nil || st.IsTerminal() {
+		return st, err
+	}
+	stored, err := d.storedEnd(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	if !stored {
+		return nil, errNotEnded
+	}
+	wctx, cancel := bus.Bounded(ctx)
+	defer cancel()
+	w, err := d.runs.Watch(wctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case entry := <-w.Updates():
+			if entry == nil {
+				continue // the watch is current
+			}
+			if entry.Operation() != jetstream.KeyValuePut {
+				return nil, fmt.Errorf("run %s: its state was removed", runID)
+			}
+			st, err := decodeState(runID, entry.Value())
+			if err != nil || st.IsTerminal() {
+				return &st, err
+			}
+		case <-wctx.Done():
+			return nil, fmt.Errorf("run %s: its end is stored, its state not written within %s: %w", runID, bus.PublishTimeout, wctx.Err())
+		}
+	}
+}
+
+// storedEnd reports whether run st's end is stored (for a reader: no
+// fence is involved).
+func (d *Dispatcher) storedEnd(ctx context.Context, st *run.State) (bool, error) {
+	tenant, subjects := st.TenantOrDefault(), d.bus.Subjects()
+	var filters []string
+	for _, verb := range []string{"completed", "failed", "canceled"} {
+		filters = append(filters, subjects.StoredForms(tenant, st.RunID, verb)...)
+	}
+	gctx, cancel := bus.Bounded(ctx)
+	defer cancel()
+	msgs, err := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRuns(), filters)
+	if err != nil {
+		return false, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
+	}
+	for m, err := range msgs {
+		if errors.Is(err, jetstreamext.ErrNoMessages) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
+		}
+		if r, err := d.bus.Receive(m.Subject, m.Header, m.Data); err == nil && r.Event.ID() == run.EndID(st) {
+			return true, nil
+		}
+	}
+	return false, nil
+}

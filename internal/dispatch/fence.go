@@ -1,0 +1,173 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
+)
+
+// fences are the partitions' fences this dispatcher holds: for each
+// partition it serves, the sequence of the fence message it published in
+// the runs stream ([events.Subjects.Fence]) before its first transition of
+// the partition's runs.
+//
+// A run's end may be published before its state is written (see
+// [Dispatcher.endFirst]); nothing then stops a dispatcher that lost the
+// partition while paused from publishing an end its successor does not
+// know of, except the server: every such end expects the fence's last
+// sequence to be its publisher's (Nats-Expected-Last-Subject-Sequence
+// with -Subject), so once the successor has fenced, the old owner's ends
+// are refused. Everything else the dispatchers write stays guarded by the
+// run state's revision; the conditions under which an end may go first
+// are [Dispatcher.endFirst]'s.
+type fences struct {
+	js       jetstream.JetStream
+	subjects events.Subjects
+	member   string
+
+	mu      sync.Mutex
+	count   int
+	serving map[int]uint64 // the serving's generation, by partition
+	seq     map[int]uint64 // 0: not fenced yet
+	gen     uint64
+}
+
+// errNotOwner is a transition's error for a run whose partition this
+// dispatcher does not serve (an in-process wake-up left from when it did).
+var errNotOwner = errors.New("the run's partition is not this dispatcher's")
+
+// errFenced is the error of a transition that found another dispatcher's
+// fence on its partition: it is retried (redelivered), under a new fence
+// if this dispatcher still serves the partition.
+var errFenced = errors.New("another dispatcher fenced the run's partition")
+
+func newFences(js jetstream.JetStream, subjects events.Subjects, member string) *fences {
+	return &fences{js: js, subjects: subjects, member: member, serving: map[int]uint64{}, seq: map[int]uint64{}}
+}
+
+// setCount sets how many partitions the runs have (read from the stream).
+func (f *fences) setCount(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.count = n
+}
+
+// partitionOf returns the partition of runID.
+func (f *fences) partitionOf(runID string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return bus.RunPartition(runID, f.count)
+}
+
+// open marks partition p served and returns the serving's generation;
+// its fence is published by the first transition of one of its runs
+// ([fences.ensure]).
+func (f *fences) open(p int) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gen++
+	f.serving[p] = f.gen
+	f.seq[p] = 0
+	return f.gen
+}
+
+// close marks partition p no longer served by the serving of generation
+// gen, once its transitions in hand are done (a serving opened since, the
+// partition taken back meanwhile, stays).
+func (f *fences) close(p int, gen uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.serving[p] != gen {
+		return
+	}
+	delete(f.serving, p)
+	delete(f.seq, p)
+}
+
+// ensure returns the partition of runID and this dispatcher's fence on it,
+// publishing the fence first if it has none yet: every transition calls it
+// before it reads the run's state, so a successor's fence is stored before
+// anything it reads, and whatever an earlier owner published before that
+// fence is visible to it.
+func (f *fences) ensure(ctx context.Context, runID string) (int, uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p := bus.RunPartition(runID, f.count)
+	if f.serving[p] == 0 {
+		return p, 0, errNotOwner
+	}
+	if seq := f.seq[p]; seq != 0 {
+		return p, seq, nil
+	}
+	seq, err := f.publish(ctx, p, nil)
+	if err != nil {
+		return p, 0, err
+	}
+	f.seq[p] = seq
+	return p, seq, nil
+}
+
+// current returns this dispatcher's fence on partition p (0: none).
+func (f *fences) current(p int) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.seq[p]
+}
+
+// lost forgets the fence seq on partition p after it was found superseded:
+// the partition's next transition here fences again (a dispatcher that
+// still serves the partition takes it back; one that lost it to a
+// successor serves nothing more of it).
+func (f *fences) lost(p int, seq uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.seq[p] == seq {
+		f.seq[p] = 0
+	}
+}
+
+// renew publishes a fence on partition p again when the one at seq is no
+// longer in the stream (it aged out with the stream's MaxAge, or an
+// operator purged it) and no other dispatcher fenced since: a publish that
+// expects the fence subject to be empty. It returns the new fence.
+func (f *fences) renew(ctx context.Context, p int, seq uint64) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.seq[p] != seq {
+		return f.seq[p], nil // renewed meanwhile
+	}
+	next, err := f.publish(ctx, p, nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}})
+	if err != nil {
+		return 0, err
+	}
+	f.seq[p] = next
+	return next, nil
+}
+
+// publish stores a fence message of partition p (holding f.mu).
+func (f *fences) publish(ctx context.Context, p int, h nats.Header) (uint64, error) {
+	pctx, cancel := bus.Bounded(ctx)
+	defer cancel()
+	ack, err := f.js.PublishMsg(pctx, &nats.Msg{Subject: f.subjects.Fence(p), Header: h, Data: []byte(f.member)})
+	if err != nil {
+		return 0, fmt.Errorf("dispatch: fence partition %d: %w", p, err)
+	}
+	return ack.Sequence, nil
+}
+
+// header is what an end published before its state carries: the server
+// stores it only while seq is the last fence of partition p.
+func (f *fences) header(p int, seq uint64) nats.Header {
+	return nats.Header{
+		jetstream.ExpectedLastSubjSeqHeader:     []string{strconv.FormatUint(seq, 10)},
+		jetstream.ExpectedLastSubjSeqSubjHeader: []string{f.subjects.Fence(p)},
+	}
+}
