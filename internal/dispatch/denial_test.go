@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -52,6 +53,9 @@ func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit(t *testing
 			require.NoError(t, err)
 			ctx := ctxT(t)
 			keys := policy.Keys{"k1": {Secret: approvalKey, Holder: "alice"}}
+			// The run's alarm is held, not stored, until the denial: its
+			// state stays the one the dispatcher wrote at admission.
+			const alarmDelay = time.Minute
 
 			var (
 				mu       sync.Mutex
@@ -80,9 +84,9 @@ func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit(t *testing
 			}
 			var stopFirst func()
 			if tc.restarted {
-				stopFirst = startDispatcher(t, srv, dispatch.Config{ApprovalKeys: keys, InstanceID: "first"})
+				stopFirst = startDispatcher(t, srv, dispatch.Config{ApprovalKeys: keys, InstanceID: "first", AlarmDelay: alarmDelay})
 			} else {
-				startDispatcher(t, srv, dispatch.Config{ApprovalKeys: keys, InstanceID: "crashing"},
+				startDispatcher(t, srv, dispatch.Config{ApprovalKeys: keys, InstanceID: "crashing", AlarmDelay: alarmDelay},
 					func(d *dispatch.Dispatcher) { tc.crash(d, crash) })
 			}
 
@@ -91,7 +95,7 @@ func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit(t *testing
 			id := awaitingApproval(t, rec, runID)
 			if tc.restarted {
 				stopFirst()
-				startDispatcher(t, srv, dispatch.Config{ApprovalKeys: keys, InstanceID: "crashing"},
+				startDispatcher(t, srv, dispatch.Config{ApprovalKeys: keys, InstanceID: "crashing", AlarmDelay: alarmDelay},
 					func(d *dispatch.Dispatcher) { tc.crash(d, crash) })
 			}
 			mu.Lock()
@@ -104,8 +108,9 @@ func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit(t *testing
 			require.NotNil(t, res.Error)
 			assert.Equal(t, actionbus.CodeApprovalDenied, res.Error.Code, "the client is told the approval was denied")
 			mu.Lock()
-			require.True(t, crashed, "the dispatcher crashed mid-commit")
+			didCrash := crashed
 			mu.Unlock()
+			require.True(t, didCrash, "the dispatcher crashed mid-commit")
 			var refused *actionbus.Error
 			require.ErrorAs(t, <-grantErr, &refused)
 			assert.Equal(t, tc.refusal, refused.Code, "%v", refused)

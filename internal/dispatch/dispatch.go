@@ -420,6 +420,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 		return err
 	}
 	st.Outbox = run.Dedupe(run.ArmAdmitted(st, out, time.Now(), d.cfg.ActionGrace))
+	st.Fence = fence
 	val, err := st.Encode()
 	if err != nil {
 		return bus.Permanent(err)
@@ -429,7 +430,7 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect)
 		// failed, without what made it too large.
 		failed, fout := d.machine.Rejected(st.Tenant, st.RunID, st.IDKey, tooLarge)
 		failed.Kind, failed.UserID, failed.Trace = st.Kind, st.UserID, st.Trace
-		failed.Outbox = fout
+		failed.Outbox, failed.Fence = fout, fence
 		st = failed
 		if val, err = st.Encode(); err != nil {
 			return bus.Permanent(err)
@@ -559,10 +560,10 @@ func (d *Dispatcher) flushStored(ctx context.Context, runID string, unsent bool)
 		st.Outbox = d.carriedOutbox(st, entry.Revision())
 	}
 	if len(st.Outbox) == 0 {
-		d.cache.put(st, entry.Revision(), 0)
+		d.cache.put(st, entry.Revision(), writtenUnder(st, fence))
 		return nil
 	}
-	return d.flush(ctx, st, entry.Revision(), 0)
+	return d.flush(ctx, st, entry.Revision(), writtenUnder(st, fence))
 }
 
 // flush publishes the outbox of st (stored at revision rev). It stays in
@@ -593,6 +594,15 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev, fence uint64
 	}
 	d.cache.put(st, rev, fence)
 	return nil
+}
+
+// writtenUnder returns fence if st, as read from the bucket, was written
+// under it (by this dispatcher: no other holds its fence), else 0.
+func writtenUnder(st *run.State, fence uint64) uint64 {
+	if fence != 0 && st.Fence == fence {
+		return fence
+	}
+	return 0
 }
 
 // endPublished does what follows the publication of run st's end: the
@@ -876,7 +886,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		// The transition's timers become pending timers of the state,
 		// under one armed schedule (the alarm).
 		st.Outbox = run.Dedupe(append(carried, run.Arm(st, out, time.Now())...))
-		st.UpdatedAt = time.Now().UTC()
+		st.UpdatedAt, st.Fence = time.Now().UTC(), fence
 		after, err := st.Encode()
 		if err != nil {
 			return nil, bus.Permanent(err)
@@ -885,13 +895,17 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			// The new state could never be stored: the run fails from the
 			// state as it is stored, with the limit named.
 			d.log.Warn("run state over the server's max payload; failing the run", "run_id", runID, "bytes", len(after))
-			current, entry, _, _, err := d.loadOwned(ctx, runID)
+			current, entry, isAdopted, _, err := d.loadOwned(ctx, runID)
 			if err != nil {
 				return nil, err
 			}
+			if isAdopted {
+				// Its end is stored: nothing is left to fail.
+				return nil, d.commitAdopted(ctx, current, entry.Revision(), fence)
+			}
 			st, revision, mayEndFirst = current, entry.Revision(), false
 			st.Outbox = run.Dedupe(append(d.carriedOutbox(st, revision), run.Arm(st, d.machine.FailWith(st, tooLarge), time.Now())...))
-			st.UpdatedAt = time.Now().UTC()
+			st.UpdatedAt, st.Fence = time.Now().UTC(), fence
 			if after, err = st.Encode(); err != nil {
 				return nil, bus.Permanent(err)
 			}
@@ -1058,7 +1072,7 @@ func (d *Dispatcher) failStored(ctx context.Context, runID string, abErr *action
 		// Only the failure goes out: whatever else the outbox held is what
 		// could not be published.
 		st.Outbox = run.Arm(st, d.machine.FailWith(st, abErr), time.Now()) // a run that ended keeps no timers
-		st.UpdatedAt = time.Now().UTC()
+		st.UpdatedAt, st.Fence = time.Now().UTC(), fence
 		val, err := st.Encode()
 		if err != nil {
 			return bus.Permanent(err)

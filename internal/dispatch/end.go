@@ -73,20 +73,29 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 	d.cfg.Metrics.RunEnded(string(st.Kind), string(st.Status), st.UpdatedAt.Sub(st.CreatedAt))
 	if d.crashAfterEnd != nil && d.crashAfterEnd(st.RunID) {
 		d.cache.drop(st.RunID)
+		d.fences.lost(p, fence) // as a restarted process would, it fences again
 		return errSimulatedCrash
 	}
-	d.endPublished(st)
 	uctx, cancel := bus.Bounded(ctx)
 	rev, err := d.runs.Update(uctx, st.RunID, val, revision)
 	cancel()
 	if err != nil {
-		// Redelivered, the events find the end stored and adopt it.
+		// The end is stored after this dispatcher's fence: a replica that
+		// holds the fence may not hold the end, so the next read of the
+		// run must expect a newer fence (published after the end).
+		d.fences.lost(p, fence)
 		d.cache.drop(st.RunID)
 		if bus.IsRevisionConflict(err) {
 			d.stateConflict(st.RunID)
 		}
+		// The end is adopted and written by the events' redelivery, or
+		// by the republisher (flushStored) should they run out first;
+		// what follows the end (the executors told, the alarm canceled)
+		// is done then.
+		d.unsent.add(st.RunID)
 		return err
 	}
+	d.endPublished(st)
 	d.cache.put(st, rev, fence)
 	return nil
 }
@@ -173,6 +182,12 @@ func (d *Dispatcher) loadOwned(ctx context.Context, runID string) (st *run.State
 	if st, entry, err = d.loadStored(ctx, runID); err != nil {
 		return nil, nil, false, fence, err
 	}
+	if st.Fence > fence {
+		// Written by a dispatcher that fenced the partition after this
+		// one did.
+		d.fences.lost(p, fence)
+		return nil, nil, false, fence, fmt.Errorf("dispatch: run %s: its state was written under fence %d: %w", runID, st.Fence, errFenced)
+	}
 	if st.IsTerminal() {
 		return st, entry, false, fence, nil
 	}
@@ -187,7 +202,7 @@ func (d *Dispatcher) loadOwned(ctx context.Context, runID string) (st *run.State
 // commitAdopted writes st, ended by adoption (loadOwned) from the state
 // read at revision, and publishes what its end implies.
 func (d *Dispatcher) commitAdopted(ctx context.Context, st *run.State, revision, fence uint64) error {
-	st.UpdatedAt = time.Now().UTC()
+	st.UpdatedAt, st.Fence = time.Now().UTC(), fence
 	val, err := st.Encode()
 	if err != nil {
 		return bus.Permanent(err)

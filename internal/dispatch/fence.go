@@ -38,6 +38,10 @@ type fences struct {
 	serving map[int]uint64 // the serving's generation, by partition
 	seq     map[int]uint64 // 0: not fenced yet
 	gen     uint64
+	// publishing serialises the fence publishes of one partition, so that
+	// a partition is fenced once at a time while mu is never held across
+	// a publish (the other partitions' transitions go on meanwhile).
+	publishing map[int]*sync.Mutex
 }
 
 // errNotOwner is a transition's error for a run whose partition this
@@ -50,7 +54,7 @@ var errNotOwner = errors.New("the run's partition is not this dispatcher's")
 var errFenced = errors.New("another dispatcher fenced the run's partition")
 
 func newFences(js jetstream.JetStream, subjects events.Subjects, member string) *fences {
-	return &fences{js: js, subjects: subjects, member: member, serving: map[int]uint64{}, seq: map[int]uint64{}}
+	return &fences{js: js, subjects: subjects, member: member, serving: map[int]uint64{}, seq: map[int]uint64{}, publishing: map[int]*sync.Mutex{}}
 }
 
 // setCount sets how many partitions the runs have (read from the stream).
@@ -58,13 +62,6 @@ func (f *fences) setCount(n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.count = n
-}
-
-// partitionOf returns the partition of runID.
-func (f *fences) partitionOf(runID string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return bus.RunPartition(runID, f.count)
 }
 
 // open marks partition p served and returns the serving's generation;
@@ -99,27 +96,50 @@ func (f *fences) close(p int, gen uint64) {
 // fence is visible to it.
 func (f *fences) ensure(ctx context.Context, runID string) (int, uint64, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	p := bus.RunPartition(runID, f.count)
-	if f.serving[p] == 0 {
+	seq, serving := f.seq[p], f.serving[p]
+	f.mu.Unlock()
+	if serving == 0 {
 		return p, 0, errNotOwner
 	}
-	if seq := f.seq[p]; seq != 0 {
+	if seq != 0 {
 		return p, seq, nil
+	}
+	unlock := f.lockPublishing(p)
+	defer unlock()
+	f.mu.Lock()
+	seq, serving = f.seq[p], f.serving[p]
+	f.mu.Unlock()
+	if serving == 0 {
+		return p, 0, errNotOwner
+	}
+	if seq != 0 {
+		return p, seq, nil // fenced meanwhile
 	}
 	seq, err := f.publish(ctx, p, nil)
 	if err != nil {
 		return p, 0, err
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.serving[p] != serving {
+		return p, 0, errNotOwner // handed on meanwhile
+	}
 	f.seq[p] = seq
 	return p, seq, nil
 }
 
-// current returns this dispatcher's fence on partition p (0: none).
-func (f *fences) current(p int) uint64 {
+// lockPublishing locks the fence publishes of partition p.
+func (f *fences) lockPublishing(p int) (unlock func()) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.seq[p]
+	m, ok := f.publishing[p]
+	if !ok {
+		m = &sync.Mutex{}
+		f.publishing[p] = m
+	}
+	f.mu.Unlock()
+	m.Lock()
+	return m.Unlock
 }
 
 // lost forgets the fence seq on partition p after it was found superseded:
@@ -139,20 +159,28 @@ func (f *fences) lost(p int, seq uint64) {
 // operator purged it) and no other dispatcher fenced since: a publish that
 // expects the fence subject to be empty. It returns the new fence.
 func (f *fences) renew(ctx context.Context, p int, seq uint64) (uint64, error) {
+	unlock := f.lockPublishing(p)
+	defer unlock()
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.seq[p] != seq {
-		return f.seq[p], nil // renewed meanwhile
+	current := f.seq[p]
+	f.mu.Unlock()
+	if current != seq {
+		return current, nil // renewed meanwhile
 	}
 	next, err := f.publish(ctx, p, nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}})
 	if err != nil {
 		return 0, err
 	}
-	f.seq[p] = next
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.seq[p] == seq {
+		f.seq[p] = next
+	}
 	return next, nil
 }
 
-// publish stores a fence message of partition p (holding f.mu).
+// publish stores a fence message of partition p (holding its publishing
+// lock).
 func (f *fences) publish(ctx context.Context, p int, h nats.Header) (uint64, error) {
 	pctx, cancel := bus.Bounded(ctx)
 	defer cancel()

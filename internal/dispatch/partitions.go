@@ -90,6 +90,10 @@ func (d *Dispatcher) servePartitions(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if !slices.Contains(runs.CachedInfo().Config.Subjects, d.bus.Subjects().Fences()) {
+		return fmt.Errorf("dispatch: stream %s does not store the partitions' fences (%s): run `actionbus provision` with this release",
+			d.topo.StreamRuns(), d.bus.Subjects().Fences())
+	}
 	var need bus.Requirements
 	for p := range count {
 		need.Consumers = append(need.Consumers, d.topo.DispatcherConsumers(p)...)

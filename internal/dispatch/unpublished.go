@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -65,7 +66,9 @@ func (d *Dispatcher) republish(ctx context.Context) {
 				unlock := d.locks.Lock(runID)
 				err := d.flushStored(ctx, runID, true)
 				unlock()
-				if err == nil {
+				if err == nil || errors.Is(err, errNotOwner) {
+					// Sent, or the run's partition moved: its new owner
+					// reads the stored outbox.
 					d.unsent.done(runID)
 				} else {
 					d.log.Debug("outbox still not published; trying again", "run_id", runID, "err", err)

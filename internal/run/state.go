@@ -95,6 +95,11 @@ type State struct {
 	Terminal *Terminal `json:"terminal,omitempty"`
 	// RetryOf is the run this run retries, if any.
 	RetryOf string `json:"retryOf,omitempty"`
+	// Fence is the sequence of the partition fence its writer held (set
+	// by the dispatcher on every write, 0 before fences): a dispatcher
+	// that reads a state written under a newer fence than its own gives
+	// way, whatever a lagging replica tells it about the fences.
+	Fence uint64 `json:"fence,omitempty"`
 	// RetriedBy is the run that retries this (ended) run: set once, by a
 	// revision-checked write of the retry's admission ([Env.ClaimRetry]),
 	// so that a run is retried into at most one new run.
