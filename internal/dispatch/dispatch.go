@@ -610,6 +610,12 @@ func writtenUnder(st *run.State, fence uint64) uint64 {
 // nothing left to watch, canceled (unless it was never armed).
 func (d *Dispatcher) endPublished(st *run.State) {
 	d.tellPools(st)
+	d.endWritten(st)
+}
+
+// endWritten cancels the alarm of run st, whose ended state is written:
+// it has nothing left to watch (unless it was never armed).
+func (d *Dispatcher) endWritten(st *run.State) {
 	if !d.deferred.ended(st.RunID) {
 		d.alarms.cancel(d.bus.Subjects().Schedule(st.TenantOrDefault(), st.RunID, "*"))
 	}

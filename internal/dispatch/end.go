@@ -76,6 +76,10 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 		d.fences.lost(p, fence) // as a restarted process would, it fences again
 		return errSimulatedCrash
 	}
+	// The executors hear of the end as soon as it is stored (the client
+	// may have it already): a queued call of the run must not start
+	// while its state is written.
+	d.tellPools(st)
 	uctx, cancel := bus.Bounded(ctx)
 	rev, err := d.runs.Update(uctx, st.RunID, val, revision)
 	cancel()
@@ -90,12 +94,11 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 		}
 		// The end is adopted and written by the events' redelivery, or
 		// by the republisher (flushStored) should they run out first;
-		// what follows the end (the executors told, the alarm canceled)
-		// is done then.
+		// the alarm, the backstop until then, is canceled then.
 		d.unsent.add(st.RunID)
 		return err
 	}
-	d.endPublished(st)
+	d.endWritten(st)
 	d.cache.put(st, rev, fence)
 	return nil
 }
