@@ -884,9 +884,9 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			}
 			if len(carried) > 0 {
 				unchanged.Outbox = carried
-				return nil, d.flush(ctx, &unchanged, revision, 0)
+				return nil, d.flush(ctx, &unchanged, revision, writtenUnder(&unchanged, fence))
 			}
-			d.cache.put(&unchanged, revision, 0)
+			d.cache.put(&unchanged, revision, writtenUnder(&unchanged, fence))
 			return nil, nil
 		}
 		// The transition's timers become pending timers of the state,
