@@ -109,11 +109,8 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 // run's end id is not its end (only the services may publish there; its
 // id is derived from the run's secret id key).
 func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence uint64) (*run.Terminal, error) {
-	tenant, subjects := st.TenantOrDefault(), d.bus.Subjects()
-	filters := []string{subjects.Fence(p)}
-	for _, verb := range []string{"completed", "failed", "canceled"} {
-		filters = append(filters, subjects.StoredForms(tenant, st.RunID, verb)...)
-	}
+	subjects := d.bus.Subjects()
+	filters := append([]string{subjects.Fence(p)}, d.endFilters(st)...)
 	gctx, cancel := bus.Bounded(ctx)
 	defer cancel()
 	msgs, err := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRuns(), filters)
@@ -270,14 +267,9 @@ func (d *Dispatcher) endedState(ctx context.Context, runID string) (*run.State, 
 // storedEnd reports whether run st's end is stored (for a reader: no
 // fence is involved).
 func (d *Dispatcher) storedEnd(ctx context.Context, st *run.State) (bool, error) {
-	tenant, subjects := st.TenantOrDefault(), d.bus.Subjects()
-	var filters []string
-	for _, verb := range []string{"completed", "failed", "canceled"} {
-		filters = append(filters, subjects.StoredForms(tenant, st.RunID, verb)...)
-	}
 	gctx, cancel := bus.Bounded(ctx)
 	defer cancel()
-	msgs, err := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRuns(), filters)
+	msgs, err := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRuns(), d.endFilters(st))
 	if err != nil {
 		return false, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
 	}
@@ -293,4 +285,14 @@ func (d *Dispatcher) storedEnd(ctx context.Context, st *run.State) (bool, error)
 		}
 	}
 	return false, nil
+}
+
+// endFilters are the subjects run st's end may be stored on, in every
+// stored form.
+func (d *Dispatcher) endFilters(st *run.State) []string {
+	var filters []string
+	for _, verb := range []string{"completed", "failed", "canceled"} {
+		filters = append(filters, d.bus.Subjects().StoredForms(st.TenantOrDefault(), st.RunID, verb)...)
+	}
+	return filters
 }
