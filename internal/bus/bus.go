@@ -15,7 +15,6 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/events"
@@ -258,10 +257,8 @@ func (b *Bus) TimerEmission(id, tenant, name string, at time.Time, t *events.Tim
 
 // EmitAll validates and publishes several events at once: every publish is
 // sent before any acknowledgement is awaited, so a batch costs about one
-// round trip; its work items (action.requested), first in the batch, are
-// stored as one atomic batch (publishWork). It returns the first error;
-// events published before it stay published (their ids make a retry
-// safe).
+// round trip. It returns the first error; events published before it stay
+// published (their ids make a retry safe).
 func (b *Bus) EmitAll(ctx context.Context, batch []events.Emission) error {
 	if len(batch) == 1 && batch[0].Subject == "" && batch[0].Header == nil {
 		x := batch[0]
@@ -269,17 +266,8 @@ func (b *Bus) EmitAll(ctx context.Context, batch []events.Emission) error {
 		return err
 	}
 	futures := make([]jetstream.PubAckFuture, 0, len(batch))
-	var work []*nats.Msg // the work items: one atomic batch (publishWork)
 	traced := traceExtensions(ctx)
 	for _, x := range batch {
-		if x.Type != events.TypeActionRequested && len(work) > 0 {
-			// The work items (first: run.WorkFirst) go before the rest.
-			more, err := b.publishWork(ctx, work)
-			if err != nil {
-				return err
-			}
-			futures, work = append(futures, more...), nil
-		}
 		subject := x.Subject
 		if subject == "" {
 			var err error
@@ -313,21 +301,12 @@ func (b *Bus) EmitAll(ctx context.Context, batch []events.Emission) error {
 			}
 			continue
 		}
-		if x.Type == events.TypeActionRequested {
-			work = append(work, msg)
-			continue
-		}
 		f, err := b.js.PublishMsgAsync(msg)
 		if err != nil {
 			return fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
 		}
 		futures = append(futures, f)
 	}
-	more, err := b.publishWork(ctx, work)
-	if err != nil {
-		return err
-	}
-	futures = append(futures, more...)
 	// A publish the server never acknowledges (a permissions violation,
 	// no stream) must not hang the caller.
 	timeout := time.NewTimer(PublishTimeout)
@@ -344,49 +323,6 @@ func (b *Bus) EmitAll(ctx context.Context, batch []events.Emission) error {
 		}
 	}
 	return nil
-}
-
-// publishWork stores msgs, the work items of one batch of events (a
-// plan's or a workflow's fan-out), in the work stream. Two or more go as
-// one atomic batch: the server commits them together and acknowledges
-// once, and where it syncs every write it syncs the batch once (the
-// stream allows atomic publish: [Topology.Streams]) — ten work items
-// were ten fsyncs in sequence on the run's path. A batch the server does
-// not commit is published again item by item, each deduplicated by its
-// id as before: one holding an item stored already (a republished
-// outbox: the server refuses a batch with a duplicate id), a stream
-// provisioned before it allowed atomic publish, a server older than
-// 2.12, too many batches in flight, an acknowledgement lost. One item
-// goes as any other event. The futures are those of the items published
-// one by one.
-func (b *Bus) publishWork(ctx context.Context, msgs []*nats.Msg) ([]jetstream.PubAckFuture, error) {
-	if len(msgs) > 1 {
-		bctx, cancel := context.WithTimeout(ctx, PublishTimeout)
-		_, err := jetstreamext.PublishMsgBatch(bctx, b.js, msgs, jetstreamext.BatchFlowControl{})
-		cancel()
-		if err == nil {
-			return nil, nil
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		b.log.Debug("work items published one by one: the server did not commit them as one batch", "items", len(msgs), "err", err)
-		for _, m := range msgs {
-			m.Reply = ""
-			m.Header.Del(jetstreamext.BatchIDHeader)
-			m.Header.Del(jetstreamext.BatchSeqHeader)
-			m.Header.Del(jetstreamext.BatchCommitHeader)
-		}
-	}
-	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
-	for _, m := range msgs {
-		f, err := b.js.PublishMsgAsync(m)
-		if err != nil {
-			return nil, fmt.Errorf("events: publish %s on %s: %w", events.TypeActionRequested, m.Subject, err)
-		}
-		futures = append(futures, f)
-	}
-	return futures, nil
 }
 
 // checkSize refuses a message the server would refuse: one over the

@@ -423,9 +423,6 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 	work := base(t.StreamWork(), "actionbus executor work", []string{s.AllPools()})
 	work.Retention = jetstream.LimitsPolicy
 	work.MaxAge = t.RunRetention
-	// A transition's work items are stored as one atomic batch: one
-	// commit, one sync where the server syncs every write (Bus.EmitAll).
-	work.AllowAtomicPublish = true
 
 	rejected := base(t.StreamRejected(), "actionbus rejected events", []string{s.AllRejected()})
 	rejected.Retention = jetstream.LimitsPolicy
