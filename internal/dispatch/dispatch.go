@@ -809,7 +809,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		var adopted []run.Effect // what a stored end adopted implies (loadOwned)
 		var adoptedEnd bool      // st ended by adopting its stored end
 		if fresh {
-			loaded, entry, end, _, err := d.loadOwnedEnd(ctx, runID)
+			loaded, entry, isAdopted, _, err := d.loadOwned(ctx, runID)
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
 				// An event for a run we do not know (yet): the
 				// run.requested may still be on its way; retry with
@@ -821,11 +821,8 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 				return nil, err
 			}
 			st, revision, stored, written = loaded, entry.Revision(), entry.Value(), 0
-			if end != nil {
-				if adopted, err = d.adoptAfter(ctx, st, end, apply); err != nil {
-					return nil, err
-				}
-				adoptedEnd, st.Outbox = true, nil
+			if isAdopted {
+				adopted, adoptedEnd, st.Outbox = st.Outbox, true, nil
 			}
 		}
 		// The run may end first (endFirst) only from a state this

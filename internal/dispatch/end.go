@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
-	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/run"
 )
@@ -176,73 +175,28 @@ func (d *Dispatcher) fenceUnseen(ctx context.Context, runID string, p int, fence
 // (to be written and published: commitAdopted). fence is this
 // dispatcher's on the run's partition.
 func (d *Dispatcher) loadOwned(ctx context.Context, runID string) (st *run.State, entry jetstream.KeyValueEntry, adopted bool, fence uint64, err error) {
-	st, entry, end, fence, err := d.loadOwnedEnd(ctx, runID)
-	if err != nil || end == nil {
-		return st, entry, false, fence, err
-	}
-	st.Outbox = d.machine.Adopt(st, end)
-	return st, entry, true, fence, nil
-}
-
-// loadOwnedEnd is [Dispatcher.loadOwned] without the adoption: end is
-// the run's stored end when its state, not ended, is to adopt it.
-func (d *Dispatcher) loadOwnedEnd(ctx context.Context, runID string) (st *run.State, entry jetstream.KeyValueEntry, end *run.Terminal, fence uint64, err error) {
 	p, fence, err := d.fences.ensure(ctx, runID)
 	if err != nil {
-		return nil, nil, nil, 0, err
+		return nil, nil, false, 0, err
 	}
 	if st, entry, err = d.loadStored(ctx, runID); err != nil {
-		return nil, nil, nil, fence, err
+		return nil, nil, false, fence, err
 	}
 	if st.Fence > fence {
 		// Written by a dispatcher that fenced the partition after this
 		// one did.
 		d.fences.lost(p, fence)
-		return nil, nil, nil, fence, fmt.Errorf("dispatch: run %s: its state was written under fence %d: %w", runID, st.Fence, errFenced)
+		return nil, nil, false, fence, fmt.Errorf("dispatch: run %s: its state was written under fence %d: %w", runID, st.Fence, errFenced)
 	}
 	if st.IsTerminal() {
-		return st, entry, nil, fence, nil
+		return st, entry, false, fence, nil
 	}
-	end, err = d.lookEnd(ctx, st, p, fence)
-	return st, entry, end, fence, err
-}
-
-// adoptAfter ends run st with end, its stored end, after applying the
-// action results in batch: the events handed back by a crash between the
-// end and its state write are the ones that ended the run, and a call's
-// result recorded with the end belongs in its state (a retry of the run
-// reuses what its calls did). Results are facts — the call ran — whenever
-// they were stored; the other events (a grant, a cancel, a decision) may
-// have been sent after the end, and are applied to the ended state, which
-// refuses them. What the results imply is dropped — the run's end is
-// stored, nothing else of it goes out — but for the releases of slots. It
-// returns what the adopted end implies (run.Machine.Adopt) with those
-// releases.
-func (d *Dispatcher) adoptAfter(ctx context.Context, st *run.State, end *run.Terminal, batch []*job) ([]run.Effect, error) {
-	var releases []run.Effect
-	for _, j := range batch {
-		switch j.ev.Data.(type) {
-		case *events.ActionCompleted, *events.ActionFailed:
-		default:
-			continue
-		}
-		if st.IsTerminal() {
-			break
-		}
-		if st.CheckTenant(j.tenant) != nil {
-			continue
-		}
-		effects, err := d.machine.Apply(ctx, st, j.ev)
-		if err != nil {
-			return nil, err
-		}
-		for _, e := range effects {
-			if e.Kind == run.EffectRelease {
-				releases = append(releases, e)
-			}
-		}
+	end, err := d.lookEnd(ctx, st, p, fence)
+	if err != nil || end == nil {
+		return st, entry, false, fence, err
 	}
-	return append(releases, d.machine.Adopt(st, end)...), nil
+	st.Outbox = d.machine.Adopt(st, end)
+	return st, entry, true, fence, nil
 }
 
 // commitAdopted writes st, ended by adoption (loadOwned) from the state
