@@ -370,7 +370,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		d.log.Warn("ignoring an event the dispatcher does not handle", "type", r.Event.Type(), "subject", r.Subject)
 		return nil
 	}
-	err := d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data}, r.Event.Type())
+	err := d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data}, r.Event.Type(), storedAtOf(msg))
 	if errors.Is(err, errNoState) {
 		return d.unknownRun(ctx, r, msg, err)
 	}
@@ -647,7 +647,28 @@ type job struct {
 	// refused is set when the job's event is refused on its merits (it
 	// names the run under another tenant); the batch goes on without it.
 	refused error
-	done    chan error
+	// stored is where the event is stored (none for an event the
+	// dispatcher made itself).
+	stored storedAt
+	done   chan error
+}
+
+// storedAt is a stored event's stream and its sequence in it.
+type storedAt struct {
+	stream string
+	seq    uint64
+}
+
+// storedAtOf returns where msg is stored (none if it does not say).
+func storedAtOf(msg jetstream.Msg) storedAt {
+	if msg == nil {
+		return storedAt{}
+	}
+	md, err := msg.Metadata()
+	if err != nil {
+		return storedAt{}
+	}
+	return storedAt{stream: md.Stream, seq: md.Sequence.Stream}
 }
 
 // transition applies ev to the stored state of runID. Events of one run
@@ -655,8 +676,8 @@ type job struct {
 // together in the next one (group commit): one read, one revision-checked
 // write and one publish batch for all of them, which is what keeps a
 // plan's results from queueing behind each other's round trips.
-func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev run.Event, typ string) error {
-	j := &job{ev: ev, typ: typ, span: trace.SpanContextFromContext(ctx), tenant: tenant, done: make(chan error, 1)}
+func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev run.Event, typ string, stored storedAt) error {
+	j := &job{ev: ev, typ: typ, span: trace.SpanContextFromContext(ctx), tenant: tenant, stored: stored, done: make(chan error, 1)}
 	d.queueMu.Lock()
 	q, leading := d.queues[runID]
 	if !leading {
@@ -809,7 +830,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		var adopted []run.Effect // what a stored end adopted implies (loadOwned)
 		var adoptedEnd bool      // st ended by adopting its stored end
 		if fresh {
-			loaded, entry, isAdopted, _, err := d.loadOwned(ctx, runID)
+			loaded, entry, end, _, err := d.loadOwnedEnd(ctx, runID)
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
 				// An event for a run we do not know (yet): the
 				// run.requested may still be on its way; retry with
@@ -821,8 +842,9 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 				return nil, err
 			}
 			st, revision, stored, written = loaded, entry.Revision(), entry.Value(), 0
-			if isAdopted {
-				adopted, adoptedEnd, st.Outbox = st.Outbox, true, nil
+			if end != nil {
+				st, adopted = d.repair(ctx, st, end, apply)
+				adoptedEnd, st.Outbox = true, nil
 			}
 		}
 		// The run may end first (endFirst) only from a state this

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/actionbus/actionbus/internal/bus"
+	"github.com/actionbus/actionbus/internal/jsoncodec"
 	"github.com/actionbus/actionbus/internal/run"
 )
 
@@ -108,7 +110,7 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 // dispatcher's is errFenced. An event on a terminal subject without the
 // run's end id is not its end (only the services may publish there; its
 // id is derived from the run's secret id key).
-func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence uint64) (*run.Terminal, error) {
+func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence uint64) (*endInStream, error) {
 	subjects := d.bus.Subjects()
 	filters := append([]string{subjects.Fence(p)}, d.endFilters(st)...)
 	gctx, cancel := bus.Bounded(ctx)
@@ -117,7 +119,7 @@ func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence ui
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
 	}
-	var end *run.Terminal
+	var end *endInStream
 	fenceSubject, fenced := subjects.Fence(p), false
 	for m, err := range msgs {
 		if errors.Is(err, jetstreamext.ErrNoMessages) {
@@ -146,7 +148,7 @@ func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence ui
 			continue
 		}
 		if t, ok := run.StoredEnd(r.Data); ok {
-			end = t
+			end = &endInStream{Terminal: t, seq: m.Sequence}
 		}
 	}
 	if !fenced {
@@ -175,28 +177,114 @@ func (d *Dispatcher) fenceUnseen(ctx context.Context, runID string, p int, fence
 // (to be written and published: commitAdopted). fence is this
 // dispatcher's on the run's partition.
 func (d *Dispatcher) loadOwned(ctx context.Context, runID string) (st *run.State, entry jetstream.KeyValueEntry, adopted bool, fence uint64, err error) {
+	st, entry, end, fence, err := d.loadOwnedEnd(ctx, runID)
+	if err != nil || end == nil {
+		return st, entry, false, fence, err
+	}
+	st.Outbox = d.machine.Adopt(st, end.Terminal)
+	return st, entry, true, fence, nil
+}
+
+// endInStream is a run's end as stored: its terminal and its sequence in
+// the runs stream.
+type endInStream struct {
+	*run.Terminal
+	seq uint64
+}
+
+// loadOwnedEnd is [Dispatcher.loadOwned] without the adoption: end is
+// the run's stored end when its state, not ended, is to adopt it.
+func (d *Dispatcher) loadOwnedEnd(ctx context.Context, runID string) (st *run.State, entry jetstream.KeyValueEntry, end *endInStream, fence uint64, err error) {
 	p, fence, err := d.fences.ensure(ctx, runID)
 	if err != nil {
-		return nil, nil, false, 0, err
+		return nil, nil, nil, 0, err
 	}
 	if st, entry, err = d.loadStored(ctx, runID); err != nil {
-		return nil, nil, false, fence, err
+		return nil, nil, nil, fence, err
 	}
 	if st.Fence > fence {
 		// Written by a dispatcher that fenced the partition after this
 		// one did.
 		d.fences.lost(p, fence)
-		return nil, nil, false, fence, fmt.Errorf("dispatch: run %s: its state was written under fence %d: %w", runID, st.Fence, errFenced)
+		return nil, nil, nil, fence, fmt.Errorf("dispatch: run %s: its state was written under fence %d: %w", runID, st.Fence, errFenced)
 	}
 	if st.IsTerminal() {
-		return st, entry, false, fence, nil
+		return st, entry, nil, fence, nil
 	}
-	end, err := d.lookEnd(ctx, st, p, fence)
-	if err != nil || end == nil {
-		return st, entry, false, fence, err
+	end, err = d.lookEnd(ctx, st, p, fence)
+	return st, entry, end, fence, err
+}
+
+// repair ends st, the state as read of a run whose end is stored and
+// whose ended state was not written (its writer published the end first
+// and crashed, or its write failed), and returns the state to write with
+// what it implies besides its event (slots released).
+//
+// The ended state is the state as read plus what the transition that
+// ended the run applied — a call's result, which a retry of the run
+// reuses; a step — so repair recomputes that transition from the events
+// in hand (the ones the writer applied and had not acknowledged come
+// back): it applies them in order to a copy, their effects dropped, and
+// keeps the copy if it ends the run as stored. Results stored after the
+// end (a canceled run's calls finish: their executors were not told) are
+// no part of that transition and are passed over; they meet the ended
+// state, as they do without a crash. When the copy ends otherwise or not
+// at all — the events came back apart, or one sent after the end came
+// first (a cancel of a completed run) — the end is adopted on the state
+// as read (run.Machine.Adopt), without what the transition recorded
+// besides it. The releases of slots the recomputation acquired are kept
+// either way.
+func (d *Dispatcher) repair(ctx context.Context, st *run.State, end *endInStream, batch []*job) (*run.State, []run.Effect) {
+	rebuilt, releases := d.recompute(ctx, st, end, batch)
+	if rebuilt != nil {
+		return rebuilt, releases
 	}
-	st.Outbox = d.machine.Adopt(st, end)
-	return st, entry, true, fence, nil
+	return st, append(releases, d.machine.Adopt(st, end.Terminal)...)
+}
+
+// recompute applies batch to a copy of st, as repair describes, and
+// returns the copy if it ends as end, with the releases of slots its
+// transitions implied (and, if it does not, of every slot it holds).
+func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStream, batch []*job) (*run.State, []run.Effect) {
+	val, err := st.Encode()
+	if err != nil {
+		return nil, nil
+	}
+	copied, err := run.DecodeState(val)
+	if err != nil {
+		return nil, nil
+	}
+	var releases []run.Effect
+	for _, j := range batch {
+		if j.stored.stream == d.topo.StreamRuns() && j.stored.seq > end.seq {
+			continue // stored after the end
+		}
+		if copied.IsTerminal() || copied.CheckTenant(j.tenant) != nil {
+			continue
+		}
+		effects, err := d.machine.Apply(ctx, &copied, j.ev)
+		for _, e := range effects {
+			if e.Kind == run.EffectRelease {
+				releases = append(releases, e)
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	if !copied.IsTerminal() || !sameEnd(copied.Terminal, end.Terminal) {
+		return nil, append(releases, d.machine.Adopt(&copied, end.Terminal)...)
+	}
+	copied.Outbox = nil
+	return &copied, releases
+}
+
+// sameEnd reports whether two terminals are the same end, compared in
+// their stored (JSON) form.
+func sameEnd(a, b *run.Terminal) bool {
+	x, errA := jsoncodec.Marshal(a)
+	y, errB := jsoncodec.Marshal(b)
+	return errA == nil && errB == nil && bytes.Equal(x, y)
 }
 
 // commitAdopted writes st, ended by adoption (loadOwned) from the state
