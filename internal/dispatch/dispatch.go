@@ -370,7 +370,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		d.log.Warn("ignoring an event the dispatcher does not handle", "type", r.Event.Type(), "subject", r.Subject)
 		return nil
 	}
-	err := d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data}, r.Event.Type(), storedAtOf(msg))
+	err := d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data}, r.Event.Type())
 	if errors.Is(err, errNoState) {
 		return d.unknownRun(ctx, r, msg, err)
 	}
@@ -647,28 +647,7 @@ type job struct {
 	// refused is set when the job's event is refused on its merits (it
 	// names the run under another tenant); the batch goes on without it.
 	refused error
-	// stored is where the event is stored (none for an event the
-	// dispatcher made itself).
-	stored storedAt
-	done   chan error
-}
-
-// storedAt is a stored event's stream and its sequence in it.
-type storedAt struct {
-	stream string
-	seq    uint64
-}
-
-// storedAtOf returns where msg is stored (none if it does not say).
-func storedAtOf(msg jetstream.Msg) storedAt {
-	if msg == nil {
-		return storedAt{}
-	}
-	md, err := msg.Metadata()
-	if err != nil {
-		return storedAt{}
-	}
-	return storedAt{stream: md.Stream, seq: md.Sequence.Stream}
+	done    chan error
 }
 
 // transition applies ev to the stored state of runID. Events of one run
@@ -676,8 +655,8 @@ func storedAtOf(msg jetstream.Msg) storedAt {
 // together in the next one (group commit): one read, one revision-checked
 // write and one publish batch for all of them, which is what keeps a
 // plan's results from queueing behind each other's round trips.
-func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev run.Event, typ string, stored storedAt) error {
-	j := &job{ev: ev, typ: typ, span: trace.SpanContextFromContext(ctx), tenant: tenant, stored: stored, done: make(chan error, 1)}
+func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev run.Event, typ string) error {
+	j := &job{ev: ev, typ: typ, span: trace.SpanContextFromContext(ctx), tenant: tenant, done: make(chan error, 1)}
 	d.queueMu.Lock()
 	q, leading := d.queues[runID]
 	if !leading {
@@ -939,7 +918,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			}
 		}
 		if mayEndFirst && !wasTerminal && st.IsTerminal() {
-			return nil, d.endFirst(ctx, st, revision, after, p, fence)
+			return nil, d.endFirst(ctx, st, revision, after, p, fence, all)
 		}
 		uctx, cancel := bus.Bounded(ctx)
 		rev, err := d.runs.Update(uctx, runID, after, revision)

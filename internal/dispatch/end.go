@@ -1,10 +1,11 @@
 package dispatch
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -50,8 +51,10 @@ import (
 // fence, then writes the state. The events that led here are acknowledged
 // once the state is written: a failure after the end is published hands
 // them back, and their redelivery adopts the stored end.
-func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint64, val []byte, p int, fence uint64) error {
-	err := d.publishWith(ctx, st, st.Outbox, d.fences.header(p, fence))
+func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint64, val []byte, p int, fence uint64, applied []*job) error {
+	header := d.fences.header(p, fence)
+	header.Set(endedByHeader, endedBy(applied))
+	err := d.publishWith(ctx, st, st.Outbox, header)
 	if bus.IsRevisionConflict(err) {
 		// The fence is not the partition's last: another dispatcher fenced
 		// it since, or it aged out of the stream (it is renewed then, with
@@ -148,7 +151,7 @@ func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence ui
 			continue
 		}
 		if t, ok := run.StoredEnd(r.Data); ok {
-			end = &endInStream{Terminal: t, seq: m.Sequence}
+			end = &endInStream{Terminal: t, endedBy: endedByIDs(m.Header.Get(endedByHeader))}
 		}
 	}
 	if !fenced {
@@ -185,11 +188,32 @@ func (d *Dispatcher) loadOwned(ctx context.Context, runID string) (st *run.State
 	return st, entry, true, fence, nil
 }
 
-// endInStream is a run's end as stored: its terminal and its sequence in
-// the runs stream.
+// endInStream is a run's end as stored: its terminal and the ids of the
+// events its transition applied (endedByHeader).
 type endInStream struct {
 	*run.Terminal
-	seq uint64
+	endedBy []string
+}
+
+// endedByHeader, on an end published first, lists the ids of the events
+// the transition that ended the run applied to the state last written,
+// in order (comma-separated): a repair applies exactly those (see
+// Dispatcher.repair). Event ids are public to whoever reads the run.
+const endedByHeader = "Ab-Ended-By"
+
+func endedBy(jobs []*job) string {
+	ids := make([]string, len(jobs))
+	for i, j := range jobs {
+		ids[i] = j.ev.ID
+	}
+	return strings.Join(ids, ",")
+}
+
+func endedByIDs(header string) []string {
+	if header == "" {
+		return nil
+	}
+	return strings.Split(header, ",")
 }
 
 // loadOwnedEnd is [Dispatcher.loadOwned] without the adoption: end is
@@ -222,15 +246,15 @@ func (d *Dispatcher) loadOwnedEnd(ctx context.Context, runID string) (st *run.St
 //
 // The ended state is the state as read plus what the transition that
 // ended the run applied — a call's result, which a retry of the run
-// reuses; a step — so repair recomputes that transition from the events
-// in hand (the ones the writer applied and had not acknowledged come
-// back): it applies them in order to a copy, their effects dropped, and
-// keeps the copy if it ends the run as stored. Results stored after the
-// end (a canceled run's calls finish: their executors were not told) are
-// no part of that transition and are passed over; they meet the ended
-// state, as they do without a crash. When the copy ends otherwise or not
-// at all — the events came back apart, or one sent after the end came
-// first (a cancel of a completed run) — the end is adopted on the state
+// reuses; a step — and the end names the events that transition applied
+// (endedByHeader). They were not acknowledged, so they come back: when
+// all of them are in hand, repair applies exactly those, in that order,
+// to a copy, their effects dropped, and keeps the copy if it ends the run
+// as stored. Anything else in hand (a result of a canceled run that
+// finished after the end, a grant sent after it) is no part of that
+// transition and meets the ended state, as it does without a crash.
+// When they are not all in hand (they came back apart; the republisher
+// has none), or the copy ends otherwise, the end is adopted on the state
 // as read (run.Machine.Adopt), without what the transition recorded
 // besides it. The releases of slots the recomputation acquired are kept
 // either way.
@@ -242,10 +266,23 @@ func (d *Dispatcher) repair(ctx context.Context, st *run.State, end *endInStream
 	return st, append(releases, d.machine.Adopt(st, end.Terminal)...)
 }
 
-// recompute applies batch to a copy of st, as repair describes, and
-// returns the copy if it ends as end, with the releases of slots its
-// transitions implied (and, if it does not, of every slot it holds).
+// recompute applies the events of batch that end names to a copy of st,
+// as repair describes, and returns the copy if it ends as end, with the
+// releases of slots its transitions implied (and, if it does not, of
+// every slot it holds).
 func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStream, batch []*job) (*run.State, []run.Effect) {
+	if len(end.endedBy) == 0 {
+		return nil, nil
+	}
+	byID := make(map[string]*job, len(batch))
+	for _, j := range batch {
+		byID[j.ev.ID] = j
+	}
+	for _, id := range end.endedBy {
+		if byID[id] == nil {
+			return nil, nil
+		}
+	}
 	val, err := st.Encode()
 	if err != nil {
 		return nil, nil
@@ -255,10 +292,8 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 		return nil, nil
 	}
 	var releases []run.Effect
-	for _, j := range batch {
-		if j.stored.stream == d.topo.StreamRuns() && j.stored.seq > end.seq {
-			continue // stored after the end
-		}
+	for _, id := range end.endedBy {
+		j := byID[id]
 		if copied.IsTerminal() || copied.CheckTenant(j.tenant) != nil {
 			continue
 		}
@@ -279,12 +314,23 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 	return &copied, releases
 }
 
-// sameEnd reports whether two terminals are the same end, compared in
-// their stored (JSON) form.
+// sameEnd reports whether two terminals are the same end: equal once
+// both are encoded and decoded again (a stored end's output is decoded
+// JSON; a computed one may hold typed values).
 func sameEnd(a, b *run.Terminal) bool {
-	x, errA := jsoncodec.Marshal(a)
-	y, errB := jsoncodec.Marshal(b)
-	return errA == nil && errB == nil && bytes.Equal(x, y)
+	x, errA := asJSON(a)
+	y, errB := asJSON(b)
+	return errA == nil && errB == nil && reflect.DeepEqual(x, y)
+}
+
+func asJSON(v any) (any, error) {
+	b, err := jsoncodec.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var out any
+	err = jsoncodec.Unmarshal(b, &out)
+	return out, err
 }
 
 // commitAdopted writes st, ended by adoption (loadOwned) from the state

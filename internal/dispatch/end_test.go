@@ -18,6 +18,7 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/dispatch"
+	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/run"
 )
 
@@ -431,4 +432,89 @@ func TestARepairedCanceledWorkflowIsRetriedFromWhatItDid(t *testing.T) {
 	assert.NotNil(t, byStep["hit"], "the retry's output of step hit (reused)")
 	assert.NotNil(t, byStep["wait"], "the retry's output of step wait (run again)")
 	assert.Len(t, g.started, 1, "the retry ran step wait again")
+}
+
+// TestARepairAppliesExactlyWhatEndedTheRun: a workflow runs gate.wait and
+// waits for the approval of ops.restart; a cancel ends it, its end
+// published first (naming the cancel as what ended the run), and the
+// dispatcher crashes before the state. A grant sent after the end may
+// come back in one batch with the cancel's redelivery, before it; the
+// repair applies the cancel only — the grant meets the ended state, as it
+// does without a crash — and adopts the end on the state as read when
+// what ended the run is not all in hand.
+func TestARepairAppliesExactlyWhatEndedTheRun(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	rec := srv.Record(t, "")
+	g := newGated()
+	t.Cleanup(func() { close(g.gate) })
+	ops := &opsActions{}
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, ApprovalKeys: approvalKeys(),
+		Register: func(ex *executor.Executor) error { return errors.Join(g.register(ex), ops.register(ex)) }})
+	js, err := jetstream.New(srv.Connect(t))
+	require.NoError(t, err)
+	kv, err := js.KeyValue(ctxT(t), bus.Topology{}.BucketRuns())
+	require.NoError(t, err)
+	var once sync.Once
+	asRead := make(chan run.State, 1)
+	var d *dispatch.Dispatcher
+	startDispatcher(t, srv, dispatch.Config{InstanceID: "ending", ApprovalKeys: policy.Keys{"k1": {Secret: approvalKey, Holder: "alice"}}}, func(x *dispatch.Dispatcher) {
+		d = x
+		dispatch.SetCrashAfterEnd(x, func(runID string) bool {
+			crash := false
+			once.Do(func() {
+				crash = true
+				if e, err := kv.Get(ctxT(t), runID); err == nil {
+					if s, err := run.DecodeState(e.Value()); err == nil {
+						asRead <- s
+					}
+				}
+			})
+			return crash
+		})
+	})
+	wf := client.NewWorkflow("grant").
+		Step("wait", "gate.wait", map[string]any{}).
+		Step("restart", "ops.restart", map[string]any{"service": "api"}).
+		Build()
+	runID, err := st.Client.Start(ctxT(t), client.RunRequest{UserID: "operator_1", AllowedModes: []string{"read", "mutate"}, Workflow: wf})
+	require.NoError(t, err)
+	approvalID := awaitingApproval(t, rec, runID)
+	g.awaitStarted(t)
+	p, err := st.Client.Approval(ctxT(t), approvalID)
+	require.NoError(t, err)
+	token, err := policy.Sign("k1", approvalKey, policy.ApprovalContext(p.Context))
+	require.NoError(t, err)
+	require.NoError(t, st.Client.Cancel(ctxT(t), runID, "operator"))
+	res, err := st.Client.Wait(ctxT(t), runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCanceled, res.Status)
+	var before run.State
+	select {
+	case before = <-asRead:
+	case <-ctxT(t).Done():
+		t.Fatal("the dispatcher did not crash after the end")
+	}
+	stored := endedState(t, js, runID)
+	assert.NotContains(t, stored.ApprovalsDone, approvalID, "the state written records no grant")
+
+	// What the repair does with what may be in hand, from the state as
+	// read: the end names the cancel.
+	grant := run.Event{ID: events.NewID(), Data: &events.ApprovalGranted{RunID: runID, ApprovalID: approvalID, Token: token, Approver: "alice", Context: &p.Context}}
+	cancel := run.Event{ID: events.NewID(), Data: &events.CancelRequested{RunID: runID, Reason: "operator", RequestedBy: "client"}}
+	end := &run.Terminal{Type: events.TypeRunCanceled, Reason: "operator"}
+	copyOf := func() *run.State {
+		val, err := before.Encode()
+		require.NoError(t, err)
+		s, err := run.DecodeState(val)
+		require.NoError(t, err)
+		return &s
+	}
+	rebuilt, kept := dispatch.Recompute(ctxT(t), d, copyOf(), end, []string{cancel.ID}, []run.Event{grant, cancel}, events.DefaultTenant)
+	require.True(t, kept, "the cancel in hand ends the run as stored")
+	assert.Equal(t, run.StatusCanceled, rebuilt.Status)
+	assert.NotContains(t, rebuilt.ApprovalsDone, approvalID, "a grant sent after the end is no part of what ended the run")
+	_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, []string{cancel.ID}, []run.Event{grant}, events.DefaultTenant)
+	assert.False(t, kept, "what ended the run is not in hand: the end is adopted on the state as read")
+	_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), &run.Terminal{Type: events.TypeRunCanceled, Reason: "another"}, []string{cancel.ID}, []run.Event{cancel}, events.DefaultTenant)
+	assert.False(t, kept, "a copy that ends otherwise is not kept")
 }
