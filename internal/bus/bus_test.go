@@ -729,3 +729,77 @@ func TestRevisionConflictsAreKnownOnOneReplica(t *testing.T) {
 	_, err = srv.JS.KeyValue(ctx, "no-such-bucket")
 	assert.False(t, bus.IsRevisionConflict(err), "a missing bucket: %v", err)
 }
+
+// A Serve that stops with events fetched and not yet handled hands them
+// back: the consumer's next client receives them at once, not after the
+// ack wait (a partition handed to another dispatcher).
+func TestAStoppedServeHandsBackTheEventsItFetched(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	eb := newBus(t, srv, bus.ModeBinary, "")
+	ctx := ctxT(t)
+	const sent, concurrency = 8, 4
+	want := map[string]bool{}
+	for range sent {
+		runID := events.NewID()
+		_, err := eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID})
+		require.NoError(t, err)
+		want[runID] = true
+	}
+	// An ack wait far beyond the test's deadline: only a hand-back
+	// redelivers in time.
+	cons, err := srv.JS.CreateConsumer(ctx, bus.Topology{}.StreamRequests(), jetstream.ConsumerConfig{
+		Durable: "handback", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 10 * time.Minute})
+	require.NoError(t, err)
+
+	// The first client's handlers hold every slot until it stops, and it
+	// fetches ahead of them.
+	started := make(chan struct{}, sent)
+	firstCtx, stopFirst := context.WithCancel(ctx)
+	first := make(chan error, 1)
+	go func() {
+		first <- eb.Serve(firstCtx, cons, bus.ServeOptions{Name: "first", Concurrency: concurrency},
+			func(ctx context.Context, _ *events.Received, _ jetstream.Msg) error {
+				started <- struct{}{}
+				<-ctx.Done()
+				return ctx.Err()
+			})
+	}()
+	for range concurrency {
+		select {
+		case <-started:
+		case <-ctx.Done():
+			t.Fatal("the first client handled nothing")
+		}
+	}
+	require.Eventually(t, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending > concurrency
+	}, 10*time.Second, 5*time.Millisecond, "the first client fetched events it has no slot for")
+	stopFirst()
+	require.NoError(t, <-first)
+	assert.Len(t, started, 0, "a stopped client starts nothing it fetched")
+
+	nextCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	handled := make(chan string, 2*sent)
+	next := make(chan error, 1)
+	go func() {
+		next <- eb.Serve(nextCtx, cons, bus.ServeOptions{Name: "next", Concurrency: sent},
+			func(_ context.Context, r *events.Received, _ jetstream.Msg) error {
+				handled <- r.RunID()
+				return nil
+			})
+	}()
+	got := map[string]bool{}
+	for len(got) < sent {
+		select {
+		case runID := <-handled:
+			got[runID] = true
+		case <-nextCtx.Done():
+			t.Fatalf("the next client received %d of %d events within 10 s (ack wait 10 min)", len(got), sent)
+		}
+	}
+	assert.Equal(t, want, got)
+	cancel()
+	require.NoError(t, <-next)
+}

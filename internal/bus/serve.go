@@ -186,12 +186,24 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 		return fmt.Errorf("events: serve %s: %w", opts.Name, err)
 	}
 	var iterMu sync.Mutex
+	// On stop, the iterator drains rather than stops: a stopped one drops
+	// the messages it fetched and holds, unacknowledged, which the server
+	// then delivers again only after the consumer's ack wait (30 s) — a
+	// partition handed to another dispatcher sat that long on the events
+	// in flight. Drained, it returns them, and handBack naks them for the
+	// next consumer at once.
 	stop := context.AfterFunc(ctx, func() {
 		iterMu.Lock()
 		defer iterMu.Unlock()
-		iter.Stop()
+		iter.Drain()
 	})
 	defer stop()
+	stopped := func() error {
+		iterMu.Lock()
+		defer iterMu.Unlock()
+		b.handBack(log, opts, iter)
+		return nil
+	}
 	pause := func(d time.Duration) {
 		select {
 		case <-ctx.Done():
@@ -243,13 +255,18 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
-			return nil
+			return stopped()
 		}
 		msg, err := iter.Next()
+		if err == nil && ctx.Err() != nil {
+			<-slots
+			handBackMsg(log, opts, msg)
+			return stopped()
+		}
 		if err != nil {
 			<-slots
 			if ctx.Err() != nil {
-				return nil
+				return stopped()
 			}
 			// A server going away, a consumer leader moving, missed
 			// heartbeats: the service keeps serving. An iterator that
@@ -268,8 +285,7 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 				iter = next
 				iterMu.Unlock()
 				if ctx.Err() != nil {
-					next.Stop()
-					return nil
+					return stopped()
 				}
 			}
 			continue
@@ -304,6 +320,48 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 }
 
 type lane struct{ pending []jetstream.Msg }
+
+// handBackWait bounds how long a stopped Serve waits for its drained
+// iterator to return what it fetched (the server's answer to the
+// unsubscribe); what comes later waits for the ack wait.
+const handBackWait = 5 * time.Second
+
+// handBack drains iter, which Serve stopped pulling, and naks every
+// message it fetched and did not hand to a handler, so that the server
+// delivers them again at once — to the consumer's next client — instead
+// of after the ack wait.
+func (b *Bus) handBack(log *slog.Logger, opts ServeOptions, iter jetstream.MessagesContext) {
+	iter.Drain()
+	deadline := time.Now().Add(handBackWait)
+	for {
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			log.Warn("stopped pulling with fetched events not handed back; they come back after the ack wait")
+			return
+		}
+		msg, err := iter.Next(jetstream.NextMaxWait(wait))
+		if err != nil {
+			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				log.Warn("handing back fetched events", "err", err)
+			}
+			return
+		}
+		handBackMsg(log, opts, msg)
+	}
+}
+
+// handBackMsg naks msg, fetched and never handled, for immediate
+// redelivery. An ack-all consumer's messages are left to its ack wait:
+// there the settler owns every settlement, and one it did not take is
+// not its to nak.
+func handBackMsg(log *slog.Logger, opts ServeOptions, msg jetstream.Msg) {
+	if opts.AckAll != nil {
+		return
+	}
+	if err := msg.Nak(); err != nil {
+		log.Debug("hand back", "subject", msg.Subject(), "err", err)
+	}
+}
 
 // storedMsg is a message read from a stream whose stored subject carries
 // the run's partition: its Subject is the one it was published on
