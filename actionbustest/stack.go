@@ -17,17 +17,8 @@ import (
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/planner"
 	"github.com/actionbus/actionbus/internal/policy"
-	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/stack"
 )
-
-// limits are the run limits the options set (zero: the dispatcher's
-// default).
-func (o StackOptions) limits() run.Limits {
-	return run.Limits{MaxPlanParallel: o.MaxPlanParallel, MaxPlanActions: o.MaxPlanActions, MaxSectionParallel: o.MaxSectionParallel,
-		MaxFailedRounds: o.MaxFailedRounds, DecisionTimeout: o.DecisionTimeout, RunDeadline: o.RunDeadline, ApprovalTTL: o.ApprovalTTL,
-		RunBudget: o.RunBudget, TenantBudgets: o.TenantBudgets}
-}
 
 // StackOptions configures [Server.StartStack].
 type StackOptions struct {
@@ -45,24 +36,10 @@ type StackOptions struct {
 	// its ID, Pool, Prefix and Logger are the stack's, and Slots above,
 	// when set, wins.
 	Executor executor.Config
-	// MaxPlanParallel bounds a plan's actions in flight; default 8.
-	MaxPlanParallel int
-	// MaxPlanActions bounds a plan's actions; default 10, at most 20.
-	MaxPlanActions int
-	// MaxFailedRounds stops the loop after this many consecutive failed
-	// rounds of one action; default 2.
-	MaxFailedRounds int
-	// DecisionTimeout bounds one planner decision; default 2 minutes.
-	// Timers have second precision.
-	DecisionTimeout time.Duration
-	// RunDeadline bounds a whole run; default 10 minutes.
-	RunDeadline time.Duration
-	// RunBudget is the dispatcher's budget of every agent run (tokens,
-	// cost); zero bounds nothing.
-	RunBudget events.Budget
-	// TenantBudgets are the tenants' daily budgets ("*": every tenant
-	// without its own); nil bounds nothing.
-	TenantBudgets map[string]events.Budget
+	// Limits bound the dispatcher's runs (cycles, plans, parallelism,
+	// deadlines, sizes, budgets); zero fields take their defaults
+	// (events.RunLimits). Timers have second precision.
+	Limits events.RunLimits
 	// NoAuditor leaves the auditor out.
 	NoAuditor bool
 	// NoPlanner leaves the planner out, for tests of stalled decisions.
@@ -78,15 +55,10 @@ type StackOptions struct {
 	Policy string
 	// ApprovalKeys verify approval tokens: "kid:base64secret,...".
 	ApprovalKeys string
-	// ApprovalTTL is how long approvals stay valid; default 1 hour.
-	ApprovalTTL time.Duration
 	// OpenAI, when set, makes the planner use the openai provider against
 	// that endpoint (for example a scripted chat-completions server on
 	// loopback) instead of the script provider.
 	OpenAI *OpenAIOptions
-	// MaxSectionParallel bounds a per-action synthesis's requests in
-	// flight; default 4.
-	MaxSectionParallel int
 	// AuditDefaults is the auditor's default payload policy; nil means
 	// input hashed, output and error summarized.
 	AuditDefaults *executor.AuditPolicy
@@ -200,7 +172,7 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 		Audit: ac, Logger: opts.Logger, Connect: connect,
 		Prefix: s.Prefix, Provider: provider, Executors: opts.Executors, Slots: opts.Slots, Executor: opts.Executor,
 		Register: opts.Register, NoAuditor: opts.NoAuditor, NoPlanner: opts.NoPlanner, NoExecutors: opts.NoExecutors, NoDispatcher: opts.NoDispatcher,
-		Dispatcher: dispatch.Config{Limits: opts.limits(), Policy: pol, ApprovalKeys: keys},
+		Dispatcher: dispatch.Config{RunLimits: opts.Limits, Policy: pol, ApprovalKeys: keys},
 	})
 	if err != nil {
 		t.Fatalf("actionbustest: start stack: %v", err)

@@ -8,11 +8,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/embedded"
 	"github.com/actionbus/actionbus/internal/planner"
-	"github.com/actionbus/actionbus/internal/run"
 	"github.com/actionbus/actionbus/internal/stack"
 )
 
@@ -40,7 +40,7 @@ func measureInProcess(ctx context.Context, reps int) []Figure {
 	must(err)
 	defer svc.Close()
 	st, err := stack.Start(ctx, svc, stack.Config{Provider: script, Executors: 2, Slots: 16, Register: registerEcho,
-		Dispatcher: dispatch.Config{Limits: run.Limits{MaxPlanParallel: fanoutWidth}}})
+		Dispatcher: dispatch.Config{RunLimits: events.RunLimits{MaxPlanParallel: fanoutWidth}}})
 	must(err)
 	defer func() { _ = st.Stop() }()
 	c, err := client.New(nc, client.Options{})

@@ -4,9 +4,10 @@
 // ([Catalog], [Lookup], the Type* names) and the subjects they travel on
 // ([Subjects]), event ids ([NewID], [DerivedID], [ResultID]), run ids
 // ([ValidRunID], [CheckRunID]), tenants ([ValidTenant], [CheckTenant],
-// [TenantOr]) and validation against the embedded JSON Schemas
-// ([Validate]). Events are CloudEvents (github.com/cloudevents/sdk-go/v2);
-// their data is JSON unless the event says msgpack ([SetData], [DataAs]).
+// [TenantOr]), the limits every run is held to ([RunLimits]) and
+// validation against the embedded JSON Schemas ([Validate]). Events are
+// CloudEvents (github.com/cloudevents/sdk-go/v2); their data is JSON
+// unless the event says msgpack ([SetData], [DataAs]).
 //
 // The package links no NATS client: it is the model a user's program, the
 // run core and the services share. Publishing, consuming and the JetStream

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/metrics"
 	"github.com/actionbus/actionbus/internal/policy"
@@ -21,13 +22,13 @@ func main() {
 	var c service.Common
 	var cfg dispatch.Config
 	c.Flags(flag.CommandLine)
-	maxPlan := flag.String("max-plan-actions", service.Env("ACTIONBUS_MAX_PLAN_ACTIONS", strconv.Itoa(run.DefaultMaxPlanActions)), "actions per plan, 1 to 20 (env ACTIONBUS_MAX_PLAN_ACTIONS)")
-	flag.IntVar(&cfg.MaxCycles, "max-cycles", service.EnvInt("ACTIONBUS_MAX_CYCLES", run.DefaultMaxCycles), "planner cycles per run (env ACTIONBUS_MAX_CYCLES)")
-	flag.IntVar(&cfg.MaxPlanParallel, "max-plan-parallel", service.EnvInt("ACTIONBUS_MAX_PLAN_PARALLEL", run.DefaultMaxPlanParallel), "plan actions in flight (env ACTIONBUS_MAX_PLAN_PARALLEL)")
-	flag.IntVar(&cfg.MaxFailedRounds, "max-failed-rounds", service.EnvInt("ACTIONBUS_MAX_FAILED_ROUNDS", run.DefaultMaxFailedRounds), "consecutive failed rounds of one action before the loop stops (env ACTIONBUS_MAX_FAILED_ROUNDS)")
+	maxPlan := flag.String("max-plan-actions", service.Env("ACTIONBUS_MAX_PLAN_ACTIONS", strconv.Itoa(events.DefaultMaxPlanActions)), "actions per plan, 1 to 20 (env ACTIONBUS_MAX_PLAN_ACTIONS)")
+	flag.IntVar(&cfg.MaxCycles, "max-cycles", service.EnvInt("ACTIONBUS_MAX_CYCLES", events.DefaultMaxCycles), "planner cycles per run (env ACTIONBUS_MAX_CYCLES)")
+	flag.IntVar(&cfg.MaxPlanParallel, "max-plan-parallel", service.EnvInt("ACTIONBUS_MAX_PLAN_PARALLEL", events.DefaultMaxPlanParallel), "plan actions in flight (env ACTIONBUS_MAX_PLAN_PARALLEL)")
+	flag.IntVar(&cfg.MaxFailedRounds, "max-failed-rounds", service.EnvInt("ACTIONBUS_MAX_FAILED_ROUNDS", events.DefaultMaxFailedRounds), "consecutive failed rounds of one action before the loop stops (env ACTIONBUS_MAX_FAILED_ROUNDS)")
 	flag.IntVar(&cfg.Concurrency, "concurrency", service.EnvInt("ACTIONBUS_CONCURRENCY", dispatch.DefaultConcurrency), "events handled at once (env ACTIONBUS_CONCURRENCY)")
-	flag.DurationVar(&cfg.RunDeadline, "run-deadline", service.EnvDuration("ACTIONBUS_RUN_DEADLINE", run.DefaultRunDeadline), "default whole-run deadline (env ACTIONBUS_RUN_DEADLINE)")
-	flag.DurationVar(&cfg.DecisionTimeout, "decision-timeout", service.EnvDuration("ACTIONBUS_DECISION_TIMEOUT", run.DefaultDecisionTimeout), "planner decision deadline (env ACTIONBUS_DECISION_TIMEOUT)")
+	flag.DurationVar(&cfg.RunDeadline, "run-deadline", service.EnvDuration("ACTIONBUS_RUN_DEADLINE", events.DefaultRunDeadline), "default whole-run deadline (env ACTIONBUS_RUN_DEADLINE)")
+	flag.DurationVar(&cfg.DecisionTimeout, "decision-timeout", service.EnvDuration("ACTIONBUS_DECISION_TIMEOUT", events.DefaultDecisionTimeout), "planner decision deadline (env ACTIONBUS_DECISION_TIMEOUT)")
 	flag.DurationVar(&cfg.ResultLinger, "result-linger", service.EnvDuration("ACTIONBUS_RESULT_LINGER", dispatch.DefaultResultLinger), "longest hold of results that only change a run's state, for its next write; negative writes each at once (env ACTIONBUS_RESULT_LINGER)")
 	flag.DurationVar(&cfg.AlarmDelay, "alarm-delay", service.EnvDuration("ACTIONBUS_ALARM_DELAY", dispatch.DefaultAlarmDelay), "how long a new run's alarm is held before it is armed (a run that ends sooner stores none); negative arms at once (env ACTIONBUS_ALARM_DELAY)")
 	runBudget := flag.String("run-budget", service.Env("ACTIONBUS_RUN_BUDGET", ""), `budget of every agent run's LLM calls, as JSON, e.g. {"maxTokens":200000,"maxCostUsd":0.5}; a request cannot raise it (env ACTIONBUS_RUN_BUDGET; docs/limits.md)`)

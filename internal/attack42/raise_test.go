@@ -24,7 +24,7 @@ func TestAttack42_CallerRaisesItsBudgetAboveTheHosts(t *testing.T) {
 	})
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL}, Register: registerReadURL,
-		RunBudget: events.Budget{MaxTokens: 1000}})
+		Limits: events.RunLimits{RunBudget: events.Budget{MaxTokens: 1000}}})
 	res, err := st.Client.Run(ctxFor(t, 30*time.Second), client.RunRequest{Prompt: "Say done.", Budget: &client.Budget{MaxTokens: 1_000_000_000, MaxCostUSD: 1e308}}, nil)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusFailed, res.Status)

@@ -92,7 +92,7 @@ func TestAttack42_LyingEndpointRefundsItsTenantsDay(t *testing.T) {
 	})
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL}, Register: registerReadURL, Logger: testLogger(t),
-		TenantBudgets: map[string]events.Budget{"*": {MaxTokens: 25000}}})
+		Limits: events.RunLimits{TenantBudgets: map[string]events.Budget{"*": {MaxTokens: 25000}}}})
 	run := func(i int, lying bool) *client.Result {
 		lie.Store(lying)
 		before := len(llm.Requests())

@@ -147,7 +147,7 @@ func serve(t *testing.T) (string, string, *client.Client, *together) {
 	t.Helper()
 	g := &together{all: make(chan struct{})}
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true})
-	srv.StartStack(t, actionbustest.StackOptions{Register: register(g), Executors: 2, MaxPlanParallel: fanOut, Scenarios: scenarios,
+	srv.StartStack(t, actionbustest.StackOptions{Register: register(g), Executors: 2, Limits: events.RunLimits{MaxPlanParallel: fanOut}, Scenarios: scenarios,
 		ApprovalKeys: "k1:" + base64.StdEncoding.EncodeToString(approvalKey) + ":*"})
 	c, err := client.New(srv.TenantConnect(t, "client", "default"), client.Options{})
 	require.NoError(t, err)

@@ -137,7 +137,7 @@ func TestMutateNeedsAllowanceThenApproval(t *testing.T) {
 }
 
 func TestDeniedAndExpiredApprovalsEndTheRun(t *testing.T) {
-	_, rec, st, ops := startOps(t, actionbustest.StackOptions{ApprovalTTL: time.Second})
+	_, rec, st, ops := startOps(t, actionbustest.StackOptions{Limits: events.RunLimits{ApprovalTTL: time.Second}})
 	ctx := ctxT(t)
 	runID, err := st.Client.Start(ctx, restart("mutate"))
 	require.NoError(t, err)

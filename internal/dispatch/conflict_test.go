@@ -12,6 +12,7 @@ import (
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/bus"
 )
@@ -23,7 +24,7 @@ import (
 // still hold one.
 func TestCatalogConflictEndsTheRunPromptly(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{Pools: []string{"default", "gpu"}})
-	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: echoScenario, Register: echoExecutor, RunDeadline: 5 * time.Minute})
+	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: echoScenario, Register: echoExecutor, Limits: events.RunLimits{RunDeadline: 5 * time.Minute}})
 	setup, cancelSetup := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelSetup()
 	catKV, err := srv.JS.KeyValue(setup, bus.Topology{}.BucketCatalog())

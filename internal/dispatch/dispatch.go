@@ -49,7 +49,7 @@ import (
 )
 
 // Defaults of [Config] beyond the run limits (whose defaults are
-// run.Default*), named once for setDefaults and the command's flags.
+// events.Default*), named once for setDefaults and the command's flags.
 const (
 	DefaultConcurrency  = 64
 	DefaultResultLinger = 20 * time.Millisecond
@@ -60,10 +60,11 @@ const (
 type Config struct {
 	// Prefix is the subject prefix; default "ab".
 	Prefix string
-	// Limits bound every run (cycles, plans, deadlines, sizes); zero
-	// fields take run's defaults. They are declared once, in package run,
-	// which enforces them.
-	run.Limits
+	// RunLimits bound every run (cycles, plans, deadlines, sizes,
+	// budgets); zero fields take their defaults. They are declared once,
+	// in package events, where a test stack's options name them too;
+	// package run enforces them.
+	events.RunLimits
 	// Concurrency bounds events handled at once; default 64.
 	Concurrency int
 	// Policy is the operator's policy configuration (explicit per-action
@@ -96,7 +97,7 @@ func (c *Config) setDefaults() {
 	if c.Prefix == "" {
 		c.Prefix = events.DefaultPrefix
 	}
-	c.Limits.SetDefaults()
+	c.RunLimits.SetDefaults()
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
@@ -124,15 +125,15 @@ func ParsePlanLimit(s string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("dispatch: max plan actions %q is not a whole number", s)
 	}
-	if n < 1 || n > run.MaxPlanActionsCeiling {
-		return 0, fmt.Errorf("dispatch: max plan actions must be 1 to %d (hard ceiling), got %d", run.MaxPlanActionsCeiling, n)
+	if n < 1 || n > events.MaxPlanActionsCeiling {
+		return 0, fmt.Errorf("dispatch: max plan actions must be 1 to %d (hard ceiling), got %d", events.MaxPlanActionsCeiling, n)
 	}
 	return n, nil
 }
 
 // Validate reports configuration errors.
 func (c *Config) Validate() error {
-	if err := c.Limits.Validate(); err != nil {
+	if err := c.RunLimits.Validate(); err != nil {
 		return fmt.Errorf("dispatch: %w", err)
 	}
 	if c.Concurrency < 1 {
@@ -210,7 +211,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	d.alarms = newEndedAlarms(log)
 	d.deferred = newDeferredAlarms(d, cfg.AlarmDelay)
 	d.unsent = newUnpublished()
-	d.machine = run.New(env{d}, cfg.Limits)
+	d.machine = run.New(env{d}, cfg.RunLimits)
 	d.fences = newFences(d.js, d.bus.Subjects(), cfg.InstanceID)
 	return d, nil
 }

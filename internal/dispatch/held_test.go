@@ -57,7 +57,7 @@ func startHolding(t *testing.T) (*actionbustest.Server, *actionbustest.Recorder,
 	rec := srv.Record(t, "")
 	w := &wfActions{gate: make(chan struct{})}
 	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, Register: w.register, Slots: 8})
-	stop := startDispatcher(t, srv, dispatch.Config{Limits: run.Limits{MaxPlanParallel: 5}, ResultLinger: time.Minute, InstanceID: "holding"})
+	stop := startDispatcher(t, srv, dispatch.Config{RunLimits: events.RunLimits{MaxPlanParallel: 5}, ResultLinger: time.Minute, InstanceID: "holding"})
 	return srv, rec, st, w, stop
 }
 
@@ -161,7 +161,7 @@ func TestHeldResultsSurviveTheirDispatcher(t *testing.T) {
 	}
 	completedSteps(t, rec, runID, 4)
 	stop()
-	startDispatcher(t, srv, dispatch.Config{Limits: run.Limits{MaxPlanParallel: 5}, InstanceID: "second"})
+	startDispatcher(t, srv, dispatch.Config{RunLimits: events.RunLimits{MaxPlanParallel: 5}, InstanceID: "second"})
 	outputs, _ := finishFanOut(t, ctx, st, w, runID)
 	for _, id := range []string{"s1", "s2", "s3", "s4", "s5"} {
 		assert.Equal(t, map[string]any{"id": id}, outputs[id])

@@ -18,7 +18,6 @@ import (
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/dispatch"
-	"github.com/actionbus/actionbus/internal/run"
 )
 
 type anyIn = map[string]any
@@ -242,12 +241,12 @@ func TestPlanLimitConfiguration(t *testing.T) {
 		assert.NoError(t, err, "%q", good)
 	}
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	_, err := dispatch.New(srv.Conn, dispatch.Config{Limits: run.Limits{MaxPlanActions: 21}})
+	_, err := dispatch.New(srv.Conn, dispatch.Config{RunLimits: events.RunLimits{MaxPlanActions: 21}})
 	assert.ErrorContains(t, err, "MaxPlanActions must be 1 to 20")
 }
 
 func TestMaxPlanParallelIsTheMeasuredMaximumInFlight(t *testing.T) {
-	_, _, st, acts := startLoop(t, actionbustest.StackOptions{MaxPlanParallel: 3, Slots: 16})
+	_, _, st, acts := startLoop(t, actionbustest.StackOptions{Limits: events.RunLimits{MaxPlanParallel: 3}, Slots: 16})
 	ctx := ctxT(t)
 	runID, err := st.Client.Start(ctx, client.RunRequest{Scenario: "parallel"})
 	require.NoError(t, err)
@@ -335,7 +334,7 @@ func TestRepeatedFailuresStopTheLoopAfterTwoRounds(t *testing.T) {
 
 // MaxFailedRounds 1 stops at the first failed round (it once behaved as 2).
 func TestMaxFailedRoundsOneStopsAfterOneRound(t *testing.T) {
-	_, _, st, _ := startLoop(t, actionbustest.StackOptions{MaxFailedRounds: 1})
+	_, _, st, _ := startLoop(t, actionbustest.StackOptions{Limits: events.RunLimits{MaxFailedRounds: 1}})
 	res, err := st.Client.Run(ctxT(t), client.RunRequest{Scenario: "keeps-failing"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusFailed, res.Status)
@@ -354,7 +353,7 @@ func TestPerActionSynthesisWithTheScriptProvider(t *testing.T) {
 }
 
 func TestAPlannerThatNeverAnswersStallsTheRun(t *testing.T) {
-	_, _, st, _ := startLoop(t, actionbustest.StackOptions{NoPlanner: true, DecisionTimeout: time.Second})
+	_, _, st, _ := startLoop(t, actionbustest.StackOptions{NoPlanner: true, Limits: events.RunLimits{DecisionTimeout: time.Second}})
 	ctx := ctxT(t)
 	res, err := st.Client.Run(ctx, client.RunRequest{Scenario: "block"}, nil)
 	require.NoError(t, err)

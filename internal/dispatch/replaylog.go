@@ -52,7 +52,7 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 		return nil, fmt.Errorf("dispatch: replay %s: the log does not start with its request", runID)
 	}
 	clock := &replayEnv{env: env{d}}
-	m := run.New(clock, d.cfg.Limits)
+	m := run.New(clock, d.cfg.RunLimits)
 	out := &ReplayedLog{Stored: stored}
 	var st *run.State
 	for _, e := range log {

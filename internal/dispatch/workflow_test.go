@@ -164,7 +164,7 @@ func TestWorkflowFailuresAndTimeouts(t *testing.T) {
 }
 
 func TestIndependentStepsRunInParallelAndReportInDeclarationOrder(t *testing.T) {
-	_, st, w := startWF(t, actionbustest.StackOptions{MaxPlanParallel: 3, Slots: 8})
+	_, st, w := startWF(t, actionbustest.StackOptions{Limits: events.RunLimits{MaxPlanParallel: 3}, Slots: 8})
 	ctx := ctxT(t)
 	b := client.NewWorkflow("fan-out")
 	for _, id := range []string{"s1", "s2", "s3", "s4", "s5"} {

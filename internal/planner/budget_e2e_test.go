@@ -142,7 +142,7 @@ func TestACallerCannotRaiseItsBudget(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL, Mode: "envelope"},
-		RunBudget: events.Budget{MaxTokens: 5000}})
+		Limits: events.RunLimits{RunBudget: events.Budget{MaxTokens: 5000}}})
 	res, err := st.Client.Run(ctxT(t), client.RunRequest{Prompt: "Spend freely.", Budget: &client.Budget{MaxTokens: 50000}}, nil)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusFailed, res.Status)
@@ -183,7 +183,7 @@ func TestATenantsDailyBudgetIsSharedByTwoPlanners(t *testing.T) {
 	var edition atomic.Int32
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL},
-		Register: registerTestActions(&edition), TenantBudgets: map[string]events.Budget{"*": {MaxTokens: budget}}})
+		Register: registerTestActions(&edition), Limits: events.RunLimits{TenantBudgets: map[string]events.Budget{"*": {MaxTokens: budget}}}})
 	startPlanner(t, srv, llm.URL)
 
 	ctx := ctxT(t)

@@ -179,7 +179,7 @@ func TestOpenAIPerActionSynthesisStitchesTheExactLayout(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL, Mode: "envelope"},
-		Register: registerTestActions(&edition), MaxSectionParallel: 2})
+		Register: registerTestActions(&edition), Limits: events.RunLimits{MaxSectionParallel: 2}})
 	ctx := ctxT(t)
 	res, err := st.Client.Run(ctx, client.RunRequest{Prompt: "Report on the notes."}, nil)
 	require.NoError(t, err)
@@ -282,7 +282,7 @@ func TestASynthesisThatNeverAnswersStallsTheRun(t *testing.T) {
 	})
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{OpenAI: &actionbustest.OpenAIOptions{BaseURL: llm.URL, Mode: "envelope"},
-		Register: registerTestActions(&edition), DecisionTimeout: time.Second})
+		Register: registerTestActions(&edition), Limits: events.RunLimits{DecisionTimeout: time.Second}})
 	res, err := st.Client.Run(ctxT(t), client.RunRequest{Prompt: "Report."}, nil)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusFailed, res.Status)

@@ -38,7 +38,7 @@ func TestStoredEndReadsEveryTerminalEventAndNothingElse(t *testing.T) {
 // the end whatever the state in hand would decide: it is canceled, its
 // slot is released, and no second end is asked for.
 func TestAdoptEndsTheRunAsItsStoredEndSays(t *testing.T) {
-	h := limited(newHarness(t, Limits{}), limits.Spec{MaxInFlight: 1}).agent()
+	h := limited(newHarness(t, events.RunLimits{}), limits.Spec{MaxInFlight: 1}).agent()
 	h.decide(plan(action("t.read", map[string]any{"i": 0})))
 	require.Len(t, h.dispatched(), 1)
 	require.False(t, h.st.IsTerminal())

@@ -87,7 +87,7 @@ func TestArmKeepsOneScheduleForEveryTimer(t *testing.T) {
 // An exec run stores one schedule: its call's deadline comes before the
 // run's, and the alarm armed for it covers both.
 func TestAnExecRunArmsOneAlarm(t *testing.T) {
-	h := newHarness(t, Limits{})
+	h := newHarness(t, events.RunLimits{})
 	h.alarm = true
 	h.start(events.RunRequested{Action: &events.ActionCall{Name: "t.read"}, AllowedModes: allModes})
 	require.Len(t, h.alarms, 1, "one schedule at admission")
@@ -102,7 +102,7 @@ func TestAnExecRunArmsOneAlarm(t *testing.T) {
 // The alarm fires the timers that are due, in time order, and is armed
 // again for the rest: a silent call is sent once more, then stalls the run.
 func TestTheAlarmFiresDueTimersAndArmsForTheRest(t *testing.T) {
-	h := newHarness(t, Limits{})
+	h := newHarness(t, events.RunLimits{})
 	h.alarm = true
 	h.agent()
 	decideAt := h.st.Timers["decide"].At
@@ -130,7 +130,7 @@ func TestTheAlarmFiresDueTimersAndArmsForTheRest(t *testing.T) {
 // An alarm that fires only stale timers publishes nothing, but the state
 // changed: it is saved, and the alarm armed again for what is pending.
 func TestAnAlarmOfStaleTimersIsSavedAndArmedAgain(t *testing.T) {
-	h := newHarness(t, Limits{})
+	h := newHarness(t, events.RunLimits{})
 	h.alarm = true
 	h.agent()
 	h.decide(events.Decision{Type: events.DecisionClarify, Question: "which?"})
@@ -163,7 +163,7 @@ func earliest(st *State) time.Time {
 // own, and when it fires with nothing due it is armed for the earliest.
 func TestTheFirstAlarmComesWithinTheGrace(t *testing.T) {
 	const grace = 30 * time.Second
-	h := newHarness(t, Limits{ActionGrace: grace})
+	h := newHarness(t, events.RunLimits{ActionGrace: grace})
 	h.alarm, h.admitWithin = true, grace
 	admitted := h.env.Now()
 	h.agent()

@@ -36,7 +36,7 @@ type harness struct {
 	admitWithin time.Duration
 }
 
-func newHarness(t testing.TB, lim Limits) *harness {
+func newHarness(t testing.TB, lim events.RunLimits) *harness {
 	env := newMemEnv(t)
 	return &harness{t: t, env: env, m: New(env, lim)}
 }

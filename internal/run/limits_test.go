@@ -34,7 +34,7 @@ func wakes(out []Effect) []Effect {
 }
 
 func TestCallsOverALimitWaitAndStartWhenASlotFrees(t *testing.T) {
-	h := limited(newHarness(t, Limits{}), limits.Spec{MaxInFlight: 1}).agent()
+	h := limited(newHarness(t, events.RunLimits{}), limits.Spec{MaxInFlight: 1}).agent()
 	out := h.decide(plan(action("t.read", map[string]any{"i": 0}), action("t.read", map[string]any{"i": 1}), action("t.read", map[string]any{"i": 2})))
 	require.Len(t, h.dispatched(), 1, "one slot")
 	assert.Equal(t, 2, waitingSteps(out), "each waiting call says so once")
@@ -64,7 +64,7 @@ func TestCallsOverALimitWaitAndStartWhenASlotFrees(t *testing.T) {
 }
 
 func TestKeysAreIndependent(t *testing.T) {
-	h := limited(newHarness(t, Limits{}), limits.Spec{Key: "{{.input.k}}", MaxInFlight: 1}).agent()
+	h := limited(newHarness(t, events.RunLimits{}), limits.Spec{Key: "{{.input.k}}", MaxInFlight: 1}).agent()
 	h.decide(plan(action("t.read", map[string]any{"k": "a"}), action("t.read", map[string]any{"k": "a"}), action("t.read", map[string]any{"k": "b"})))
 	var started []int
 	for _, c := range h.dispatched() {
@@ -74,7 +74,7 @@ func TestKeysAreIndependent(t *testing.T) {
 }
 
 func TestTheRunDeadlineEndsAWaitForCapacity(t *testing.T) {
-	h := limited(newHarness(t, Limits{}), limits.Spec{MaxInFlight: 1}).agent()
+	h := limited(newHarness(t, events.RunLimits{}), limits.Spec{MaxInFlight: 1}).agent()
 	h.decide(plan(action("t.read", map[string]any{"i": 0}), action("t.read", map[string]any{"i": 1})))
 	out := h.fire(events.TimerRunDeadline)
 	assert.Equal(t, "run_deadline_exceeded", string(h.code()))
@@ -91,7 +91,7 @@ func TestTheRunDeadlineEndsAWaitForCapacity(t *testing.T) {
 }
 
 func TestPolicyOverridesTheDeclaredLimit(t *testing.T) {
-	h := limited(newHarness(t, Limits{}), limits.Spec{MaxInFlight: 1})
+	h := limited(newHarness(t, events.RunLimits{}), limits.Spec{MaxInFlight: 1})
 	h.env.policy = &policy.Evaluator{Config: &policy.Config{Limits: map[string]limits.Spec{"t.read": {MaxInFlight: 3}}}}
 	h.agent()
 	h.decide(plan(action("t.read", map[string]any{"i": 0}), action("t.read", map[string]any{"i": 1}), action("t.read", map[string]any{"i": 2})))
@@ -99,7 +99,7 @@ func TestPolicyOverridesTheDeclaredLimit(t *testing.T) {
 }
 
 func TestWorkflowStepsWaitForCapacityToo(t *testing.T) {
-	h := limited(newHarness(t, Limits{}), limits.Spec{MaxInFlight: 1}).workflow(`{"workflowName":"w","steps":[
+	h := limited(newHarness(t, events.RunLimits{}), limits.Spec{MaxInFlight: 1}).workflow(`{"workflowName":"w","steps":[
 		{"id":"a","action":"t.read","input":{"i":0}},{"id":"b","action":"t.read","input":{"i":1}}]}`)
 	require.Len(t, h.dispatched(), 1)
 	h.succeed(h.st.Calls[0].CallID, map[string]any{"ok": true})
@@ -116,7 +116,7 @@ func TestADedicatedPoolServesOnlyItsTenants(t *testing.T) {
 		tenant string
 		ok     bool
 	}{{"", false}, {"globex", false}, {"acme", true}} {
-		h := newHarness(t, Limits{})
+		h := newHarness(t, events.RunLimits{})
 		h.env.catalog["t.read"].Tenants = []string{"acme"}
 		h.start(events.RunRequested{Tenant: tc.tenant, Action: &events.ActionCall{Name: "t.read", Args: map[string]any{}}})
 		if tc.ok {
@@ -132,7 +132,7 @@ func TestADedicatedPoolServesOnlyItsTenants(t *testing.T) {
 // the host's run budget and the tenant's daily budget, field by field; a
 // request above the host's run budget is refused.
 func TestARunsBudgetIsCappedByTheHostAndItsTenantsDay(t *testing.T) {
-	lim := Limits{RunBudget: events.Budget{MaxTokens: 5000}, TenantBudgets: map[string]events.Budget{
+	lim := events.RunLimits{RunBudget: events.Budget{MaxTokens: 5000}, TenantBudgets: map[string]events.Budget{
 		"acme": {MaxTokens: 3000, MaxCostUSD: 1}, "*": {MaxCostUSD: 2}}}
 	m := New(nil, lim)
 	cases := []struct {

@@ -19,7 +19,7 @@ import (
 var allModes = []string{"read", "draft", "dryRun", "mutate"}
 
 func TestStartArmsTheRunDeadlineAndAsksThePlanner(t *testing.T) {
-	h := newHarness(t, Limits{})
+	h := newHarness(t, events.RunLimits{})
 	h.start(events.RunRequested{Prompt: "help", DeadlineMs: 5000})
 	assert.Equal(t, KindAgent, h.st.Kind)
 	assert.Equal(t, StatusRunning, h.st.Status)
@@ -115,14 +115,14 @@ func TestDecisions(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, Limits{}).start(events.RunRequested{Prompt: "help", AllowedModes: tc.modes})
+			h := newHarness(t, events.RunLimits{}).start(events.RunRequested{Prompt: "help", AllowedModes: tc.modes})
 			tc.check(t, h, h.decide(tc.decision))
 		})
 	}
 }
 
 func TestStaleAndDuplicateDecisionsChangeNothing(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	h.decide(action("t.read", nil))
 	before, _ := json.Marshal(h.st)
 	assert.Nil(t, h.apply(&events.DecisionMade{RunID: testRunID, Cycle: 1, Decision: action("t.read", nil)}), "a duplicate decision")
@@ -132,13 +132,13 @@ func TestStaleAndDuplicateDecisionsChangeNothing(t *testing.T) {
 }
 
 func TestAPlannerErrorFailsTheRun(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	h.apply(&events.DecisionMade{RunID: testRunID, Cycle: 1, Error: actionbus.Errorf(actionbus.CodeProviderError, "down")})
 	assert.Equal(t, actionbus.CodeProviderError, h.code())
 }
 
 func TestPlanResultsAreObservedInDeclarationOrder(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	h.decide(plan(action("t.read", map[string]any{"n": 0}), action("t.other", nil), action("t.read", map[string]any{"n": 2})))
 	calls := h.dispatched()
 	require.Len(t, calls, 3)
@@ -155,7 +155,7 @@ func TestPlanResultsAreObservedInDeclarationOrder(t *testing.T) {
 }
 
 func TestAPlanKeepsEachDistinctPolicyVerdictOnceAndEveryWorkItemItsOwn(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	h.decide(plan(action("t.read", map[string]any{"n": 0}), action("t.other", nil), action("t.read", map[string]any{"n": 2})))
 	calls := h.dispatched()
 	require.Len(t, calls, 3)
@@ -180,7 +180,7 @@ func TestAPlanKeepsEachDistinctPolicyVerdictOnceAndEveryWorkItemItsOwn(t *testin
 }
 
 func TestPlanParallelismIsBounded(t *testing.T) {
-	h := newHarness(t, Limits{MaxPlanParallel: 2}).agent()
+	h := newHarness(t, events.RunLimits{MaxPlanParallel: 2}).agent()
 	var acts []events.Decision
 	for i := range 5 {
 		acts = append(acts, action("t.read", map[string]any{"i": i}))
@@ -199,7 +199,7 @@ func TestPlanParallelismIsBounded(t *testing.T) {
 func TestPartialOK(t *testing.T) {
 	for _, partial := range []bool{false, true} {
 		t.Run(fmt.Sprint("partial_ok=", partial), func(t *testing.T) {
-			h := newHarness(t, Limits{}).agent()
+			h := newHarness(t, events.RunLimits{}).agent()
 			p := plan(action("t.read", nil), action("t.query", map[string]any{}))
 			p.PartialOK = partial
 			h.decide(p)
@@ -226,7 +226,7 @@ func TestPartialOK(t *testing.T) {
 }
 
 func TestAFailedPlanWithoutPartialOKAppliesNoOutput(t *testing.T) {
-	h := newHarness(t, Limits{MaxFailedRounds: 3}).agent()
+	h := newHarness(t, events.RunLimits{MaxFailedRounds: 3}).agent()
 	h.decide(plan(action("t.read", nil), action("t.other", nil)))
 	calls := h.dispatched()
 	h.succeed(calls[0].CallID, map[string]any{"secret": 1})
@@ -237,7 +237,7 @@ func TestAFailedPlanWithoutPartialOKAppliesNoOutput(t *testing.T) {
 }
 
 func TestDirectFinalDeclarationOrderWins(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	h.decide(plan(action("t.read", nil), action("t.other", nil)))
 	calls := h.dispatched()
 	h.succeed(calls[1].CallID, map[string]any{"resultKind": "final", "markdown": "second"})
@@ -248,7 +248,7 @@ func TestDirectFinalDeclarationOrderWins(t *testing.T) {
 }
 
 func TestACompleteResultEndsTheRun(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	h.decide(action("t.read", nil))
 	h.apply(&events.ActionCompleted{RunID: testRunID, CallID: h.dispatched()[0].CallID, Output: map[string]any{"n": 1}, Summary: "one", Complete: true})
 	assert.Equal(t, StatusCompleted, h.st.Status)
@@ -260,7 +260,7 @@ func TestACompleteResultEndsTheRun(t *testing.T) {
 func TestMaxFailedRounds(t *testing.T) {
 	for _, rounds := range []int{1, 2, 3} {
 		t.Run(fmt.Sprint(rounds), func(t *testing.T) {
-			h := newHarness(t, Limits{MaxFailedRounds: rounds}).agent()
+			h := newHarness(t, events.RunLimits{MaxFailedRounds: rounds}).agent()
 			for r := 1; r <= rounds; r++ {
 				require.False(t, h.st.IsTerminal(), "still running before round %d", r)
 				h.decide(action("t.read", nil))
@@ -273,7 +273,7 @@ func TestMaxFailedRounds(t *testing.T) {
 }
 
 func TestASuccessResetsTheFailureStreak(t *testing.T) {
-	h := newHarness(t, Limits{MaxFailedRounds: 2}).agent()
+	h := newHarness(t, events.RunLimits{MaxFailedRounds: 2}).agent()
 	h.decide(action("t.read", nil))
 	h.failCall(h.dispatched()[0].CallID, "upstream_down")
 	h.decide(action("t.read", nil))
@@ -284,7 +284,7 @@ func TestASuccessResetsTheFailureStreak(t *testing.T) {
 }
 
 func TestMaxCyclesEndsTheRun(t *testing.T) {
-	h := newHarness(t, Limits{MaxCycles: 2}).agent()
+	h := newHarness(t, events.RunLimits{MaxCycles: 2}).agent()
 	for range 2 {
 		h.decide(action("t.read", nil))
 		h.succeed(h.dispatched()[0].CallID, nil)
@@ -293,7 +293,7 @@ func TestMaxCyclesEndsTheRun(t *testing.T) {
 }
 
 func TestSynthesizeInstructionGoesToTheNextDecision(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	p := plan(action("t.read", nil))
 	p.SynthesizeInstruction = "summarize"
 	h.decide(p)
@@ -309,7 +309,7 @@ func TestSynthesizeInstructionGoesToTheNextDecision(t *testing.T) {
 }
 
 func TestPerActionSynthesis(t *testing.T) {
-	h := newHarness(t, Limits{MaxSectionParallel: 2}).agent()
+	h := newHarness(t, events.RunLimits{MaxSectionParallel: 2}).agent()
 	var acts []events.Decision
 	for i := range 3 {
 		a := action("t.read", map[string]any{"i": i})
@@ -348,7 +348,7 @@ func TestPerActionSynthesis(t *testing.T) {
 }
 
 func TestAnswerToAClarifyAsksThePlannerAgain(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	h.decide(events.Decision{Type: events.DecisionClarify, Question: "which?"})
 	out := h.apply(&events.InputProvided{RunID: testRunID, Answer: "that one"})
 	assert.Equal(t, StatusRunning, h.st.Status)
@@ -391,7 +391,7 @@ func TestTimers(t *testing.T) {
 		{"the run's deadline", func(h *harness) { h.decide(action("t.read", nil)) }, events.TimerRunDeadline, actionbus.CodeRunDeadline},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, Limits{}).agent()
+			h := newHarness(t, events.RunLimits{}).agent()
 			tc.setup(h)
 			if tc.kind == "" {
 				assert.Nil(t, h.last, "a stale timer changes nothing")
@@ -413,7 +413,7 @@ func TestTimers(t *testing.T) {
 }
 
 func TestCancel(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	h.decide(action("t.read", nil))
 	out := h.apply(&events.CancelRequested{RunID: testRunID, Reason: "enough"})
 	assert.Equal(t, StatusCanceled, h.st.Status)
@@ -428,7 +428,7 @@ func TestCancel(t *testing.T) {
 // TestApprovals: grants, refusals, replays, denials and expiry.
 func TestApprovals(t *testing.T) {
 	start := func(t *testing.T) (*harness, PendingApproval) {
-		h := newHarness(t, Limits{}).start(events.RunRequested{Prompt: "p", AllowedModes: allModes, UserID: "u1"})
+		h := newHarness(t, events.RunLimits{}).start(events.RunRequested{Prompt: "p", AllowedModes: allModes, UserID: "u1"})
 		h.decide(action("t.mutate", map[string]any{"id": "a"}))
 		ids := h.approvals()
 		require.Len(t, ids, 1)
@@ -553,7 +553,7 @@ const retriedMutateWorkflow = `{"workflowName": "w", "steps": [
 // of a mutate step needs an approval of its own, under its own id, and
 // gets it.
 func TestARetriedMutateStepIsApprovedAgainUnderAFreshID(t *testing.T) {
-	h := newHarness(t, Limits{})
+	h := newHarness(t, events.RunLimits{})
 	var wf map[string]any
 	require.NoError(t, json.Unmarshal([]byte(retriedMutateWorkflow), &wf))
 	h.start(events.RunRequested{Workflow: wf, AllowedModes: allModes})
@@ -580,7 +580,7 @@ func TestARetriedMutateStepIsApprovedAgainUnderAFreshID(t *testing.T) {
 }
 
 func TestACancelDuringARetryDelayAbortsTheWorkflow(t *testing.T) {
-	h := newHarness(t, Limits{}).workflow(`{"workflowName": "w", "steps": [
+	h := newHarness(t, events.RunLimits{}).workflow(`{"workflowName": "w", "steps": [
 		{"id": "a", "action": "t.read", "input": {}, "retry": {"maxAttempts": 3, "delayMs": 1000}}]}`)
 	h.failCall(h.dispatched()[0].CallID, "upstream_down")
 	require.True(t, h.st.waitingRetry())
@@ -590,7 +590,7 @@ func TestACancelDuringARetryDelayAbortsTheWorkflow(t *testing.T) {
 }
 
 func TestWorkflowStepsRunWhenTheirReferencesAreSatisfied(t *testing.T) {
-	h := newHarness(t, Limits{}).workflow(`{"workflowName": "w", "steps": [
+	h := newHarness(t, events.RunLimits{}).workflow(`{"workflowName": "w", "steps": [
 		{"id": "a", "action": "t.read", "input": {}},
 		{"id": "b", "action": "t.query", "input": {"q": {"$fromStep": "a", "path": "/name"}}},
 		{"id": "c", "action": "t.other", "input": {}}]}`)
@@ -609,7 +609,7 @@ func TestWorkflowStepsRunWhenTheirReferencesAreSatisfied(t *testing.T) {
 }
 
 func TestWorkflowContinueOnError(t *testing.T) {
-	h := newHarness(t, Limits{}).workflow(`{"workflowName": "w", "steps": [
+	h := newHarness(t, events.RunLimits{}).workflow(`{"workflowName": "w", "steps": [
 		{"id": "a", "action": "t.read", "input": {}, "continueOnError": true},
 		{"id": "b", "action": "t.other", "input": {}}]}`)
 	calls := h.dispatched()
@@ -619,7 +619,7 @@ func TestWorkflowContinueOnError(t *testing.T) {
 }
 
 func TestAnInvalidWorkflowFailsBeforeAnyStep(t *testing.T) {
-	h := newHarness(t, Limits{}).workflow(`{"workflowName": "w", "steps": [{"id": "a", "action": "t.nope", "input": {}}]}`)
+	h := newHarness(t, events.RunLimits{}).workflow(`{"workflowName": "w", "steps": [{"id": "a", "action": "t.nope", "input": {}}]}`)
 	assert.Equal(t, actionbus.CodeWorkflowValidation, h.code())
 	assert.False(t, has(h.all, EffectAct))
 }
@@ -633,7 +633,7 @@ func TestWorkflowStateIsBounded(t *testing.T) {
 		steps = append(steps, fmt.Sprintf(`{"id": "s%d", "action": "t.read", "input": {}}`, i))
 	}
 	steps = append(steps, `{"id": "last", "action": "t.query", "input": {"q": {"$fromStep": "s0", "path": "/blob"}}}`)
-	h := newHarness(t, Limits{MaxPlanParallel: 4}).workflow(`{"workflowName": "big", "steps": [` + strings.Join(steps, ",") + `]}`)
+	h := newHarness(t, events.RunLimits{MaxPlanParallel: 4}).workflow(`{"workflowName": "big", "steps": [` + strings.Join(steps, ",") + `]}`)
 	blob := strings.Repeat("b", 250<<10)
 	largest := 0
 	pending := h.dispatched()
@@ -657,13 +657,13 @@ func TestWorkflowStateIsBounded(t *testing.T) {
 }
 
 func TestExecRunFailsOnInvalidArguments(t *testing.T) {
-	h := newHarness(t, Limits{}).start(events.RunRequested{Action: &events.ActionCall{Name: "t.query", Args: map[string]any{}}})
+	h := newHarness(t, events.RunLimits{}).start(events.RunRequested{Action: &events.ActionCall{Name: "t.query", Args: map[string]any{}}})
 	assert.Equal(t, KindExec, h.st.Kind)
 	assert.Equal(t, actionbus.CodeActionArgsInvalid, h.code())
 }
 
 func TestExecRunCarriesTheHostsIdempotencyKey(t *testing.T) {
-	h := newHarness(t, Limits{}).start(events.RunRequested{Action: &events.ActionCall{Name: "t.read", IdempotencyKey: "k-1"}})
+	h := newHarness(t, events.RunLimits{}).start(events.RunRequested{Action: &events.ActionCall{Name: "t.read", IdempotencyKey: "k-1"}})
 	calls := h.dispatched()
 	require.Len(t, calls, 1)
 	assert.Equal(t, "k-1", calls[0].IdempotencyKey)
@@ -675,7 +675,7 @@ func TestExecRunCarriesTheHostsIdempotencyKey(t *testing.T) {
 // cannot answer is a typed failure (catalog_unavailable), never an event
 // left unanswered and redelivered until the run's deadline (issue 36).
 func TestACatalogThatCannotBeReadEndsTheCallTyped(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	h.env.catalogDown = true
 	out, err := h.m.Apply(context.Background(), h.st, Event{ID: "x", Data: &events.DecisionMade{RunID: testRunID, Cycle: 1, Decision: action("t.read", nil)}})
 	require.NoError(t, err)
@@ -689,7 +689,7 @@ func TestACatalogThatCannotBeReadEndsTheCallTyped(t *testing.T) {
 func TestIdsAreDeterministic(t *testing.T) {
 	run := func(key string) []string {
 		env := newMemEnv(t)
-		m := New(env, Limits{})
+		m := New(env, events.RunLimits{})
 		st, out, err := m.Start(context.Background(), &events.RunRequested{RunID: testRunID, Prompt: "p"}, key)
 		require.NoError(t, err)
 		more, err := m.Apply(context.Background(), st, Event{ID: "e", Data: &events.DecisionMade{RunID: testRunID, Cycle: 1,
@@ -719,7 +719,7 @@ func TestStepNamesAreUnique(t *testing.T) {
 // Seed 000: partial_ok records failed actions as structured error results
 // and goes on.
 func TestPartialOKRecordsAFailedActionAsAPlannedActionErrorWithOKFalse(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	p := plan(action("t.read", nil), action("t.other", nil))
 	p.PartialOK = true
 	h.decide(p)
@@ -746,7 +746,7 @@ func TestRunStartedNamesTheRunsKind(t *testing.T) {
 		{events.RunRequested{Action: &events.ActionCall{Name: "t.read"}}, KindExec},
 		{events.RunRequested{Workflow: wf}, KindWorkflow},
 	} {
-		h := newHarness(t, Limits{}).start(tc.req)
+		h := newHarness(t, events.RunLimits{}).start(tc.req)
 		assert.Equal(t, string(tc.kind), h.all[0].Data.(*events.RunStarted).Kind)
 	}
 }
@@ -755,7 +755,7 @@ func TestRunStartedNamesTheRunsKind(t *testing.T) {
 // artifact and overwritten before a later step reads it fails that step
 // with artifact_mismatch; nothing runs with the changed input.
 func TestAStepWhoseInputWasTamperedWithFails(t *testing.T) {
-	h := newHarness(t, Limits{}).workflow(`{"workflowName": "w", "steps": [
+	h := newHarness(t, events.RunLimits{}).workflow(`{"workflowName": "w", "steps": [
 		{"id": "a", "action": "t.read", "input": {}},
 		{"id": "b", "action": "t.query", "input": {"q": {"$fromStep": "a", "path": "/blob"}}}]}`)
 	big := strings.Repeat("x", 20<<10)
@@ -776,7 +776,7 @@ func TestAStepWhoseInputWasTamperedWithFails(t *testing.T) {
 // plan of three arms one; when it fires, every silent call is sent once
 // more and the timer is armed again; a second silence stalls the run.
 func TestOneTimerCoversEveryCallInFlight(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	out := h.decide(plan(action("t.read", nil), action("t.other", nil), action("t.read", map[string]any{"q": "x"})))
 	timers := func(out []Effect) int {
 		n := 0
@@ -805,7 +805,7 @@ func TestOneTimerCoversEveryCallInFlight(t *testing.T) {
 // A run stored before calls shared one timer keeps its calls' own
 // schedules: the calls timer neither fires them early nor loses them.
 func TestCallsFromBeforeTheSharedTimerKeepTheirOwnSchedules(t *testing.T) {
-	h := newHarness(t, Limits{}).agent()
+	h := newHarness(t, events.RunLimits{}).agent()
 	h.decide(plan(action("t.read", nil), action("t.other", nil)))
 	calls := h.dispatched()
 	call := func(i int) *CallState { return &h.st.Calls[h.st.callIndex(calls[i].CallID)] }
@@ -832,13 +832,13 @@ func TestAGatewaysPrincipalHoldsUntilItExpires(t *testing.T) {
 		return events.RunRequested{Prompt: "help", UserID: "mallory", Principal: &events.Principal{User: "alice", Roles: claim.Roles,
 			ExpiresAt: claim.ExpiresAt, Token: token}}
 	}
-	h := newHarness(t, Limits{})
+	h := newHarness(t, events.RunLimits{})
 	h.start(request(h))
 	assert.Equal(t, "alice", h.st.UserID, "the run acts for the gateway's user, not the userId written beside it")
 	assert.Equal(t, policy.Principal{Tenant: events.DefaultTenant, Gateway: "gw", User: "alice", Grants: policy.Grants{Roles: []string{"finance"}}}, h.st.Principal)
 	assert.False(t, h.st.IsTerminal())
 
-	replay := newHarness(t, Limits{})
+	replay := newHarness(t, events.RunLimits{})
 	req := request(replay)
 	replay.env.advance(7 * 24 * time.Hour)
 	replay.start(req)

@@ -41,7 +41,7 @@ const maxStateBytes = 256 << 10
 // and denials; answers; synthesis parts; and replays of earlier events — and
 // checks the invariants after every transition.
 func playScript(t *testing.T, s *script) {
-	playScriptH(t, s, newHarness(t, Limits{MaxPlanParallel: 2, MaxSectionParallel: 2, MaxCycles: 6}))
+	playScriptH(t, s, newHarness(t, events.RunLimits{MaxPlanParallel: 2, MaxSectionParallel: 2, MaxCycles: 6}))
 }
 
 func playScriptH(t *testing.T, s *script, h *harness) {
@@ -296,7 +296,7 @@ func TestRandomEventSequencesKeepTheInvariantsUnderOneAlarm(t *testing.T) {
 			b[i] = byte(rng.UintN(256))
 		}
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			h := newHarness(t, Limits{MaxPlanParallel: 2, MaxSectionParallel: 2, MaxCycles: 6})
+			h := newHarness(t, events.RunLimits{MaxPlanParallel: 2, MaxSectionParallel: 2, MaxCycles: 6})
 			h.alarm = true
 			if seed%2 == 1 {
 				h.admitWithin = 30 * time.Second // as the dispatcher admits

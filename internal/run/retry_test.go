@@ -28,7 +28,7 @@ const retryRunID = "01JB0000000000000000000002"
 func failedRun(t *testing.T, user string) (*harness, map[string]any) {
 	var wf map[string]any
 	require.NoError(t, json.Unmarshal([]byte(fourSteps), &wf))
-	h := newHarness(t, Limits{MaxPlanParallel: 1})
+	h := newHarness(t, events.RunLimits{MaxPlanParallel: 1})
 	h.start(events.RunRequested{Workflow: wf, UserID: user})
 	for !h.st.IsTerminal() {
 		calls := h.dispatched()
@@ -106,7 +106,7 @@ func TestARetryIsRefused(t *testing.T) {
 // failedAgentRun runs an agent run whose first cycle succeeds and whose
 // second cycle's action fails until the run gives up, and stores it.
 func failedAgentRun(t *testing.T) *harness {
-	h := newHarness(t, Limits{MaxFailedRounds: 1}).start(events.RunRequested{Prompt: "help", Scenario: "s", UserID: "u1"})
+	h := newHarness(t, events.RunLimits{MaxFailedRounds: 1}).start(events.RunRequested{Prompt: "help", Scenario: "s", UserID: "u1"})
 	h.decide(action("t.read", map[string]any{"i": 1}))
 	h.succeed(h.dispatched()[0].CallID, map[string]any{"v": "first"})
 	h.decide(action("t.other", map[string]any{}))
@@ -296,7 +296,7 @@ func TestRetriedAlready(t *testing.T) {
 // failedExecRun runs a one-action run of t.read that fails, requested as
 // req, and stores it as a prior run.
 func failedExecRun(t *testing.T, req func(h *harness, runID string) events.RunRequested) *harness {
-	h := newHarness(t, Limits{})
+	h := newHarness(t, events.RunLimits{})
 	h.start(req(h, testRunID))
 	calls := h.dispatched()
 	require.Len(t, calls, 1)

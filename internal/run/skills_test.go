@@ -28,7 +28,7 @@ var reviewSkill = skills.Skill{Name: "review", Description: "Review a report.", 
 // skillHarness is an agent run with the report and review skills in the
 // catalog.
 func skillHarness(t *testing.T) *harness {
-	h := newHarness(t, Limits{})
+	h := newHarness(t, events.RunLimits{})
 	h.env.addSkill(t, reportSkill)
 	h.env.addSkill(t, reviewSkill)
 	return h.start(events.RunRequested{Prompt: "report", AllowedModes: allModes})
@@ -230,7 +230,7 @@ func TestHandoffTrimsHistoryAndHaltsOnACycle(t *testing.T) {
 }
 
 func TestHandoffOnlyToAnAllowedTarget(t *testing.T) {
-	h := newHarness(t, Limits{})
+	h := newHarness(t, events.RunLimits{})
 	h.env.addSkill(t, reportSkill)
 	h.env.addSkill(t, reviewSkill)
 	h.env.addSkill(t, skills.Skill{Name: "other", Description: "Other."})

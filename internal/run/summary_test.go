@@ -23,7 +23,7 @@ func TestSummariesSayWhatARunWaitsFor(t *testing.T) {
 		{"nothing once ended", func(h *harness) { h.decide(events.Decision{Type: events.DecisionFinal, Answer: "ok"}) }, StatusCompleted, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, Limits{}).start(events.RunRequested{Prompt: "p", AllowedModes: allModes, UserID: "u1"})
+			h := newHarness(t, events.RunLimits{}).start(events.RunRequested{Prompt: "p", AllowedModes: allModes, UserID: "u1"})
 			tc.drive(h)
 			s := Summarize(h.st, h.env.Now().Add(90*time.Second))
 			assert.Equal(t, tc.status, s.Status)
@@ -35,7 +35,7 @@ func TestSummariesSayWhatARunWaitsFor(t *testing.T) {
 }
 
 func TestAWorkflowWaitingForARetrySaysWhichStep(t *testing.T) {
-	h := newHarness(t, Limits{}).workflow(`{"workflowName": "w", "steps": [{"id": "a", "action": "t.read", "input": {}, "retry": {"maxAttempts": 2, "delayMs": 1000}}]}`)
+	h := newHarness(t, events.RunLimits{}).workflow(`{"workflowName": "w", "steps": [{"id": "a", "action": "t.read", "input": {}, "retry": {"maxAttempts": 2, "delayMs": 1000}}]}`)
 	h.failCall(h.dispatched()[0].CallID, "upstream_down")
 	assert.Equal(t, "retry of step a (attempt 2)", Summarize(h.st, h.env.Now()).Waiting)
 }

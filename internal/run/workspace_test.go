@@ -15,7 +15,7 @@ import (
 const draft = "# Report\n\n## Summary\n\nThree jobs failed.\n\n## Next steps\n\nRetry them."
 
 func workspaceHarness(t *testing.T) *harness {
-	return newHarness(t, Limits{}).start(events.RunRequested{Prompt: "repair the report", Workspace: map[string]string{"report.md": draft}})
+	return newHarness(t, events.RunLimits{}).start(events.RunRequested{Prompt: "repair the report", Workspace: map[string]string{"report.md": draft}})
 }
 
 func TestTheWorkspaceActionsRunInTheDispatcher(t *testing.T) {
@@ -96,9 +96,9 @@ func TestADocumentIsPublishedAsAnArtifact(t *testing.T) {
 }
 
 func TestAWorkspaceIsForAgentRuns(t *testing.T) {
-	h := newHarness(t, Limits{}).start(events.RunRequested{Action: &events.ActionCall{Name: "t.read"}, Workspace: map[string]string{"a.md": "x"}})
+	h := newHarness(t, events.RunLimits{}).start(events.RunRequested{Action: &events.ActionCall{Name: "t.read"}, Workspace: map[string]string{"a.md": "x"}})
 	assert.Equal(t, StatusFailed, h.st.Status)
-	h = newHarness(t, Limits{}).start(events.RunRequested{Prompt: "p", Workspace: map[string]string{"../a.md": "x"}})
+	h = newHarness(t, events.RunLimits{}).start(events.RunRequested{Prompt: "p", Workspace: map[string]string{"../a.md": "x"}})
 	assert.Equal(t, actionbus.CodeWorkspacePath, h.code())
 }
 
@@ -107,7 +107,7 @@ func TestAWorkspaceIsForAgentRuns(t *testing.T) {
 // document altered in the store fails the run instead of being used.
 func TestLargeDocumentsAreKeptByArtifactReference(t *testing.T) {
 	big := "# Long report\n\n## Data\n\n" + strings.Repeat("Row of figures for the long report. ", 400)
-	h := newHarness(t, Limits{}).start(events.RunRequested{Prompt: "p", Workspace: map[string]string{"long.md": big, "short.md": "# Short"}})
+	h := newHarness(t, events.RunLimits{}).start(events.RunRequested{Prompt: "p", Workspace: map[string]string{"long.md": big, "short.md": "# Short"}})
 	f := h.st.Agent.Workspace.Files["long.md"]
 	require.NotNil(t, f.Ref, "kept by reference")
 	assert.Empty(t, f.Content, "not inline in run state")
