@@ -176,16 +176,18 @@ func (d *Dispatcher) fenceUnseen(ctx context.Context, runID string, p int, fence
 // loadOwned reads the stored state of runID, a run of a partition this
 // dispatcher serves, for a transition: after its fence (fences.ensure),
 // with lookEnd. A state whose end is stored but not written is returned
-// ended, adopted true, its outbox what the end implies besides its event
-// (to be written and published: commitAdopted). fence is this
+// ended (repair, from the run's log), adopted true, its outbox what the
+// end implies besides its event (to be written and published:
+// commitAdopted). fence is this
 // dispatcher's on the run's partition.
 func (d *Dispatcher) loadOwned(ctx context.Context, runID string) (st *run.State, entry jetstream.KeyValueEntry, adopted bool, fence uint64, err error) {
 	st, entry, end, fence, err := d.loadOwnedEnd(ctx, runID)
 	if err != nil || end == nil {
 		return st, entry, false, fence, err
 	}
-	st.Outbox = d.machine.Adopt(st, end.Terminal)
-	return st, entry, true, fence, nil
+	repaired, outbox := d.repair(ctx, st, end, nil)
+	repaired.Outbox = outbox
+	return repaired, entry, true, fence, nil
 }
 
 // endInStream is a run's end as stored: its terminal and the ids of the
@@ -247,17 +249,19 @@ func (d *Dispatcher) loadOwnedEnd(ctx context.Context, runID string) (st *run.St
 // The ended state is the state as read plus what the transition that
 // ended the run applied — a call's result, which a retry of the run
 // reuses; a step — and the end names the events that transition applied
-// (endedByHeader). They were not acknowledged, so they come back: when
-// all of them are in hand, repair applies exactly those, in that order,
-// to a copy, their effects dropped, and keeps the copy if it ends the run
-// as stored. Anything else in hand (a result of a canceled run that
-// finished after the end, a grant sent after it) is no part of that
-// transition and meets the ended state, as it does without a crash.
-// When they are not all in hand (they came back apart; the republisher
-// has none), or the copy ends otherwise, the end is adopted on the state
-// as read (run.Machine.Adopt), without what the transition recorded
-// besides it. The releases of slots the recomputation acquired are kept
-// either way.
+// (endedByHeader). repair applies exactly those, in that order, to a
+// copy, their effects dropped, and keeps the copy if it ends the run as
+// stored. It takes them from batch, the events in hand (they were not
+// acknowledged, so they come back), and those not in hand — they came
+// back apart, a late first delivery found the end before them, or the
+// caller has none (the republisher) — from the run's stored log. Anything
+// else in hand (a result of a canceled run that finished after the end, a
+// grant sent after it) is no part of that transition and meets the ended
+// state, as it does without a crash. When a named event is in neither
+// (one the log does not hold, such as a capacity check), or the copy ends
+// otherwise, the end is adopted on the state as read
+// (run.Machine.Adopt), without what the transition recorded besides it.
+// The releases of slots the recomputation acquired are kept either way.
 func (d *Dispatcher) repair(ctx context.Context, st *run.State, end *endInStream, batch []*job) (*run.State, []run.Effect) {
 	rebuilt, releases := d.recompute(ctx, st, end, batch)
 	if rebuilt != nil {
@@ -266,22 +270,34 @@ func (d *Dispatcher) repair(ctx context.Context, st *run.State, end *endInStream
 	return st, append(releases, d.machine.Adopt(st, end.Terminal)...)
 }
 
-// recompute applies the events of batch that end names to a copy of st,
-// as repair describes, and returns the copy if it ends as end, with the
-// releases of slots its transitions implied (and, if it does not, of
-// every slot it holds).
+// namedEvent is an event the end of a run names, with the tenant its
+// subject names.
+type namedEvent struct {
+	ev     run.Event
+	tenant string
+}
+
+// recompute applies the events that end names (from batch, else from the
+// run's stored log) to a copy of st, as repair describes, and returns the
+// copy if it ends as end, with the releases of slots its transitions
+// implied (and, if it does not, of every slot it holds).
 func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStream, batch []*job) (*run.State, []run.Effect) {
 	if len(end.endedBy) == 0 {
 		return nil, nil
 	}
-	byID := make(map[string]*job, len(batch))
-	for _, j := range batch {
-		byID[j.ev.ID] = j
-	}
+	named := make(map[string]*namedEvent, len(end.endedBy))
 	for _, id := range end.endedBy {
-		if byID[id] == nil {
-			return nil, nil
+		named[id] = nil
+	}
+	missing := len(named)
+	for _, j := range batch {
+		if n, ok := named[j.ev.ID]; ok && n == nil {
+			named[j.ev.ID] = &namedEvent{ev: j.ev, tenant: j.tenant}
+			missing--
 		}
+	}
+	if missing > 0 && !d.namedFromLog(ctx, st, named) {
+		return nil, nil
 	}
 	val, err := st.Encode()
 	if err != nil {
@@ -293,11 +309,11 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 	}
 	var releases []run.Effect
 	for _, id := range end.endedBy {
-		j := byID[id]
-		if copied.IsTerminal() || copied.CheckTenant(j.tenant) != nil {
+		n := named[id]
+		if copied.IsTerminal() || copied.CheckTenant(n.tenant) != nil {
 			continue
 		}
-		effects, err := d.machine.Apply(ctx, &copied, j.ev)
+		effects, err := d.machine.Apply(ctx, &copied, n.ev)
 		for _, e := range effects {
 			if e.Kind == run.EffectRelease {
 				releases = append(releases, e)
@@ -312,6 +328,30 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 	}
 	copied.Outbox = nil
 	return &copied, releases
+}
+
+// namedFromLog fills the events of named not yet found from run st's
+// stored log, and reports whether every one of them is found. A log that
+// cannot be read finds none: the end is adopted then.
+func (d *Dispatcher) namedFromLog(ctx context.Context, st *run.State, named map[string]*namedEvent) bool {
+	log, err := d.storedLog(ctx, st.TenantOrDefault(), st.RunID)
+	if err != nil {
+		d.log.Warn("repairing a run's end: its log could not be read; adopting the end", "run_id", st.RunID, "err", err)
+		return false
+	}
+	for _, e := range log {
+		id := e.rec.Event.ID()
+		if n, ok := named[id]; ok && n == nil {
+			named[id] = &namedEvent{ev: run.Event{ID: id, Data: e.rec.Data}, tenant: e.rec.Tenant}
+		}
+	}
+	for id, n := range named {
+		if n == nil {
+			d.log.Warn("repairing a run's end: an event that ended it is not in its log; adopting the end", "run_id", st.RunID, "event_id", id)
+			return false
+		}
+	}
+	return true
 }
 
 // sameEnd reports whether two terminals are the same end: equal once

@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -514,7 +515,38 @@ func TestARepairAppliesExactlyWhatEndedTheRun(t *testing.T) {
 	assert.Equal(t, run.StatusCanceled, rebuilt.Status)
 	assert.NotContains(t, rebuilt.ApprovalsDone, approvalID, "a grant sent after the end is no part of what ended the run")
 	_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, []string{cancel.ID}, []run.Event{grant}, events.DefaultTenant)
-	assert.False(t, kept, "what ended the run is not in hand: the end is adopted on the state as read")
+	assert.False(t, kept, "what ended the run is neither in hand nor in its log: the end is adopted on the state as read")
+
+	// What the run's stored end names is in its log: with nothing in hand
+	// (the republisher; a late first delivery that finds the end before
+	// the redelivery), the repair reads it from there.
+	endedBy := storedEndedBy(t, js, runID)
+	require.NotEmpty(t, endedBy, "the end published first names the events that ended the run")
+	rebuilt, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, endedBy, nil, events.DefaultTenant)
+	require.True(t, kept, "the events that ended the run are read from its log")
+	assert.Equal(t, run.StatusCanceled, rebuilt.Status)
+	assert.NotContains(t, rebuilt.ApprovalsDone, approvalID, "the grant, also in the log, is no part of what ended the run")
 	_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), &run.Terminal{Type: events.TypeRunCanceled, Reason: "another"}, []string{cancel.ID}, []run.Event{cancel}, events.DefaultTenant)
 	assert.False(t, kept, "a copy that ends otherwise is not kept")
+}
+
+// storedEndedBy returns what the stored end of run runID names as the
+// events that ended it (its Ab-Ended-By header).
+func storedEndedBy(t *testing.T, js jetstream.JetStream, runID string) []string {
+	t.Helper()
+	s, err := js.Stream(ctxT(t), "AB_RUNS")
+	require.NoError(t, err)
+	info, err := s.Info(ctxT(t), jetstream.WithSubjectFilter("ab.run.default."+runID+".>"))
+	require.NoError(t, err)
+	for subject := range info.State.Subjects {
+		switch events.MustSubjects("ab").Canonical(subject) {
+		case "ab.run.default." + runID + ".completed", "ab.run.default." + runID + ".failed", "ab.run.default." + runID + ".canceled":
+			m, err := s.GetLastMsgForSubject(ctxT(t), subject)
+			require.NoError(t, err)
+			if h := m.Header.Get("Ab-Ended-By"); h != "" {
+				return strings.Split(h, ",")
+			}
+		}
+	}
+	return nil
 }
