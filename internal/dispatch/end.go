@@ -394,12 +394,21 @@ func (d *Dispatcher) commitAdopted(ctx context.Context, st *run.State, revision,
 // errNotEnded is endedState's error for a run that has not ended.
 var errNotEnded = errors.New("the run has not ended")
 
+// endInFlight bounds how long a reader of a run that looks unended waits
+// for its end: a client hears a run's end as the server routes it, which
+// may be before the stream has stored it (and before the ended state is
+// written, when the end was published first), so a retry or a replay
+// asked for at once may find neither.
+const endInFlight = 500 * time.Millisecond
+
 // endedState returns the stored state of the ended run runID, for a
 // reader (a retry of it, a replay). A run's end may be published before
 // its state is written (endFirst), so a reader that saw the end may find
-// the state before it: it waits for the write (bounded by bus.Bounded),
-// which a crash of the writer delays until the end's events are
-// redelivered.
+// the state before it: it waits for the write — bounded by bus.Bounded
+// when the end is stored (a crash of the writer delays the write until
+// the end's events are redelivered), by endInFlight when it is not (an
+// end still on its way to the stream, or a run that has not ended:
+// errNotEnded).
 func (d *Dispatcher) endedState(ctx context.Context, runID string) (*run.State, error) {
 	st, _, err := d.loadStored(ctx, runID)
 	if err != nil || st.IsTerminal() {
@@ -409,13 +418,17 @@ func (d *Dispatcher) endedState(ctx context.Context, runID string) (*run.State, 
 	if err != nil {
 		return nil, err
 	}
+	wait := bus.PublishTimeout
 	if !stored {
-		return nil, errNotEnded
+		wait = endInFlight
 	}
-	wctx, cancel := bus.Bounded(ctx)
+	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	w, err := d.runs.Watch(wctx, runID)
 	if err != nil {
+		if !stored && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, errNotEnded
+		}
 		return nil, err
 	}
 	defer func() { _ = w.Stop() }()
@@ -433,7 +446,13 @@ func (d *Dispatcher) endedState(ctx context.Context, runID string) (*run.State, 
 				return &st, err
 			}
 		case <-wctx.Done():
-			return nil, fmt.Errorf("run %s: its end is stored, its state not written within %s: %w", runID, bus.PublishTimeout, wctx.Err())
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if !stored {
+				return nil, errNotEnded
+			}
+			return nil, fmt.Errorf("run %s: its end is stored, its state not written within %s: %w", runID, wait, wctx.Err())
 		}
 	}
 }

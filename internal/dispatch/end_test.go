@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
@@ -549,4 +550,29 @@ func storedEndedBy(t *testing.T, js jetstream.JetStream, runID string) []string 
 		}
 	}
 	return nil
+}
+
+// A reader of a run that has not ended — a retry naming it, a replay —
+// waits a moment for an end on its way (a client may hear an end before
+// the stream stores it) and is then told the run has not ended.
+func TestARunThatHasNotEndedIsNeitherRetriedNorReplayed(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	g := newGated()
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: g.register})
+	t.Cleanup(func() { close(g.gate) }) // before the stack stops
+	var d *dispatch.Dispatcher
+	startDispatcher(t, srv, dispatch.Config{InstanceID: "reader"}, func(x *dispatch.Dispatcher) { d = x })
+	running, err := st.Client.Start(ctxT(t), client.RunRequest{Action: &client.ActionCall{Name: "gate.wait", Args: map[string]any{}}})
+	require.NoError(t, err)
+	g.awaitStarted(t)
+
+	_, err = d.ReplayLog(ctxT(t), "default", running)
+	require.ErrorContains(t, err, "has not ended")
+
+	res, err := st.Client.Run(ctxT(t), client.RunRequest{RetryOf: running, Action: &client.ActionCall{Name: "gate.wait", Args: map[string]any{}}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	require.NotNil(t, res.Error)
+	assert.Equal(t, actionbus.CodeRetryRefused, res.Error.Code)
+	assert.Contains(t, res.Error.Message, "is running")
 }
