@@ -305,10 +305,13 @@ func TestTheConsoleFollowsARunAndApprovesFromTheInbox(t *testing.T) {
 		}))
 	}
 	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
-	// shows waits until an element matches sel: the page re-renders its
-	// tables on every update, so a node found once may be replaced.
+	// shows waits until an element matches sel and is rendered (has a
+	// box): the page re-renders its tables on every update, so a node
+	// found once may be replaced, and it renders a view's tables while the
+	// view is hidden (a click on a nav link shows it on the hashchange
+	// event that follows).
 	shows := func(sel string) chromedp.Action[chromedp.Void] {
-		return poll(fmt.Sprintf(`document.querySelector(%q) !== null`, sel))
+		return poll(fmt.Sprintf(`(e => e !== null && e.getClientRects().length > 0)(document.querySelector(%q))`, sel))
 	}
 	// fill types a value into a form field (as the input event a user's
 	// typing fires).

@@ -34,14 +34,13 @@ func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit(t *testing
 		// the state it applies to.
 		restarted bool
 		crash     func(*dispatch.Dispatcher, func(string) bool)
-		// refusal is the code the late grant gets: the stored denial
-		// answered it (state first), or the run had ended with no
-		// approval pending (end first: the grant is applied to the state
-		// before the denial, ended by adopting the stored end, as a
-		// grant of a run canceled while it waited is).
+		// refusal is the code the late grant gets. Either way the
+		// denial answered it: stored in the state (state first), or
+		// stored as the run's end and applied again from the run's log
+		// to the state before the denial (end first: see repair).
 		refusal actionbus.Code
 	}{
-		{name: "end first, crash before the state", crash: dispatch.SetCrashAfterEnd, refusal: actionbus.CodeApprovalInvalid},
+		{name: "end first, crash before the state", crash: dispatch.SetCrashAfterEnd, refusal: actionbus.CodeApprovalReplayed},
 		{name: "state first after a restart, crash before the end", restarted: true, crash: dispatch.SetCrashAfterWrite, refusal: actionbus.CodeApprovalReplayed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
