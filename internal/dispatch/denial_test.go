@@ -61,8 +61,10 @@ func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit(t *testing
 				target   string // the run whose denial crashes
 				approval string
 				once     sync.Once
-				crashed  bool
 			)
+			// crashed is closed when the dispatcher crashes: after it
+			// published the end, so the client may hear the end first.
+			crashed := make(chan struct{})
 			grantErr := make(chan error, 1)
 			crash := func(runID string) bool {
 				mu.Lock()
@@ -76,7 +78,8 @@ func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit(t *testing
 				// nak delay).
 				now := false
 				once.Do(func() {
-					now, crashed = true, true
+					now = true
+					close(crashed)
 					go func() { grantErr <- st.Client.Approve(ctx, approval, "k1", approvalKey) }()
 				})
 				return now
@@ -106,10 +109,11 @@ func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit(t *testing
 			require.NoError(t, err)
 			require.NotNil(t, res.Error)
 			assert.Equal(t, actionbus.CodeApprovalDenied, res.Error.Code, "the client is told the approval was denied")
-			mu.Lock()
-			didCrash := crashed
-			mu.Unlock()
-			require.True(t, didCrash, "the dispatcher crashed mid-commit")
+			select {
+			case <-crashed:
+			case <-ctx.Done():
+				t.Fatal("the dispatcher never crashed mid-commit")
+			}
 			var refused *actionbus.Error
 			require.ErrorAs(t, <-grantErr, &refused)
 			assert.Equal(t, tc.refusal, refused.Code, "%v", refused)
