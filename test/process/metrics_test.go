@@ -113,7 +113,20 @@ func TestServicesServeMetricsAndReadiness(t *testing.T) {
 		require.Equal(t, http.StatusOK, code)
 		return body
 	}
-	d := scrape("dispatcher")
+	// A service counts what it did after it published it (the dispatcher
+	// a run's end, an executor a result), so a client can have its result
+	// before the counter moved: each service is scraped until its last
+	// counter has settled.
+	settled := func(svc string, done func(body string) bool) string {
+		require.Eventually(t, func() bool {
+			code, b := get("http://" + addrs[svc] + "/metrics")
+			return code == http.StatusOK && done(b)
+		}, 10*time.Second, 20*time.Millisecond, "%s's counters settle", svc)
+		return scrape(svc)
+	}
+	d := settled("dispatcher", func(b string) bool {
+		return metric(b, "actionbus_run_duration_seconds_count", `state="completed"`) >= 3
+	})
 	assert.Equal(t, 3.0, metric(d, "actionbus_runs_total", `state="started"`))
 	assert.Equal(t, 3.0, metric(d, "actionbus_runs_total", `kind="agent"`, `state="completed"`))
 	assert.Equal(t, 3.0, metric(d, "actionbus_run_duration_seconds_count", `state="completed"`))
@@ -121,7 +134,7 @@ func TestServicesServeMetricsAndReadiness(t *testing.T) {
 	p := scrape("planner")
 	assert.Equal(t, 3.0, metric(p, "actionbus_decisions_total", `type="plan"`, `provider="script"`))
 	assert.Equal(t, 3.0, metric(p, "actionbus_decisions_total", `type="final"`))
-	e := scrape("executor")
+	e := settled("executor", func(b string) bool { return metric(b, "actionbus_action_seconds_count") >= 15 })
 	assert.Equal(t, 3.0, metric(e, "actionbus_actions_total", `action="delivery.searchJobs"`, `outcome="succeeded"`))
 	assert.Equal(t, 9.0, metric(e, "actionbus_actions_total", `action="delivery.getJob"`, `outcome="succeeded"`))
 	assert.Equal(t, 15.0, metric(e, "actionbus_action_seconds_count"))
