@@ -75,6 +75,10 @@ const (
 	DefaultApprovalTTL        = time.Hour
 )
 
+// MaxRunDeadline is the longest whole-run deadline, of the limits or of a
+// request (run.requested's deadlineMs at most 31 536 000 000): a year.
+const MaxRunDeadline = 365 * 24 * time.Hour
+
 // SetDefaults fills zero fields with their defaults.
 func (l *RunLimits) SetDefaults() {
 	def := func(v *int, d int) {
@@ -115,8 +119,10 @@ func (l *RunLimits) Validate() error {
 		return fmt.Errorf("run limits: MaxCycles must be at least 1, got %d", l.MaxCycles)
 	case l.MaxFailedRounds < 1:
 		return fmt.Errorf("run limits: MaxFailedRounds must be at least 1, got %d", l.MaxFailedRounds)
-	case l.RunDeadline < time.Second || l.DecisionTimeout < time.Second || l.ActionGrace < 0 || l.InputTimeout < time.Second:
+	case l.RunDeadline < time.Second || l.DecisionTimeout < time.Second || l.ActionGrace < 0 || l.InputTimeout < time.Second || l.ApprovalTTL < time.Second:
 		return fmt.Errorf("run limits: deadlines must be at least one second (timers have second precision)")
+	case l.RunDeadline > MaxRunDeadline:
+		return fmt.Errorf("run limits: RunDeadline must be at most %s, got %s", MaxRunDeadline, l.RunDeadline)
 	case l.ObservationBytes < 256:
 		return fmt.Errorf("run limits: ObservationBytes must be at least 256, got %d", l.ObservationBytes)
 	case l.InlineOutputBytes < 1024:

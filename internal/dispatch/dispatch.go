@@ -173,6 +173,9 @@ type Dispatcher struct {
 	// held counts the events held unacknowledged in runs' held states
 	// (see heldState), across runs.
 	held atomic.Int64
+	// endWaits counts the readers waiting for an end in flight
+	// (endedState); at most maxEndWaits wait at once.
+	endWaits atomic.Int32
 
 	// crashAfterWrite, set by tests, simulates a crash between storing a
 	// state and publishing its outbox when it returns true: nothing is
@@ -500,6 +503,17 @@ func (d *Dispatcher) loadStored(ctx context.Context, runID string) (*run.State, 
 		return nil, nil, err
 	}
 	return &st, entry, nil
+}
+
+// loadTenantRun is loadStored for a reader acting for tenant: another
+// tenant's run is jetstream.ErrKeyNotFound, as a missing one, and told
+// as fast.
+func (d *Dispatcher) loadTenantRun(ctx context.Context, tenant, runID string) (*run.State, jetstream.KeyValueEntry, error) {
+	st, entry, err := d.loadStored(ctx, runID)
+	if err == nil && st.TenantOrDefault() != events.TenantOr(tenant) {
+		return nil, nil, jetstream.ErrKeyNotFound
+	}
+	return st, entry, err
 }
 
 // decodeState decodes a stored run state; one that does not decode is a

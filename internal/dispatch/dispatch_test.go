@@ -259,18 +259,21 @@ func TestInvalidRunRequestedGetsRunFailed(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	st := srv.StartStack(t, actionbustest.StackOptions{Scenarios: echoScenario, Register: echoExecutor})
 	ctx := ctxT(t)
-	runID := events.NewID()
-	_, err := srv.JS.PublishMsg(ctx, &nats.Msg{
-		Subject: "ab.run.default." + runID + ".requested",
-		Header: nats.Header{"ce-specversion": {"1.0"}, "ce-id": {runID}, "ce-source": {"/client"},
-			"ce-type": {events.TypeRunRequested}, "ce-datacontenttype": {"application/json"}},
-		Data: []byte(`{"runId":"` + runID + `","deadlineMs":-5}`),
-	})
-	require.NoError(t, err)
-	res, err := st.Client.Wait(ctx, runID)
-	require.NoError(t, err)
-	assert.Equal(t, client.StatusFailed, res.Status)
-	assert.ErrorIs(t, res.Error, actionbus.ErrSchemaValidation)
+	// A negative deadline, and one beyond a year (events.MaxRunDeadline).
+	for _, deadline := range []string{"-5", "31536000001"} {
+		runID := events.NewID()
+		_, err := srv.JS.PublishMsg(ctx, &nats.Msg{
+			Subject: "ab.run.default." + runID + ".requested",
+			Header: nats.Header{"ce-specversion": {"1.0"}, "ce-id": {runID}, "ce-source": {"/client"},
+				"ce-type": {events.TypeRunRequested}, "ce-datacontenttype": {"application/json"}},
+			Data: []byte(`{"runId":"` + runID + `","deadlineMs":` + deadline + `}`),
+		})
+		require.NoError(t, err)
+		res, err := st.Client.Wait(ctx, runID)
+		require.NoError(t, err)
+		assert.Equal(t, client.StatusFailed, res.Status, "deadlineMs %s", deadline)
+		assert.ErrorIs(t, res.Error, actionbus.ErrSchemaValidation, "deadlineMs %s", deadline)
+	}
 }
 
 func TestAuditCoversEveryStoredEventOfTheRun(t *testing.T) {

@@ -151,7 +151,7 @@ func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence ui
 			continue
 		}
 		if t, ok := run.StoredEnd(r.Data); ok {
-			end = &endInStream{Terminal: t, endedBy: endedByIDs(m.Header.Get(endedByHeader))}
+			end = &endInStream{Terminal: t, endedBy: parseEndedBy(m.Header.Get(endedByHeader))}
 		}
 	}
 	if !fenced {
@@ -190,32 +190,51 @@ func (d *Dispatcher) loadOwned(ctx context.Context, runID string) (st *run.State
 	return repaired, entry, true, fence, nil
 }
 
-// endInStream is a run's end as stored: its terminal and the ids of the
-// events its transition applied (endedByHeader).
+// endInStream is a run's end as stored: its terminal and the events its
+// transition applied (endedByHeader).
 type endInStream struct {
 	*run.Terminal
-	endedBy []string
+	endedBy []endedEvent
 }
 
-// endedByHeader, on an end published first, lists the ids of the events
-// the transition that ended the run applied to the state last written,
-// in order (comma-separated): a repair applies exactly those (see
-// Dispatcher.repair). Event ids are public to whoever reads the run.
+// endedByHeader, on an end published first, names the events the
+// transition that ended the run applied to the state last written, in
+// order, each as its type and id ("<type> <id>", comma-separated): a
+// repair applies exactly those (see Dispatcher.repair). Event ids are
+// public to whoever reads the run, and a client chooses the ids of its
+// own events: an event is that event only with its type too, which the
+// subject it was stored on binds (events.Subjects.CheckBinding), so a
+// client's input that reuses a result's id is never taken for the result.
 const endedByHeader = "Ab-Ended-By"
 
+// endedEvent names an event an end was published for: its type and id.
+// One without a type (a header of an earlier release) names nothing a
+// repair can verify, and the end is adopted then.
+type endedEvent struct{ typ, id string }
+
+func (e endedEvent) String() string { return e.typ + " " + e.id }
+
 func endedBy(jobs []*job) string {
-	ids := make([]string, len(jobs))
+	names := make([]string, len(jobs))
 	for i, j := range jobs {
-		ids[i] = j.ev.ID
+		names[i] = endedEvent{typ: j.typ, id: j.ev.ID}.String()
 	}
-	return strings.Join(ids, ",")
+	return strings.Join(names, ",")
 }
 
-func endedByIDs(header string) []string {
+func parseEndedBy(header string) []endedEvent {
 	if header == "" {
 		return nil
 	}
-	return strings.Split(header, ",")
+	var out []endedEvent
+	for _, name := range strings.Split(header, ",") {
+		typ, id, ok := strings.Cut(name, " ")
+		if !ok {
+			typ, id = "", name
+		}
+		out = append(out, endedEvent{typ: typ, id: id})
+	}
+	return out
 }
 
 // loadOwnedEnd is [Dispatcher.loadOwned] without the adoption: end is
@@ -285,14 +304,15 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 	if len(end.endedBy) == 0 {
 		return nil, nil
 	}
-	named := make(map[string]*namedEvent, len(end.endedBy))
-	for _, id := range end.endedBy {
-		named[id] = nil
+	named := make(map[endedEvent]*namedEvent, len(end.endedBy))
+	for _, e := range end.endedBy {
+		named[e] = nil
 	}
 	missing := len(named)
 	for _, j := range batch {
-		if n, ok := named[j.ev.ID]; ok && n == nil {
-			named[j.ev.ID] = &namedEvent{ev: j.ev, tenant: j.tenant}
+		key := endedEvent{typ: j.typ, id: j.ev.ID}
+		if n, ok := named[key]; ok && n == nil {
+			named[key] = &namedEvent{ev: j.ev, tenant: j.tenant}
 			missing--
 		}
 	}
@@ -308,8 +328,8 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 		return nil, nil
 	}
 	var releases []run.Effect
-	for _, id := range end.endedBy {
-		n := named[id]
+	for _, e := range end.endedBy {
+		n := named[e]
 		if copied.IsTerminal() || copied.CheckTenant(n.tenant) != nil {
 			continue
 		}
@@ -333,21 +353,21 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 // namedFromLog fills the events of named not yet found from run st's
 // stored log, and reports whether every one of them is found. A log that
 // cannot be read finds none: the end is adopted then.
-func (d *Dispatcher) namedFromLog(ctx context.Context, st *run.State, named map[string]*namedEvent) bool {
+func (d *Dispatcher) namedFromLog(ctx context.Context, st *run.State, named map[endedEvent]*namedEvent) bool {
 	log, err := d.storedLog(ctx, st.TenantOrDefault(), st.RunID)
 	if err != nil {
 		d.log.Warn("repairing a run's end: its log could not be read; adopting the end", "run_id", st.RunID, "err", err)
 		return false
 	}
 	for _, e := range log {
-		id := e.rec.Event.ID()
-		if n, ok := named[id]; ok && n == nil {
-			named[id] = &namedEvent{ev: run.Event{ID: id, Data: e.rec.Data}, tenant: e.rec.Tenant}
+		key := endedEvent{typ: e.typ, id: e.rec.Event.ID()}
+		if n, ok := named[key]; ok && n == nil {
+			named[key] = &namedEvent{ev: run.Event{ID: key.id, Data: e.rec.Data}, tenant: e.rec.Tenant}
 		}
 	}
-	for id, n := range named {
+	for e, n := range named {
 		if n == nil {
-			d.log.Warn("repairing a run's end: an event that ended it is not in its log; adopting the end", "run_id", st.RunID, "event_id", id)
+			d.log.Warn("repairing a run's end: an event that ended it is not in its log; adopting the end", "run_id", st.RunID, "event", e.String())
 			return false
 		}
 	}
@@ -401,6 +421,13 @@ var errNotEnded = errors.New("the run has not ended")
 // asked for at once may find neither.
 const endInFlight = 500 * time.Millisecond
 
+// maxEndWaits bounds the readers that wait for an end in flight at once:
+// each holds a handler of the dispatcher and its run's lock, and a client
+// can ask to retry its running runs as often as it likes. Beyond it, a
+// run that looks unended is refused at once as one that has not ended
+// (its reader may ask again).
+const maxEndWaits = 4
+
 // endedState returns the stored state of the ended run runID, for a
 // reader (a retry of it, a replay). A run's end may be published before
 // its state is written (endFirst), so a reader that saw the end may find
@@ -409,8 +436,8 @@ const endInFlight = 500 * time.Millisecond
 // the end's events are redelivered), by endInFlight when it is not (an
 // end still on its way to the stream, or a run that has not ended:
 // errNotEnded).
-func (d *Dispatcher) endedState(ctx context.Context, runID string) (*run.State, error) {
-	st, _, err := d.loadStored(ctx, runID)
+func (d *Dispatcher) endedState(ctx context.Context, tenant, runID string) (*run.State, error) {
+	st, _, err := d.loadTenantRun(ctx, tenant, runID)
 	if err != nil || st.IsTerminal() {
 		return st, err
 	}
@@ -420,6 +447,11 @@ func (d *Dispatcher) endedState(ctx context.Context, runID string) (*run.State, 
 	}
 	wait := bus.PublishTimeout
 	if !stored {
+		if d.endWaits.Add(1) > maxEndWaits {
+			d.endWaits.Add(-1)
+			return nil, errNotEnded
+		}
+		defer d.endWaits.Add(-1)
 		wait = endInFlight
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)

@@ -511,12 +511,19 @@ func TestARepairAppliesExactlyWhatEndedTheRun(t *testing.T) {
 		require.NoError(t, err)
 		return &s
 	}
-	rebuilt, kept := dispatch.Recompute(ctxT(t), d, copyOf(), end, []string{cancel.ID}, []run.Event{grant, cancel}, events.DefaultTenant)
+	typedGrant := dispatch.Typed{Type: events.TypeApprovalGranted, Event: grant}
+	typedCancel := dispatch.Typed{Type: events.TypeCancelRequested, Event: cancel}
+	endedByCancel := dispatch.EndedBy(typedCancel)
+	rebuilt, kept := dispatch.Recompute(ctxT(t), d, copyOf(), end, endedByCancel, []dispatch.Typed{typedGrant, typedCancel}, events.DefaultTenant)
 	require.True(t, kept, "the cancel in hand ends the run as stored")
 	assert.Equal(t, run.StatusCanceled, rebuilt.Status)
 	assert.NotContains(t, rebuilt.ApprovalsDone, approvalID, "a grant sent after the end is no part of what ended the run")
-	_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, []string{cancel.ID}, []run.Event{grant}, events.DefaultTenant)
+	_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, endedByCancel, []dispatch.Typed{typedGrant}, events.DefaultTenant)
 	assert.False(t, kept, "what ended the run is neither in hand nor in its log: the end is adopted on the state as read")
+	// A header of an earlier release names ids only: nothing it names can
+	// be verified, so the end is adopted.
+	_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, cancel.ID, []dispatch.Typed{typedCancel}, events.DefaultTenant)
+	assert.False(t, kept, "an untyped name was trusted")
 
 	// What the run's stored end names is in its log: with nothing in hand
 	// (the republisher; a late first delivery that finds the end before
@@ -527,13 +534,30 @@ func TestARepairAppliesExactlyWhatEndedTheRun(t *testing.T) {
 	require.True(t, kept, "the events that ended the run are read from its log")
 	assert.Equal(t, run.StatusCanceled, rebuilt.Status)
 	assert.NotContains(t, rebuilt.ApprovalsDone, approvalID, "the grant, also in the log, is no part of what ended the run")
-	_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), &run.Terminal{Type: events.TypeRunCanceled, Reason: "another"}, []string{cancel.ID}, []run.Event{cancel}, events.DefaultTenant)
+	// A client's input in hand that reuses an id the end names is passed
+	// over: the named events are read from the log all the same.
+	forged := dispatch.Typed{Type: events.TypeInputProvided, Event: run.Event{ID: endedByIDs(endedBy)[0], Data: &events.InputProvided{RunID: runID, Answer: "x", ProvidedBy: "client"}}}
+	rebuilt, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, endedBy, []dispatch.Typed{forged}, events.DefaultTenant)
+	require.True(t, kept, "an input reusing a named id was taken for the event that ended the run")
+	assert.Equal(t, run.StatusCanceled, rebuilt.Status)
+	_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), &run.Terminal{Type: events.TypeRunCanceled, Reason: "another"}, endedByCancel, []dispatch.Typed{typedCancel}, events.DefaultTenant)
 	assert.False(t, kept, "a copy that ends otherwise is not kept")
+}
+
+// endedByIDs returns the event ids an Ab-Ended-By header names, in
+// order.
+func endedByIDs(header string) []string {
+	var ids []string
+	for _, name := range strings.Split(header, ",") {
+		_, id, _ := strings.Cut(name, " ")
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 // storedEndedBy returns what the stored end of run runID names as the
 // events that ended it (its Ab-Ended-By header).
-func storedEndedBy(t *testing.T, js jetstream.JetStream, runID string) []string {
+func storedEndedBy(t *testing.T, js jetstream.JetStream, runID string) string {
 	t.Helper()
 	s, err := js.Stream(ctxT(t), "AB_RUNS")
 	require.NoError(t, err)
@@ -545,11 +569,11 @@ func storedEndedBy(t *testing.T, js jetstream.JetStream, runID string) []string 
 			m, err := s.GetLastMsgForSubject(ctxT(t), subject)
 			require.NoError(t, err)
 			if h := m.Header.Get("Ab-Ended-By"); h != "" {
-				return strings.Split(h, ",")
+				return h
 			}
 		}
 	}
-	return nil
+	return ""
 }
 
 // A reader of a run that has not ended — a retry naming it, a replay —
@@ -575,4 +599,30 @@ func TestARunThatHasNotEndedIsNeitherRetriedNorReplayed(t *testing.T) {
 	require.NotNil(t, res.Error)
 	assert.Equal(t, actionbus.CodeRetryRefused, res.Error.Code)
 	assert.Contains(t, res.Error.Message, "is running")
+
+	// What a reader waits for is bounded, and tells one tenant nothing of
+	// another's runs. Each reader below has less time than a wait for an
+	// end in flight takes (500 ms): one that waits fails with its
+	// context's error instead of answering.
+	short := func() context.Context {
+		ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	// Another tenant's running run is no run, told without waiting for
+	// its end (a wait would tell it from a missing one by its time).
+	prior, err := dispatch.PriorRun(short(), d, "acme", running)
+	require.NoError(t, err, "a retry of tenant acme naming the default tenant's running run waited for its end")
+	assert.Nil(t, prior, "another tenant's run is no run")
+	_, err = d.ReplayLog(short(), "acme", running)
+	require.ErrorIs(t, err, jetstream.ErrKeyNotFound, "a replay of another tenant's run is one of no run")
+	// Only a few readers wait at once (each holds a handler and a run's
+	// lock, and a client may ask as often as it likes): beyond them, a
+	// run that looks unended is answered as it is, at once.
+	release := dispatch.HoldEndWaits(d, dispatch.MaxEndWaits)
+	prior, err = dispatch.PriorRun(short(), d, "default", running)
+	release()
+	require.NoError(t, err, "a reader waited for an end although as many readers as are allowed were waiting")
+	require.NotNil(t, prior)
+	assert.Equal(t, run.StatusRunning, prior.Status)
 }

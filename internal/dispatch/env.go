@@ -71,8 +71,11 @@ func (e env) GetArtifact(ctx context.Context, tenant string, ref events.Artifact
 	return a.Data, nil
 }
 
-func (e env) PriorRun(ctx context.Context, runID string) (*run.State, error) {
-	st, _, err := e.d.loadStored(ctx, runID)
+func (e env) PriorRun(ctx context.Context, tenant, runID string) (*run.State, error) {
+	// Another tenant's run is none, told at once (loadTenantRun):
+	// waiting for its end first would tell it from a missing one by the
+	// time taken.
+	st, _, err := e.d.loadTenantRun(ctx, tenant, runID)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, nil
 	}
@@ -81,7 +84,7 @@ func (e env) PriorRun(ctx context.Context, runID string) (*run.State, error) {
 	}
 	// A run's end may be published before its state is written
 	// (endFirst): a client that saw it may ask before the write.
-	ended, err := e.d.endedState(ctx, runID)
+	ended, err := e.d.endedState(ctx, tenant, runID)
 	if errors.Is(err, errNotEnded) {
 		return st, nil
 	}

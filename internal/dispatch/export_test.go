@@ -20,19 +20,52 @@ func ClaimRetry(ctx context.Context, d *Dispatcher, priorID, retryID string) (st
 	return env{d}.ClaimRetry(ctx, priorID, retryID)
 }
 
+// PriorRun is what d tells a retry of tenant naming runID (see
+// run.Env.PriorRun).
+func PriorRun(ctx context.Context, d *Dispatcher, tenant, runID string) (*run.State, error) {
+	return env{d}.PriorRun(ctx, tenant, runID)
+}
+
+// HoldEndWaits takes n of d's places for readers waiting for an end in
+// flight, as n waiting readers would, until the returned func gives them
+// back.
+func HoldEndWaits(d *Dispatcher, n int32) (release func()) {
+	d.endWaits.Add(n)
+	return func() { d.endWaits.Add(-n) }
+}
+
+// MaxEndWaits is how many readers wait for an end in flight at once.
+const MaxEndWaits = maxEndWaits
+
 // SetCrashAfterEnd makes d simulate a crash between publishing a run's
 // end and writing its state whenever f returns true.
 func SetCrashAfterEnd(d *Dispatcher, f func(runID string) bool) { d.crashAfterEnd = f }
 
+// Typed is an event with its CloudEvent type, as a dispatcher has it in
+// hand.
+type Typed struct {
+	Type  string
+	Event run.Event
+}
+
+// EndedBy is the Ab-Ended-By header of an end published for events.
+func EndedBy(events ...Typed) string {
+	jobs := make([]*job, len(events))
+	for i, e := range events {
+		jobs[i] = &job{ev: e.Event, typ: e.Type}
+	}
+	return endedBy(jobs)
+}
+
 // Recompute is the recomputation of d's repair of a run's ended state: st
-// as read, end its stored end, ended by the events endedBy (in order),
+// as read, end its stored end, whose Ab-Ended-By header is endedBy,
 // inHand the events of the run in hand, of tenant. It returns the
 // rebuilt state and whether it is kept.
-func Recompute(ctx context.Context, d *Dispatcher, st *run.State, end *run.Terminal, endedBy []string, inHand []run.Event, tenant string) (*run.State, bool) {
+func Recompute(ctx context.Context, d *Dispatcher, st *run.State, end *run.Terminal, endedBy string, inHand []Typed, tenant string) (*run.State, bool) {
 	jobs := make([]*job, len(inHand))
-	for i, ev := range inHand {
-		jobs[i] = &job{ev: ev, tenant: tenant}
+	for i, e := range inHand {
+		jobs[i] = &job{ev: e.Event, typ: e.Type, tenant: tenant}
 	}
-	rebuilt, _ := d.recompute(ctx, st, &endInStream{Terminal: end, endedBy: endedBy}, jobs)
+	rebuilt, _ := d.recompute(ctx, st, &endInStream{Terminal: end, endedBy: parseEndedBy(endedBy)}, jobs)
 	return rebuilt, rebuilt != nil
 }

@@ -190,11 +190,11 @@ func (e *memEnv) GetArtifact(_ context.Context, _ string, ref events.ArtifactRef
 	return data, nil
 }
 
-func (e *memEnv) PriorRun(_ context.Context, runID string) (*State, error) {
+func (e *memEnv) PriorRun(_ context.Context, tenant, runID string) (*State, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st, ok := e.runs[runID]
-	if !ok {
+	if !ok || st.TenantOrDefault() != tenant {
 		return nil, nil
 	}
 	b, err := json.Marshal(st) // a copy, as read from the bucket

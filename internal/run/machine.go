@@ -58,9 +58,11 @@ type Env interface {
 	// another tenant is artifact_not_found, bytes that do not match the
 	// reference's SHA-256 artifact_mismatch.
 	GetArtifact(ctx context.Context, tenant string, ref events.ArtifactRef) ([]byte, error)
-	// PriorRun returns the stored state of another run (the one a retry
-	// names), or nil when there is none.
-	PriorRun(ctx context.Context, runID string) (*State, error)
+	// PriorRun returns the stored state of another run of tenant (the one
+	// a retry names), or nil when there is none: another tenant's run is
+	// none, answered as fast as a missing one (no timing tells them
+	// apart).
+	PriorRun(ctx context.Context, tenant, runID string) (*State, error)
 	// ClaimRetry records on the stored state of the ended run priorID that
 	// run retryID retries it, unless another run already does, and returns
 	// the run that does (retryID when the claim is this run's, or already
@@ -181,7 +183,9 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 	}
 	deadline := m.lim.RunDeadline
 	if req.DeadlineMs > 0 {
-		deadline = time.Duration(req.DeadlineMs) * time.Millisecond
+		// The schema bounds deadlineMs; the bound is kept here too, so
+		// that no request reaching the machine overflows the duration.
+		deadline = time.Duration(min(req.DeadlineMs, events.MaxRunDeadline.Milliseconds())) * time.Millisecond
 	}
 	st.Deadline = now.Add(deadline)
 	out := []Effect{
@@ -288,7 +292,7 @@ func (m *Machine) resumeAgent(st, prior *State) []Effect {
 // client naming the user must not take a gateway user's retry).
 func (m *Machine) priorRun(ctx context.Context, st *State, req *events.RunRequested) (*State, error) {
 	runID := req.RetryOf
-	prior, err := m.env.PriorRun(ctx, runID)
+	prior, err := m.env.PriorRun(ctx, st.TenantOrDefault(), runID)
 	if err != nil {
 		return nil, err
 	}
