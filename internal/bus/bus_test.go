@@ -1,6 +1,7 @@
 package bus_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -802,4 +803,72 @@ func TestAStoppedServeHandsBackTheEventsItFetched(t *testing.T) {
 	assert.Equal(t, want, got)
 	cancel()
 	require.NoError(t, <-next)
+}
+
+// An event a stopped client fetched on its last delivery is never
+// delivered again, handed back or not: the client says so, once per
+// event, at error level, as it does for a handler that fails on its last
+// delivery.
+func TestAnEventHandedBackOnItsLastDeliveryIsLogged(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	var logged lockedBuffer
+	eb, err := bus.NewBus(srv.JS, bus.BusConfig{Source: "/actionbus/test", Logger: slog.New(slog.NewJSONHandler(&logged, nil))})
+	require.NoError(t, err)
+	srv.ServeIngress(t)
+	ctx := ctxT(t)
+	const sent, concurrency = 12, 4
+	for range sent {
+		runID := events.NewID()
+		_, err := eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID})
+		require.NoError(t, err)
+	}
+	cons, err := srv.JS.CreateConsumer(ctx, bus.Topology{}.StreamRequests(), jetstream.ConsumerConfig{
+		Durable: "lastdelivery", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 10 * time.Minute, MaxDeliver: 1})
+	require.NoError(t, err)
+	started := make(chan struct{}, sent)
+	serveCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- eb.Serve(serveCtx, cons, bus.ServeOptions{Name: "first", Concurrency: concurrency},
+			func(ctx context.Context, _ *events.Received, _ jetstream.Msg) error {
+				started <- struct{}{}
+				<-ctx.Done()
+				return ctx.Err()
+			})
+	}()
+	for range concurrency {
+		select {
+		case <-started:
+		case <-ctx.Done():
+			t.Fatal("the client handled nothing")
+		}
+	}
+	require.Eventually(t, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending > concurrency
+	}, 10*time.Second, 5*time.Millisecond, "the client fetched events it has no slot for")
+	stop()
+	require.NoError(t, <-done)
+	// The events started are their handlers' to settle; every other one
+	// fetched (at least one, at most all the others) is handed back.
+	n := strings.Count(logged.String(), "was never handled (the client stopped)")
+	assert.True(t, n >= 1 && n <= sent-concurrency, "each event fetched on its last delivery and handed back is logged once (%d lines): %s", n, logged.String())
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writers.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

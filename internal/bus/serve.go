@@ -353,8 +353,14 @@ func (b *Bus) handBack(log *slog.Logger, opts ServeOptions, iter jetstream.Messa
 // handBackMsg naks msg, fetched and never handled, for immediate
 // redelivery. An ack-all consumer's messages are left to its ack wait:
 // there the settler owns every settlement, and one it did not take is
-// not its to nak.
+// not its to nak. A message fetched on its last delivery is never
+// delivered again, handed back or not: that is said once, loudly, as a
+// handler's failure on its last delivery is (see settle).
 func handBackMsg(log *slog.Logger, opts ServeOptions, msg jetstream.Msg) {
+	if md, err := msg.Metadata(); err == nil && opts.maxDeliver > 0 && md.NumDelivered >= uint64(opts.maxDeliver) {
+		log.Error("an event fetched on its last delivery was never handled (the client stopped); it will not be delivered again",
+			"subject", msg.Subject(), "deliveries", md.NumDelivered)
+	}
 	if opts.AckAll != nil {
 		return
 	}
