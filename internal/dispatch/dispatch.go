@@ -374,7 +374,11 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		d.log.Warn("ignoring an event the dispatcher does not handle", "type", r.Event.Type(), "subject", r.Subject)
 		return nil
 	}
-	err := d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data}, r.Event.Type())
+	var pos string
+	if meta, err := msg.Metadata(); err == nil {
+		pos = storedAt(meta)
+	}
+	err := d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data}, r.Event.Type(), pos)
 	if errors.Is(err, errNoState) {
 		return d.unknownRun(ctx, r, msg, err)
 	}
@@ -659,6 +663,9 @@ type job struct {
 	span trace.SpanContext
 	// tenant is the tenant the event's subject names.
 	tenant string
+	// pos is where the event is stored (storedAt); empty for one the
+	// dispatcher made itself (a capacity check).
+	pos string
 	// refused is set when the job's event is refused on its merits (it
 	// names the run under another tenant); the batch goes on without it.
 	refused error
@@ -670,8 +677,8 @@ type job struct {
 // together in the next one (group commit): one read, one revision-checked
 // write and one publish batch for all of them, which is what keeps a
 // plan's results from queueing behind each other's round trips.
-func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev run.Event, typ string) error {
-	j := &job{ev: ev, typ: typ, span: trace.SpanContextFromContext(ctx), tenant: tenant, done: make(chan error, 1)}
+func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev run.Event, typ, pos string) error {
+	j := &job{ev: ev, typ: typ, pos: pos, span: trace.SpanContextFromContext(ctx), tenant: tenant, done: make(chan error, 1)}
 	d.queueMu.Lock()
 	q, leading := d.queues[runID]
 	if !leading {

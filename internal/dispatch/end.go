@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -199,25 +200,34 @@ type endInStream struct {
 
 // endedByHeader, on an end published first, names the events the
 // transition that ended the run applied to the state last written, in
-// order, each as its type and id ("<type> <id>", comma-separated): a
-// repair applies exactly those (see Dispatcher.repair). Event ids are
-// public to whoever reads the run, and a client chooses the ids of its
-// own events: an event is that event only with its type too, which the
-// subject it was stored on binds (events.Subjects.CheckBinding), so a
-// client's input that reuses a result's id is never taken for the result.
+// order, each as its type, id and stored position ("<type> <id>
+// <stream>:<sequence>", comma-separated): a repair applies exactly those
+// (see Dispatcher.repair), found where they are stored. Neither an id nor
+// a type and id name one event: a client chooses its events' ids (and
+// hears the ids an end names), and may store several events of its own
+// type under one id (another Nats-Msg-Id; a cancel sent before its run,
+// rejected but stored), so only the position is taken to find an event,
+// in hand or in the log.
 const endedByHeader = "Ab-Ended-By"
 
-// endedEvent names an event an end was published for: its type and id.
-// One without a type (a header of an earlier release) names nothing a
-// repair can verify, and the end is adopted then.
-type endedEvent struct{ typ, id string }
+// endedEvent names an event an end was published for: its type, id and
+// stored position. One without a position (a capacity check, which is
+// not stored; a header of an earlier release) names nothing a repair can
+// find, and the end is adopted then.
+type endedEvent struct{ typ, id, pos string }
 
-func (e endedEvent) String() string { return e.typ + " " + e.id }
+func (e endedEvent) String() string { return e.typ + " " + e.id + " " + e.pos }
+
+// storedAt is the position of a stored message: its stream and stream
+// sequence.
+func storedAt(meta *jetstream.MsgMetadata) string {
+	return meta.Stream + ":" + strconv.FormatUint(meta.Sequence.Stream, 10)
+}
 
 func endedBy(jobs []*job) string {
 	names := make([]string, len(jobs))
 	for i, j := range jobs {
-		names[i] = endedEvent{typ: j.typ, id: j.ev.ID}.String()
+		names[i] = endedEvent{typ: j.typ, id: j.ev.ID, pos: j.pos}.String()
 	}
 	return strings.Join(names, ",")
 }
@@ -228,11 +238,16 @@ func parseEndedBy(header string) []endedEvent {
 	}
 	var out []endedEvent
 	for _, name := range strings.Split(header, ",") {
-		typ, id, ok := strings.Cut(name, " ")
-		if !ok {
-			typ, id = "", name
+		var e endedEvent
+		switch f := strings.Fields(name); len(f) {
+		case 3:
+			e = endedEvent{typ: f[0], id: f[1], pos: f[2]}
+		case 2:
+			e = endedEvent{typ: f[0], id: f[1]}
+		default:
+			e = endedEvent{id: strings.TrimSpace(name)}
 		}
-		out = append(out, endedEvent{typ: typ, id: id})
+		out = append(out, e)
 	}
 	return out
 }
@@ -310,8 +325,8 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 	}
 	missing := len(named)
 	for _, j := range batch {
-		key := endedEvent{typ: j.typ, id: j.ev.ID}
-		if n, ok := named[key]; ok && n == nil {
+		key := endedEvent{typ: j.typ, id: j.ev.ID, pos: j.pos}
+		if n, ok := named[key]; ok && n == nil && key.pos != "" {
 			named[key] = &namedEvent{ev: j.ev, tenant: j.tenant}
 			missing--
 		}
@@ -360,7 +375,7 @@ func (d *Dispatcher) namedFromLog(ctx context.Context, st *run.State, named map[
 		return false
 	}
 	for _, e := range log {
-		key := endedEvent{typ: e.typ, id: e.rec.Event.ID()}
+		key := endedEvent{typ: e.typ, id: e.rec.Event.ID(), pos: e.pos}
 		if n, ok := named[key]; ok && n == nil {
 			named[key] = &namedEvent{ev: run.Event{ID: key.id, Data: e.rec.Data}, tenant: e.rec.Tenant}
 		}

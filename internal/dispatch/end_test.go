@@ -511,8 +511,10 @@ func TestARepairAppliesExactlyWhatEndedTheRun(t *testing.T) {
 		require.NoError(t, err)
 		return &s
 	}
-	typedGrant := dispatch.Typed{Type: events.TypeApprovalGranted, Event: grant}
-	typedCancel := dispatch.Typed{Type: events.TypeCancelRequested, Event: cancel}
+	// (Their stored positions are made up: a repair finds an event it has
+	// in hand by its position, as it finds one in the log.)
+	typedGrant := dispatch.Typed{Type: events.TypeApprovalGranted, Event: grant, Pos: "AB_REQUESTS:1000001"}
+	typedCancel := dispatch.Typed{Type: events.TypeCancelRequested, Event: cancel, Pos: "AB_REQUESTS:1000002"}
 	endedByCancel := dispatch.EndedBy(typedCancel)
 	rebuilt, kept := dispatch.Recompute(ctxT(t), d, copyOf(), end, endedByCancel, []dispatch.Typed{typedGrant, typedCancel}, events.DefaultTenant)
 	require.True(t, kept, "the cancel in hand ends the run as stored")
@@ -520,10 +522,19 @@ func TestARepairAppliesExactlyWhatEndedTheRun(t *testing.T) {
 	assert.NotContains(t, rebuilt.ApprovalsDone, approvalID, "a grant sent after the end is no part of what ended the run")
 	_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, endedByCancel, []dispatch.Typed{typedGrant}, events.DefaultTenant)
 	assert.False(t, kept, "what ended the run is neither in hand nor in its log: the end is adopted on the state as read")
-	// A header of an earlier release names ids only: nothing it names can
-	// be verified, so the end is adopted.
-	_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, cancel.ID, []dispatch.Typed{typedCancel}, events.DefaultTenant)
-	assert.False(t, kept, "an untyped name was trusted")
+	// Another cancel of the client's under the same id, stored elsewhere
+	// (another Nats-Msg-Id), is not the one that ended the run.
+	early := dispatch.Typed{Type: events.TypeCancelRequested, Pos: "AB_REQUESTS:1000000",
+		Event: run.Event{ID: cancel.ID, Data: &events.CancelRequested{RunID: runID, Reason: "early", RequestedBy: "client"}}}
+	rebuilt, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, endedByCancel, []dispatch.Typed{early, typedCancel}, events.DefaultTenant)
+	require.True(t, kept, "a cancel of the same type and id stored elsewhere was taken for the one that ended the run")
+	assert.Equal(t, "operator", rebuilt.Terminal.Reason)
+	// A header of an earlier release names ids (or types and ids) only:
+	// nothing it names can be found, so the end is adopted.
+	for _, old := range []string{cancel.ID, events.TypeCancelRequested + " " + cancel.ID} {
+		_, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, old, []dispatch.Typed{typedCancel}, events.DefaultTenant)
+		assert.False(t, kept, "a name without a position was trusted: %s", old)
+	}
 
 	// What the run's stored end names is in its log: with nothing in hand
 	// (the republisher; a late first delivery that finds the end before
@@ -536,7 +547,7 @@ func TestARepairAppliesExactlyWhatEndedTheRun(t *testing.T) {
 	assert.NotContains(t, rebuilt.ApprovalsDone, approvalID, "the grant, also in the log, is no part of what ended the run")
 	// A client's input in hand that reuses an id the end names is passed
 	// over: the named events are read from the log all the same.
-	forged := dispatch.Typed{Type: events.TypeInputProvided, Event: run.Event{ID: endedByIDs(endedBy)[0], Data: &events.InputProvided{RunID: runID, Answer: "x", ProvidedBy: "client"}}}
+	forged := dispatch.Typed{Type: events.TypeInputProvided, Pos: "AB_REQUESTS:1000003", Event: run.Event{ID: endedByIDs(endedBy)[0], Data: &events.InputProvided{RunID: runID, Answer: "x", ProvidedBy: "client"}}}
 	rebuilt, kept = dispatch.Recompute(ctxT(t), d, copyOf(), end, endedBy, []dispatch.Typed{forged}, events.DefaultTenant)
 	require.True(t, kept, "an input reusing a named id was taken for the event that ended the run")
 	assert.Equal(t, run.StatusCanceled, rebuilt.Status)
@@ -549,8 +560,9 @@ func TestARepairAppliesExactlyWhatEndedTheRun(t *testing.T) {
 func endedByIDs(header string) []string {
 	var ids []string
 	for _, name := range strings.Split(header, ",") {
-		_, id, _ := strings.Cut(name, " ")
-		ids = append(ids, id)
+		if f := strings.Fields(name); len(f) > 1 {
+			ids = append(ids, f[1])
+		}
 	}
 	return ids
 }

@@ -41,18 +41,19 @@ const MaxEndWaits = maxEndWaits
 // end and writing its state whenever f returns true.
 func SetCrashAfterEnd(d *Dispatcher, f func(runID string) bool) { d.crashAfterEnd = f }
 
-// Typed is an event with its CloudEvent type, as a dispatcher has it in
-// hand.
+// Typed is an event with its CloudEvent type and stored position
+// ("<stream>:<sequence>"), as a dispatcher has it in hand.
 type Typed struct {
 	Type  string
 	Event run.Event
+	Pos   string
 }
 
 // EndedBy is the Ab-Ended-By header of an end published for events.
 func EndedBy(events ...Typed) string {
 	jobs := make([]*job, len(events))
 	for i, e := range events {
-		jobs[i] = &job{ev: e.Event, typ: e.Type}
+		jobs[i] = &job{ev: e.Event, typ: e.Type, pos: e.Pos}
 	}
 	return endedBy(jobs)
 }
@@ -64,7 +65,7 @@ func EndedBy(events ...Typed) string {
 func Recompute(ctx context.Context, d *Dispatcher, st *run.State, end *run.Terminal, endedBy string, inHand []Typed, tenant string) (*run.State, bool) {
 	jobs := make([]*job, len(inHand))
 	for i, e := range inHand {
-		jobs[i] = &job{ev: e.Event, typ: e.Type, tenant: tenant}
+		jobs[i] = &job{ev: e.Event, typ: e.Type, pos: e.Pos, tenant: tenant}
 	}
 	rebuilt, _ := d.recompute(ctx, st, &endInStream{Terminal: end, endedBy: parseEndedBy(endedBy)}, jobs)
 	return rebuilt, rebuilt != nil

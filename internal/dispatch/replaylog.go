@@ -104,6 +104,8 @@ type logged struct {
 	rec *events.Received
 	typ string
 	at  time.Time
+	// pos is where the event is stored (storedAt).
+	pos string
 }
 
 // storedLog reads the events of one run the dispatcher consumes from the
@@ -164,7 +166,7 @@ func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []st
 			if err != nil {
 				continue
 			}
-			out = append(out, logged{rec: rec, typ: rec.Event.Type(), at: meta.Timestamp})
+			out = append(out, logged{rec: rec, typ: rec.Event.Type(), at: meta.Timestamp, pos: storedAt(meta)})
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return nil, err
