@@ -445,35 +445,7 @@ func TestARepairedCanceledWorkflowIsRetriedFromWhatItDid(t *testing.T) {
 // does without a crash — and adopts the end on the state as read when
 // what ended the run is not all in hand.
 func TestARepairAppliesExactlyWhatEndedTheRun(t *testing.T) {
-	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	rec := srv.Record(t, "")
-	g := newGated()
-	t.Cleanup(func() { close(g.gate) })
-	ops := &opsActions{}
-	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, ApprovalKeys: approvalKeys(),
-		Register: func(ex *executor.Executor) error { return errors.Join(g.register(ex), ops.register(ex)) }})
-	js, err := jetstream.New(srv.Connect(t))
-	require.NoError(t, err)
-	kv, err := js.KeyValue(ctxT(t), bus.Topology{}.BucketRuns())
-	require.NoError(t, err)
-	var once sync.Once
-	asRead := make(chan run.State, 1)
-	var d *dispatch.Dispatcher
-	startDispatcher(t, srv, dispatch.Config{InstanceID: "ending", ApprovalKeys: policy.Keys{"k1": {Secret: approvalKey, Holder: "alice"}}}, func(x *dispatch.Dispatcher) {
-		d = x
-		dispatch.SetCrashAfterEnd(x, func(runID string) bool {
-			crash := false
-			once.Do(func() {
-				crash = true
-				if e, err := kv.Get(ctxT(t), runID); err == nil {
-					if s, err := run.DecodeState(e.Value()); err == nil {
-						asRead <- s
-					}
-				}
-			})
-			return crash
-		})
-	})
+	_, rec, g, _, st, js, d, asRead := grantAndCancelSetup(t)
 	wf := client.NewWorkflow("grant").
 		Step("wait", "gate.wait", map[string]any{}).
 		Step("restart", "ops.restart", map[string]any{"service": "api"}).
@@ -637,4 +609,42 @@ func TestARunThatHasNotEndedIsNeitherRetriedNorReplayed(t *testing.T) {
 	require.NoError(t, err, "a reader waited for an end although as many readers as are allowed were waiting")
 	require.NotNil(t, prior)
 	assert.Equal(t, run.StatusRunning, prior.Status)
+}
+
+// grantAndCancelSetup starts a server, the recorder, a stack with a gated
+// action and ops.restart (approval key k1), and a dispatcher that crashes
+// after publishing the first run end it publishes first, handing the
+// state it read then to asRead.
+func grantAndCancelSetup(t *testing.T) (*actionbustest.Server, *actionbustest.Recorder, *gated, *opsActions, *actionbustest.Stack, jetstream.JetStream, *dispatch.Dispatcher, <-chan run.State) {
+	t.Helper()
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	rec := srv.Record(t, "")
+	g := newGated()
+	t.Cleanup(func() { close(g.gate) })
+	ops := &opsActions{}
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, ApprovalKeys: approvalKeys(),
+		Register: func(ex *executor.Executor) error { return errors.Join(g.register(ex), ops.register(ex)) }})
+	js, err := jetstream.New(srv.Connect(t))
+	require.NoError(t, err)
+	kv, err := js.KeyValue(ctxT(t), bus.Topology{}.BucketRuns())
+	require.NoError(t, err)
+	var once sync.Once
+	asRead := make(chan run.State, 1)
+	var d *dispatch.Dispatcher
+	startDispatcher(t, srv, dispatch.Config{InstanceID: "ending", ApprovalKeys: policy.Keys{"k1": {Secret: approvalKey, Holder: "alice"}}}, func(x *dispatch.Dispatcher) {
+		d = x
+		dispatch.SetCrashAfterEnd(x, func(runID string) bool {
+			crash := false
+			once.Do(func() {
+				crash = true
+				if e, err := kv.Get(ctxT(t), runID); err == nil {
+					if s, err := run.DecodeState(e.Value()); err == nil {
+						asRead <- s
+					}
+				}
+			})
+			return crash
+		})
+	})
+	return srv, rec, g, ops, st, js, d, asRead
 }

@@ -1,23 +1,17 @@
 package dispatch_test
 
 import (
-	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
-	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/dispatch"
-	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/run"
 )
 
@@ -32,35 +26,7 @@ import (
 // end adopted on the state as read (dropping, with a result in the same
 // transition, a call's success that a retry would then run again).
 func TestARepairFindsTheEventsThatEndedARunWhereTheyAreStored(t *testing.T) {
-	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	rec := srv.Record(t, "")
-	g := newGated()
-	t.Cleanup(func() { close(g.gate) })
-	ops := &opsActions{}
-	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, ApprovalKeys: approvalKeys(),
-		Register: func(ex *executor.Executor) error { return errors.Join(g.register(ex), ops.register(ex)) }})
-	js, err := jetstream.New(srv.Connect(t))
-	require.NoError(t, err)
-	kv, err := js.KeyValue(ctxT(t), bus.Topology{}.BucketRuns())
-	require.NoError(t, err)
-	var once sync.Once
-	asRead := make(chan run.State, 1)
-	var d *dispatch.Dispatcher
-	startDispatcher(t, srv, dispatch.Config{InstanceID: "ending", ApprovalKeys: policy.Keys{"k1": {Secret: approvalKey, Holder: "alice"}}}, func(x *dispatch.Dispatcher) {
-		d = x
-		dispatch.SetCrashAfterEnd(x, func(runID string) bool {
-			crash := false
-			once.Do(func() {
-				crash = true
-				if e, err := kv.Get(ctxT(t), runID); err == nil {
-					if s, err := run.DecodeState(e.Value()); err == nil {
-						asRead <- s
-					}
-				}
-			})
-			return crash
-		})
-	})
+	_, rec, g, ops, st, js, d, asRead := grantAndCancelSetup(t)
 	runID, cancelID := events.NewID(), events.NewID()
 	cancel := func(msgID, reason string) *nats.Msg {
 		return &nats.Msg{Subject: "ab.run.default." + runID + ".cancel",
@@ -69,7 +35,7 @@ func TestARepairFindsTheEventsThatEndedARunWhereTheyAreStored(t *testing.T) {
 				"ce-runid": {runID}, "ce-tenant": {"default"}, "Nats-Msg-Id": {msgID}},
 			Data: []byte(`{"runId":"` + runID + `","reason":"` + reason + `","requestedBy":"client"}`)}
 	}
-	_, err = js.PublishMsg(ctxT(t), cancel("early", "early"))
+	_, err := js.PublishMsg(ctxT(t), cancel("early", "early"))
 	require.NoError(t, err)
 	rec.WaitFor(t, 10*time.Second, func(r actionbustest.Recorded) bool {
 		return r.Type() == events.TypeEventRejected && r.Subject == "ab.rejected.AB_REQUESTS"
