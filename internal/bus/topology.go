@@ -273,6 +273,12 @@ func (t Topology) StreamAudit() string { return t.name("AUDIT") }
 // BucketRuns is the key-value bucket of run state (revision-checked).
 func (t Topology) BucketRuns() string { return strings.ToLower(t.withDefaults().Prefix) + "_runs" }
 
+// RunStateKey reports whether key of the runs bucket holds a run's state:
+// the dispatchers keep a key of their own there (their id secret, which
+// only the dispatcher user may read, as run state), named with a leading
+// underscore, which no run id has.
+func RunStateKey(key string) bool { return !strings.HasPrefix(key, "_") }
+
 // BucketCatalog is the key-value bucket of action definitions. Only the
 // registrar (hosted by the dispatchers) writes it, from the executors'
 // announcements ([events.Subjects.Announce]).

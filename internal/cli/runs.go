@@ -48,6 +48,9 @@ func runsCmd(g *globals) *cobra.Command {
 			now := time.Now()
 			var list []run.Summary
 			for key := range keys.Keys() {
+				if !bus.RunStateKey(key) {
+					continue
+				}
 				entry, err := kv.Get(ctx, key)
 				if errors.Is(err, jetstream.ErrKeyNotFound) {
 					continue // expired meanwhile

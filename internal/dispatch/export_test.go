@@ -70,3 +70,10 @@ func Recompute(ctx context.Context, d *Dispatcher, st *run.State, end *run.Termi
 	rebuilt, _ := d.recompute(ctx, st, &endInStream{Terminal: end, endedBy: parseEndedBy(endedBy)}, jobs)
 	return rebuilt, rebuilt != nil
 }
+
+// SetCrashHandingOut makes d simulate a crash of an admission that handed
+// its work out before its state was stored whenever f returns true.
+func SetCrashHandingOut(d *Dispatcher, f func(runID string) bool) { d.crashHandingOut = f }
+
+// IDKey is the id key d gives a new run of tenant.
+func IDKey(d *Dispatcher, tenant, runID string) string { return d.idKey(tenant, runID) }

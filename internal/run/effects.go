@@ -368,6 +368,20 @@ func WorkFirst(effects []Effect) []Effect {
 	return append(out, deferred...)
 }
 
+// LeadingWork splits effects, in the order [WorkFirst] publishes them,
+// into the requests other services work on that go out first (calls,
+// decisions, syntheses ahead of every stored event) and the rest. An
+// admission hands that work out while its state is written: the order
+// in which its events are stored is the same.
+func LeadingWork(effects []Effect) (work, rest []Effect) {
+	ordered := WorkFirst(effects)
+	i := 0
+	for i < len(ordered) && ordered[i].handsOutWork() {
+		i++
+	}
+	return ordered[:i:i], ordered[i:]
+}
+
 // handsOutWork reports whether e is a request another service works on.
 func (e Effect) handsOutWork() bool {
 	return e.Kind == EffectAct || e.Kind == EffectDecide || e.Kind == EffectSynthesize

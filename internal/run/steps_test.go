@@ -88,8 +88,25 @@ func TestWorkFirstStartsWorkAheadOfProgressAndKeepsStoredOrder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, ids(WorkFirst(tc.in)))
+			// What an admission hands out while its state is written is
+			// what goes out first, and the rest follows in the same order.
+			work, rest := LeadingWork(tc.in)
+			assert.Equal(t, tc.want, append(ids(work), ids(rest)...))
+			for _, e := range work {
+				assert.True(t, e.handsOutWork(), e.ID)
+			}
+			if len(rest) > 0 {
+				assert.False(t, rest[0].handsOutWork(), "work after the leading work waits for a stored event before it")
+			}
 		})
 	}
+	// A recorded step before the work keeps it out of the leading work.
+	work, _ := LeadingWork([]Effect{recorded("policy"), act("a1")})
+	assert.Empty(t, work)
+	work, rest := LeadingWork([]Effect{started, live("observe"), act("a1"), act("a2"), timer})
+	assert.Equal(t, []string{"a1", "a2"}, ids(work))
+	assert.Equal(t, []string{"started", "observe", "alarm"}, ids(rest))
+	assert.Equal(t, ids(rest), ids(WorkFirst(rest)), "the rest is already in the order it is published")
 }
 
 func TestProgressFoldsATransitionsLiveStepsIntoOneEventInOrder(t *testing.T) {
