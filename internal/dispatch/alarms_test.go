@@ -14,13 +14,13 @@ import (
 // published, the dispatcher purges the run's schedule, so the alarm never
 // fires half a minute later for a run that is over.
 func TestAnEndedRunsAlarmIsCanceledARunningOnesIsKept(t *testing.T) {
-	srv, _, st, w, _ := startHolding(t)
+	srv, rec, st, w, _ := startHolding(t)
 	ctx := ctxT(t)
 	topo := bus.Topology{}
 	schedules := func(runID string) int {
 		return srv.Stored(t, topo.StreamTimers(), topo.Subjects().Schedule(events.DefaultTenant, runID, "*"))
 	}
-	runID := fanOut(t, ctx, st, w)
+	runID := fanOut(t, ctx, srv, rec, st, w)
 	// Its work goes out ahead of its alarm (run.WorkFirst): the alarm is
 	// stored with the same publish batch, maybe after the work started.
 	require.Eventually(t, func() bool { return schedules(runID) == 1 }, 10*time.Second, 5*time.Millisecond,

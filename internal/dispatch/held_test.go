@@ -63,7 +63,7 @@ func startHolding(t *testing.T) (*actionbustest.Server, *actionbustest.Recorder,
 
 // fanOut starts a workflow of five independent gated steps and waits until
 // all five run.
-func fanOut(t *testing.T, ctx context.Context, st *actionbustest.Stack, w *wfActions) string {
+func fanOut(t *testing.T, ctx context.Context, srv *actionbustest.Server, rec *actionbustest.Recorder, st *actionbustest.Stack, w *wfActions) string {
 	t.Helper()
 	b := client.NewWorkflow("fan-out")
 	for _, id := range []string{"s1", "s2", "s3", "s4", "s5"} {
@@ -76,6 +76,15 @@ func fanOut(t *testing.T, ctx context.Context, st *actionbustest.Stack, w *wfAct
 		defer w.mu.Unlock()
 		return w.inFlight == 5
 	}, 10*time.Second, time.Millisecond)
+	// The admission hands its work out while it writes the state and
+	// publishes its progress after: both are waited for.
+	kv, err := srv.JS.KeyValue(ctx, "ab_runs")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := kv.Get(ctx, runID)
+		return err == nil
+	}, 10*time.Second, time.Millisecond, "the run's state is stored")
+	rec.WaitForStep(t, 10*time.Second, func(s events.RunStep) bool { return s.RunID == runID && s.Name == "action-dispatched" })
 	return runID
 }
 
@@ -115,7 +124,7 @@ func TestResultsOfAFanOutAreStoredWithTheRunsNextWrite(t *testing.T) {
 	kv, err := js.KeyValue(ctx, "ab_runs")
 	require.NoError(t, err)
 
-	runID := fanOut(t, ctx, st, w)
+	runID := fanOut(t, ctx, srv, rec, st, w)
 	admitted, err := kv.Get(ctx, runID)
 	require.NoError(t, err)
 	for range 4 {
@@ -155,7 +164,7 @@ func TestHeldResultsSurviveTheirDispatcher(t *testing.T) {
 	srv, rec, st, w, stop := startHolding(t)
 	ctx := ctxT(t)
 
-	runID := fanOut(t, ctx, st, w)
+	runID := fanOut(t, ctx, srv, rec, st, w)
 	for range 4 {
 		w.gate <- struct{}{}
 	}

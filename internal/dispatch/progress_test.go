@@ -78,9 +78,9 @@ func TestATransitionsLiveStepsTravelAsOneProgressMessageInOrder(t *testing.T) {
 // transition's progress still goes out at once, as one run.progress
 // message of version 2 carrying its step.
 func TestAHeldResultsProgressIsOneMessage(t *testing.T) {
-	_, rec, st, w, _ := startHolding(t)
+	srv, rec, st, w, _ := startHolding(t)
 	ctx := ctxT(t)
-	runID := fanOut(t, ctx, st, w)
+	runID := fanOut(t, ctx, srv, rec, st, w)
 	admission := len(progressMessages(t, rec, runID))
 	for i := 1; i <= 4; i++ {
 		w.gate <- struct{}{}
