@@ -14,6 +14,7 @@ package audit
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -23,7 +24,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nkeys"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/actionbus/actionbus/events"
@@ -83,7 +83,7 @@ type Service struct {
 	stream jetstream.Stream
 	build  *Builder
 	chains *chains
-	key    nkeys.KeyPair
+	key    ed25519.PrivateKey
 	pub    string
 	// maxRecord bounds one record's encoding (see [Fit]).
 	maxRecord int
@@ -165,8 +165,12 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("audit: auditor key: %w", err)
 	}
 	pub, _ := key.PublicKey()
+	private, err := signingKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("audit: auditor key: %w", err)
+	}
 	js := eb.JetStream()
-	s := &Service{key: key, pub: pub, cfg: cfg, js: js, bus: eb, topo: bus.Topology{Prefix: cfg.Prefix}, log: log,
+	s := &Service{key: private, pub: pub, cfg: cfg, js: js, bus: eb, topo: bus.Topology{Prefix: cfg.Prefix}, log: log,
 		build: &Builder{Defaults: cfg.Payload, Prefix: cfg.Prefix}}
 	// A record takes at most an eighth of the server's max payload, an
 	// append at most half: the seal, the envelope and the headers fit in

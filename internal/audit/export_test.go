@@ -14,8 +14,12 @@ func SealForTest(seed []byte, prevHash string, prevN uint64, recs []events.Audit
 		panic(err)
 	}
 	pub, _ := kp.PublicKey()
+	private, err := signingKey(kp)
+	if err != nil {
+		panic(err)
+	}
 	out := append([]events.AuditRecorded(nil), recs...)
-	if err := (&Service{key: kp, pub: pub}).seal(&head{hash: prevHash, n: prevN}, out); err != nil {
+	if err := (&Service{key: private, pub: pub}).seal(&head{hash: prevHash, n: prevN}, out); err != nil {
 		panic(err)
 	}
 	return out
@@ -26,3 +30,16 @@ var MarkDuplicates = markDuplicates
 
 // B64 is how signatures are encoded.
 var B64 = func(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
+
+// SignForTest signs rec as the auditor holding seed does.
+func SignForTest(seed []byte, rec *events.AuditRecorded) {
+	kp, err := keyPair(seed)
+	if err != nil {
+		panic(err)
+	}
+	private, err := signingKey(kp)
+	if err != nil {
+		panic(err)
+	}
+	sign(private, rec)
+}

@@ -1,9 +1,11 @@
 package audit_test
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -292,5 +294,25 @@ func BenchmarkSign(b *testing.B) {
 	msg := []byte("actionbus.audit.v2:" + strings.Repeat("ab", 32))
 	for b.Loop() {
 		_, _ = kp.Sign(msg)
+	}
+}
+
+// TestTheAuditorSignsAsItsNkeyDoes: the auditor signs with the Ed25519 key
+// it derives once from its seed; every signature is the one nkeys' own
+// Sign makes, and verifies against the auditor's public key.
+func TestTheAuditorSignsAsItsNkeyDoes(t *testing.T) {
+	for i := range 8 {
+		seed, err := audit.NewKey()
+		require.NoError(t, err)
+		kp, err := nkeys.FromSeed(seed)
+		require.NoError(t, err)
+		rec := events.AuditRecorded{Hash: strings.Repeat(strconv.Itoa(i), 64)}
+		audit.SignForTest(seed, &rec)
+		want, err := kp.Sign([]byte("actionbus.audit.v2:" + rec.Hash))
+		require.NoError(t, err)
+		assert.Equal(t, audit.B64(want), rec.Sig)
+		sig, err := base64.RawURLEncoding.DecodeString(rec.Sig)
+		require.NoError(t, err)
+		require.NoError(t, kp.Verify([]byte("actionbus.audit.v2:"+rec.Hash), sig))
 	}
 }
