@@ -55,12 +55,12 @@ func (s Subjects) CheckBinding(subject string, e *event.Event, data any) error {
 			WithDetail("type", e.Type()).WithDetail("subject", clip(subject, 256)).WithDetail("expected", entry.Subject)
 	}
 	if pool, ok := vars["pool"]; ok {
-		if p, ok := e.Extensions()[ExtPool].(string); ok && p != pool {
+		if p, ok := ExtensionOf(e, ExtPool); ok && isOtherString(p, pool) {
 			return (&actionbus.Error{Code: actionbus.CodeSubjectMismatch,
 				Message: "the event's pool differs from its subject's pool token"}).WithDetail("pool", pool)
 		}
 		// Work carries its run's tenant only in the extension.
-		if t, _ := e.Extensions()[ExtTenant].(string); t != "" || e.Type() == TypeActionRequested {
+		if t := StringExtension(e, ExtTenant); t != "" || e.Type() == TypeActionRequested {
 			if err := CheckTenant(t); err != nil {
 				return err
 			}
@@ -70,7 +70,7 @@ func (s Subjects) CheckBinding(subject string, e *event.Event, data any) error {
 		if err := CheckTenant(tenant); err != nil {
 			return err
 		}
-		if t, _ := e.Extensions()[ExtTenant].(string); t != tenant {
+		if t := StringExtension(e, ExtTenant); t != tenant {
 			return (&actionbus.Error{Code: actionbus.CodeInvalidTenant,
 				Message: "the event's tenant extension differs from its subject's tenant token"}).
 				WithDetail("subjectTenant", tenant).WithDetail("tenant", clip(t, 64))
@@ -79,7 +79,7 @@ func (s Subjects) CheckBinding(subject string, e *event.Event, data any) error {
 	// A data struct that names the tenant (work, audit records) names
 	// the event's.
 	if t, has := dataField(data, "Tenant"); has && t != "" {
-		if ext, _ := e.Extensions()[ExtTenant].(string); t != ext {
+		if ext := StringExtension(e, ExtTenant); t != ext {
 			return (&actionbus.Error{Code: actionbus.CodeInvalidTenant,
 				Message: "the event data's tenant differs from its tenant extension"}).WithDetail("tenant", clip(t, 64))
 		}
@@ -93,7 +93,7 @@ func (s Subjects) CheckBinding(subject string, e *event.Event, data any) error {
 			return err
 		}
 	}
-	ext, _ := e.Extensions()[ExtRunID].(string)
+	ext := StringExtension(e, ExtRunID)
 	body := dataRunID(data)
 	if ext != runToken || body != runToken {
 		return (&actionbus.Error{Code: actionbus.CodeSubjectMismatch,
@@ -162,4 +162,10 @@ func clip(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// isOtherString reports whether v is a string other than s.
+func isOtherString(v any, s string) bool {
+	str, ok := v.(string)
+	return ok && str != s
 }

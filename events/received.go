@@ -19,10 +19,5 @@ type Received struct {
 
 // RunID returns the runid extension of the event ("" when absent).
 func (r *Received) RunID() string {
-	if v, ok := r.Event.Extensions()[ExtRunID]; ok {
-		if s, ok := v.(string); ok {
-			return s
-		}
-	}
-	return ""
+	return StringExtension(r.Event, ExtRunID)
 }

@@ -83,7 +83,7 @@ func CheckEnvelope(e *event.Event) error {
 	}
 	// The tenant attribute names a subject token wherever it is used (the
 	// audit subject of the event's records): a tenant or none.
-	if v, ok := e.Extensions()[ExtTenant]; ok {
+	if v, ok := ExtensionOf(e, ExtTenant); ok {
 		if t, _ := v.(string); t != DefaultTenant && !ValidTenant(t) {
 			return actionbus.Errorf(actionbus.CodeMalformedEvent, "invalid cloudevent: tenant %q is not a tenant", clip(fmt.Sprint(v), 64))
 		}

@@ -131,13 +131,13 @@ func (e *Executor) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	// The call's span (GenAI execute_tool): a child of the dispatcher's
 	// span that sent it; the handler's context carries it.
-	ctx, span := tracing.Tracer().Start(tracing.Parent(tracing.Extract(ctx, msg.Headers()), tracing.RunFromExtensions(rec.Event.Extensions())), "execute_tool "+req.Action,
+	ctx, span := tracing.Tracer().Start(tracing.Parent(tracing.Extract(ctx, msg.Headers()), tracing.RunOfEvent(rec.Event)), "execute_tool "+req.Action,
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(semconv.GenAIOperationNameExecuteTool, semconv.GenAIToolName(req.Action), semconv.GenAIToolCallID(req.CallID),
 			semconv.GenAIToolTypeKey.String("function"), tracing.RunIDKey.String(req.RunID), tracing.TenantKey.String(events.TenantOr(req.Tenant)),
 			tracing.ExecutorKey.String(e.cfg.ID), tracing.AttemptKey.Int(req.Attempt)))
 	defer span.End()
-	ctx = tracing.WithRun(ctx, tracing.RunFromExtensions(rec.Event.Extensions()))
+	ctx = tracing.WithRun(ctx, tracing.RunOfEvent(rec.Event))
 	out, delay := e.run(ctx, msg, req, deliveries)
 	e.settle(msg, req, out, delay)
 }

@@ -398,7 +398,7 @@ func (b *Bus) Receive(subject string, h nats.Header, body []byte) (*events.Recei
 	if err := b.subjects.CheckBinding(subject, e, data); err != nil {
 		return nil, err
 	}
-	tenant, _ := e.Extensions()[events.ExtTenant].(string)
+	tenant := events.StringExtension(e, events.ExtTenant)
 	return &events.Received{Event: e, Data: data, Subject: subject, Tenant: tenant}, nil
 }
 

@@ -371,7 +371,7 @@ func (d *Dispatcher) onRejected(ctx context.Context, msg jetstream.Msg, reason e
 func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
 	if req, ok := r.Data.(*events.RunRequested); ok {
 		req.Tenant = r.Tenant // the subject's, which permissions bind
-		ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, tracing.RunFromExtensions(r.Event.Extensions())), "dispatcher run.requested",
+		ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, tracing.RunOfEvent(r.Event)), "dispatcher run.requested",
 			trace.WithSpanKind(trace.SpanKindConsumer),
 			trace.WithAttributes(tracing.RunIDKey.String(req.RunID), tracing.TenantKey.String(r.Tenant), tracing.EventIDKey.String(r.Event.ID())))
 		defer span.End()
@@ -382,7 +382,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 			return err
 		}
 		// The run's trace starts with the caller's span, else with this.
-		if st.Trace = tracing.RunFromExtensions(r.Event.Extensions()); st.Trace == nil {
+		if st.Trace = tracing.RunOfEvent(r.Event); st.Trace == nil {
 			st.Trace = tracing.RunOf(ctx)
 		}
 		return d.admit(ctx, st, out, firstFreshDelivery(msg, time.Now()))

@@ -69,7 +69,7 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 			}
 			// The run's trace is the caller's, else the dispatcher's span:
 			// the shell's choice, taken from the stored state.
-			if st.Trace = tracing.RunFromExtensions(e.rec.Event.Extensions()); st.Trace == nil {
+			if st.Trace = tracing.RunOfEvent(e.rec.Event); st.Trace == nil {
 				st.Trace = stored.Trace
 			}
 			st.Outbox = run.Dedupe(run.ArmAdmitted(st, effects, e.at, d.cfg.ActionGrace))

@@ -186,12 +186,12 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
 	// The planner's span (GenAI invoke_agent), a child of the dispatcher's
 	// span that asked; each LLM call is a chat span within it.
-	ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, tracing.RunFromExtensions(r.Event.Extensions())), "invoke_agent "+s.cfg.Provider.Name(),
+	ctx, span := tracing.Tracer().Start(tracing.Parent(ctx, tracing.RunOfEvent(r.Event)), "invoke_agent "+s.cfg.Provider.Name(),
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(semconv.GenAIOperationNameInvokeAgent, semconv.GenAIAgentName(s.cfg.Provider.Name()),
 			tracing.RunIDKey.String(r.RunID()), tracing.TenantKey.String(r.Tenant), tracing.EventTypeKey.String(r.Event.Type())))
 	defer span.End()
-	ctx = tracing.WithRun(ctx, tracing.RunFromExtensions(r.Event.Extensions()))
+	ctx = tracing.WithRun(ctx, tracing.RunOfEvent(r.Event))
 	switch data := r.Data.(type) {
 	case *events.DecisionRequested:
 		if data.Replay != nil {

@@ -17,12 +17,15 @@ package tracing
 import (
 	"context"
 
+	"github.com/cloudevents/sdk-go/v2/event"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/actionbus/actionbus/events"
 )
 
 // Instrumentation is the tracer's instrumentation scope name.
@@ -104,13 +107,18 @@ func RunOf(ctx context.Context) *Run {
 	return r
 }
 
-// RunFromExtensions reads the run context of an event's extensions.
-func RunFromExtensions(ext map[string]any) *Run {
-	p, _ := ext[ExtTraceParent].(string)
+// RunOfEvent reads the run context of an event's extensions (traceparent,
+// tracestate); nil when it has none.
+func RunOfEvent(e *event.Event) *Run {
+	return runOf(events.StringExtension(e, ExtTraceParent), events.StringExtension(e, ExtTraceState))
+}
+
+// runOf is the run trace of a traceparent and tracestate, nil without a
+// traceparent.
+func runOf(p, s string) *Run {
 	if p == "" {
 		return nil
 	}
-	s, _ := ext[ExtTraceState].(string)
 	return &Run{Parent: p, State: s}
 }
 

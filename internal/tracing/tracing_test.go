@@ -4,8 +4,10 @@ import (
 	"context"
 	"testing"
 
+	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/actionbus/actionbus/internal/tracing"
@@ -52,8 +54,13 @@ func TestContextTravelsInHeadersExtensionsAndMCPMeta(t *testing.T) {
 
 	r := tracing.RunOf(ctx)
 	assert.Equal(t, &tracing.Run{Parent: hopParent, State: "k=v"}, r)
-	assert.Equal(t, r, tracing.RunFromExtensions(map[string]any{"traceparent": hopParent, "tracestate": "k=v"}))
-	assert.Nil(t, tracing.RunFromExtensions(map[string]any{"tenant": "default"}))
+	traced := event.New()
+	require.NoError(t, traced.Context.SetExtension("traceparent", hopParent))
+	require.NoError(t, traced.Context.SetExtension("tracestate", "k=v"))
+	assert.Equal(t, r, tracing.RunOfEvent(&traced))
+	untraced := event.New()
+	require.NoError(t, untraced.Context.SetExtension("tenant", "default"))
+	assert.Nil(t, tracing.RunOfEvent(&untraced))
 	assert.Equal(t, r, tracing.RunFromContext(tracing.WithRun(context.Background(), r)))
 
 	meta := tracing.ToMeta(ctx)
