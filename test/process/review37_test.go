@@ -23,6 +23,7 @@ import (
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/accounts"
+	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/readapi"
 )
@@ -246,6 +247,23 @@ func TestReview37AnExecutorAimsTheRegistrarsAnswerAtTheSharedStores(t *testing.T
 		e, err := kv.Get(ctx, id)
 		require.NoError(t, err)
 		assert.Contains(t, string(e.Value()), `"runId":"`+id+`"`, "globex's run state now holds the registrar's answer: %.120s", e.Value())
+	})
+
+	// The secret every run's id keys are derived from: who reads it forges
+	// any run's end ids; who overwrites it makes a run admitted again hand
+	// out its work under other ids (it would run twice).
+	t.Run("the dispatchers' id secret", func(t *testing.T) {
+		kv, err := srv.JS.KeyValue(ctx, "ab_runs")
+		require.NoError(t, err)
+		before, err := kv.Get(ctx, dispatch.IDSecretKey)
+		require.NoError(t, err, "the dispatchers keep their id secret in the runs bucket")
+		_, err = mallory.Request("$JS.API.DIRECT.GET.KV_ab_runs.$KV.ab_runs."+dispatch.IDSecretKey, nil, 2*time.Second)
+		assert.Error(t, err, "the executor user read the dispatchers' id secret")
+		aim("$KV.ab_runs." + dispatch.IDSecretKey)
+		after, err := kv.Get(ctx, dispatch.IDSecretKey)
+		require.NoError(t, err)
+		assert.Equal(t, before.Revision(), after.Revision(), "the id secret was overwritten with the registrar's answer: %.120s", after.Value())
+		assert.Equal(t, before.Value(), after.Value())
 	})
 
 	t.Run("the dispatchers' limits bookkeeping", func(t *testing.T) {
