@@ -181,9 +181,16 @@ func (b *Bus) Publish(ctx context.Context, subject string, e *event.Event, opts 
 // Emit builds an event with [Bus.New] and publishes it on the subject the
 // catalog gives its type ([events.Subjects.SubjectFor]).
 func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool string, data any, ext ...events.Extension) (*event.Event, error) {
+	e, _, err := b.emit(ctx, eventType, id, tenant, runID, pool, data, ext...)
+	return e, err
+}
+
+// emit is [Bus.Emit], with the acknowledgement of the publish (empty for
+// a live event).
+func (b *Bus) emit(ctx context.Context, eventType, id, tenant, runID, pool string, data any, ext ...events.Extension) (*event.Event, *jetstream.PubAck, error) {
 	subject, err := b.subjects.SubjectFor(eventType, tenant, runID, pool)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if eventType == events.TypeActionRequested && pool != "" {
 		ext = append(ext, events.Extension{Name: events.ExtPool, Value: pool})
@@ -191,12 +198,13 @@ func (b *Bus) Emit(ctx context.Context, eventType, id, tenant, runID, pool strin
 	ext = append(ext, traceExtensions(ctx)...)
 	e, err := b.New(eventType, id, tenant, runID, data, ext...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if _, err := b.Publish(ctx, subject, e); err != nil {
-		return nil, err
+	ack, err := b.Publish(ctx, subject, e)
+	if err != nil {
+		return nil, nil, err
 	}
-	return e, nil
+	return e, ack, nil
 }
 
 // traceExtensions are the distributed-tracing extensions of the run
@@ -257,72 +265,82 @@ func (b *Bus) TimerEmission(id, tenant, name string, at time.Time, t *events.Tim
 
 // EmitAll validates and publishes several events at once: every publish is
 // sent before any acknowledgement is awaited, so a batch costs about one
-// round trip. It returns the first error; events published before it stay
-// published (their ids make a retry safe).
-func (b *Bus) EmitAll(ctx context.Context, batch []events.Emission) error {
+// round trip. It returns the stream sequence each event was stored at, in
+// batch order (0 for a live event, which nothing stores), or the first
+// error; events published before it stay published (their ids make a
+// retry safe).
+func (b *Bus) EmitAll(ctx context.Context, batch []events.Emission) ([]uint64, error) {
+	seqs := make([]uint64, len(batch))
 	if len(batch) == 1 && batch[0].Subject == "" && batch[0].Header == nil {
 		x := batch[0]
-		_, err := b.Emit(ctx, x.Type, x.ID, x.Tenant, x.RunID, x.Pool, x.Data, x.Ext...)
-		return err
+		_, ack, err := b.emit(ctx, x.Type, x.ID, x.Tenant, x.RunID, x.Pool, x.Data, x.Ext...)
+		if err != nil {
+			return nil, err
+		}
+		seqs[0] = ack.Sequence
+		return seqs, nil
 	}
 	futures := make([]jetstream.PubAckFuture, 0, len(batch))
+	stored := make([]int, 0, len(batch)) // the batch index of each future
 	traced := traceExtensions(ctx)
-	for _, x := range batch {
+	for i, x := range batch {
 		subject := x.Subject
 		if subject == "" {
 			var err error
 			if subject, err = b.subjects.SubjectFor(x.Type, x.Tenant, x.RunID, x.Pool); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		e, err := b.New(x.Type, x.ID, x.Tenant, x.RunID, x.Data, append(x.Ext, traced...)...)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := b.validateOutgoing(e); err != nil {
-			return fmt.Errorf("events: publish %s: %w", x.Type, err)
+			return nil, fmt.Errorf("events: publish %s: %w", x.Type, err)
 		}
 		msg, err := Encode(subject, e, b.cfg.Mode)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for k, v := range x.Header {
 			msg.Header[k] = v
 		}
 		tracing.Inject(ctx, msg.Header)
 		if err := b.checkSize(x.Type, msg); err != nil {
-			return err
+			return nil, err
 		}
 		if live(x.Type) {
 			// Live events go out on core NATS with the batch: nothing
 			// stores them, so there is no acknowledgement to wait for.
 			if err := b.js.Conn().PublishMsg(msg); err != nil {
-				return fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
+				return nil, fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
 			}
 			continue
 		}
 		f, err := b.js.PublishMsgAsync(msg)
 		if err != nil {
-			return fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
+			return nil, fmt.Errorf("events: publish %s on %s: %w", x.Type, subject, err)
 		}
 		futures = append(futures, f)
+		stored = append(stored, i)
 	}
 	// A publish the server never acknowledges (a permissions violation,
 	// no stream) must not hang the caller.
 	timeout := time.NewTimer(PublishTimeout)
 	defer timeout.Stop()
-	for _, f := range futures {
+	for k, f := range futures {
 		select {
-		case <-f.Ok():
+		case ack := <-f.Ok():
+			seqs[stored[k]] = ack.Sequence
 		case err := <-f.Err():
-			return fmt.Errorf("events: publish on %s: %w", f.Msg().Subject, err)
+			return nil, fmt.Errorf("events: publish on %s: %w", f.Msg().Subject, err)
 		case <-timeout.C:
-			return fmt.Errorf("events: publish on %s: no acknowledgement within %s", f.Msg().Subject, PublishTimeout)
+			return nil, fmt.Errorf("events: publish on %s: no acknowledgement within %s", f.Msg().Subject, PublishTimeout)
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
-	return nil
+	return seqs, nil
 }
 
 // checkSize refuses a message the server would refuse: one over the

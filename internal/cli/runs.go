@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/actionbus/actionbus/internal/bus"
+	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/run"
 )
 
@@ -30,7 +31,8 @@ func runsCmd(g *globals) *cobra.Command {
 		Short: "List runs: status, kind, age and what each waits for (reads the run-state bucket; needs an operator's user)",
 		RunE: g.withJetStream(func(cmd *cobra.Command, _ []string, js jetstream.JetStream) error {
 			ctx := cmd.Context()
-			kv, err := js.KeyValue(ctx, bus.Topology{Prefix: g.prefix}.BucketRuns())
+			topo := bus.Topology{Prefix: g.prefix}
+			kv, err := js.KeyValue(ctx, topo.BucketRuns())
 			if err != nil {
 				return fmt.Errorf("runs: the run-state bucket: %w", err)
 			}
@@ -62,6 +64,20 @@ func runsCmd(g *globals) *cobra.Command {
 				if err := json.Unmarshal(entry.Value(), &st); err != nil {
 					fmt.Fprintf(g.errOut, "run %s: unreadable state: %v\n", key, err)
 					continue
+				}
+				if !st.IsTerminal() {
+					// A run's end is usually its last write: the state
+					// stored is the one before it.
+					end, usage, err := dispatch.ReadEnd(ctx, js, topo, &st)
+					if err != nil {
+						return err
+					}
+					if end != nil {
+						run.Adopt(&st, end)
+						if usage != nil {
+							st.Usage = usage
+						}
+					}
 				}
 				if s := run.Summarize(&st, now); f.Match(s) {
 					list = append(list, s)

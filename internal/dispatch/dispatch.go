@@ -196,6 +196,10 @@ type Dispatcher struct {
 	// earlyWork lets admissions hand their work out while their state is
 	// written (see admit): the streams deduplicate long enough.
 	earlyWork bool
+	// stateTTL is the runs bucket's TTL (0: states never expire), read at
+	// start: a run's end is its commit only from a state stored within
+	// half of it (see endIsCommit).
+	stateTTL time.Duration
 
 	// fences are the partitions' fences this dispatcher holds.
 	fences *fences
@@ -243,6 +247,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if d.ids, err = loadIDSecret(ctx, d.runs); err != nil {
 		return err
 	}
+	status, err := d.runs.Status(ctx)
+	if err != nil {
+		return err
+	}
+	d.stateTTL = status.TTL()
 	go d.ids.keepFresh(ctx)
 	if d.earlyWork, err = d.deduplicationCoversReadmission(ctx); err != nil {
 		return err
@@ -707,12 +716,13 @@ func writtenUnder(st *run.State, fence uint64) uint64 {
 // nothing left to watch, canceled (unless it was never armed).
 func (d *Dispatcher) endPublished(st *run.State) {
 	d.tellPools(st)
-	d.endWritten(st)
+	d.endCommitted(st)
 }
 
-// endWritten cancels the alarm of run st, whose ended state is written:
+// endCommitted cancels the alarm of run st, whose end is committed (its
+// ended state written, or its end stored as the commit: see endIsCommit):
 // it has nothing left to watch (unless it was never armed).
-func (d *Dispatcher) endWritten(st *run.State) {
+func (d *Dispatcher) endCommitted(st *run.State) {
 	if !d.deferred.ended(st.RunID) {
 		d.alarms.cancel(d.bus.Subjects().Schedule(st.TenantOrDefault(), st.RunID, "*"))
 	}
@@ -939,7 +949,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			carried = d.carriedOutbox(st, revision)
 		}
 		st.Outbox = nil
-		wasTerminal := st.IsTerminal()
+		wasTerminal, lastWrite := st.IsTerminal(), st.UpdatedAt
 		out := adopted
 		for _, j := range apply {
 			if j.refused = st.CheckTenant(j.tenant); j.refused != nil {
@@ -1018,7 +1028,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			}
 		}
 		if mayEndFirst && !wasTerminal && st.IsTerminal() {
-			return nil, d.endFirst(ctx, st, revision, after, p, fence, all)
+			return nil, d.endFirst(ctx, st, revision, after, p, fence, all, lastWrite)
 		}
 		uctx, cancel := bus.Bounded(ctx)
 		rev, err := d.runs.Update(uctx, runID, after, revision)
@@ -1077,16 +1087,19 @@ func (d *Dispatcher) traceTransition(ctx context.Context, st *run.State, batch [
 // for other services first (run.WorkFirst), the live steps as one
 // run.progress event (run.Progress).
 func (d *Dispatcher) publish(ctx context.Context, st *run.State, effects []run.Effect) error {
-	return d.publishWith(ctx, st, effects, nil)
+	_, err := d.publishWith(ctx, st, effects, nil)
+	return err
 }
 
 // publishWith is [Dispatcher.publish] with endHeader added to the run's
-// end, if the effects hold it (the fence of an end published first). The
+// end, if the effects hold it (the fence of an end published first), and
+// returns the stream sequence the end was stored at (0 without one). The
 // run's slots are released once the events are stored: a refused end
 // leaves them to the transition that ends the run instead.
-func (d *Dispatcher) publishWith(ctx context.Context, st *run.State, effects []run.Effect, endHeader nats.Header) error {
+func (d *Dispatcher) publishWith(ctx context.Context, st *run.State, effects []run.Effect, endHeader nats.Header) (uint64, error) {
 	ctx = tracing.WithRun(ctx, st.Trace)
 	batch := make([]events.Emission, 0, len(effects))
+	end := -1 // the end's index in batch
 	var releases []run.Effect
 	for _, e := range run.Progress(st, run.WorkFirst(effects)) {
 		if e.Kind == run.EffectRelease {
@@ -1099,20 +1112,28 @@ func (d *Dispatcher) publishWith(ctx context.Context, st *run.State, effects []r
 			continue
 		}
 		if em, ok := run.Render(st, e); ok {
-			if e.Kind == run.EffectEnd && endHeader != nil {
-				em.Header = endHeader
+			if e.Kind == run.EffectEnd {
+				end = len(batch)
+				if endHeader != nil {
+					em.Header = endHeader
+				}
 			}
 			batch = append(batch, em)
 		}
 	}
+	var endSeq uint64
 	if len(batch) > 0 {
-		if err := d.bus.EmitAll(ctx, batch); err != nil {
-			return err
+		seqs, err := d.bus.EmitAll(ctx, batch)
+		if err != nil {
+			return 0, err
+		}
+		if end >= 0 {
+			endSeq = seqs[end]
 		}
 	}
 	for _, e := range releases {
 		if err := d.release(ctx, e); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	for _, e := range effects {
@@ -1123,7 +1144,7 @@ func (d *Dispatcher) publishWith(ctx context.Context, st *run.State, effects []r
 			break
 		}
 	}
-	return nil
+	return endSeq, nil
 }
 
 // stateHeadroom is kept below the server's max payload for the headers of

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/jsoncodec"
 	"github.com/actionbus/actionbus/internal/run"
@@ -21,41 +23,50 @@ import (
 // the run from is one this dispatcher wrote under its current fence of
 // the run's partition (see fences), the terminal event is published first,
 // expecting that fence (the server refuses it once another dispatcher
-// fenced the partition), and the ended state is written after it: a
-// run's end puts one stored write on the client's path instead of two in
-// sequence, each an fsync where the server syncs every write.
+// fenced the partition), naming the events the transition applied, and
+// no state is written after it (endIsCommit; else the ended state is
+// written after it): a run's end puts one stored write on the client's
+// path instead of two in sequence, each an fsync where the server syncs
+// every write, and the run stores one write fewer.
 //
-// What makes it safe, with the state written after the end:
+// What makes it safe, with the state as stored the one before the end:
 //   - Any other writer of the run's state must have read the revision this
 //     dispatcher wrote, after it was written, so after this dispatcher's
 //     fence; and every read of a state from the bucket by an owner looks,
 //     in the same request, for the run's stored end and for the partition's
-//     last fence (lookEnd). A reader that finds another's fence gives way
-//     (errFenced); one that finds the end adopts it (run.Machine.Adopt), so
-//     no transition is applied after a run's end, whether or not its state
-//     was written.
+//     last fence, from a replica that holds the last end this dispatcher
+//     committed (lookEnd). A reader that finds another's fence gives way
+//     (errFenced); one that finds the end rebuilds the ended state from
+//     what the end names (repair), so no transition is applied after a
+//     run's end, whether or not its ended state was written.
 //   - The fence check makes the end itself fail once a successor fenced:
 //     a dispatcher that lost its partition while paused cannot publish an
 //     end the successor, which read the state after its fence, does not
 //     know of.
-//   - A crash between the end and the state write redelivers the events
-//     that ended the run; the next owner reads the state, finds the end and
-//     adopts it, and its releases and signals are sent then.
+//   - A crash after the end, before the events that ended the run are
+//     acknowledged, redelivers them; the next owner reads the state, finds
+//     the end and rebuilds the ended state, and its releases and signals
+//     are sent then.
+//   - Readers that are not the owner (a retry, a replay) rebuild the ended
+//     state the same way (endedState) and write nothing.
 //
 // A state this dispatcher only read (after a restart, a partition move or
 // a write conflict) ends the other way: state first, revision-checked,
 // then the end.
 
 // endFirst commits a transition that ends run st: st was read at revision
-// (written by this dispatcher under fence of partition p), its outbox set
-// and val its encoding. It publishes the outbox, the end expecting the
-// fence, then writes the state. The events that led here are acknowledged
-// once the state is written: a failure after the end is published hands
-// them back, and their redelivery adopts the stored end.
-func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint64, val []byte, p int, fence uint64, applied []*job) error {
+// (written by this dispatcher under fence of partition p, last at
+// lastWrite), its outbox set and val its encoding. It publishes the
+// outbox, the end expecting the fence; the end is the transition's commit
+// when endIsCommit allows (no state is written: the end names what the
+// transition applied), else the state is written after it. The events
+// that led here are acknowledged once that is done: a failure after the
+// end is published hands them back, and their redelivery adopts the
+// stored end.
+func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint64, val []byte, p int, fence uint64, applied []*job, lastWrite time.Time) error {
 	header := d.fences.header(p, fence)
 	header.Set(endedByHeader, endedBy(applied))
-	err := d.publishWith(ctx, st, st.Outbox, header)
+	endSeq, err := d.publishWith(ctx, st, st.Outbox, header)
 	if bus.IsRevisionConflict(err) {
 		// The fence is not the partition's last: another dispatcher fenced
 		// it since, or it aged out of the stream (it is renewed then, with
@@ -86,6 +97,13 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 	// may have it already): a queued call of the run must not start
 	// while its state is written.
 	d.tellPools(st)
+	if d.endIsCommit(applied, lastWrite) {
+		d.fences.endStored(p, fence, endSeq, d.endFilters(st))
+		d.endCommitted(st)
+		// The bucket still holds revision, whose outbox was sent.
+		d.cache.put(st, revision, fence)
+		return nil
+	}
 	uctx, cancel := bus.Bounded(ctx)
 	rev, err := d.runs.Update(uctx, st.RunID, val, revision)
 	cancel()
@@ -104,19 +122,45 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 		d.unsent.add(st.RunID)
 		return err
 	}
-	d.endWritten(st)
+	d.endCommitted(st)
 	d.cache.put(st, rev, fence)
 	return nil
 }
 
+// endIsCommit reports whether a run's end, published first, is the
+// transition's commit, with no ended state written after it: the ended
+// state is then the state as stored plus the events the end names
+// (endedByHeader), which every reader rebuilds (repair). That takes every
+// event applied being stored (one the dispatcher made itself, a capacity
+// check, names nothing a reader can find), and the state stored last
+// within half the runs bucket's TTL (the run retention): the state as
+// stored then outlives the end by no less than that.
+func (d *Dispatcher) endIsCommit(applied []*job, lastWrite time.Time) bool {
+	for _, j := range applied {
+		if j.pos == "" {
+			return false
+		}
+	}
+	return d.stateTTL == 0 || time.Since(lastWrite) < d.stateTTL/2
+}
+
 // lookEnd reads, in one batch direct get, run st's stored end (nil if it
 // has none) and partition p's last fence, which must be fence: another
-// dispatcher's is errFenced. An event on a terminal subject without the
-// run's end id is not its end (only the services may publish there; its
-// id is derived from the run's secret id key).
+// dispatcher's is errFenced. The replica that answers must hold the fence
+// and the last end this dispatcher stored under it without a state
+// (fences.lastEnd), else the read is retried (fenceUnseen, or after a new
+// fence). An event on a terminal subject without the run's end id is not
+// its end (only the services may publish there; its id is derived from
+// the run's secret id key).
 func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence uint64) (*endInStream, error) {
 	subjects := d.bus.Subjects()
+	mark := d.fences.lastEnd(p, fence)
 	filters := append([]string{subjects.Fence(p)}, d.endFilters(st)...)
+	for _, s := range mark.subjects {
+		if !slices.Contains(filters, s) {
+			filters = append(filters, s)
+		}
+	}
 	gctx, cancel := bus.Bounded(ctx)
 	defer cancel()
 	msgs, err := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRuns(), filters)
@@ -124,7 +168,7 @@ func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence ui
 		return nil, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
 	}
 	var end *endInStream
-	fenceSubject, fenced := subjects.Fence(p), false
+	fenceSubject, fenced, marked := subjects.Fence(p), false, mark.seq == 0
 	for m, err := range msgs {
 		if errors.Is(err, jetstreamext.ErrNoMessages) {
 			break
@@ -143,20 +187,67 @@ func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence ui
 			fenced = m.Sequence == fence
 			continue
 		}
-		r, err := d.bus.Receive(m.Subject, m.Header, m.Data)
-		if err != nil {
-			return nil, bus.Permanent(fmt.Errorf("dispatch: run %s: its stored end does not decode: %w", st.RunID, err))
+		if m.Sequence >= mark.seq {
+			// The replica holds the last end stored under the fence (any
+			// message stored after it would do).
+			marked = true
 		}
-		if r.Event.ID() != run.EndID(st) {
-			d.log.Warn("ignoring a terminal event that is not the run's", "run_id", st.RunID, "subject", m.Subject, "id", r.Event.ID())
+		if tenant, runID := subjects.RunFromSubject(m.Subject); tenant != st.TenantOrDefault() || runID != st.RunID {
+			continue // the last end's, of another run
+		}
+		e, err := endOf(st, m)
+		if err != nil {
+			return nil, bus.Permanent(fmt.Errorf("dispatch: run %s: %w", st.RunID, err))
+		}
+		if e == nil {
+			d.log.Warn("ignoring a terminal event that is not the run's", "run_id", st.RunID, "subject", m.Subject)
 			continue
 		}
-		if t, ok := run.StoredEnd(r.Data); ok {
-			end = &endInStream{Terminal: t, endedBy: parseEndedBy(m.Header.Get(endedByHeader))}
-		}
+		end = e
 	}
 	if !fenced {
 		return nil, d.fenceUnseen(ctx, st.RunID, p, fence)
+	}
+	if !marked {
+		// The replica lags behind an end stored after the fence (or that
+		// end is no longer in the stream): under a new fence, stored after
+		// it, the fence is the mark again.
+		d.fences.lost(p, fence)
+		return nil, fmt.Errorf("dispatch: run %s: the read did not hold the partition's last end: %w", st.RunID, errFenced)
+	}
+	return end, nil
+}
+
+// endOf is run st's end as stored in m, nil when m is another event (one
+// without the run's end id: only the run's end carries it).
+func endOf(st *run.State, m *jetstream.RawStreamMsg) (*endInStream, error) {
+	e, err := bus.Decode(m.Subject, m.Header, m.Data)
+	if err != nil {
+		return nil, fmt.Errorf("its stored end does not decode: %w", err)
+	}
+	if e.ID() != run.EndID(st) {
+		return nil, nil
+	}
+	entry, ok := events.Lookup(e.Type())
+	if !ok {
+		return nil, nil
+	}
+	data := entry.New()
+	if err := events.DataAs(e, data); err != nil {
+		return nil, fmt.Errorf("its stored end does not decode: %w", err)
+	}
+	t, ok := run.StoredEnd(data)
+	if !ok {
+		return nil, nil
+	}
+	end := &endInStream{Terminal: t, endedBy: parseEndedBy(m.Header.Get(endedByHeader)), at: m.Time}
+	switch d := data.(type) {
+	case *events.RunCompleted:
+		end.usage = d.Usage
+	case *events.RunFailed:
+		end.usage = d.Usage
+	case *events.RunCanceled:
+		end.usage = d.Usage
 	}
 	return end, nil
 }
@@ -196,6 +287,10 @@ func (d *Dispatcher) loadOwned(ctx context.Context, runID string) (st *run.State
 type endInStream struct {
 	*run.Terminal
 	endedBy []endedEvent
+	// at is when the end was stored: the time of the transition's commit.
+	at time.Time
+	// usage is what the run's LLM calls used, as its end says.
+	usage *events.RunUsage
 }
 
 // endedByHeader, on an end published first, names the events the
@@ -342,13 +437,14 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 	if err != nil {
 		return nil, nil
 	}
-	var releases []run.Effect
+	var releases, all []run.Effect
 	for _, e := range end.endedBy {
 		n := named[e]
 		if copied.IsTerminal() || copied.CheckTenant(n.tenant) != nil {
 			continue
 		}
 		effects, err := d.machine.Apply(ctx, &copied, n.ev)
+		all = append(all, effects...)
 		for _, e := range effects {
 			if e.Kind == run.EffectRelease {
 				releases = append(releases, e)
@@ -361,7 +457,14 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 	if !copied.IsTerminal() || !sameEnd(copied.Terminal, end.Terminal) {
 		return nil, append(releases, d.machine.Adopt(&copied, end.Terminal)...)
 	}
-	copied.Outbox = nil
+	// The state as its writer would have stored it with the end: updated
+	// when the end was stored, its outbox what the transition implied (a
+	// writer that repairs it sets its own).
+	stored, _ := run.Stored(all)
+	if !end.at.IsZero() {
+		copied.UpdatedAt = end.at
+	}
+	copied.Outbox = run.Dedupe(run.Arm(&copied, stored, copied.UpdatedAt))
 	return &copied, releases
 }
 
@@ -431,10 +534,12 @@ var errNotEnded = errors.New("the run has not ended")
 
 // endInFlight bounds how long a reader of a run that looks unended waits
 // for its end: a client hears a run's end as the server routes it, which
-// may be before the stream has stored it (and before the ended state is
-// written, when the end was published first), so a retry or a replay
-// asked for at once may find neither.
+// may be before the stream has stored it, so a retry or a replay asked
+// for at once may not find it yet.
 const endInFlight = 500 * time.Millisecond
+
+// endPoll is how often a reader waiting for an end in flight reads again.
+const endPoll = 20 * time.Millisecond
 
 // maxEndWaits bounds the readers that wait for an end in flight at once:
 // each holds a handler of the dispatcher and its run's lock, and a client
@@ -443,96 +548,132 @@ const endInFlight = 500 * time.Millisecond
 // (its reader may ask again).
 const maxEndWaits = 4
 
-// endedState returns the stored state of the ended run runID, for a
-// reader (a retry of it, a replay). A run's end may be published before
-// its state is written (endFirst), so a reader that saw the end may find
-// the state before it: it waits for the write — bounded by bus.Bounded
-// when the end is stored (a crash of the writer delays the write until
-// the end's events are redelivered), by endInFlight when it is not (an
-// end still on its way to the stream, or a run that has not ended:
-// errNotEnded).
+// endedState returns the ended state of run runID, for a reader (a retry
+// of it, a replay): the stored state if it ended, else the state as
+// stored plus the events its stored end names (repair: the end is usually
+// the commit of the transition that ended the run, and no state is
+// written after it; see endIsCommit). An end not found is waited for up
+// to endInFlight (errNotEnded after that: the run has not ended). The
+// releases of slots the rebuilding takes are carried out; nothing is
+// written.
 func (d *Dispatcher) endedState(ctx context.Context, tenant, runID string) (*run.State, error) {
 	st, _, err := d.loadTenantRun(ctx, tenant, runID)
 	if err != nil || st.IsTerminal() {
 		return st, err
 	}
-	stored, err := d.storedEnd(ctx, st)
+	end, err := d.readEnd(ctx, st)
 	if err != nil {
 		return nil, err
 	}
-	wait := bus.PublishTimeout
-	if !stored {
+	if end == nil {
 		if d.endWaits.Add(1) > maxEndWaits {
 			d.endWaits.Add(-1)
 			return nil, errNotEnded
 		}
 		defer d.endWaits.Add(-1)
-		wait = endInFlight
-	}
-	wctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	w, err := d.runs.Watch(wctx, runID)
-	if err != nil {
-		if !stored && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return nil, errNotEnded
+		if end, err = d.awaitEnd(ctx, st); err != nil {
+			return nil, err
 		}
-		return nil, err
 	}
-	defer func() { _ = w.Stop() }()
+	return d.rebuild(ctx, st, end)
+}
+
+// rebuildEnded is run st, as stored, ended as its stored end says (st
+// when it has none yet).
+func (d *Dispatcher) rebuildEnded(ctx context.Context, st *run.State) (*run.State, error) {
+	end, err := d.readEnd(ctx, st)
+	if err != nil || end == nil {
+		return st, err
+	}
+	return d.rebuild(ctx, st, end)
+}
+
+// rebuild is st, as stored, ended by end (repair, for a reader); the
+// releases of slots the rebuilding takes are carried out.
+func (d *Dispatcher) rebuild(ctx context.Context, st *run.State, end *endInStream) (*run.State, error) {
+	ended, releases := d.repair(ctx, st, end, nil)
+	for _, e := range releases {
+		if err := d.release(ctx, e); err != nil {
+			return nil, err
+		}
+	}
+	return ended, nil
+}
+
+// awaitEnd reads run st's stored end again every endPoll until it is
+// found, for up to endInFlight (errNotEnded then).
+func (d *Dispatcher) awaitEnd(ctx context.Context, st *run.State) (*endInStream, error) {
+	wctx, cancel := context.WithTimeout(ctx, endInFlight)
+	defer cancel()
+	tick := time.NewTicker(endPoll)
+	defer tick.Stop()
 	for {
 		select {
-		case entry := <-w.Updates():
-			if entry == nil {
-				continue // the watch is current
-			}
-			if entry.Operation() != jetstream.KeyValuePut {
-				return nil, fmt.Errorf("run %s: its state was removed", runID)
-			}
-			st, err := decodeState(runID, entry.Value())
-			if err != nil || st.IsTerminal() {
-				return &st, err
-			}
+		case <-tick.C:
 		case <-wctx.Done():
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			if !stored {
-				return nil, errNotEnded
-			}
-			return nil, fmt.Errorf("run %s: its end is stored, its state not written within %s: %w", runID, wait, wctx.Err())
+			return nil, errNotEnded
+		}
+		end, err := d.readEnd(ctx, st)
+		if err != nil || end != nil {
+			return end, err
 		}
 	}
 }
 
-// storedEnd reports whether run st's end is stored (for a reader: no
-// fence is involved).
-func (d *Dispatcher) storedEnd(ctx context.Context, st *run.State) (bool, error) {
+// readEnd reads run st's stored end, for a reader (no fence is
+// involved): nil when it has none.
+func (d *Dispatcher) readEnd(ctx context.Context, st *run.State) (*endInStream, error) {
+	return readEnd(ctx, d.js, d.topo, st)
+}
+
+// ReadEnd returns the terminal event stored for run st (as its run-state
+// entry holds it) in the runs stream of topo, with the usage of the run's
+// LLM calls it reports, or nil: a run's end is usually the commit of the
+// transition that ended it, and its state as stored is the one before
+// (what ended it is named by the end). For readers that list runs; a
+// dispatcher rebuilds the ended state.
+func ReadEnd(ctx context.Context, js jetstream.JetStream, topo bus.Topology, st *run.State) (*run.Terminal, *events.RunUsage, error) {
+	end, err := readEnd(ctx, js, topo, st)
+	if end == nil || err != nil {
+		return nil, nil, err
+	}
+	return end.Terminal, end.usage, nil
+}
+
+func readEnd(ctx context.Context, js jetstream.JetStream, topo bus.Topology, st *run.State) (*endInStream, error) {
 	gctx, cancel := bus.Bounded(ctx)
 	defer cancel()
-	msgs, err := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRuns(), d.endFilters(st))
+	msgs, err := jetstreamext.GetLastMsgsFor(gctx, js, topo.StreamRuns(), endFilters(topo.Subjects(), st))
 	if err != nil {
-		return false, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
+		return nil, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
 	}
 	for m, err := range msgs {
 		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			return false, nil
+			return nil, nil
 		}
 		if err != nil {
-			return false, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
+			return nil, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
 		}
-		if r, err := d.bus.Receive(m.Subject, m.Header, m.Data); err == nil && r.Event.ID() == run.EndID(st) {
-			return true, nil
+		if end, err := endOf(st, m); err == nil && end != nil {
+			return end, nil
 		}
 	}
-	return false, nil
+	return nil, nil
 }
 
 // endFilters are the subjects run st's end may be stored on, in every
 // stored form.
 func (d *Dispatcher) endFilters(st *run.State) []string {
+	return endFilters(d.bus.Subjects(), st)
+}
+
+func endFilters(subjects events.Subjects, st *run.State) []string {
 	var filters []string
 	for _, verb := range []string{"completed", "failed", "canceled"} {
-		filters = append(filters, d.bus.Subjects().StoredForms(st.TenantOrDefault(), st.RunID, verb)...)
+		filters = append(filters, subjects.StoredForms(st.TenantOrDefault(), st.RunID, verb)...)
 	}
 	return filters
 }

@@ -305,6 +305,63 @@ func TestAFenceThatAgedOutIsRenewed(t *testing.T) {
 	assert.Greater(t, end, renewed)
 }
 
+// TestAReadThatLacksThePartitionsLastEndIsRetriedUnderANewFence: a run's
+// end is its commit (no state is written after it), so a read of a run's
+// state and stored end must come from a replica that holds every end its
+// dispatcher stored: one that lags (a follower of a replicated stream
+// answering a direct get) would take an ended run for one still going.
+// Run A ends; run B, of the same partition, waits on its action. A's end
+// is taken out of the stream, as a lagging replica would not have it; B's
+// state is read from the bucket again (as after a cache eviction). The
+// read does not hold A's end, so it is not trusted: the dispatcher fences
+// the partition again (a fence stored after every end it stored) and
+// retries, and B completes, with one end. Without the removal, B's read
+// is trusted at once: no new fence.
+func TestAReadThatLacksThePartitionsLastEndIsRetriedUnderANewFence(t *testing.T) {
+	for _, lagging := range []bool{false, true} {
+		t.Run(map[bool]string{false: "a replica with the end", true: "a replica without it"}[lagging], func(t *testing.T) {
+			srv := actionbustest.NewServer(t, actionbustest.Options{})
+			g := newGated()
+			counted := &hitCounter{hits: map[string]int{}}
+			st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: func(ex *executor.Executor) error {
+				return errors.Join(g.register(ex), counted.register(ex))
+			}})
+			js, err := jetstream.New(srv.Connect(t))
+			require.NoError(t, err)
+			var d *dispatch.Dispatcher
+			startDispatcher(t, srv, dispatch.Config{InstanceID: "owner"}, func(x *dispatch.Dispatcher) { d = x })
+
+			runB, err := st.Client.Start(ctxT(t), client.RunRequest{Action: &client.ActionCall{Name: "gate.wait", Args: map[string]any{}}})
+			require.NoError(t, err)
+			g.awaitStarted(t)
+			a, err := st.Client.Run(ctxT(t), client.RunRequest{Action: &client.ActionCall{Name: "count.hit", Args: map[string]any{"n": 1}}}, nil)
+			require.NoError(t, err)
+			require.Equal(t, client.StatusCompleted, a.Status, "%+v", a.Error)
+			require.Equal(t, partitionOf(t, js, runB), partitionOf(t, js, a.RunID))
+			settled(t, js)
+			fence := events.MustSubjects("ab").Fence(partitionOf(t, js, runB))
+			before := lastSeq(t, js, fence)
+			if lagging {
+				s, err := js.Stream(ctxT(t), "AB_RUNS")
+				require.NoError(t, err)
+				require.NoError(t, s.Purge(ctxT(t), jetstream.WithPurgeSubject(storedEnd(t, js, a.RunID, "completed").Subject)))
+			}
+			dispatch.ForgetStates(d)
+			close(g.gate)
+
+			res, err := st.Client.Wait(ctxT(t), runB)
+			require.NoError(t, err)
+			require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+			assert.Equal(t, map[string]uint64{"completed": 1}, storedEnds(t, js, runB))
+			if lagging {
+				assert.Greater(t, lastSeq(t, js, fence), before, "the partition was fenced again")
+			} else {
+				assert.Equal(t, before, lastSeq(t, js, fence), "the read was trusted: no new fence")
+			}
+		})
+	}
+}
+
 // TestAnEventOnATerminalSubjectWithoutTheRunsEndIDIsNotItsEnd: a run
 // waits on its action; its dispatcher is replaced (the next one reads the
 // run's state, and looks for its stored end, before its first transition

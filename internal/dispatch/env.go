@@ -82,8 +82,8 @@ func (e env) PriorRun(ctx context.Context, tenant, runID string) (*run.State, er
 	if err != nil || st.IsTerminal() {
 		return st, err
 	}
-	// A run's end may be published before its state is written
-	// (endFirst): a client that saw it may ask before the write.
+	// A run's end is usually its last write (endFirst): the ended state
+	// is rebuilt from the state as stored and what the end names.
 	ended, err := e.d.endedState(ctx, tenant, runID)
 	if errors.Is(err, errNotEnded) {
 		return st, nil
@@ -93,9 +93,11 @@ func (e env) PriorRun(ctx context.Context, tenant, runID string) (*run.State, er
 
 // ClaimRetry sets RetriedBy on the stored state of priorID with a
 // revision-checked update, read again after a lost race; a state that
-// already names a retry is left as it is. Nothing else of the state
-// changes (its UpdatedAt neither, so an outbox it holds is not taken for
-// a fresh one).
+// already names a retry is left as it is. A state stored before the run's
+// end (the end was the commit) is written ended, as rebuilt from its
+// stored end, with nothing left to publish: later readers of the run find
+// it ended without rebuilding it. Nothing else of the state changes (its
+// UpdatedAt neither, so an outbox it holds is not taken for a fresh one).
 func (e env) ClaimRetry(ctx context.Context, priorID, retryID string) (string, error) {
 	for attempt := 0; attempt < 20; attempt++ {
 		st, entry, err := e.d.loadStored(ctx, priorID)
@@ -104,6 +106,12 @@ func (e env) ClaimRetry(ctx context.Context, priorID, retryID string) (string, e
 		}
 		if st.RetriedBy != "" {
 			return st.RetriedBy, nil
+		}
+		if !st.IsTerminal() {
+			if st, err = e.d.rebuildEnded(ctx, st); err != nil {
+				return "", err
+			}
+			st.Outbox = nil
 		}
 		st.RetriedBy = retryID
 		val, err := st.Encode()

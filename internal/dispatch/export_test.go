@@ -26,6 +26,12 @@ func PriorRun(ctx context.Context, d *Dispatcher, tenant, runID string) (*run.St
 	return env{d}.PriorRun(ctx, tenant, runID)
 }
 
+// EndedState is the ended state of tenant's run runID as d's readers (a
+// retry, a replay) rebuild it (see Dispatcher.endedState).
+func EndedState(ctx context.Context, d *Dispatcher, tenant, runID string) (*run.State, error) {
+	return d.endedState(ctx, tenant, runID)
+}
+
 // HoldEndWaits takes n of d's places for readers waiting for an end in
 // flight, as n waiting readers would, until the returned func gives them
 // back.
@@ -77,3 +83,7 @@ func SetCrashHandingOut(d *Dispatcher, f func(runID string) bool) { d.crashHandi
 
 // IDKey is the id key d gives a new run of tenant.
 func IDKey(d *Dispatcher, tenant, runID string) string { return d.idKey(tenant, runID) }
+
+// ForgetStates drops every state d keeps decoded: the next transition of
+// each run reads it from the bucket, as after a cache eviction.
+func ForgetStates(d *Dispatcher) { d.cache.forgetStates() }

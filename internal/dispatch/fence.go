@@ -42,6 +42,22 @@ type fences struct {
 	// a partition is fenced once at a time while mu is never held across
 	// a publish (the other partitions' transitions go on meanwhile).
 	publishing map[int]*sync.Mutex
+	// ends is, by partition, the last end this dispatcher stored under
+	// its fence there without writing the ended state (see endMark).
+	ends map[int]endMark
+}
+
+// endMark is the end of a run this dispatcher stored last, under fence, in
+// a partition, with no ended state written after it: its stream sequence
+// and the subjects it may be stored on. A read of a run's stored end
+// (lookEnd) must come from a replica that holds it: a direct get may be
+// answered by a follower of a replicated stream, and one that holds the
+// fence but not an end stored after it would take an ended run for one
+// still going. The stream stores in sequence, so a replica that answers
+// with this end holds every end stored before it.
+type endMark struct {
+	fence, seq uint64
+	subjects   []string
 }
 
 // errNotOwner is a transition's error for a run whose partition this
@@ -54,7 +70,7 @@ var errNotOwner = errors.New("the run's partition is not this dispatcher's")
 var errFenced = errors.New("another dispatcher fenced the run's partition")
 
 func newFences(js jetstream.JetStream, subjects events.Subjects, member string) *fences {
-	return &fences{js: js, subjects: subjects, member: member, serving: map[int]uint64{}, seq: map[int]uint64{}, publishing: map[int]*sync.Mutex{}}
+	return &fences{js: js, subjects: subjects, member: member, serving: map[int]uint64{}, seq: map[int]uint64{}, publishing: map[int]*sync.Mutex{}, ends: map[int]endMark{}}
 }
 
 // setCount sets how many partitions the runs have (read from the stream).
@@ -189,6 +205,30 @@ func (f *fences) publish(ctx context.Context, p int, h nats.Header) (uint64, err
 		return 0, fmt.Errorf("dispatch: fence partition %d: %w", p, err)
 	}
 	return ack.Sequence, nil
+}
+
+// endStored notes the end of a run stored at seq, on one of subjects,
+// under fence of partition p, its ended state not written.
+func (f *fences) endStored(p int, fence, seq uint64, subjects []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.seq[p] != fence {
+		return // fenced again since: the new fence is stored after the end
+	}
+	if m := f.ends[p]; m.fence != fence || seq > m.seq {
+		f.ends[p] = endMark{fence: fence, seq: seq, subjects: subjects}
+	}
+}
+
+// lastEnd is the end a read of partition p's runs under fence must find
+// stored (zero when there is none: the fence is the mark).
+func (f *fences) lastEnd(p int, fence uint64) endMark {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m := f.ends[p]; m.fence == fence {
+		return m
+	}
+	return endMark{}
 }
 
 // header is what an end published before its state carries: the server

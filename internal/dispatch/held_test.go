@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/run"
 )
@@ -50,14 +52,14 @@ func startDispatcher(t *testing.T, srv *actionbustest.Server, cfg dispatch.Confi
 
 // startHolding starts a server, the recorder, a stack of gated actions
 // without dispatcher, and a dispatcher that runs five calls at once and
-// holds results for up to a minute.
-func startHolding(t *testing.T) (*actionbustest.Server, *actionbustest.Recorder, *actionbustest.Stack, *wfActions, func()) {
+// holds results for up to a minute (prepared by prepare, when given).
+func startHolding(t *testing.T, prepare ...func(*dispatch.Dispatcher)) (*actionbustest.Server, *actionbustest.Recorder, *actionbustest.Stack, *wfActions, func()) {
 	t.Helper()
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	rec := srv.Record(t, "")
 	w := &wfActions{gate: make(chan struct{})}
 	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, Register: w.register, Slots: 8})
-	stop := startDispatcher(t, srv, dispatch.Config{RunLimits: events.RunLimits{MaxPlanParallel: 5}, ResultLinger: time.Minute, InstanceID: "holding"})
+	stop := startDispatcher(t, srv, dispatch.Config{RunLimits: events.RunLimits{MaxPlanParallel: 5}, ResultLinger: time.Minute, InstanceID: "holding"}, prepare...)
 	return srv, rec, st, w, stop
 }
 
@@ -111,13 +113,16 @@ func completedSteps(t *testing.T, rec *actionbustest.Recorder, runID string, n i
 	})
 }
 
-// TestResultsOfAFanOutAreStoredWithTheRunsNextWrite: four of five parallel
+// TestResultsOfAFanOutAreCommittedWithTheRunsEnd: four of five parallel
 // steps finish; their results change only the state (the fifth is still
 // out), so they are held, unacknowledged, instead of written one by one:
 // the stored state is still the admission's. The fifth result ends the
-// run in one write that holds all five.
-func TestResultsOfAFanOutAreStoredWithTheRunsNextWrite(t *testing.T) {
-	srv, rec, st, w, _ := startHolding(t)
+// run, and its end is the commit: it names the five results, no state is
+// written after the admission's, and the ended state a reader (a retry, a
+// replay) rebuilds from the two holds all five.
+func TestResultsOfAFanOutAreCommittedWithTheRunsEnd(t *testing.T) {
+	var d *dispatch.Dispatcher
+	srv, rec, st, w, _ := startHolding(t, func(x *dispatch.Dispatcher) { d = x })
 	ctx := ctxT(t)
 	js, err := jetstream.New(srv.Connect(t))
 	require.NoError(t, err)
@@ -139,21 +144,60 @@ func TestResultsOfAFanOutAreStoredWithTheRunsNextWrite(t *testing.T) {
 	for i, s := range steps {
 		assert.Equal(t, []string{"s1", "s2", "s3", "s4", "s5"}[i], s.(map[string]any)["id"])
 	}
-	final := endedEntry(t, js, runID)
+	// Once the five results are acknowledged, the transition is done.
+	settled(t, js)
 	stream, err := js.Stream(ctx, "KV_ab_runs")
 	require.NoError(t, err)
-	// The run's writes after admission: one (the key's revisions are
-	// stream sequences; nothing else writes the bucket in this test).
 	info, err := stream.Info(ctx, jetstream.WithSubjectFilter("$KV.ab_runs."+runID))
 	require.NoError(t, err)
-	assert.Equal(t, info.State.LastSeq, final.Revision())
-	writes := 0
-	for seq := admitted.Revision() + 1; seq <= final.Revision(); seq++ {
-		if m, err := stream.GetMsg(ctx, seq); err == nil && m.Subject == "$KV.ab_runs."+runID {
-			writes++
+	assert.Equal(t, admitted.Revision(), info.State.LastSeq, "no state written after the admission's")
+	end := storedEnd(t, js, runID, "completed")
+	assert.Equal(t, 5, strings.Count(end.Header.Get("Ab-Ended-By"), events.TypeActionCompleted), "the end names the five results: %s", end.Header.Get("Ab-Ended-By"))
+
+	ended, err := dispatch.EndedState(ctx, d, "", runID)
+	require.NoError(t, err)
+	assert.Equal(t, run.StatusCompleted, ended.Status)
+	require.Len(t, ended.Workflow.Steps, 5)
+	for i, s := range ended.Workflow.Steps {
+		assert.Equal(t, run.StepStatusDone, s.Status, "step %d", i)
+	}
+	byStep := ended.Terminal.Output.(map[string]any)["outputByStep"].(map[string]any)
+	for _, id := range []string{"s1", "s2", "s3", "s4", "s5"} {
+		assert.Equal(t, map[string]any{"id": id}, byStep[id], "the output of %s", id)
+	}
+}
+
+// settled waits until the dispatcher's consumers of the runs stream have
+// nothing pending or unacknowledged: every result was applied and its
+// transition committed.
+func settled(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	ctx := ctxT(t)
+	for _, c := range (bus.Topology{}).DispatcherConsumers(0) {
+		if c.Stream != "AB_RUNS" {
+			continue
+		}
+		cons, err := js.Consumer(ctx, c.Stream, c.Config.Durable)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			info, err := cons.Info(ctx)
+			return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+		}, 10*time.Second, time.Millisecond, "the dispatcher acknowledged every result")
+	}
+}
+
+// storedEnd is the stored message of run runID's end of verb.
+func storedEnd(t *testing.T, js jetstream.JetStream, runID, verb string) *jetstream.RawStreamMsg {
+	t.Helper()
+	stream, err := js.Stream(ctxT(t), "AB_RUNS")
+	require.NoError(t, err)
+	for _, subject := range (bus.Topology{}).Subjects().StoredForms("default", runID, verb) {
+		if m, err := stream.GetLastMsgForSubject(ctxT(t), subject); err == nil {
+			return m
 		}
 	}
-	assert.Equal(t, 1, writes, "the five results and the end in one write")
+	t.Fatalf("run %s: no %s end stored", runID, verb)
+	return nil
 }
 
 // TestHeldResultsSurviveTheirDispatcher: the dispatcher holding four

@@ -20,6 +20,7 @@ import (
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
+	"github.com/actionbus/actionbus/internal/dispatch"
 )
 
 // wfActions are the actions of the workflow tests.
@@ -280,7 +281,9 @@ func TestTwoPendingApprovalsAnsweredInEitherOrder(t *testing.T) {
 func TestWorkflowStateStaysBoundedOver20StepsOf250KB(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	const size = 250 << 10
-	st := srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
+	var d *dispatch.Dispatcher
+	startDispatcher(t, srv, dispatch.Config{}, func(x *dispatch.Dispatcher) { d = x })
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, Register: func(ex *executor.Executor) error {
 		return errors.Join(
 			executor.Register(ex, executor.Action{Name: "wf.big"}, func(_ context.Context, _ map[string]any, call executor.Call) (executor.Result[map[string]any], error) {
 				return executor.Result[map[string]any]{Output: map[string]any{"blob": strings.Repeat("b", size), "call": call.CallID}}, nil
@@ -312,11 +315,18 @@ func TestWorkflowStateStaysBoundedOver20StepsOf250KB(t *testing.T) {
 	assert.Len(t, out["blob"], size)
 	assert.NotEmpty(t, out["call"])
 
+	// The run's end is its last write: the state stored is the one before
+	// it, with the last step's call — its 250 KB input — in flight.
 	kv, err := srv.JS.KeyValue(ctx, "ab_runs")
 	require.NoError(t, err)
 	entry, err := kv.Get(ctx, res.RunID)
 	require.NoError(t, err)
-	assert.Less(t, len(entry.Value()), 64<<10, "run state of 20 large steps stays small")
+	assert.Less(t, len(entry.Value()), 64<<10+size, "the stored run state of 20 large steps holds references and one input in flight")
+	ended, err := dispatch.EndedState(ctx, d, "", res.RunID)
+	require.NoError(t, err)
+	b, err := ended.Encode()
+	require.NoError(t, err)
+	assert.Less(t, len(b), 64<<10, "the ended run state of 20 large steps stays small")
 }
 
 // TestARunWhoseStateOutgrowsTheMaxPayloadFailsAtOnce: five steps in

@@ -87,8 +87,13 @@ func StoredEnd(data any) (t *Terminal, ok bool) {
 // state that decided it was written, and the writer did not write it (it
 // crashed, or lost its partition). It returns what the end implies
 // besides its event, which is stored: the run's slots released.
-func (m *Machine) Adopt(st *State, t *Terminal) []Effect {
+func (m *Machine) Adopt(st *State, t *Terminal) []Effect { return Adopt(st, t) }
+
+// Adopt is [Machine.Adopt], for a reader without a machine (a listing of
+// runs): it needs none.
+func Adopt(st *State, t *Terminal) []Effect {
 	st.Terminal = nil
+	var m Machine
 	out := m.terminate(st, t)
 	return slices.DeleteFunc(out, func(e Effect) bool { return e.Kind == EffectEnd })
 }
