@@ -84,6 +84,10 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 		return d.failStored(ctx, st.RunID, tooLarge)
 	}
 	if err != nil {
+		// The end may be stored (an acknowledgement lost, a release that
+		// failed after it): the next read of the run must expect a fence
+		// stored after it.
+		d.fences.lost(p, fence)
 		d.cache.drop(st.RunID)
 		return err
 	}
@@ -97,7 +101,7 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 	// may have it already): a queued call of the run must not start
 	// while its state is written.
 	d.tellPools(st)
-	if d.endIsCommit(applied, lastWrite) {
+	if d.endIsCommit(st, applied, lastWrite) {
 		d.fences.endStored(p, fence, endSeq, d.endFilters(st))
 		d.endCommitted(st)
 		// The bucket still holds revision, whose outbox was sent.
@@ -130,12 +134,23 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 // endIsCommit reports whether a run's end, published first, is the
 // transition's commit, with no ended state written after it: the ended
 // state is then the state as stored plus the events the end names
-// (endedByHeader), which every reader rebuilds (repair). That takes every
-// event applied being stored (one the dispatcher made itself, a capacity
-// check, names nothing a reader can find), and the state stored last
-// within half the runs bucket's TTL (the run retention): the state as
-// stored then outlives the end by no less than that.
-func (d *Dispatcher) endIsCommit(applied []*job, lastWrite time.Time) bool {
+// (endedByHeader), which every reader rebuilds (repair). That takes:
+//   - the run completed. A failed or canceled run may be retried, and a
+//     retry reuses what its ended state says its calls did; a rebuild
+//     applies the named events against the world as it is then (approval
+//     keys, policy, the clock), and one that no longer ends the run as
+//     stored (a denial signed with a key since retired) falls back to the
+//     state as stored, without the results the transition recorded, which
+//     a retry would run again. A completed run is never retried: its
+//     ended state is read by replays and listings only.
+//   - every event applied stored: one the dispatcher made itself (a
+//     capacity check) names nothing a reader can find.
+//   - the state stored last within half the runs bucket's TTL (the run
+//     retention): the state as stored then outlives the end by no less.
+func (d *Dispatcher) endIsCommit(st *run.State, applied []*job, lastWrite time.Time) bool {
+	if st.Status != run.StatusCompleted {
+		return false
+	}
 	for _, j := range applied {
 		if j.pos == "" {
 			return false
