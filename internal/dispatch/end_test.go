@@ -352,6 +352,9 @@ func TestAReadThatLacksThePartitionsLastEndIsRetriedUnderANewFence(t *testing.T)
 			res, err := st.Client.Wait(ctxT(t), runB)
 			require.NoError(t, err)
 			require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+			// The client hears the end as the server takes it in, which may
+			// be before the stream has stored it.
+			awaitEnd(t, js, runB)
 			assert.Equal(t, map[string]uint64{"completed": 1}, storedEnds(t, js, runB))
 			if lagging {
 				assert.Greater(t, lastSeq(t, js, fence), before, "the partition was fenced again")
