@@ -205,19 +205,22 @@ const quietFor = 2 * time.Minute
 // auditorPending is how many stored messages the auditor's consumers
 // have not yet delivered or had acknowledged: the auditor pulls
 // thousands at once and acknowledges them by position once appended, at
-// most every AckEvery (a stream that cannot be read counts as one).
+// most every AckEvery (a consumer that cannot be read counts as one).
 func (w *storedWrites) auditorPending(ctx context.Context) uint64 {
 	var pending uint64
-	for name := range w.seqs(ctx) {
-		stream, err := w.js.Stream(ctx, name)
+	for _, spec := range (bus.Topology{}).Consumers() {
+		if !auditorConsumers[spec.Config.Durable] {
+			continue
+		}
+		c, err := w.js.Consumer(ctx, spec.Stream, spec.Config.Durable)
 		if err != nil {
 			return 1
 		}
-		for info := range stream.ListConsumers(ctx).Info() {
-			if auditorConsumers[info.Name] {
-				pending += info.NumPending + uint64(info.NumAckPending)
-			}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return 1
 		}
+		pending += info.NumPending + uint64(info.NumAckPending)
 	}
 	return pending
 }
