@@ -65,7 +65,20 @@ export function outcomeOf(ev: Event): RunOutcome {
   return d as RunOutcome;
 }
 
-/** A live queue of decoded events, consumed as an async iterator. */
+/** How long a follower reads the stored events before it yields the terminal event (a read service restarting must not hold up the end). */
+const fillBoundMs = 2_000;
+
+/**
+ * A live queue of decoded events, consumed as an async iterator.
+ *
+ * Live messages of a run come from several publishers (the executors'
+ * results, the dispatcher's events), and the server does not order one
+ * publisher's message against another's: a terminal event can overtake a
+ * result, and a connection moving to another server loses what was in
+ * flight. So before it yields the terminal event, the queue reads the
+ * run's stored events (fill) and yields, in stored order, each one it has
+ * not yet yielded, as the Go client's Follow does.
+ */
 class EventQueue implements AsyncIterable<Event> {
   private items: Event[] = [];
   private waiting?: (v: void) => void;
@@ -74,6 +87,14 @@ class EventQueue implements AsyncIterable<Event> {
   private endResolve!: (ev: Event) => void;
   /** Resolves with the run's terminal event, once it arrives. */
   readonly ended = new Promise<Event>((r) => (this.endResolve = r));
+
+  constructor(private fill?: () => Promise<Event[]>) {}
+
+  /** pushStored queues events read from the stream; when they hold the terminal event, there is nothing left to fill. */
+  pushStored(evs: Event[]): void {
+    for (const ev of evs) this.push(ev);
+    if (evs.some((ev) => terminal.has(ev.type))) this.fill = undefined;
+  }
 
   push(ev: Event): void {
     if (this.closed) return;
@@ -91,11 +112,37 @@ class EventQueue implements AsyncIterable<Event> {
     this.waiting?.();
   }
 
+  /**
+   * missed returns the stored events not yet yielded nor queued, other
+   * than the terminal ones, in stored order; none when the read fails or
+   * takes longer than fillBoundMs (the live events are then all there is).
+   */
+  private async missed(): Promise<Event[]> {
+    if (!this.fill) return [];
+    let timer: NodeJS.Timeout | undefined;
+    const bound = new Promise<Event[]>((r) => { timer = setTimeout(() => r([]), fillBoundMs); });
+    try {
+      const stored = await Promise.race([this.fill().catch(() => [] as Event[]), bound]);
+      const out: Event[] = [];
+      for (const ev of stored) {
+        if (terminal.has(ev.type) || this.seen.has(ev.id)) continue;
+        this.seen.add(ev.id);
+        out.push(ev);
+      }
+      return out;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
   async *[Symbol.asyncIterator](): AsyncIterator<Event> {
     for (;;) {
       while (this.items.length > 0) {
         const ev = this.items.shift()!;
-        if (terminal.has(ev.type)) this.closed = true;
+        if (terminal.has(ev.type)) {
+          this.closed = true;
+          for (const missed of await this.missed()) yield missed;
+        }
         yield ev;
         if (terminal.has(ev.type)) return;
       }
@@ -144,7 +191,7 @@ export class Client {
 
   // Live events of a run: subscribed before anything is published.
   private async live(runId: string): Promise<{ queue: EventQueue; stop: () => void }> {
-    const queue = new EventQueue();
+    const queue = new EventQueue(() => this.storedEvents(runId));
     const sub = this.nc.subscribe(`${this.prefix}.run.${this.tenant}.${runId}.*`, {
       callback: (err, m) => {
         if (err) return queue.close();
@@ -198,7 +245,7 @@ export class Client {
         const { queue, stop } = await self.live(runId);
         opts.signal?.addEventListener("abort", stop, { once: true });
         try {
-          for (const ev of await self.storedEvents(runId)) queue.push(ev);
+          queue.pushStored(await self.storedEvents(runId));
           for await (const ev of queue) yield ev;
         } finally {
           stop();

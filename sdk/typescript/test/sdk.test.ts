@@ -329,6 +329,7 @@ test("an idempotent mutation, approved from the TS client, is replayed the secon
   const first = await client.run(req);
   const evs1 = await approveWhenAsked(first.events);
   const r1 = resultOf(evs1)!;
+  assert.ok(r1, `the first run has a result: ${evs1.map((e) => e.type).join(", ")}`);
   assert.equal(r1.type, Types.ActionCompleted, JSON.stringify(r1.data));
   assert.deepEqual((r1.data as { output: unknown }).output, { count: 1 });
   assert.equal(evs1.at(-1)!.type, Types.RunCompleted);
@@ -336,6 +337,7 @@ test("an idempotent mutation, approved from the TS client, is replayed the secon
   const second = await client.run(req);
   const evs2 = await approveWhenAsked(second.events);
   const r2 = resultOf(evs2)!;
+  assert.ok(r2, `the second run has a result: ${evs2.map((e) => e.type).join(", ")}`);
   assert.equal(r2.type, Types.ActionCompleted, JSON.stringify(r2.data));
   const d2 = r2.data as { output: unknown; replayed?: boolean };
   assert.deepEqual(d2.output, { count: 1 }, "the count did not move");
@@ -404,6 +406,34 @@ test("follow and wait read a run that has ended from its stored events (C-FOLLOW
   assert.equal(evs.at(-1)!.type, Types.RunCompleted);
   const out = await client.wait(run.runId);
   assert.equal(out.runId, run.runId);
+});
+
+test("a result whose live copy is lost or overtaken by the end is yielded from the stored events, before the end (C-FOLLOW)", async () => {
+  // Drop every live action.completed of this client: what a terminal event
+  // overtaking a result (two publishers, no order between them) or a
+  // connection moving servers looks like to a follower.
+  type Live = { queue: { push: (ev: Event) => void }; stop: () => void };
+  const c = client as unknown as { live: (runId: string) => Promise<Live> };
+  const live = c.live;
+  c.live = async (runId: string) => {
+    const sub = await live.call(client, runId);
+    const push = sub.queue.push.bind(sub.queue);
+    sub.queue.push = (ev: Event) => { if (ev.type !== Types.ActionCompleted) push(ev); };
+    return sub;
+  };
+  let evs: Event[];
+  try {
+    const run = await client.run({ action: { name: "ts.echo", args: { text: "overtaken" } } });
+    evs = await collect(run.events);
+  } finally {
+    c.live = live;
+  }
+  const types = evs.map((e) => e.type);
+  const at = types.indexOf(Types.ActionCompleted);
+  assert.ok(at >= 0, `the result is yielded: ${types.join(", ")}`);
+  assert.deepEqual((evs[at].data as { output: unknown }).output, { text: "overtaken" });
+  assert.equal(types.at(-1), Types.RunCompleted, "the end comes last");
+  assert.equal(types.filter((t) => t === Types.ActionCompleted).length, 1, "once");
 });
 
 test("signApproval is policy.Sign for a fixed context", () => {
