@@ -60,14 +60,21 @@ func Open(ctx context.Context, js jetstream.JetStream, name string) (Store, erro
 // preview of at most previewBytes (cut at a UTF-8 boundary; Truncated when
 // it is not all of data; previewBytes <= 0 stores no preview). Storing the same id again replaces the object.
 func Put(ctx context.Context, store Store, owner Owner, id, role, mediaType string, data []byte, previewBytes int) (events.ArtifactRef, error) {
-	sum := sha256.Sum256(data)
 	meta := jetstream.ObjectMeta{Name: id, Description: role, Headers: nats.Header{"Content-Type": []string{mediaType}},
 		Metadata: map[string]string{MetaTenant: events.TenantOr(owner.Tenant), MetaRun: owner.RunID}}
 	if _, err := store.OS.Put(ctx, meta, bytes.NewReader(data)); err != nil {
 		return events.ArtifactRef{}, err
 	}
+	return Ref(store.Name, id, role, mediaType, data, previewBytes), nil
+}
+
+// Ref is the reference [Put] returns for data stored under id in the
+// store named storeName, computed without storing anything: what a reader
+// that rebuilds a transition needs of an artifact its writer stored.
+func Ref(storeName, id, role, mediaType string, data []byte, previewBytes int) events.ArtifactRef {
+	sum := sha256.Sum256(data)
 	if previewBytes <= 0 {
-		return events.ArtifactRef{ID: id, Role: role, MediaType: mediaType, Bytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:]), Store: store.Name}, nil
+		return events.ArtifactRef{ID: id, Role: role, MediaType: mediaType, Bytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:]), Store: storeName}
 	}
 	preview := data
 	if len(preview) > previewBytes {
@@ -77,7 +84,7 @@ func Put(ctx context.Context, store Store, owner Owner, id, role, mediaType stri
 		}
 	}
 	return events.ArtifactRef{ID: id, Role: role, MediaType: mediaType, Bytes: int64(len(data)), PreviewSize: len(preview),
-		SHA256: hex.EncodeToString(sum[:]), Truncated: len(preview) < len(data), Preview: string(preview), Store: store.Name}, nil
+		SHA256: hex.EncodeToString(sum[:]), Truncated: len(preview) < len(data), Preview: string(preview), Store: storeName}
 }
 
 // Artifact is an artifact read back.

@@ -16,16 +16,9 @@ import (
 // the action's declared one) for a slot, in the limits bucket shared by
 // every dispatcher.
 func (e env) Acquire(ctx context.Context, st *run.State, c run.CallState) (run.Capacity, error) {
-	spec, err := e.limitOf(ctx, c.Action)
-	if err != nil {
-		return run.Capacity{}, err
-	}
-	if spec.IsZero() {
-		return run.Capacity{OK: true}, nil
-	}
-	key, err := spec.RenderKey(run.LimitCall(st, c))
-	if err != nil {
-		return run.Capacity{}, err
+	spec, key, err := e.limitKey(ctx, st, c)
+	if err != nil || spec.IsZero() {
+		return run.Capacity{OK: err == nil}, err
 	}
 	bctx, cancel := bus.Bounded(ctx)
 	defer cancel()
@@ -39,6 +32,17 @@ func (e env) Acquire(ctx context.Context, st *run.State, c run.CallState) (run.C
 		e.d.cfg.Metrics.CapacityWait(c.Action, g.Waiting)
 	}
 	return run.Capacity{Key: key, OK: g.OK, RetryAt: g.RetryAt, Position: g.Position, Waiting: g.Waiting}, nil
+}
+
+// limitKey is the limit in force for call c's action (zero: none) and,
+// when there is one, the key of the slot the call asks for.
+func (e env) limitKey(ctx context.Context, st *run.State, c run.CallState) (limits.Spec, string, error) {
+	spec, err := e.limitOf(ctx, c.Action)
+	if err != nil || spec.IsZero() {
+		return spec, "", err
+	}
+	key, err := spec.RenderKey(run.LimitCall(st, c))
+	return spec, key, err
 }
 
 // limitOf is the limit in force for action (zero: none).

@@ -405,7 +405,10 @@ func (d *Dispatcher) loadOwnedEnd(ctx context.Context, runID string) (st *run.St
 // (one the log does not hold, such as a capacity check), or the copy ends
 // otherwise, the end is adopted on the state as read
 // (run.Machine.Adopt), without what the transition recorded besides it.
-// The releases of slots the recomputation acquired are kept either way.
+// The recomputation runs in a frozenEnv (the clock at the end's stored
+// time, no slot, token or artifact taken or stored again); the releases
+// its transitions imply (a finished call's slot, which the writer may not
+// have released before it died) are kept either way.
 func (d *Dispatcher) repair(ctx context.Context, st *run.State, end *endInStream, batch []*job) (*run.State, []run.Effect) {
 	rebuilt, releases := d.recompute(ctx, st, end, batch)
 	if rebuilt != nil {
@@ -452,13 +455,21 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 	if err != nil {
 		return nil, nil
 	}
+	// The transition happened already: it is applied again in the world as
+	// it was (the clock at the end's stored time), taking no slot or token
+	// and storing no artifact a second time (frozenEnv).
+	at := end.at
+	if at.IsZero() {
+		at = time.Now()
+	}
+	frozen := run.New(&frozenEnv{env: env{d}, at: at}, d.cfg.RunLimits)
 	var releases, all []run.Effect
 	for _, e := range end.endedBy {
 		n := named[e]
 		if copied.IsTerminal() || copied.CheckTenant(n.tenant) != nil {
 			continue
 		}
-		effects, err := d.machine.Apply(ctx, &copied, n.ev)
+		effects, err := frozen.Apply(ctx, &copied, n.ev)
 		all = append(all, effects...)
 		for _, e := range effects {
 			if e.Kind == run.EffectRelease {
@@ -569,8 +580,8 @@ const maxEndWaits = 4
 // the commit of the transition that ended the run, and no state is
 // written after it; see endIsCommit). An end not found is waited for up
 // to endInFlight (errNotEnded after that: the run has not ended). The
-// releases of slots the rebuilding takes are carried out; nothing is
-// written.
+// rebuilding takes no slot and stores nothing (frozenEnv); the releases
+// of slots its transitions imply are carried out; no state is written.
 func (d *Dispatcher) endedState(ctx context.Context, tenant, runID string) (*run.State, error) {
 	st, _, err := d.loadTenantRun(ctx, tenant, runID)
 	if err != nil || st.IsTerminal() {
@@ -604,7 +615,7 @@ func (d *Dispatcher) rebuildEnded(ctx context.Context, st *run.State) (*run.Stat
 }
 
 // rebuild is st, as stored, ended by end (repair, for a reader); the
-// releases of slots the rebuilding takes are carried out.
+// releases of slots its transitions imply are carried out.
 func (d *Dispatcher) rebuild(ctx context.Context, st *run.State, end *endInStream) (*run.State, error) {
 	ended, releases := d.repair(ctx, st, end, nil)
 	for _, e := range releases {

@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/dispatch"
+	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/policy"
 	"github.com/actionbus/actionbus/internal/run"
 )
@@ -707,4 +709,113 @@ func grantAndCancelSetup(t *testing.T) (*actionbustest.Server, *actionbustest.Re
 		})
 	})
 	return srv, rec, g, ops, st, js, d, asRead
+}
+
+// TestRebuildingACompletedRunsEndStoresNoArtifactAgain: a workflow whose
+// step returns an output too large to keep inline has it put to the
+// artifact store by the transition that takes the result — here the one
+// that completes the run, whose end is its commit (no ended state is
+// written). A reader that needs the ended state (a retry's PriorRun, a
+// replay) applies that transition again; it reaches the same reference
+// and stores nothing: the object store's stream has no new message.
+func TestRebuildingACompletedRunsEndStoresNoArtifactAgain(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	var d *dispatch.Dispatcher
+	startDispatcher(t, srv, dispatch.Config{}, func(x *dispatch.Dispatcher) { d = x })
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: "wf.big"}, func(_ context.Context, _ map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: map[string]any{"blob": strings.Repeat("b", 2*events.DefaultInlineOutputBytes)}}, nil
+		})
+	}})
+	ctx := ctxT(t)
+	res, err := st.Client.Run(ctx, client.RunRequest{Workflow: client.NewWorkflow("big").Step("s0", "wf.big", nil).Build()}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	kv, err := srv.JS.KeyValue(ctx, "ab_runs")
+	require.NoError(t, err)
+	entry, err := kv.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	asStored, err := run.DecodeState(entry.Value())
+	require.NoError(t, err)
+	require.False(t, asStored.IsTerminal(), "the run's end is its commit: the state stored is the one before it")
+
+	objects, err := srv.JS.Stream(ctx, "OBJ_"+bus.Topology{}.BucketArtifacts())
+	require.NoError(t, err)
+	before, err := objects.Info(ctx)
+	require.NoError(t, err)
+	require.NotZero(t, before.State.LastSeq, "the completing transition stored the step's output")
+
+	ended, err := dispatch.EndedState(ctx, d, "", res.RunID)
+	require.NoError(t, err)
+	require.True(t, ended.IsTerminal())
+	stepOutput := func(st *run.State) any { // as stored: encoded and decoded again
+		b, err := st.Encode()
+		require.NoError(t, err)
+		decoded, err := run.DecodeState(b)
+		require.NoError(t, err)
+		out, _ := decoded.Terminal.Output.(map[string]any)
+		byStep, _ := out["outputByStep"].(map[string]any)
+		return byStep["s0"]
+	}
+	ref, ok := stepOutput(ended).(map[string]any)["artifact"].(map[string]any)
+	require.True(t, ok, "the rebuilt end keeps the step's output by reference: %v", stepOutput(ended))
+	data, _, err := st.Client.Artifact(ctx, ref["id"].(string))
+	require.NoError(t, err, "the reference the rebuild computed is the one stored")
+	assert.Len(t, data, int(ref["bytes"].(float64)))
+
+	replayed, err := d.ReplayLog(ctx, "default", res.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, stepOutput(ended), stepOutput(replayed.Replayed), "a replay reaches the same reference")
+
+	after, err := objects.Info(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, before.State.LastSeq, after.State.LastSeq, "a reader stored the artifact again")
+}
+
+// TestARebuildTakesNoRateTokenOrSlot: a rebuild applies a run's ending
+// transition again; a call that transition dispatched under a limit took
+// its slot or token when it was first applied. The rebuild's grant
+// (frozenEnv) names the same key and takes nothing: the limits bucket is
+// not written, and every token is still there for the calls after.
+func TestARebuildTakesNoRateTokenOrSlot(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	const name = "lim.once"
+	var d *dispatch.Dispatcher
+	limit := limits.Spec{Key: "{{.tenant}}", Rate: &limits.Rate{Limit: 2, PerMs: time.Hour.Milliseconds(), Burst: 2}}
+	startDispatcher(t, srv, dispatch.Config{Policy: &policy.Config{Limits: map[string]limits.Spec{name: limit}}}, func(x *dispatch.Dispatcher) { d = x })
+	srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: func(ex *executor.Executor) error {
+		return executor.Register(ex, executor.Action{Name: name}, func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{Output: map[string]any{}}, nil
+		})
+	}})
+	ctx := ctxT(t)
+	rs := &run.State{RunID: events.NewID(), Tenant: "default"}
+	call := func(i int) run.CallState { return run.CallState{CallID: fmt.Sprintf("call-%d", i), Action: name} }
+	// The executor's announcement reaches the dispatcher's catalog view
+	// (asking frozen takes nothing, so asking until it is there is harmless).
+	require.Eventually(t, func() bool {
+		_, err := dispatch.Acquire(ctx, d, true, rs, call(0))
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond, "the action is not in the dispatcher's catalog")
+
+	bucket, err := srv.JS.Stream(ctx, "KV_"+bus.Topology{}.BucketLimits())
+	require.NoError(t, err)
+	before, err := bucket.Info(ctx)
+	require.NoError(t, err)
+	for i := range 3 {
+		c, err := dispatch.Acquire(ctx, d, true, rs, call(i))
+		require.NoError(t, err)
+		assert.True(t, c.OK, "a rebuild grants the call its writer was granted")
+		assert.Equal(t, name+"|default", c.Key, "under its limit's key")
+	}
+	after, err := bucket.Info(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, before.State.LastSeq, after.State.LastSeq, "a rebuild wrote to the limits bucket")
+
+	// Both tokens are still there, and they are the last.
+	for i, want := range []bool{true, true, false} {
+		c, err := dispatch.Acquire(ctx, d, false, rs, call(10+i))
+		require.NoError(t, err)
+		assert.Equal(t, want, c.OK, "call %d: two tokens an hour, none of them taken by a rebuild", i)
+	}
 }

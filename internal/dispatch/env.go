@@ -55,6 +55,8 @@ func (e env) VerifyPrincipal(token string, c policy.PrincipalClaim, now time.Tim
 	return e.d.cfg.ApprovalKeys.VerifyPrincipal(token, c, now)
 }
 
+// PutArtifact stores a step's output under its derived id (frozenEnv
+// computes the same reference without storing).
 func (e env) PutArtifact(ctx context.Context, tenant, runID, id string, data []byte) (events.ArtifactRef, error) {
 	cctx, cancel := bus.Bounded(ctx)
 	defer cancel()
@@ -134,3 +136,45 @@ func (e env) ClaimRetry(ctx context.Context, priorID, retryID string) (string, e
 }
 
 func (env) Now() time.Time { return time.Now() }
+
+// frozenEnv is the dispatcher's world for a reader that applies again
+// what a writer applied already (the events a stored end names, a stored
+// log): it writes nothing and takes nothing. Its clock stands at a
+// stored time (at); a call under a limit is granted its slot's key
+// without taking a slot or a rate token (the writer took it); an output
+// put to the artifact store is referenced without being stored again
+// (the writer stored it under the same derived id before its end was
+// published). So a rebuild decides what its writer decided, whenever it
+// runs, and costs the limits and the store nothing.
+type frozenEnv struct {
+	env
+	at time.Time
+}
+
+func (e *frozenEnv) Now() time.Time { return e.at }
+
+// Acquire grants call c, with the key of its limit when it has one.
+func (e *frozenEnv) Acquire(ctx context.Context, st *run.State, c run.CallState) (run.Capacity, error) {
+	_, key, err := e.limitKey(ctx, st, c)
+	if err != nil {
+		return run.Capacity{}, err
+	}
+	return run.Capacity{Key: key, OK: true}, nil
+}
+
+// PutArtifact returns the reference env.PutArtifact returns, storing nothing.
+func (e *frozenEnv) PutArtifact(_ context.Context, _, _, id string, data []byte) (events.ArtifactRef, error) {
+	return artifacts.Ref(e.d.artifacts.Name, id, "output", "application/json", data, 0), nil
+}
+
+// ClaimRetry reads the claim a retry's admission wrote.
+func (e *frozenEnv) ClaimRetry(ctx context.Context, priorID, retryID string) (string, error) {
+	prior, _, err := e.d.loadStored(ctx, priorID)
+	if err != nil {
+		return "", err
+	}
+	if prior.RetriedBy == "" {
+		return retryID, nil
+	}
+	return prior.RetriedBy, nil
+}

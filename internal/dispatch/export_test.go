@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"time"
 
 	"github.com/actionbus/actionbus/internal/run"
 )
@@ -87,3 +88,13 @@ func IDKey(d *Dispatcher, tenant, runID string) string { return d.idKey(tenant, 
 // ForgetStates drops every state d keeps decoded: the next transition of
 // each run reads it from the bucket, as after a cache eviction.
 func ForgetStates(d *Dispatcher) { d.cache.forgetStates() }
+
+// Acquire asks for the slot of call c of run st as d does when it applies
+// a transition, or, frozen, as it does when it applies one again to
+// rebuild a run's end (frozenEnv).
+func Acquire(ctx context.Context, d *Dispatcher, frozen bool, st *run.State, c run.CallState) (run.Capacity, error) {
+	if frozen {
+		return (&frozenEnv{env: env{d}, at: time.Now()}).Acquire(ctx, st, c)
+	}
+	return env{d}.Acquire(ctx, st, c)
+}

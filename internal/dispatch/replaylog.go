@@ -51,12 +51,12 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 	if len(log) == 0 || log[0].typ != events.TypeRunRequested {
 		return nil, fmt.Errorf("dispatch: replay %s: the log does not start with its request", runID)
 	}
-	clock := &replayEnv{env: env{d}}
+	clock := &replayEnv{frozenEnv{env: env{d}}}
 	m := run.New(clock, d.cfg.RunLimits)
 	out := &ReplayedLog{Stored: stored}
 	var st *run.State
 	for _, e := range log {
-		clock.now = e.at
+		clock.at = e.at
 		out.Events = append(out.Events, e.typ)
 		if req, ok := e.rec.Data.(*events.RunRequested); ok {
 			if st != nil {
@@ -174,25 +174,12 @@ func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []st
 	}
 }
 
-// replayEnv is the dispatcher's world for a replay: its clock is the
-// stored time of the event being applied, and it writes nothing.
+// replayEnv is the dispatcher's world for a replay: a frozenEnv whose
+// clock is the stored time of the event being applied, which refuses an
+// action under a limit (a replay applies the whole log, and whether the
+// call got its slot then, or waited, is not in it).
 type replayEnv struct {
-	env
-	now time.Time
-}
-
-func (e *replayEnv) Now() time.Time { return e.now }
-
-// ClaimRetry reads the claim the run's admission wrote.
-func (e *replayEnv) ClaimRetry(ctx context.Context, priorID, retryID string) (string, error) {
-	prior, _, err := e.d.loadStored(ctx, priorID)
-	if err != nil {
-		return "", err
-	}
-	if prior.RetriedBy == "" {
-		return retryID, nil
-	}
-	return prior.RetriedBy, nil
+	frozenEnv
 }
 
 // Acquire grants an action without a limit and refuses one under a limit.
