@@ -22,6 +22,7 @@ func main() {
 	flushAfter := flag.Duration("flush-after", service.EnvDuration("ACTIONBUS_AUDIT_FLUSH_AFTER", audit.DefaultFlushAfter), "how long a run's records wait for more of its records before they are appended together (env ACTIONBUS_AUDIT_FLUSH_AFTER)")
 	maxBatch := flag.Int("max-batch", service.EnvInt("ACTIONBUS_AUDIT_MAX_BATCH", audit.DefaultMaxBatch), "records of one append at most, up to 256 (env ACTIONBUS_AUDIT_MAX_BATCH)")
 	ackEvery := flag.Duration("ack-every", service.EnvDuration("ACTIONBUS_AUDIT_ACK_EVERY", audit.DefaultAckEvery), "spacing of each consumer's acknowledgements, each covering every event up to the last whose record and all before it are stored (env ACTIONBUS_AUDIT_ACK_EVERY)")
+	pullLinger := flag.Duration("pull-linger", service.EnvDuration("ACTIONBUS_AUDIT_PULL_LINGER", audit.DefaultPullLinger), "how long the auditor waits, once it has read everything stored, before it reads again (events in bursts, not one wake per event); negative reads each event as it is stored (env ACTIONBUS_AUDIT_PULL_LINGER)")
 	var pol payload.Policy
 	flag.StringVar(&pol.Input, "audit-input", service.Env("ACTIONBUS_AUDIT_INPUT", payload.Default.Input), "default input payload mode: full, redacted, hash, omit (env ACTIONBUS_AUDIT_INPUT)")
 	flag.StringVar(&pol.Output, "audit-output", service.Env("ACTIONBUS_AUDIT_OUTPUT", payload.Default.Output), "default output payload mode: full, redacted, summary, hash, omit (env ACTIONBUS_AUDIT_OUTPUT)")
@@ -65,6 +66,6 @@ func main() {
 		}
 		// The sinks stay open until the process exits; each write is
 		// synced before it is acknowledged.
-		return audit.New(nc, audit.Config{Prefix: c.Prefix, Concurrency: *concurrency, FlushAfter: *flushAfter, MaxBatch: *maxBatch, AckEvery: *ackEvery, Logger: log, Payload: pol, Sinks: sinks, Metrics: m, Seed: seed})
+		return audit.New(nc, audit.Config{Prefix: c.Prefix, Concurrency: *concurrency, FlushAfter: *flushAfter, MaxBatch: *maxBatch, AckEvery: *ackEvery, PullLinger: *pullLinger, Logger: log, Payload: pol, Sinks: sinks, Metrics: m, Seed: seed})
 	}))
 }

@@ -54,6 +54,12 @@ type Config struct {
 	// acknowledges every event up to the last whose record, and every
 	// record before it, is stored; default 50ms.
 	AckEvery time.Duration
+	// PullLinger is how long the auditor waits, once it has audited
+	// everything its consumers held, before it asks them again: it reads
+	// events in bursts, waking once per PullLinger under a trickle of
+	// runs instead of once per event; default 50ms. Negative reads each
+	// event as it is stored.
+	PullLinger time.Duration
 	// Logger receives the auditor's logs; nil discards them.
 	Logger *slog.Logger
 	// Payload is the default payload policy; actions override it with
@@ -94,11 +100,13 @@ type Service struct {
 // stream unless configured.
 const DefaultConcurrency = 16
 
-// Batching defaults (Config.FlushAfter, Config.MaxBatch).
+// Batching and reading defaults (Config.FlushAfter, Config.MaxBatch,
+// Config.AckEvery, Config.PullLinger).
 const (
 	DefaultFlushAfter = 100 * time.Millisecond
 	DefaultMaxBatch   = 64
 	DefaultAckEvery   = 50 * time.Millisecond
+	DefaultPullLinger = 50 * time.Millisecond
 	maxBatchLimit     = 256
 )
 
@@ -117,6 +125,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.AckEvery <= 0 {
 		c.AckEvery = DefaultAckEvery
+	}
+	if c.PullLinger == 0 {
+		c.PullLinger = DefaultPullLinger
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -219,7 +230,7 @@ func (s *Service) Run(ctx context.Context) error {
 		name := c.Config.Durable
 		// A run's events are audited in the order they were stored, so
 		// its chain ends with its terminal record.
-		opts := bus.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency, OrderBy: s.bus.Subjects().RunIDFromSubject}
+		opts := bus.ServeOptions{Name: name, Concurrency: s.cfg.Concurrency, OrderBy: s.bus.Subjects().RunIDFromSubject, Linger: max(s.cfg.PullLinger, 0)}
 		if s.cfg.Metrics != nil {
 			opts.Observer = s.cfg.Metrics
 		}

@@ -872,3 +872,72 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// With Linger, Serve pulls in bursts of at most LingerBatch: every event
+// is handled, in order per key, those stored while it lingers too, each
+// acknowledged; and a Serve lingering between bursts stops when asked.
+func TestServeWithLingerHandlesEveryEventInBursts(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	eb := newBus(t, srv, bus.ModeBinary, "")
+	ctx := ctxT(t)
+	stream := bus.Topology{}.StreamRequests()
+	cons, err := srv.JS.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "lingering", AckPolicy: jetstream.AckExplicitPolicy})
+	require.NoError(t, err)
+	runs := []string{events.NewID(), events.NewID()}
+	emit := func(from, to int) {
+		for i := from; i < to; i++ {
+			runID := runs[i%2]
+			_, err := eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "", &events.RunRequested{RunID: runID, Prompt: strconv.Itoa(i)})
+			require.NoError(t, err)
+		}
+	}
+	emit(0, 10) // more than a burst
+	var mu sync.Mutex
+	seen := map[string][]int{}
+	handled := 0
+	reached := map[int]chan struct{}{10: make(chan struct{}), 15: make(chan struct{})}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "lingering", Concurrency: 4, OrderBy: eb.Subjects().RunIDFromSubject, Linger: 20 * time.Millisecond, LingerBatch: 4},
+			func(_ context.Context, r *events.Received, _ jetstream.Msg) error {
+				req := r.Data.(*events.RunRequested)
+				i, _ := strconv.Atoi(req.Prompt)
+				mu.Lock()
+				defer mu.Unlock()
+				seen[req.RunID] = append(seen[req.RunID], i)
+				handled++
+				if c, ok := reached[handled]; ok {
+					close(c)
+				}
+				return nil
+			})
+	}()
+	awaitHandled := func(n int) {
+		t.Helper()
+		select {
+		case <-reached[n]:
+		case <-ctx.Done():
+			t.Fatalf("%d events handled, not %d", handled, n)
+		}
+	}
+	awaitHandled(10)
+	emit(10, 15) // stored while Serve lingers
+	awaitHandled(15)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-ctx.Done():
+		t.Fatal("Serve did not stop while lingering")
+	}
+	for _, runID := range runs {
+		assert.True(t, slices.IsSorted(seen[runID]), "run %s handled out of order: %v", runID, seen[runID])
+	}
+	// Acknowledgements are sent without waiting for the server's answer.
+	require.Eventually(t, func() bool {
+		info, err := cons.Info(ctx)
+		require.NoError(t, err)
+		return info.NumPending == 0 && info.NumAckPending == 0 && info.AckFloor.Stream == info.Delivered.Stream
+	}, 10*time.Second, 10*time.Millisecond, "every event pulled and acknowledged")
+}

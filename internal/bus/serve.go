@@ -101,6 +101,14 @@ type ServeOptions struct {
 	// finish instead of being redelivered; the grace bounds what waits on
 	// a context (a held result lingering for the run's next write).
 	DrainGrace time.Duration
+	// Linger, when set, pulls in bursts (see burstPull): what the consumer
+	// holds, up to LingerBatch messages, is asked for at once, and asked
+	// for again at once when the burst was full, else after Linger. For a
+	// consumer that need not see each message the moment it is stored;
+	// not with PriorityGroup (ignored there).
+	Linger time.Duration
+	// LingerBatch bounds a burst; default 256.
+	LingerBatch int
 
 	// maxDeliver is the consumer's MaxDeliver (0: unknown or unbounded).
 	maxDeliver int
@@ -173,6 +181,12 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 		pullOpts = append(pullOpts, jetstream.PullPriorityGroup(opts.PriorityGroup))
 	}
 	open := func() (jetstream.MessagesContext, error) { return cons.Messages(pullOpts...) }
+	if opts.Linger > 0 && opts.PriorityGroup == "" {
+		if opts.LingerBatch <= 0 {
+			opts.LingerBatch = 256
+		}
+		open = func() (jetstream.MessagesContext, error) { return newBurstPull(cons, opts.LingerBatch, opts.Linger), nil }
+	}
 	handlerCtx := ctx
 	if opts.DrainGrace > 0 {
 		hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
