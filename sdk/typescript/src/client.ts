@@ -76,14 +76,18 @@ const fillBoundMs = 2_000;
  * publisher's message against another's: a terminal event can overtake a
  * result, and a connection moving to another server loses what was in
  * flight. So before it yields the terminal event, the queue reads the
- * run's stored events (fill) and yields, in stored order, each one it has
- * not yet yielded, as the Go client's Follow does.
+ * run's stored events (fill) and yields each one it has not yet yielded,
+ * in stored order, then the live events queued behind the end, as the Go
+ * client's Follow does.
  */
 class EventQueue implements AsyncIterable<Event> {
   private items: Event[] = [];
   private waiting?: (v: void) => void;
   private closed = false;
+  /** Ids queued (a live copy and a stored copy of an event are one event). */
   private seen = new Set<string>();
+  /** Ids yielded. */
+  private yielded = new Set<string>();
   private endResolve!: (ev: Event) => void;
   /** Resolves with the run's terminal event, once it arrives. */
   readonly ended = new Promise<Event>((r) => (this.endResolve = r));
@@ -99,7 +103,7 @@ class EventQueue implements AsyncIterable<Event> {
   push(ev: Event): void {
     if (this.closed) return;
     // run.progress carries several steps under one id; dedupe the others by id.
-    const key = ev.type === Types.RunProgress ? "" : ev.id;
+    const key = idOf(ev);
     if (key && this.seen.has(key)) return;
     if (key) this.seen.add(key);
     this.items.push(ev);
@@ -113,26 +117,40 @@ class EventQueue implements AsyncIterable<Event> {
   }
 
   /**
-   * missed returns the stored events not yet yielded nor queued, other
-   * than the terminal ones, in stored order; none when the read fails or
-   * takes longer than fillBoundMs (the live events are then all there is).
+   * beforeEnd returns what is to be yielded before the terminal event:
+   * the stored events not yet yielded, in stored order (none when the
+   * read fails or takes longer than fillBoundMs: the live events are then
+   * all there is), then the live ones queued behind the end; never a
+   * second terminal event.
    */
-  private async missed(): Promise<Event[]> {
-    if (!this.fill) return [];
-    let timer: NodeJS.Timeout | undefined;
-    const bound = new Promise<Event[]>((r) => { timer = setTimeout(() => r([]), fillBoundMs); });
-    try {
-      const stored = await Promise.race([this.fill().catch(() => [] as Event[]), bound]);
-      const out: Event[] = [];
-      for (const ev of stored) {
-        if (terminal.has(ev.type) || this.seen.has(ev.id)) continue;
-        this.seen.add(ev.id);
-        out.push(ev);
+  private async beforeEnd(): Promise<Event[]> {
+    const behind = this.items.filter((ev) => !terminal.has(ev.type));
+    this.items = [];
+    let stored: Event[] = [];
+    if (this.fill) {
+      let timer: NodeJS.Timeout | undefined;
+      const bound = new Promise<Event[]>((r) => { timer = setTimeout(() => r([]), fillBoundMs); });
+      try {
+        stored = await Promise.race([this.fill().catch(() => [] as Event[]), bound]);
+      } finally {
+        clearTimeout(timer);
       }
-      return out;
-    } finally {
-      clearTimeout(timer);
     }
+    const out: Event[] = [];
+    const taken = new Set<string>();
+    for (const ev of [...stored, ...behind]) {
+      const key = idOf(ev);
+      if (terminal.has(ev.type) || (key && (this.yielded.has(key) || taken.has(key)))) continue;
+      if (key) taken.add(key);
+      out.push(ev);
+    }
+    return out;
+  }
+
+  private mark(ev: Event): Event {
+    const key = idOf(ev);
+    if (key) this.yielded.add(key);
+    return ev;
   }
 
   async *[Symbol.asyncIterator](): AsyncIterator<Event> {
@@ -140,11 +158,12 @@ class EventQueue implements AsyncIterable<Event> {
       while (this.items.length > 0) {
         const ev = this.items.shift()!;
         if (terminal.has(ev.type)) {
-          this.closed = true;
-          for (const missed of await this.missed()) yield missed;
+          this.closed = true; // what comes live from here on is read from the stream
+          for (const before of await this.beforeEnd()) yield this.mark(before);
+          yield this.mark(ev);
+          return;
         }
-        yield ev;
-        if (terminal.has(ev.type)) return;
+        yield this.mark(ev);
       }
       if (this.closed) return;
       await new Promise<void>((r) => (this.waiting = r));
@@ -152,6 +171,9 @@ class EventQueue implements AsyncIterable<Event> {
     }
   }
 }
+
+/** idOf is the id an event is deduplicated by: none for run.progress, which carries several steps under one id. */
+const idOf = (ev: Event): string => (ev.type === Types.RunProgress ? "" : ev.id);
 
 /** RunHandle is a run just started: its events, followed since before it started, and its end. */
 export interface RunHandle {
@@ -190,8 +212,8 @@ export class Client {
   }
 
   // Live events of a run: subscribed before anything is published.
-  private async live(runId: string): Promise<{ queue: EventQueue; stop: () => void }> {
-    const queue = new EventQueue(() => this.storedEvents(runId));
+  private async live(runId: string, fill = true): Promise<{ queue: EventQueue; stop: () => void }> {
+    const queue = new EventQueue(fill ? () => this.storedEvents(runId, "runs", Date.now() + fillBoundMs) : undefined);
     const sub = this.nc.subscribe(`${this.prefix}.run.${this.tenant}.${runId}.*`, {
       callback: (err, m) => {
         if (err) return queue.close();
@@ -239,10 +261,15 @@ export class Client {
    * are seen only while following.
    */
   follow(runId: string, opts: { signal?: AbortSignal } = {}): AsyncIterable<Event> {
+    return this.following(runId, opts, true);
+  }
+
+  /** following is follow; without fill, an end that comes live is yielded without reading what the stream holds before it. */
+  private following(runId: string, opts: { signal?: AbortSignal }, fill: boolean): AsyncIterable<Event> {
     const self = this;
     return {
       async *[Symbol.asyncIterator]() {
-        const { queue, stop } = await self.live(runId);
+        const { queue, stop } = await self.live(runId, fill);
         opts.signal?.addEventListener("abort", stop, { once: true });
         try {
           queue.pushStored(await self.storedEvents(runId));
@@ -256,7 +283,8 @@ export class Client {
 
   /** wait returns a run's outcome once it ends (C-WAIT): the completed data, or rejects with the failed run's ActionbusError. */
   async wait(runId: string, opts: { signal?: AbortSignal } = {}): Promise<RunOutcome> {
-    for await (const ev of this.follow(runId, opts)) if (terminal.has(ev.type)) return outcomeOf(ev);
+    // Only the end matters here: no read of the stream before it.
+    for await (const ev of this.following(runId, opts, false)) if (terminal.has(ev.type)) return outcomeOf(ev);
     throw new ActionbusError(Codes.Canceled, "stopped waiting before the run ended");
   }
 
@@ -267,11 +295,13 @@ export class Client {
 
   /**
    * storedEvents reads the stored events of a run (stream "runs", what the
-   * services published) through the read service, in order.
+   * services published) through the read service, in order; a read
+   * service that does not answer is asked again for up to 15 s, or until
+   * deadline (milliseconds since the epoch) when one is given.
    */
-  async storedEvents(runId: string, stream: "runs" | "requests" = "runs"): Promise<Event[]> {
+  async storedEvents(runId: string, stream: "runs" | "requests" = "runs", deadline?: number): Promise<Event[]> {
     const out: Event[] = [];
-    await this.scan("events", { run: runId, stream }, (m) => { const ev = tryDecodeStored(m); if (ev) out.push(ev); });
+    await this.scan("events", { run: runId, stream }, (m) => { const ev = tryDecodeStored(m); if (ev) out.push(ev); }, deadline);
     return out;
   }
 
@@ -293,10 +323,10 @@ export class Client {
   }
 
   /** scan pages through one read-service operation. */
-  private async scan(op: string, req: Record<string, unknown>, fn: (m: StoredMsg) => void): Promise<void> {
+  private async scan(op: string, req: Record<string, unknown>, fn: (m: StoredMsg) => void, deadline?: number): Promise<void> {
     let after = 0;
     for (;;) {
-      const page = await this.call<{ msgs?: StoredMsg[]; next: number; more: boolean }>(op, { ...req, after: after || undefined });
+      const page = await this.call<{ msgs?: StoredMsg[]; next: number; more: boolean }>(op, { ...req, after: after || undefined }, deadline);
       for (const m of page.msgs ?? []) {
         after = m.seq;
         fn(m);
@@ -306,13 +336,13 @@ export class Client {
     }
   }
 
-  private async call<T>(op: string, req: Record<string, unknown>): Promise<T> {
+  /** call asks the read service, again while it does not answer, until deadline (default 15 s from now) or the connection closes. */
+  private async call<T>(op: string, req: Record<string, unknown>, deadline = Date.now() + 15_000): Promise<T> {
     const body = Buffer.from(JSON.stringify(req), "utf8");
     const subject = `${this.prefix}.api.${this.tenant}.${op}`;
-    const deadline = Date.now() + 15_000;
     for (let wait = 50; ; wait = Math.min(2 * wait, 1000)) {
       try {
-        const m = await this.nc.request(subject, body, { timeout: 15_000 });
+        const m = await this.nc.request(subject, body, { timeout: Math.max(1, Math.min(15_000, deadline - Date.now())) });
         const code = m.headers?.get("Nats-Service-Error-Code");
         const text = Buffer.from(m.data).toString("utf8");
         if (code) {
@@ -323,7 +353,7 @@ export class Client {
         }
         return JSON.parse(text) as T;
       } catch (err) {
-        if (err instanceof ActionbusError || Date.now() > deadline) throw err;
+        if (err instanceof ActionbusError || Date.now() + wait > deadline || this.nc.isClosed()) throw err;
         await new Promise((r) => setTimeout(r, wait));
       }
     }

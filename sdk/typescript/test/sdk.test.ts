@@ -436,6 +436,40 @@ test("a result whose live copy is lost or overtaken by the end is yielded from t
   assert.equal(types.filter((t) => t === Types.ActionCompleted).length, 1, "once");
 });
 
+test("a result that arrives live behind the end is yielded before it, the stream unread (C-FOLLOW)", async () => {
+  // The live result is held back and pushed right after the end, as two
+  // publishers' messages can arrive; the read service answers nothing, so
+  // only what came live can supply it.
+  type Live = { queue: { push: (ev: Event) => void }; stop: () => void };
+  const c = client as unknown as { live: (runId: string) => Promise<Live>; storedEvents: (...a: unknown[]) => Promise<Event[]> };
+  const live = c.live;
+  const stored = c.storedEvents;
+  c.live = async (runId: string) => {
+    const sub = await live.call(client, runId);
+    const push = sub.queue.push.bind(sub.queue);
+    let held: Event | undefined;
+    sub.queue.push = (ev: Event) => {
+      if (ev.type === Types.ActionCompleted) { held = ev; return; }
+      push(ev);
+      if (ev.type === Types.RunCompleted && held) push(held);
+    };
+    return sub;
+  };
+  c.storedEvents = async () => { throw new Error("the read service is down"); };
+  let evs: Event[];
+  try {
+    const run = await client.run({ action: { name: "ts.echo", args: { text: "behind" } } });
+    evs = await collect(run.events);
+  } finally {
+    c.live = live;
+    c.storedEvents = stored;
+  }
+  const types = evs.map((e) => e.type);
+  assert.ok(types.includes(Types.ActionCompleted), `the result is yielded: ${types.join(", ")}`);
+  assert.equal(types.at(-1), Types.RunCompleted, "the end comes last");
+  assert.equal(types.filter((t) => t === Types.RunCompleted).length, 1, "one end");
+});
+
 test("signApproval is policy.Sign for a fixed context", () => {
   const want = process.env.ACTIONBUS_APPROVAL_TOKEN;
   assert.ok(want, "the Go test passes the token of its fixed context");
