@@ -580,9 +580,11 @@ const maxEndWaits = 4
 // the commit of the transition that ended the run, and no state is
 // written after it; see endIsCommit). An end not found is waited for up
 // to endInFlight (errNotEnded after that: the run has not ended). The
-// rebuilding takes no slot and stores nothing (frozenEnv); the releases
-// of slots its transitions imply are carried out; no state is written.
-func (d *Dispatcher) endedState(ctx context.Context, tenant, runID string) (*run.State, error) {
+// rebuilding takes no slot and stores nothing (frozenEnv); with release,
+// the releases of slots its transitions imply are carried out (a retry
+// being admitted), else left to the run's owner (a replay, a rebuild
+// reading the run a retry names); no state is written.
+func (d *Dispatcher) endedState(ctx context.Context, tenant, runID string, release bool) (*run.State, error) {
 	st, _, err := d.loadTenantRun(ctx, tenant, runID)
 	if err != nil || st.IsTerminal() {
 		return st, err
@@ -601,7 +603,7 @@ func (d *Dispatcher) endedState(ctx context.Context, tenant, runID string) (*run
 			return nil, err
 		}
 	}
-	return d.rebuild(ctx, st, end)
+	return d.rebuild(ctx, st, end, release)
 }
 
 // rebuildEnded is run st, as stored, ended as its stored end says (st
@@ -611,13 +613,16 @@ func (d *Dispatcher) rebuildEnded(ctx context.Context, st *run.State) (*run.Stat
 	if err != nil || end == nil {
 		return st, err
 	}
-	return d.rebuild(ctx, st, end)
+	return d.rebuild(ctx, st, end, true)
 }
 
-// rebuild is st, as stored, ended by end (repair, for a reader); the
-// releases of slots its transitions imply are carried out.
-func (d *Dispatcher) rebuild(ctx context.Context, st *run.State, end *endInStream) (*run.State, error) {
+// rebuild is st, as stored, ended by end (repair, for a reader); with
+// release, the releases of slots its transitions imply are carried out.
+func (d *Dispatcher) rebuild(ctx context.Context, st *run.State, end *endInStream, release bool) (*run.State, error) {
 	ended, releases := d.repair(ctx, st, end, nil)
+	if !release {
+		return ended, nil
+	}
 	for _, e := range releases {
 		if err := d.release(ctx, e); err != nil {
 			return nil, err

@@ -74,10 +74,16 @@ func (e env) GetArtifact(ctx context.Context, tenant string, ref events.Artifact
 }
 
 func (e env) PriorRun(ctx context.Context, tenant, runID string) (*run.State, error) {
+	return e.d.priorRun(ctx, tenant, runID, true)
+}
+
+// priorRun is run.Env.PriorRun; with release, the releases of slots a
+// rebuild of the run's end implies are carried out (see endedState).
+func (d *Dispatcher) priorRun(ctx context.Context, tenant, runID string, release bool) (*run.State, error) {
 	// Another tenant's run is none, told at once (loadTenantRun):
 	// waiting for its end first would tell it from a missing one by the
 	// time taken.
-	st, _, err := e.d.loadTenantRun(ctx, tenant, runID)
+	st, _, err := d.loadTenantRun(ctx, tenant, runID)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, nil
 	}
@@ -86,7 +92,7 @@ func (e env) PriorRun(ctx context.Context, tenant, runID string) (*run.State, er
 	}
 	// A run's end is usually its last write (endFirst): the ended state
 	// is rebuilt from the state as stored and what the end names.
-	ended, err := e.d.endedState(ctx, tenant, runID)
+	ended, err := d.endedState(ctx, tenant, runID, release)
 	if errors.Is(err, errNotEnded) {
 		return st, nil
 	}
@@ -165,6 +171,12 @@ func (e *frozenEnv) Acquire(ctx context.Context, st *run.State, c run.CallState)
 // PutArtifact returns the reference env.PutArtifact returns, storing nothing.
 func (e *frozenEnv) PutArtifact(_ context.Context, _, _, id string, data []byte) (events.ArtifactRef, error) {
 	return artifacts.Ref(e.d.artifacts.Name, id, "output", "application/json", data, 0), nil
+}
+
+// PriorRun is env.PriorRun leaving the releases a rebuild of the prior
+// run implies to its owner.
+func (e *frozenEnv) PriorRun(ctx context.Context, tenant, runID string) (*run.State, error) {
+	return e.d.priorRun(ctx, tenant, runID, false)
 }
 
 // ClaimRetry reads the claim a retry's admission wrote.

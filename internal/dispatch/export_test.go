@@ -30,7 +30,7 @@ func PriorRun(ctx context.Context, d *Dispatcher, tenant, runID string) (*run.St
 // EndedState is the ended state of tenant's run runID as d's readers (a
 // retry, a replay) rebuild it (see Dispatcher.endedState).
 func EndedState(ctx context.Context, d *Dispatcher, tenant, runID string) (*run.State, error) {
-	return d.endedState(ctx, tenant, runID)
+	return d.endedState(ctx, tenant, runID, false)
 }
 
 // HoldEndWaits takes n of d's places for readers waiting for an end in

@@ -40,7 +40,7 @@ type ReplayedLog struct {
 // read and not written, and an action under a limit is refused (the grant
 // it got is not in the log). The run must have ended.
 func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*ReplayedLog, error) {
-	stored, err := d.endedState(ctx, tenant, runID)
+	stored, err := d.endedState(ctx, tenant, runID, false)
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: replay %s: %w", runID, err)
 	}
