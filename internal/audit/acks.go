@@ -26,6 +26,9 @@ type acks struct {
 	mu   sync.Mutex
 	win  *ackWindow[jetstream.Msg]
 	kick chan struct{}
+	// waitingSince is when the window started waiting for messages to
+	// come again (the process's start, or a gap in the deliveries).
+	waitingSince time.Time
 	// again is the last stream sequence the consumer this one replaced
 	// had delivered ([bus.MetaDeliveredBefore]): a message up to it
 	// may have its record stored although it is delivered for the first
@@ -38,7 +41,7 @@ type acks struct {
 func newAcks(name string, cons jetstream.Consumer, every time.Duration, log *slog.Logger) *acks {
 	info := cons.CachedInfo()
 	a := &acks{name: name, cons: cons, every: every, log: log, kick: make(chan struct{}, 1),
-		win: newAckWindow[jetstream.Msg](info.AckFloor.Stream, info.Delivered.Stream, info.NumAckPending)}
+		win: newAckWindow[jetstream.Msg](info.AckFloor.Stream, info.Delivered.Stream, info.Delivered.Consumer, info.NumAckPending), waitingSince: time.Now()}
 	if v, ok := info.Config.Metadata[bus.MetaDeliveredBefore]; ok {
 		a.again, _ = strconv.ParseUint(v, 10, 64)
 	}
@@ -52,7 +55,13 @@ func (a *acks) Take(msg jetstream.Msg) bool {
 		return true // not a JetStream message: nothing to settle
 	}
 	a.mu.Lock()
-	handle, alone := a.win.take(md.Sequence.Stream, msg)
+	waiting := a.win.waitingForEarlier()
+	handle, alone := a.win.take(md.Sequence.Stream, md.Sequence.Consumer, md.NumDelivered, msg)
+	if !waiting && a.win.waitingForEarlier() {
+		a.waitingSince = time.Now()
+		a.log.Warn("deliveries lost (a gap in the consumer's sequence): acknowledging nothing until they come again", "consumer", a.name,
+			"delivery", md.Sequence.Consumer)
+	}
 	a.mu.Unlock()
 	if alone {
 		if err := msg.Ack(); err != nil {
@@ -119,7 +128,6 @@ func (a *acks) run(ctx context.Context, served <-chan struct{}) {
 	}
 	check := time.NewTicker(wait)
 	defer check.Stop()
-	started := time.Now()
 	for {
 		select {
 		case <-served:
@@ -136,14 +144,18 @@ func (a *acks) run(ctx context.Context, served <-chan struct{}) {
 			case <-time.After(a.every):
 			}
 		case <-check.C:
-			a.checkEarlier(ctx, time.Since(started) > 2*wait)
+			a.mu.Lock()
+			due := time.Since(a.waitingSince) > 2*wait
+			a.mu.Unlock()
+			a.checkEarlier(ctx, due)
 		}
 	}
 }
 
-// checkEarlier stops waiting for the earlier process's messages when the
-// consumer holds no unacknowledged message beyond those the window knows
-// (only after two ack waits, by when every one of them was due again).
+// checkEarlier stops waiting for the earlier process's messages (and the
+// lost deliveries) when the consumer holds no unacknowledged message
+// beyond those the window knows (only after two ack waits since the
+// waiting began, by when every one of them was due again).
 func (a *acks) checkEarlier(ctx context.Context, due bool) {
 	a.mu.Lock()
 	waiting, held := a.win.waitingForEarlier(), a.win.size()
@@ -156,7 +168,7 @@ func (a *acks) checkEarlier(ctx context.Context, due bool) {
 		return
 	}
 	if info.NumAckPending <= held {
-		a.log.Warn("events left unacknowledged by an earlier auditor did not come again; acknowledging on", "consumer", a.name,
+		a.log.Warn("events left unacknowledged by an earlier auditor, or whose delivery was lost, did not come again; acknowledging on", "consumer", a.name,
 			"unacknowledged", info.NumAckPending)
 		a.mu.Lock()
 		a.win.forgetEarlier()

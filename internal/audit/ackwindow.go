@@ -20,6 +20,16 @@ import "slices"
 // consumer's unacknowledged count); nothing is acknowledged until each of
 // them was taken again (or [ackWindow.forgetEarlier] is called).
 //
+// Deliveries can also be lost while the process runs: a pull whose
+// client stopped listening (a fetch that timed out, a connection that
+// moved) while the server delivered to it. The server counts them
+// delivered, so they too come again only after the ack wait, and an
+// acknowledgement of a later message would cover them. The window sees
+// them as a gap in the consumer sequence (every delivery, a redelivery
+// too, takes the next one), and treats them as the earlier process's:
+// nothing is acknowledged until as many messages it did not hold, on a
+// second or later delivery, were taken.
+//
 // It decides only; the caller acknowledges the messages it names. It is
 // not safe for concurrent use.
 type ackWindow[T any] struct {
@@ -34,45 +44,66 @@ type ackWindow[T any] struct {
 	// were unacknowledged then and are not taken yet.
 	earlierTo   uint64
 	earlierLeft int
+	// lastDelivery is the highest consumer sequence seen; lostLeft how
+	// many deliveries were missed (gaps in the consumer sequence) and
+	// have not come again.
+	lastDelivery uint64
+	lostLeft     int
 }
 
 type heldMsg[T any] struct {
-	msg    T
-	stored bool
+	msg T
+	// deliveries is the highest delivery count taken of it.
+	deliveries uint64
+	stored     bool
 	// failed says its last handling failed: its next delivery is handled
 	// again (else a delivery while it is handled is not).
 	failed bool
 }
 
 // newAckWindow returns the window of a consumer whose ack floor is
-// floor, which had delivered up to stream sequence delivered and held
-// pending messages unacknowledged when the process started.
-func newAckWindow[T any](floor, delivered uint64, pending int) *ackWindow[T] {
-	w := &ackWindow[T]{floor: floor, held: map[uint64]*heldMsg[T]{}}
+// floor, which had delivered up to stream sequence delivered (its
+// delivery at consumer sequence deliveries) and held pending messages
+// unacknowledged when the process started.
+func newAckWindow[T any](floor, delivered, deliveries uint64, pending int) *ackWindow[T] {
+	w := &ackWindow[T]{floor: floor, held: map[uint64]*heldMsg[T]{}, lastDelivery: deliveries}
 	if pending > 0 && delivered > floor {
 		w.earlierTo, w.earlierLeft = delivered, pending
 	}
 	return w
 }
 
-// take records the delivery of the message at stream sequence seq. It
-// answers whether the message is to be handled (false: its record is
-// stored, or is being stored, and it is only delivered again), and whether this delivery is to be acknowledged on
+// take records the delivery of the message at stream sequence seq,
+// delivered as the consumer's delivery number delivery and for the
+// deliveries-th time. It answers whether the message is to be handled
+// (false: its record is stored, or is being stored, and it is only
+// delivered again), and whether this delivery is to be acknowledged on
 // its own (a message at or before the floor, whose acknowledgement the
 // server did not take: every message before it is stored).
-func (w *ackWindow[T]) take(seq uint64, msg T) (handle, ackAlone bool) {
+func (w *ackWindow[T]) take(seq, delivery, deliveries uint64, msg T) (handle, ackAlone bool) {
+	if delivery > w.lastDelivery+1 {
+		w.lostLeft += int(delivery - w.lastDelivery - 1)
+	}
+	w.lastDelivery = max(w.lastDelivery, delivery)
 	if seq <= w.floor {
 		return false, true
 	}
 	if h, ok := w.held[seq]; ok {
-		h.msg = msg // the newest delivery is the one the server answers
+		// Deliveries of it between the one taken before and this one
+		// were lost: they have come again.
+		w.found(deliveries - min(deliveries, h.deliveries+1))
+		h.msg, h.deliveries = msg, max(h.deliveries, deliveries) // the newest delivery is the one the server answers
 		handle, h.failed = h.failed, false
 		return handle, false
 	}
 	if w.earlierLeft > 0 && seq <= w.earlierTo {
 		w.earlierLeft--
+	} else {
+		// A message delivered before and never taken: its lost
+		// deliveries have come again.
+		w.found(deliveries - min(deliveries, 1))
 	}
-	w.held[seq] = &heldMsg[T]{msg: msg}
+	w.held[seq] = &heldMsg[T]{msg: msg, deliveries: deliveries}
 	if n := len(w.seqs); n == 0 || w.seqs[n-1] < seq {
 		w.seqs = append(w.seqs, seq)
 	} else {
@@ -80,6 +111,11 @@ func (w *ackWindow[T]) take(seq uint64, msg T) (handle, ackAlone bool) {
 		w.seqs = slices.Insert(w.seqs, i, seq)
 	}
 	return true, false
+}
+
+// found records that n lost deliveries have come again.
+func (w *ackWindow[T]) found(n uint64) {
+	w.lostLeft -= int(min(n, uint64(w.lostLeft)))
 }
 
 // stored records that the message at seq needs no further handling: its
@@ -103,7 +139,7 @@ func (w *ackWindow[T]) failed(seq uint64) {
 // message before the first whose record is not stored. Every held
 // message up to it is dropped, and the floor moves to it.
 func (w *ackWindow[T]) next() (msg T, seq uint64, ok bool) {
-	if w.earlierLeft > 0 {
+	if w.waitingForEarlier() {
 		return msg, 0, false
 	}
 	n := 0
@@ -124,14 +160,14 @@ func (w *ackWindow[T]) next() (msg T, seq uint64, ok bool) {
 }
 
 // waitingForEarlier reports whether messages delivered before this
-// process started are still to come again (nothing is acknowledged
-// until they are).
-func (w *ackWindow[T]) waitingForEarlier() bool { return w.earlierLeft > 0 }
+// process started, or whose delivery was lost, are still to come again
+// (nothing is acknowledged until they are).
+func (w *ackWindow[T]) waitingForEarlier() bool { return w.earlierLeft > 0 || w.lostLeft > 0 }
 
-// forgetEarlier stops waiting for the earlier process's messages: the
-// server holds no unacknowledged message the window does not know (the
-// caller read that from the consumer).
-func (w *ackWindow[T]) forgetEarlier() { w.earlierLeft = 0 }
+// forgetEarlier stops waiting for the earlier process's messages and the
+// lost deliveries: the server holds no unacknowledged message the window
+// does not know (the caller read that from the consumer).
+func (w *ackWindow[T]) forgetEarlier() { w.earlierLeft, w.lostLeft = 0, 0 }
 
 // size is how many messages the window holds unacknowledged.
 func (w *ackWindow[T]) size() int { return len(w.seqs) }

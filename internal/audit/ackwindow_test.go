@@ -9,11 +9,14 @@ import (
 )
 
 // TestAckWindow drives the window through deliveries ("t5": message at
-// stream sequence 5 taken; "t5#2" its second delivery), stored records
-// ("s5"), failed handling ("f5"), the end of the wait for the earlier
-// process's messages ("forget") and acknowledgements ("a": what next
-// answers, "-" for nothing). take's answers are noted after each take:
-// "h" handle, "-" do not, "alone" acknowledge this delivery by itself.
+// stream sequence 5 taken, its consumer sequence the next, its delivery
+// count how often it was delivered in the steps), lost deliveries ("l5":
+// message 5 delivered, the next consumer sequence taken, and never
+// received), stored records ("s5"), failed handling ("f5"), the end of
+// the wait for the earlier process's messages ("forget") and
+// acknowledgements ("a": what next answers, "-" for nothing). take's
+// answers are noted after each take: "h" handle, "-" do not, "alone"
+// acknowledge this delivery by itself.
 func TestAckWindow(t *testing.T) {
 	type start struct {
 		floor, delivered uint64
@@ -50,12 +53,22 @@ func TestAckWindow(t *testing.T) {
 		{"no pending earlier messages", start{floor: 10, delivered: 20}, "t21 s21 a", "t21:h a:21"},
 		{"a stored mark of an acknowledged message changes nothing",
 			start{}, "t1 s1 a s1 f1 a", "t1:h a:1 a:-"},
+		{"a lost delivery holds acknowledgements until it comes again",
+			start{}, "t1 l2 t3 s1 s3 a t2 s2 a", "t1:h t3:h a:- t2:h a:3"},
+		{"a lost redelivery is waited for too",
+			start{}, "t1 t2 f2 l2 t3 s1 s3 a t2 s2 a", "t1:h t2:h t3:h a:- t2:h a:3"},
+		{"a message it holds, delivered again, does not stand in for a lost one",
+			start{}, "t1 f1 l2 t1 t3 s1 s3 a t2 s2 a", "t1:h t1:h t3:h a:- t2:h a:3"},
+		{"a first delivery does not stand in for a lost one",
+			start{}, "t1 l2 t3 t4 s1 s3 s4 a t2 s2 a", "t1:h t3:h t4:h a:- t2:h a:4"},
+		{"forgetting covers lost deliveries", start{}, "t1 l2 t3 s1 s3 a forget a", "t1:h t3:h a:- a:3"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newAckWindow[string](tc.start.floor, tc.start.delivered, tc.start.pending)
+			w := newAckWindow[string](tc.start.floor, tc.start.delivered, 0, tc.start.pending)
 			var got []string
 			deliveries := map[uint64]int{}
+			consumerSeq := uint64(0)
 			for _, step := range strings.Fields(tc.steps) {
 				var seq uint64
 				switch {
@@ -72,9 +85,13 @@ func TestAckWindow(t *testing.T) {
 				default:
 					fmt.Sscanf(step[1:], "%d", &seq)
 					switch step[0] {
+					case 'l':
+						deliveries[seq]++
+						consumerSeq++
 					case 't':
 						deliveries[seq]++
-						handle, alone := w.take(seq, fmt.Sprintf("m%d#%d", seq, deliveries[seq]))
+						consumerSeq++
+						handle, alone := w.take(seq, consumerSeq, uint64(deliveries[seq]), fmt.Sprintf("m%d#%d", seq, deliveries[seq]))
 						verdict := "-"
 						if handle {
 							verdict = "h"
@@ -98,9 +115,9 @@ func TestAckWindow(t *testing.T) {
 // The window holds what it has not acknowledged, and nothing after an
 // acknowledgement that covers everything.
 func TestAckWindowSize(t *testing.T) {
-	w := newAckWindow[int](0, 0, 0)
+	w := newAckWindow[int](0, 0, 0, 0)
 	for seq := uint64(1); seq <= 100; seq++ {
-		w.take(seq, int(seq))
+		w.take(seq, seq, 1, int(seq))
 	}
 	for seq := uint64(100); seq >= 2; seq-- {
 		w.stored(seq)
