@@ -408,26 +408,37 @@ test("follow and wait read a run that has ended from its stored events (C-FOLLOW
   assert.equal(out.runId, run.runId);
 });
 
-test("a result whose live copy is lost or overtaken by the end is yielded from the stored events, before the end (C-FOLLOW)", async () => {
-  // Drop every live action.completed of this client: what a terminal event
-  // overtaking a result (two publishers, no order between them) or a
-  // connection moving servers looks like to a follower.
+/**
+ * runWithLive runs ts.echo with text and collects run.events while every
+ * live event the client receives goes through deliver(push, ev) instead of
+ * straight into the run's queue, and, with storeDown, the read service's
+ * stored events fail to read.
+ */
+async function runWithLive(text: string, deliver: (push: (ev: Event) => void, ev: Event) => void, storeDown = false): Promise<Event[]> {
   type Live = { queue: { push: (ev: Event) => void }; stop: () => void };
-  const c = client as unknown as { live: (runId: string) => Promise<Live> };
-  const live = c.live;
+  const c = client as unknown as { live: (runId: string) => Promise<Live>; storedEvents: (...a: unknown[]) => Promise<Event[]> };
+  const { live, storedEvents } = c;
   c.live = async (runId: string) => {
     const sub = await live.call(client, runId);
     const push = sub.queue.push.bind(sub.queue);
-    sub.queue.push = (ev: Event) => { if (ev.type !== Types.ActionCompleted) push(ev); };
+    sub.queue.push = (ev: Event) => deliver(push, ev);
     return sub;
   };
-  let evs: Event[];
+  if (storeDown) c.storedEvents = async () => { throw new Error("the read service is down"); };
   try {
-    const run = await client.run({ action: { name: "ts.echo", args: { text: "overtaken" } } });
-    evs = await collect(run.events);
+    const run = await client.run({ action: { name: "ts.echo", args: { text } } });
+    return await collect(run.events);
   } finally {
     c.live = live;
+    c.storedEvents = storedEvents;
   }
+}
+
+test("a result whose live copy is lost or overtaken by the end is yielded from the stored events, before the end (C-FOLLOW)", async () => {
+  // Every live action.completed is dropped: what a terminal event
+  // overtaking a result (two publishers, no order between them) or a
+  // connection moving servers looks like to a follower.
+  const evs = await runWithLive("overtaken", (push, ev) => { if (ev.type !== Types.ActionCompleted) push(ev); });
   const types = evs.map((e) => e.type);
   const at = types.indexOf(Types.ActionCompleted);
   assert.ok(at >= 0, `the result is yielded: ${types.join(", ")}`);
@@ -440,30 +451,12 @@ test("a result that arrives live behind the end is yielded before it, the stream
   // The live result is held back and pushed right after the end, as two
   // publishers' messages can arrive; the read service answers nothing, so
   // only what came live can supply it.
-  type Live = { queue: { push: (ev: Event) => void }; stop: () => void };
-  const c = client as unknown as { live: (runId: string) => Promise<Live>; storedEvents: (...a: unknown[]) => Promise<Event[]> };
-  const live = c.live;
-  const stored = c.storedEvents;
-  c.live = async (runId: string) => {
-    const sub = await live.call(client, runId);
-    const push = sub.queue.push.bind(sub.queue);
-    let held: Event | undefined;
-    sub.queue.push = (ev: Event) => {
-      if (ev.type === Types.ActionCompleted) { held = ev; return; }
-      push(ev);
-      if (ev.type === Types.RunCompleted && held) push(held);
-    };
-    return sub;
-  };
-  c.storedEvents = async () => { throw new Error("the read service is down"); };
-  let evs: Event[];
-  try {
-    const run = await client.run({ action: { name: "ts.echo", args: { text: "behind" } } });
-    evs = await collect(run.events);
-  } finally {
-    c.live = live;
-    c.storedEvents = stored;
-  }
+  let held: Event | undefined;
+  const evs = await runWithLive("behind", (push, ev) => {
+    if (ev.type === Types.ActionCompleted) { held = ev; return; }
+    push(ev);
+    if (ev.type === Types.RunCompleted && held) push(held);
+  }, true);
   const types = evs.map((e) => e.type);
   assert.ok(types.includes(Types.ActionCompleted), `the result is yielded: ${types.join(", ")}`);
   assert.equal(types.at(-1), Types.RunCompleted, "the end comes last");
