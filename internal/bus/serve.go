@@ -185,7 +185,9 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 		if opts.LingerBatch <= 0 {
 			opts.LingerBatch = 256
 		}
-		open = func() (jetstream.MessagesContext, error) { return newBurstPull(cons, opts.LingerBatch, opts.Linger), nil }
+		open = func() (jetstream.MessagesContext, error) {
+			return newBurstPull(cons, opts.LingerBatch, opts.Linger), nil
+		}
 	}
 	handlerCtx := ctx
 	if opts.DrainGrace > 0 {
