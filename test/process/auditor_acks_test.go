@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -65,12 +66,13 @@ func TestAnAuditorKilledWithARecordUnstoredLosesNoneAndRecordsNoneTwice(t *testi
 			t.Logf("auditor output:\n%s", out.String())
 		}
 	})
+	// The auditor reads in bursts (a no-wait fetch per linger), so no pull
+	// request waits at the server to show it is reading: it logs that it
+	// serves once its consumers are bound and read.
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "auditor serving") },
+		30*time.Second, 20*time.Millisecond, "the auditor serves")
 	cons, err := srv.JS.Consumer(ctx, "AB_REQUESTS", bus.ConsumerAuditorRequests)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		info, err := cons.Info(ctx)
-		return err == nil && info.NumWaiting > 0
-	}, 30*time.Second, 20*time.Millisecond, "the auditor pulls")
 
 	c, err := client.New(srv.Conn, client.Options{})
 	require.NoError(t, err)
