@@ -43,7 +43,10 @@ type Config struct {
 	Concurrency int
 	// FlushAfter is how long a run's records wait for more records of the
 	// run before they are appended together, in one message; default
-	// 100ms. A run's terminal record, or MaxBatch records, are appended
+	// 100ms. A batch whose last record came less than PullLinger+25ms ago
+	// waits until then (up to twice FlushAfter), so that a record of an
+	// event stored before it, read a burst later by another consumer,
+	// takes its place in the same append. MaxBatch records are appended
 	// at once. The events stay unacknowledged until their records are
 	// stored.
 	FlushAfter time.Duration
@@ -108,6 +111,9 @@ const (
 	DefaultAckEvery   = 50 * time.Millisecond
 	DefaultPullLinger = 50 * time.Millisecond
 	maxBatchLimit     = 256
+	// settleMargin is what a batch waits for more records past its last,
+	// beyond a PullLinger (see flushWait): a consumer's burst handled.
+	settleMargin = 25 * time.Millisecond
 )
 
 func (c *Config) setDefaults() {
@@ -188,7 +194,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	// the rest whatever the records hold.
 	maxPayload := bus.MaxPayload(nc)
 	s.maxRecord = min(DefaultMaxRecordBytes, maxPayload/8)
-	s.chains = newChains(cfg.FlushAfter, cfg.MaxBatch, maxPayload/2, s.append)
+	s.chains = newChains(cfg.FlushAfter, max(cfg.PullLinger, 0)+settleMargin, cfg.MaxBatch, maxPayload/2, s.append)
 	return s, nil
 }
 

@@ -22,7 +22,10 @@ import (
 // A run's records are appended to its chain in batches: records wait in
 // memory (their events unacknowledged) until FlushAfter has passed since
 // the first of them, or MaxBatch records wait, and are then appended as
-// one audit.appended message. A one-action run is usually one append,
+// one audit.appended message. A batch whose last record came less than a
+// settle ago waits that long for more (up to twice FlushAfter): the
+// consumers read in bursts, a linger apart, and a record whose event was
+// stored earlier may still be on its way (see [flushWait]). A one-action run is usually one append,
 // written after the run ended, off its critical path. The run's terminal
 // event does not end the batch: the auditor reads each stream with its own
 // consumer, and a run's request or work item may reach it after the run's
@@ -63,6 +66,21 @@ type batch struct {
 	// whole chain, not from its cached head or last append.
 	again bool
 	timer *time.Timer
+	// first and last are when the first and the last record were added.
+	first, last time.Time
+}
+
+// flushWait is how much longer a batch whose first record was added at
+// first and last at last waits at now, its FlushAfter passed: until its
+// last record is settle old, since the auditor's consumers do not read
+// each stream at the same moment (each reads in bursts, a linger apart),
+// and a record whose event was stored before the last one's may come up
+// to a linger later; appended in the batch, it is put in its place (see
+// inStoredOrder), where an append of its own would follow the later
+// record. Never past twice flushAfter since the first record: a run that
+// never pauses is appended all the same.
+func flushWait(first, last, now time.Time, flushAfter, settle time.Duration) time.Duration {
+	return max(min(last.Add(settle).Sub(now), first.Add(2*flushAfter).Sub(now)), 0)
 }
 
 // head is the end of a chain: the last record's hash and the stream
@@ -111,7 +129,10 @@ func (h head) unseen(recs []events.AuditRecorded) []events.AuditRecorded {
 // chains batches records per chain and keeps the heads of active chains.
 type chains struct {
 	flushAfter time.Duration
-	maxBatch   int
+	// settle is how long a batch waits past flushAfter for more records
+	// after its last (see flushWait).
+	settle   time.Duration
+	maxBatch int
 	// maxBytes bounds the records of one append (their sizes' sum), well
 	// under the server's max payload: the seal and the envelope add to it.
 	maxBytes int
@@ -127,8 +148,8 @@ type chains struct {
 	stopping bool // records are appended at once: the auditor stops
 }
 
-func newChains(flushAfter time.Duration, maxBatch, maxBytes int, appendFn func(context.Context, *batch) error) *chains {
-	return &chains{flushAfter: flushAfter, maxBatch: maxBatch, maxBytes: maxBytes, append: appendFn, ctx: context.Background(),
+func newChains(flushAfter, settle time.Duration, maxBatch, maxBytes int, appendFn func(context.Context, *batch) error) *chains {
+	return &chains{flushAfter: flushAfter, settle: settle, maxBatch: maxBatch, maxBytes: maxBytes, append: appendFn, ctx: context.Background(),
 		locks: keymutex.New(256), pending: map[string]*batch{}, heads: map[string]head{}}
 }
 
@@ -140,10 +161,11 @@ func (c *chains) add(chain, tenant string, rec events.AuditRecorded, size int, s
 	c.mu.Lock()
 	b := c.pending[chain]
 	if b == nil {
-		b = &batch{chain: chain, tenant: tenant, runID: rec.RunID}
+		b = &batch{chain: chain, tenant: tenant, runID: rec.RunID, first: time.Now()}
 		c.pending[chain] = b
-		b.timer = time.AfterFunc(c.flushAfter, func() { c.flush(chain) })
+		b.timer = time.AfterFunc(c.flushAfter, func() { c.due(chain) })
 	}
+	b.last = time.Now()
 	if b.trace == nil {
 		// A caller that does not trace sends a request without a run
 		// context; the dispatcher starts the run's trace, and the events
@@ -180,6 +202,21 @@ func (c *chains) stop() {
 		wg.Go(func() { c.flush(chain) })
 	}
 	wg.Wait()
+}
+
+// due flushes chain's batch, its FlushAfter passed, unless it waits a
+// settle for more records (see flushWait).
+func (c *chains) due(chain string) {
+	c.mu.Lock()
+	if b := c.pending[chain]; b != nil && !c.stopping {
+		if wait := flushWait(b.first, b.last, time.Now(), c.flushAfter, c.settle); wait > 0 {
+			b.timer.Reset(wait)
+			c.mu.Unlock()
+			return
+		}
+	}
+	c.mu.Unlock()
+	c.flush(chain)
 }
 
 // flush appends what waits on chain, MaxBatch records per message, and

@@ -254,3 +254,30 @@ func TestTheAuditorSendsFewerMessagesThanARunHasEvents(t *testing.T) {
 	// split in two, and the acknowledgements on a clock are more per run).
 	assert.Less(t, sent, 4.0, "fewer messages sent than the run's four audited events")
 }
+
+// A batch due (its FlushAfter passed) waits until its last record is a
+// settle old, so that a record stored earlier but read by a consumer a
+// linger later joins it, and never past twice FlushAfter.
+func TestFlushWait(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	at := func(n int) time.Time { return t0.Add(ms(n)) }
+	const flushAfter, settle = 100 * time.Millisecond, 75 * time.Millisecond
+	for _, tc := range []struct {
+		name             string
+		first, last, now int
+		want             time.Duration
+	}{
+		{"the last record settled: now", 0, 10, 100, 0},
+		{"the last record just settled: now", 0, 25, 100, 0},
+		{"the last record recent: until it settles", 0, 90, 100, ms(65)},
+		{"a record added just now: a whole settle", 0, 100, 100, settle},
+		{"capped at twice FlushAfter", 0, 180, 190, ms(10)},
+		{"past the cap: now", 0, 199, 200, 0},
+		{"late timer, all settled: now", 0, 50, 400, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, audit.FlushWait(at(tc.first), at(tc.last), at(tc.now), flushAfter, settle))
+		})
+	}
+}

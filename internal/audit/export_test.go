@@ -43,3 +43,6 @@ func SignForTest(seed []byte, rec *events.AuditRecorded) {
 	}
 	sign(private, rec)
 }
+
+// FlushWait is flushWait, for its table test.
+var FlushWait = flushWait

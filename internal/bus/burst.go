@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"time"
@@ -15,19 +16,33 @@ import (
 // moment it is stored (the auditor, whose records wait FlushAfter anyway)
 // then wakes once per linger under a trickle of events, not once per
 // event, and the server sends it a burst per request instead of a message
-// per write.
+// per write. A burst that finds nothing leaves one pull request of a
+// single message waiting at the server (for up to idle, then another), so
+// an idle consumer costs a request per idle, not one per linger, and the
+// first event after a quiet spell is handed out as soon as it is stored.
 //
 // Next ignores its options: it returns at once once drained or stopped.
 type burstPull struct {
 	cons   jetstream.Consumer
 	batch  int
 	linger time.Duration
+	idle   time.Duration
 
-	// cur is the burst being handed out; full reports whether it held
-	// batch messages, so that the next is asked for at once.
-	cur  jetstream.MessageBatch
-	n    int
-	last time.Time
+	// cur is the burst being handed out and n how many it handed out;
+	// waiting reports that cur is the single-message pull of an idle
+	// consumer, and empty that the last burst found nothing.
+	cur     jetstream.MessageBatch
+	n       int
+	waiting bool
+	empty   bool
+	last    time.Time
+
+	// closed is canceled by Drain or Stop, with wake; it cancels an idle
+	// pull, which frees its subscription at once. endIdle releases the
+	// idle pull's own deadline.
+	closed  context.Context
+	cancel  context.CancelFunc
+	endIdle context.CancelFunc
 
 	mu       sync.Mutex
 	draining bool
@@ -35,8 +50,9 @@ type burstPull struct {
 	wake     chan struct{} // closed by Drain or Stop
 }
 
-func newBurstPull(cons jetstream.Consumer, batch int, linger time.Duration) *burstPull {
-	return &burstPull{cons: cons, batch: max(batch, 1), linger: linger, wake: make(chan struct{})}
+func newBurstPull(cons jetstream.Consumer, batch int, linger, idle time.Duration) *burstPull {
+	closed, cancel := context.WithCancel(context.Background())
+	return &burstPull{cons: cons, batch: max(batch, 1), linger: linger, idle: idle, closed: closed, cancel: cancel, wake: make(chan struct{})}
 }
 
 // Next returns the next message of the current burst, asking for the next
@@ -48,16 +64,22 @@ func (p *burstPull) Next(...jetstream.NextOpt) (jetstream.Msg, error) {
 			return nil, jetstream.ErrMsgIteratorClosed
 		}
 		if p.cur != nil {
-			if m, ok := <-p.cur.Messages(); ok {
+			if m, ok := p.receive(); ok {
 				p.n++
 				return m, nil
+			} else if p.cur == nil {
+				continue // an idle pull given up: drained or stopped
 			}
-			err, full := p.cur.Error(), p.n >= p.batch
-			p.cur = nil
-			if err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			err, full, waited := p.cur.Error(), p.n >= p.batch, p.waiting
+			p.endCur()
+			p.empty = p.n == 0
+			if err != nil && !p.quiet(err, waited) {
 				return nil, err
 			}
-			if !full {
+			// What follows an idle pull's message lingers, so that the
+			// events stored with it come as a burst; an idle pull that
+			// expired empty is followed by the next at once.
+			if !full && !(waited && p.empty) {
 				p.last = time.Now()
 			}
 		}
@@ -66,6 +88,16 @@ func (p *burstPull) Next(...jetstream.NextOpt) (jetstream.Msg, error) {
 		p.mu.Unlock()
 		if done {
 			return nil, jetstream.ErrMsgIteratorClosed
+		}
+		if p.empty {
+			ctx, end := context.WithTimeout(p.closed, p.idle)
+			batch, err := p.cons.Fetch(1, jetstream.FetchContext(ctx))
+			if err != nil {
+				end()
+				return nil, err
+			}
+			p.cur, p.n, p.waiting, p.endIdle = batch, 0, true, end
+			continue
 		}
 		if wait := time.Until(p.last.Add(p.linger)); wait > 0 {
 			t := time.NewTimer(wait)
@@ -83,6 +115,43 @@ func (p *burstPull) Next(...jetstream.NextOpt) (jetstream.Msg, error) {
 		}
 		p.cur, p.n = batch, 0
 	}
+}
+
+// receive takes the current burst's next message. A burst of what the
+// consumer held is handed out whole, drained or not (the server answers
+// a no-wait fetch at once); an idle pull is given up (cur set to nil) as
+// soon as the iterator is drained or stopped (its context canceled, so
+// its subscription ends), since it may wait its whole idle: a message the
+// server still delivers to the pull it holds comes again after the ack
+// wait.
+func (p *burstPull) receive() (jetstream.Msg, bool) {
+	if !p.waiting {
+		m, ok := <-p.cur.Messages()
+		return m, ok
+	}
+	select {
+	case m, ok := <-p.cur.Messages():
+		return m, ok
+	case <-p.wake:
+		p.endCur()
+		return nil, false
+	}
+}
+
+// quiet reports whether err ends a burst without fault: the consumer held
+// nothing, or an idle pull was given up or reached its deadline.
+func (p *burstPull) quiet(err error, idle bool) bool {
+	return errors.Is(err, jetstream.ErrNoMessages) ||
+		idle && (p.closed.Err() != nil || errors.Is(err, context.DeadlineExceeded))
+}
+
+// endCur forgets the current burst, releasing an idle pull's deadline.
+func (p *burstPull) endCur() {
+	if p.endIdle != nil {
+		p.endIdle()
+		p.endIdle = nil
+	}
+	p.cur, p.waiting = nil, false
 }
 
 // closedFor reports whether Next must return ErrMsgIteratorClosed now:
@@ -105,6 +174,7 @@ func (p *burstPull) close(set func()) {
 	defer p.mu.Unlock()
 	if !p.draining && !p.stopped {
 		close(p.wake)
+		p.cancel()
 	}
 	set()
 }

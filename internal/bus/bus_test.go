@@ -875,7 +875,9 @@ func (b *lockedBuffer) String() string {
 
 // With Linger, Serve pulls in bursts of at most LingerBatch: every event
 // is handled, in order per key, those stored while it lingers too, each
-// acknowledged; and a Serve lingering between bursts stops when asked.
+// acknowledged; an idle Serve leaves one pull request waiting at the
+// server (not a no-wait fetch per linger) and hands out the event stored
+// next; and a Serve waiting idle stops when asked, before its pull expires.
 func TestServeWithLingerHandlesEveryEventInBursts(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	eb := newBus(t, srv, bus.ModeBinary, "")
@@ -895,11 +897,11 @@ func TestServeWithLingerHandlesEveryEventInBursts(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string][]int{}
 	handled := 0
-	reached := map[int]chan struct{}{10: make(chan struct{}), 15: make(chan struct{})}
+	reached := map[int]chan struct{}{10: make(chan struct{}), 15: make(chan struct{}), 16: make(chan struct{})}
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "lingering", Concurrency: 4, OrderBy: eb.Subjects().RunIDFromSubject, Linger: 20 * time.Millisecond, LingerBatch: 4},
+		done <- eb.Serve(sctx, cons, bus.ServeOptions{Name: "lingering", Concurrency: 4, OrderBy: eb.Subjects().RunIDFromSubject, Linger: 20 * time.Millisecond, LingerBatch: 4, PullExpiry: time.Hour},
 			func(_ context.Context, r *events.Received, _ jetstream.Msg) error {
 				req := r.Data.(*events.RunRequested)
 				i, _ := strconv.Atoi(req.Prompt)
@@ -924,12 +926,21 @@ func TestServeWithLingerHandlesEveryEventInBursts(t *testing.T) {
 	awaitHandled(10)
 	emit(10, 15) // stored while Serve lingers
 	awaitHandled(15)
+	idle := func() bool {
+		info, err := cons.Info(ctx)
+		require.NoError(t, err)
+		return info.NumWaiting == 1
+	}
+	require.Eventually(t, idle, 10*time.Second, 5*time.Millisecond, "an idle Serve leaves one pull request waiting")
+	emit(15, 16)
+	awaitHandled(16)
+	require.Eventually(t, idle, 10*time.Second, 5*time.Millisecond, "Serve waits idle again")
 	cancel()
 	select {
 	case err := <-done:
 		require.NoError(t, err)
 	case <-ctx.Done():
-		t.Fatal("Serve did not stop while lingering")
+		t.Fatal("Serve did not stop while waiting idle")
 	}
 	for _, runID := range runs {
 		assert.True(t, slices.IsSorted(seen[runID]), "run %s handled out of order: %v", runID, seen[runID])

@@ -103,9 +103,11 @@ type ServeOptions struct {
 	DrainGrace time.Duration
 	// Linger, when set, pulls in bursts (see burstPull): what the consumer
 	// holds, up to LingerBatch messages, is asked for at once, and asked
-	// for again at once when the burst was full, else after Linger. For a
-	// consumer that need not see each message the moment it is stored;
-	// not with PriorityGroup (ignored there).
+	// for again at once when the burst was full, else after Linger; a
+	// burst that finds nothing leaves one single-message pull waiting (up
+	// to PullExpiry, then another), so an idle consumer costs no more than
+	// with a long-poll pull. For a consumer that need not see each message
+	// the moment it is stored; not with PriorityGroup (ignored there).
 	Linger time.Duration
 	// LingerBatch bounds a burst; default 256.
 	LingerBatch int
@@ -186,7 +188,7 @@ func (b *Bus) Serve(ctx context.Context, cons jetstream.Consumer, opts ServeOpti
 			opts.LingerBatch = 256
 		}
 		open = func() (jetstream.MessagesContext, error) {
-			return newBurstPull(cons, opts.LingerBatch, opts.Linger), nil
+			return newBurstPull(cons, opts.LingerBatch, opts.Linger, opts.PullExpiry), nil
 		}
 	}
 	handlerCtx := ctx
