@@ -71,16 +71,18 @@ type batch struct {
 }
 
 // flushWait is how much longer a batch whose first record was added at
-// first and last at last waits at now, its FlushAfter passed: until its
-// last record is settle old, since the auditor's consumers do not read
+// first and last at last waits at now: until flushAfter has passed since
+// its first record and its last record is settle old, since the auditor's consumers do not read
 // each stream at the same moment (each reads in bursts, a linger apart),
 // and a record whose event was stored before the last one's may come up
 // to a linger later; appended in the batch, it is put in its place (see
 // inStoredOrder), where an append of its own would follow the later
 // record. Never past twice flushAfter since the first record: a run that
-// never pauses is appended all the same.
+// never pauses is appended all the same. (The timer of an appended batch
+// may fire for the next batch of its chain: that one waits its own time.)
 func flushWait(first, last, now time.Time, flushAfter, settle time.Duration) time.Duration {
-	return max(min(last.Add(settle).Sub(now), first.Add(2*flushAfter).Sub(now)), 0)
+	settled := min(last.Add(settle).Sub(now), first.Add(2*flushAfter).Sub(now))
+	return max(first.Add(flushAfter).Sub(now), settled, 0)
 }
 
 // head is the end of a chain: the last record's hash and the stream
@@ -204,8 +206,7 @@ func (c *chains) stop() {
 	wg.Wait()
 }
 
-// due flushes chain's batch, its FlushAfter passed, unless it waits a
-// settle for more records (see flushWait).
+// due flushes chain's batch unless it waits longer (see flushWait).
 func (c *chains) due(chain string) {
 	c.mu.Lock()
 	if b := c.pending[chain]; b != nil && !c.stopping {

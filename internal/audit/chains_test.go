@@ -255,9 +255,9 @@ func TestTheAuditorSendsFewerMessagesThanARunHasEvents(t *testing.T) {
 	assert.Less(t, sent, 4.0, "fewer messages sent than the run's four audited events")
 }
 
-// A batch due (its FlushAfter passed) waits until its last record is a
-// settle old, so that a record stored earlier but read by a consumer a
-// linger later joins it, and never past twice FlushAfter.
+// A batch waits FlushAfter from its first record and until its last
+// record is a settle old, so that a record stored earlier but read by a
+// consumer a linger later joins it, and never past twice FlushAfter.
 func TestFlushWait(t *testing.T) {
 	t0 := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
@@ -275,6 +275,8 @@ func TestFlushWait(t *testing.T) {
 		{"capped at twice FlushAfter", 0, 180, 190, ms(10)},
 		{"past the cap: now", 0, 199, 200, 0},
 		{"late timer, all settled: now", 0, 50, 400, 0},
+		{"FlushAfter not passed (another batch's timer): until it has", 0, 0, 10, ms(90)},
+		{"FlushAfter not passed, the last record recent: until it settles", 0, 60, 70, ms(65)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, audit.FlushWait(at(tc.first), at(tc.last), at(tc.now), flushAfter, settle))
