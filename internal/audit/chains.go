@@ -163,9 +163,9 @@ func (c *chains) add(chain, tenant string, rec events.AuditRecorded, size int, s
 	c.mu.Lock()
 	b := c.pending[chain]
 	if b == nil {
-		b = &batch{chain: chain, tenant: tenant, runID: rec.RunID, first: time.Now()}
-		c.pending[chain] = b
-		b.timer = time.AfterFunc(c.flushAfter, func() { c.due(chain) })
+		fresh := &batch{chain: chain, tenant: tenant, runID: rec.RunID, first: time.Now()}
+		fresh.timer = time.AfterFunc(c.flushAfter, func() { c.flush(chain, fresh, true) })
+		c.pending[chain], b = fresh, fresh
 	}
 	b.last = time.Now()
 	if b.trace == nil {
@@ -183,7 +183,7 @@ func (c *chains) add(chain, tenant string, rec events.AuditRecorded, size int, s
 	now := len(b.records) >= c.maxBatch || c.stopping
 	c.mu.Unlock()
 	if now {
-		c.flush(chain)
+		c.flush(chain, b, false)
 	}
 	return done
 }
@@ -201,37 +201,36 @@ func (c *chains) stop() {
 	c.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, chain := range waiting {
-		wg.Go(func() { c.flush(chain) })
+		wg.Go(func() { c.flush(chain, nil, false) })
 	}
 	wg.Wait()
 }
 
-// due flushes chain's batch unless it waits longer (see flushWait).
-func (c *chains) due(chain string) {
+// flush appends the batch waiting on chain, MaxBatch records per
+// message, and tells each record's event the outcome. Given which, only
+// that batch: a flush asked for a batch (full, or its timer fired) that
+// another flush appended meanwhile leaves the chain's next batch to its
+// own time. Timed (its timer fired), the batch is appended only if it
+// waits no longer (see flushWait), judged once the chain's appends before
+// it are done; else its timer is set again.
+func (c *chains) flush(chain string, which *batch, timed bool) {
+	unlock := c.locks.Lock(chain)
+	defer unlock()
 	c.mu.Lock()
-	if b := c.pending[chain]; b != nil && !c.stopping {
+	b := c.pending[chain]
+	if b == nil || which != nil && b != which {
+		c.mu.Unlock()
+		return // appended by an earlier flush
+	}
+	if timed && !c.stopping {
 		if wait := flushWait(b.first, b.last, time.Now(), c.flushAfter, c.settle); wait > 0 {
 			b.timer.Reset(wait)
 			c.mu.Unlock()
 			return
 		}
 	}
-	c.mu.Unlock()
-	c.flush(chain)
-}
-
-// flush appends what waits on chain, MaxBatch records per message, and
-// tells each record's event the outcome.
-func (c *chains) flush(chain string) {
-	unlock := c.locks.Lock(chain)
-	defer unlock()
-	c.mu.Lock()
-	b := c.pending[chain]
 	delete(c.pending, chain)
 	c.mu.Unlock()
-	if b == nil {
-		return // appended by an earlier flush
-	}
 	b.timer.Stop()
 	b.inStoredOrder()
 	ctx, cancel := context.WithTimeout(c.ctx, appendTimeout)

@@ -64,11 +64,13 @@ func (p *burstPull) Next(...jetstream.NextOpt) (jetstream.Msg, error) {
 			return nil, jetstream.ErrMsgIteratorClosed
 		}
 		if p.cur != nil {
-			if m, ok := p.receive(); ok {
+			// A burst's channel closes once the server has answered (at
+			// once for a no-wait fetch), an idle pull's once it is given
+			// up (Drain and Stop cancel it) or expires: what it delivered
+			// first is still handed out, for Serve to hand back.
+			if m, ok := <-p.cur.Messages(); ok {
 				p.n++
 				return m, nil
-			} else if p.cur == nil {
-				continue // an idle pull given up: drained or stopped
 			}
 			err, full, waited := p.cur.Error(), p.n >= p.batch, p.waiting
 			p.endCur()
@@ -114,27 +116,6 @@ func (p *burstPull) Next(...jetstream.NextOpt) (jetstream.Msg, error) {
 			return nil, err
 		}
 		p.cur, p.n = batch, 0
-	}
-}
-
-// receive takes the current burst's next message. A burst of what the
-// consumer held is handed out whole, drained or not (the server answers
-// a no-wait fetch at once); an idle pull is given up (cur set to nil) as
-// soon as the iterator is drained or stopped (its context canceled, so
-// its subscription ends), since it may wait its whole idle: a message the
-// server still delivers to the pull it holds comes again after the ack
-// wait.
-func (p *burstPull) receive() (jetstream.Msg, bool) {
-	if !p.waiting {
-		m, ok := <-p.cur.Messages()
-		return m, ok
-	}
-	select {
-	case m, ok := <-p.cur.Messages():
-		return m, ok
-	case <-p.wake:
-		p.endCur()
-		return nil, false
 	}
 }
 
