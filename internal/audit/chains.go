@@ -25,8 +25,9 @@ import (
 // one audit.appended message. A batch whose last record came less than a
 // settle ago waits that long for more (up to twice FlushAfter): the
 // consumers read in bursts, a linger apart, and a record whose event was
-// stored earlier may still be on its way (see [flushWait]). A one-action run is usually one append,
-// written after the run ended, off its critical path. The run's terminal
+// stored earlier may still be on its way (see [flushWait]). A one-action
+// run is usually one append, written after the run ended, off its
+// critical path. The run's terminal
 // event does not end the batch: the auditor reads each stream with its own
 // consumer, and a run's request or work item may reach it after the run's
 // end; the window lets them join the same append.
@@ -72,14 +73,13 @@ type batch struct {
 
 // flushWait is how much longer a batch whose first record was added at
 // first and last at last waits at now: until flushAfter has passed since
-// its first record and its last record is settle old, since the auditor's consumers do not read
-// each stream at the same moment (each reads in bursts, a linger apart),
-// and a record whose event was stored before the last one's may come up
-// to a linger later; appended in the batch, it is put in its place (see
-// inStoredOrder), where an append of its own would follow the later
-// record. Never past twice flushAfter since the first record: a run that
-// never pauses is appended all the same. (The timer of an appended batch
-// may fire for the next batch of its chain: that one waits its own time.)
+// its first record and its last record is settle old. The auditor's
+// consumers do not read each stream at the same moment (each reads in
+// bursts, a linger apart), so a record whose event was stored before the
+// last one's may come up to a linger later; appended in the batch, it is
+// put in its place (see inStoredOrder), where an append of its own would
+// follow the later record. Never past twice flushAfter since the first
+// record: a run that never pauses is appended all the same.
 func flushWait(first, last, now time.Time, flushAfter, settle time.Duration) time.Duration {
 	settled := min(last.Add(settle).Sub(now), first.Add(2*flushAfter).Sub(now))
 	return max(first.Add(flushAfter).Sub(now), settled, 0)
@@ -161,13 +161,14 @@ func newChains(flushAfter, settle time.Duration, maxBatch, maxBytes int, appendF
 func (c *chains) add(chain, tenant string, rec events.AuditRecorded, size int, stored time.Time, again bool, tr *tracing.Run) <-chan error {
 	done := make(chan error, 1)
 	c.mu.Lock()
+	now := time.Now()
 	b := c.pending[chain]
 	if b == nil {
-		fresh := &batch{chain: chain, tenant: tenant, runID: rec.RunID, first: time.Now()}
+		fresh := &batch{chain: chain, tenant: tenant, runID: rec.RunID, first: now}
 		fresh.timer = time.AfterFunc(c.flushAfter, func() { c.flush(chain, fresh, true) })
 		c.pending[chain], b = fresh, fresh
 	}
-	b.last = time.Now()
+	b.last = now
 	if b.trace == nil {
 		// A caller that does not trace sends a request without a run
 		// context; the dispatcher starts the run's trace, and the events
@@ -180,9 +181,9 @@ func (c *chains) add(chain, tenant string, rec events.AuditRecorded, size int, s
 	b.sizes = append(b.sizes, size)
 	b.again = b.again || again
 	b.done = append(b.done, done)
-	now := len(b.records) >= c.maxBatch || c.stopping
+	full := len(b.records) >= c.maxBatch || c.stopping
 	c.mu.Unlock()
-	if now {
+	if full {
 		c.flush(chain, b, false)
 	}
 	return done

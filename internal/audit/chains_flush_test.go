@@ -15,8 +15,8 @@ import (
 // A flush asked for one batch appends that batch or nothing: the flush of
 // a full batch, or its timer, that another flush beat to it (both waited
 // on the chain's lock) leaves the chain's next batch, just started, to its
-// own time; and a batch whose
-// timer fires before it waited its time is not appended but waits on.
+// own time; and a batch whose timer fires before it waited its time is
+// not appended but waits on.
 // FlushAfter is an hour, so that no timer fires by itself: the test fires
 // them by calling flush as the timer does.
 func TestAFlushAppendsTheBatchItWasAskedFor(t *testing.T) {

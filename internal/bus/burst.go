@@ -29,30 +29,28 @@ type burstPull struct {
 	idle   time.Duration
 
 	// cur is the burst being handed out and n how many it handed out;
-	// waiting reports that cur is the single-message pull of an idle
-	// consumer, and empty that the last burst found nothing.
+	// empty reports that the last burst found nothing. endIdle, set while
+	// cur is the single-message pull of an idle consumer, releases that
+	// pull's deadline.
 	cur     jetstream.MessageBatch
 	n       int
-	waiting bool
 	empty   bool
 	last    time.Time
-
-	// closed is canceled by Drain or Stop, with wake; it cancels an idle
-	// pull, which frees its subscription at once. endIdle releases the
-	// idle pull's own deadline.
-	closed  context.Context
-	cancel  context.CancelFunc
 	endIdle context.CancelFunc
+
+	// closed is canceled by Drain or Stop: it wakes a lingering Next and
+	// cancels an idle pull, which frees its subscription at once.
+	closed context.Context
+	cancel context.CancelFunc
 
 	mu       sync.Mutex
 	draining bool
 	stopped  bool
-	wake     chan struct{} // closed by Drain or Stop
 }
 
 func newBurstPull(cons jetstream.Consumer, batch int, linger, idle time.Duration) *burstPull {
 	closed, cancel := context.WithCancel(context.Background())
-	return &burstPull{cons: cons, batch: max(batch, 1), linger: linger, idle: idle, closed: closed, cancel: cancel, wake: make(chan struct{})}
+	return &burstPull{cons: cons, batch: max(batch, 1), linger: linger, idle: idle, closed: closed, cancel: cancel}
 }
 
 // Next returns the next message of the current burst, asking for the next
@@ -72,7 +70,7 @@ func (p *burstPull) Next(...jetstream.NextOpt) (jetstream.Msg, error) {
 				p.n++
 				return m, nil
 			}
-			err, full, waited := p.cur.Error(), p.n >= p.batch, p.waiting
+			err, full, waited := p.cur.Error(), p.n >= p.batch, p.endIdle != nil
 			p.endCur()
 			p.empty = p.n == 0
 			if err != nil && !p.quiet(err, waited) {
@@ -98,14 +96,14 @@ func (p *burstPull) Next(...jetstream.NextOpt) (jetstream.Msg, error) {
 				end()
 				return nil, err
 			}
-			p.cur, p.n, p.waiting, p.endIdle = batch, 0, true, end
+			p.cur, p.n, p.endIdle = batch, 0, end
 			continue
 		}
 		if wait := time.Until(p.last.Add(p.linger)); wait > 0 {
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
-			case <-p.wake:
+			case <-p.closed.Done():
 				t.Stop()
 				continue
 			}
@@ -132,7 +130,7 @@ func (p *burstPull) endCur() {
 		p.endIdle()
 		p.endIdle = nil
 	}
-	p.cur, p.waiting = nil, false
+	p.cur = nil
 }
 
 // closedFor reports whether Next must return ErrMsgIteratorClosed now:
@@ -154,7 +152,6 @@ func (p *burstPull) close(set func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.draining && !p.stopped {
-		close(p.wake)
 		p.cancel()
 	}
 	set()
