@@ -757,6 +757,10 @@ type job struct {
 	// refused is set when the job's event is refused on its merits (it
 	// names the run under another tenant); the batch goes on without it.
 	refused error
+	// ahead is set when the job's event answers a transition not applied
+	// yet (run.ErrAhead): the batch goes on without it, and it is handed
+	// back to come again.
+	ahead bool
 	done    chan error
 }
 
@@ -865,11 +869,14 @@ func (d *Dispatcher) lead(ctx context.Context, runID string, q *runQueue) {
 			linger.Stop()
 		}
 		for _, j := range done {
-			if j.refused != nil {
+			switch {
+			case j.refused != nil:
 				j.done <- bus.Rejection(j.refused)
-				continue
+			case j.ahead && err == nil:
+				j.done <- errAhead
+			default:
+				j.done <- err
 			}
-			j.done <- err
 		}
 	}
 }
@@ -950,24 +957,21 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		}
 		st.Outbox = nil
 		wasTerminal, lastWrite := st.IsTerminal(), st.UpdatedAt
-		out := adopted
-		for _, j := range apply {
-			if j.refused = st.CheckTenant(j.tenant); j.refused != nil {
-				continue
-			}
-			effects, err := d.machine.Apply(ctx, st, j.ev)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, effects...)
+		effects, err := d.applyJobs(ctx, st, apply)
+		if err != nil {
+			return nil, err
 		}
+		out := append(adopted, effects...)
+		committed := slices.DeleteFunc(slices.Clone(all), func(j *job) bool { return j.ahead })
 		// Wake-ups are not stored: a transition that only implies them
 		// changes nothing to write.
 		out, wakes := run.Stored(out)
 		d.wakes.schedule(st, wakes)
-		if mayHold && len(carried) == 0 && !st.IsTerminal() && run.LiveOnly(out) && d.held.Load()+int64(len(batch)) <= d.maxHeld() {
-			// Progress is live: it goes out now, the state with the
-			// run's next write.
+		if mayHold && len(carried) == 0 && !st.IsTerminal() && d.held.Load()+int64(len(batch)) <= d.maxHeld() && d.holds(st, all, &out) {
+			// Progress is live, and the work a result or decision hands
+			// out is derived from events that stay unacknowledged until
+			// the state is written (see heldState): it goes out now, the
+			// state with the run's next write.
 			if err := d.publish(ctx, st, out); err != nil {
 				return nil, err
 			}
@@ -1028,7 +1032,7 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			}
 		}
 		if mayEndFirst && !wasTerminal && st.IsTerminal() {
-			return nil, d.endFirst(ctx, st, revision, after, p, fence, all, lastWrite)
+			return nil, d.endFirst(ctx, st, revision, after, p, fence, committed, lastWrite)
 		}
 		uctx, cancel := bus.Bounded(ctx)
 		rev, err := d.runs.Update(uctx, runID, after, revision)
@@ -1047,6 +1051,85 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		return nil, d.flush(ctx, st, rev, fence)
 	}
 	return nil, fmt.Errorf("dispatch: run %s: too many concurrent updates", runID)
+}
+
+// applyJobs applies the events of jobs to st, in order, and returns the
+// effects. An event ahead of the run (run.ErrAhead) is applied again
+// after the others, as long as one of them moves the run on: a held
+// transition's events, delivered again after its dispatcher died, come in
+// any order. Those still ahead are marked so: their jobs are handed back.
+func (d *Dispatcher) applyJobs(ctx context.Context, st *run.State, jobs []*job) ([]run.Effect, error) {
+	var out []run.Effect
+	for _, j := range jobs {
+		j.ahead = false
+	}
+	for pending := jobs; len(pending) > 0; {
+		var later []*job
+		for _, j := range pending {
+			if j.refused = st.CheckTenant(j.tenant); j.refused != nil {
+				continue
+			}
+			effects, err := d.machine.Apply(ctx, st, j.ev)
+			if errors.Is(err, run.ErrAhead) {
+				later = append(later, j)
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, effects...)
+		}
+		if len(later) == len(pending) {
+			for _, j := range later {
+				j.ahead = true
+			}
+			break
+		}
+		pending = later
+	}
+	return out, nil
+}
+
+// holds reports whether the transition that brought st to its state by
+// the events of jobs, implying *out, may be held: its state written with
+// the run's next write instead of now. That is so when it implies only
+// live progress (run.LiveOnly), or when it hands work out from events of
+// the runs stream alone (fromRunsStream, run.HandsOutHeld) and its state
+// could be stored; *out then has its timers folded into st (run.Arm).
+func (d *Dispatcher) holds(st *run.State, jobs []*job, out *[]run.Effect) bool {
+	if run.LiveOnly(*out) {
+		return true
+	}
+	now := time.Now()
+	if !fromRunsStream(d.topo.StreamRuns(), jobs) || !run.HandsOutHeld(st, *out, now) {
+		return false
+	}
+	*out = run.Arm(st, *out, now)
+	// Work is not handed out for a state that could never be stored: its
+	// next write fails the run (payload_too_large).
+	val, err := st.Encode()
+	return err == nil && d.stateTooLarge(val) == nil
+}
+
+// errAhead hands back an event that answers a transition of its run not
+// applied yet (run.ErrAhead): it comes again after the event that makes
+// that transition.
+var errAhead = fmt.Errorf("dispatch: %w", run.ErrAhead)
+
+// fromRunsStream reports whether every event of jobs is one the runs
+// stream holds (a decision, a result): a transition of only those may
+// hand its work out from a held state, because a dispatcher that dies
+// holding it leaves each of them to come again. A client's event (a
+// cancel, an input, an approval's answer) or a timer's is committed with
+// the state it changes.
+func fromRunsStream(stream string, jobs []*job) bool {
+	prefix := stream + ":"
+	for _, j := range jobs {
+		if !strings.HasPrefix(j.pos, prefix) {
+			return false
+		}
+	}
+	return true
 }
 
 // stateConflict notes a run state write that another writer beat: with

@@ -229,3 +229,126 @@ func TestHeldResultsSurviveTheirDispatcher(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, uint64(5), info.State.Msgs, "each step was requested once")
 }
+
+// chain starts a workflow of three gated steps, each bound to the one
+// before it, and waits until the first runs and the admission's state is
+// stored; it returns the run id and that state's revision.
+func chain(t *testing.T, ctx context.Context, srv *actionbustest.Server, rec *actionbustest.Recorder, st *actionbustest.Stack) (string, uint64) {
+	t.Helper()
+	b := client.NewWorkflow("chain").Step("s1", "wf.gated", map[string]any{"id": "s1"})
+	b.Step("s2", "wf.gated", map[string]any{"id": "s2", "after": client.FromStep("s1", "/id")})
+	b.Step("s3", "wf.gated", map[string]any{"id": "s3", "after": client.FromStep("s2", "/id")})
+	runID, err := st.Client.Start(ctx, client.RunRequest{Workflow: b.Build()})
+	require.NoError(t, err)
+	dispatchedSteps(t, rec, runID, 1)
+	kv, err := srv.JS.KeyValue(ctx, "ab_runs")
+	require.NoError(t, err)
+	var admitted uint64
+	require.Eventually(t, func() bool {
+		e, err := kv.Get(ctx, runID)
+		if err == nil {
+			admitted = e.Revision()
+		}
+		return err == nil
+	}, 10*time.Second, time.Millisecond, "the run's state is stored")
+	return runID, admitted
+}
+
+// dispatchedSteps waits for n action-dispatched progress steps of runID.
+func dispatchedSteps(t *testing.T, rec *actionbustest.Recorder, runID string, n int) {
+	t.Helper()
+	rec.WaitForSteps(t, 10*time.Second, n, func(s events.RunStep) bool {
+		return s.RunID == runID && s.Name == "action-dispatched"
+	})
+}
+
+// lastStateWrite is the sequence of the last write of runID's state.
+func lastStateWrite(t *testing.T, js jetstream.JetStream, runID string) uint64 {
+	t.Helper()
+	stream, err := js.Stream(ctxT(t), "KV_ab_runs")
+	require.NoError(t, err)
+	info, err := stream.Info(ctxT(t), jetstream.WithSubjectFilter("$KV.ab_runs."+runID))
+	require.NoError(t, err)
+	return info.State.LastSeq
+}
+
+// TestAChainHandsOutEachStepFromAHeldState: each result of a chain hands
+// the next step out without writing the run's state (its result stays
+// unacknowledged instead); the last ends the run, and its end is the
+// commit. So a chain of three stores its state once, at admission, and
+// the end names the three results, from which a reader rebuilds the ended
+// state with every step's output.
+func TestAChainHandsOutEachStepFromAHeldState(t *testing.T) {
+	var d *dispatch.Dispatcher
+	srv, rec, st, w, _ := startHolding(t, func(x *dispatch.Dispatcher) { d = x })
+	ctx := ctxT(t)
+	js, err := jetstream.New(srv.Connect(t))
+	require.NoError(t, err)
+
+	runID, admitted := chain(t, ctx, srv, rec, st)
+	for n := 2; n <= 3; n++ {
+		w.gate <- struct{}{}
+		dispatchedSteps(t, rec, runID, n)
+		assert.Equal(t, admitted, lastStateWrite(t, js, runID), "step %d handed out without a state write", n)
+	}
+	w.gate <- struct{}{}
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	outputs, _ := output(res)
+	assert.Equal(t, map[string]any{"id": "s3", "after": "s2"}, outputs["s3"])
+
+	settled(t, js)
+	assert.Equal(t, admitted, lastStateWrite(t, js, runID), "no state written after the admission's")
+	end := storedEnd(t, js, runID, "completed")
+	assert.Equal(t, 3, strings.Count(end.Header.Get("Ab-Ended-By"), events.TypeActionCompleted), "the end names the three results: %s", end.Header.Get("Ab-Ended-By"))
+	ended, err := dispatch.EndedState(ctx, d, "", runID)
+	require.NoError(t, err)
+	assert.Equal(t, run.StatusCompleted, ended.Status)
+	for i, s := range ended.Workflow.Steps {
+		assert.Equal(t, run.StepStatusDone, s.Status, "step %d", i)
+	}
+}
+
+// TestAHeldChainSurvivesItsDispatcher: the dispatcher holding a chain's
+// first result — the second step handed out, the state not written —
+// stops; the second step finishes while no dispatcher runs. The next
+// dispatcher gets the second result and the first again, in whichever
+// order: a second result applied before the first would be ahead of the
+// run (its step not handed out in the stored state) and is handed back
+// until the first is applied, not dropped. The run completes with each
+// step requested once and run once.
+func TestAHeldChainSurvivesItsDispatcher(t *testing.T) {
+	srv, rec, st, w, stop := startHolding(t)
+	ctx := ctxT(t)
+	js, err := jetstream.New(srv.Connect(t))
+	require.NoError(t, err)
+
+	runID, admitted := chain(t, ctx, srv, rec, st)
+	w.gate <- struct{}{}
+	dispatchedSteps(t, rec, runID, 2)
+	require.Equal(t, admitted, lastStateWrite(t, js, runID), "the first result is held")
+	stop()
+	w.gate <- struct{}{} // the second step ends while no dispatcher runs
+	stored, err := js.Stream(ctx, "AB_RUNS")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := stored.Info(ctx, jetstream.WithSubjectFilter("ab.run.default."+runID+".result.*"))
+		return err == nil && info.State.Subjects["ab.run.default."+runID+".result.0"] == 2
+	}, 10*time.Second, time.Millisecond, "both results stored")
+
+	startDispatcher(t, srv, dispatch.Config{RunLimits: events.RunLimits{MaxPlanParallel: 5}, ResultLinger: time.Minute, InstanceID: "second"})
+	dispatchedSteps(t, rec, runID, 3)
+	w.gate <- struct{}{}
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	outputs, _ := output(res)
+	assert.Equal(t, map[string]any{"id": "s2", "after": "s1"}, outputs["s2"])
+	assert.Equal(t, map[string]any{"id": "s3", "after": "s2"}, outputs["s3"])
+	work, err := js.Stream(ctx, "AB_WORK")
+	require.NoError(t, err)
+	info, err := work.Info(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(3), info.State.Msgs, "each step was requested once")
+}

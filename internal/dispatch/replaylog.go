@@ -55,7 +55,9 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 	m := run.New(clock, d.cfg.RunLimits)
 	out := &ReplayedLog{Stored: stored}
 	var st *run.State
-	for _, e := range log {
+	var ahead []logged // events ahead of the run when they came (run.ErrAhead)
+	for i := 0; i < len(log); i++ {
+		e := log[i]
 		clock.at = e.at
 		out.Events = append(out.Events, e.typ)
 		if req, ok := e.rec.Data.(*events.RunRequested); ok {
@@ -82,8 +84,19 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 			continue
 		}
 		effects, err := m.Apply(ctx, st, run.Event{ID: e.rec.Event.ID(), Data: e.rec.Data})
+		if errors.Is(err, run.ErrAhead) {
+			// Stored before what asks for it is applied (its live
+			// dispatcher handed it back): it is applied after the next
+			// event that changes the run, as it was then.
+			ahead = append(ahead, e)
+			continue
+		}
 		if err != nil {
 			return nil, err
+		}
+		if len(ahead) > 0 {
+			log = append(log[:i+1:i+1], append(ahead, log[i+1:]...)...)
+			ahead = nil
 		}
 		effects, _ = run.Stored(effects)
 		if len(effects) == 0 {

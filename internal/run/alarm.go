@@ -196,3 +196,30 @@ func Rearm(st *State) (Effect, bool) {
 	id := st.derive("timer", alarmName, st.AlarmAt.UnixMilli())
 	return Effect{Kind: EffectTimer, ID: id, Timer: &Timer{Name: AdmittedAlarm, At: st.AlarmAt, Fired: f}}, true
 }
+
+// HandsOutHeld reports whether a transition that implies out may publish
+// it while its state is held, written only with the run's next write (the
+// dispatcher keeps the events it applied unacknowledged until then): out
+// hands work out (an action call, a decision request) and implies nothing
+// but that, live progress, and timers the armed alarm already covers — no
+// stored event another service reads from the state, no slot released, no
+// schedule to store. [Arm] applied to out then folds its timers into st
+// and returns no schedule.
+func HandsOutHeld(st *State, out []Effect, now time.Time) bool {
+	work := false
+	next, _ := st.nextTimer()
+	for _, e := range out {
+		switch {
+		case e.Kind == EffectAct || e.Kind == EffectDecide:
+			work = true
+		case e.Kind == EffectStep && e.live():
+		case e.Kind == EffectTimer && e.Timer.Name != alarmName:
+			if next.IsZero() || e.Timer.At.Before(next) {
+				next = e.Timer.At
+			}
+		default:
+			return false
+		}
+	}
+	return work && (next.IsZero() || st.AlarmAt.After(now) && !next.Before(st.AlarmAt.Add(-alarmSlack)))
+}

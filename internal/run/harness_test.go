@@ -3,6 +3,7 @@ package run
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -99,7 +100,17 @@ func (h *harness) record(out []Effect) {
 func (h *harness) apply(data any) []Effect {
 	h.t.Helper()
 	h.seq++
+	before, err := json.Marshal(h.st)
+	require.NoError(h.t, err)
 	out, err := h.m.Apply(context.Background(), h.st, Event{ID: fmt.Sprintf("ev-%d", h.seq), Data: data})
+	if errors.Is(err, ErrAhead) {
+		// Handed back to be applied later: nothing changed.
+		after, merr := json.Marshal(h.st)
+		require.NoError(h.t, merr)
+		require.JSONEq(h.t, string(before), string(after), "an event ahead of the run changes nothing")
+		require.Empty(h.t, out)
+		return nil
+	}
 	require.NoError(h.t, err)
 	if len(out) > 0 { // the dispatcher writes (and arms) only then
 		h.arm(out)

@@ -114,6 +114,9 @@ func (m *Machine) reject(st *State, stepName StepName, err *actionbus.Error) []E
 }
 
 func (m *Machine) onDecision(ctx context.Context, st *State, dm *events.DecisionMade) ([]Effect, error) {
+	if st.Agent != nil && !st.IsTerminal() && dm.Cycle > st.Cycle {
+		return nil, ErrAhead // the result that asks for it is not applied yet
+	}
 	if st.Agent == nil || st.IsTerminal() || st.Phase != PhaseDeciding || dm.Cycle != st.Cycle {
 		return nil, nil // stale or duplicate decision
 	}
@@ -472,6 +475,8 @@ func releaseEffects(st *State) []Effect {
 
 // result is an action's result, from action.completed or action.failed.
 type result struct {
+	// at is where the result says its call was made.
+	at               callAt
 	callID, executor string
 	ok               bool
 	output           any
@@ -483,6 +488,9 @@ type result struct {
 func (m *Machine) onResult(ctx context.Context, st *State, r result) ([]Effect, error) {
 	if st.IsTerminal() {
 		return nil, nil
+	}
+	if st.resultAhead(r) {
+		return nil, ErrAhead
 	}
 	i := st.callIndex(r.callID)
 	if i < 0 || st.Calls[i].Done || !st.Calls[i].Dispatched {

@@ -106,19 +106,22 @@ type Event struct {
 
 // Apply applies one event to st and returns the effects of the change. It
 // returns no effects exactly when the event changed nothing (a duplicate,
-// a stale answer, an event of an ended run). An error means the world
-// could not be asked (the catalog could not be read): nothing is decided
-// and the event is to be retried.
+// a stale answer, an event of an ended run). [ErrAhead] means the event
+// answers what a transition not yet applied to st asks (see [ErrAhead]):
+// st is unchanged and the event is to be applied after that transition.
+// Any other error means the world could not be asked (the catalog could
+// not be read): nothing is decided and the event is to be retried.
 func (m *Machine) Apply(ctx context.Context, st *State, ev Event) ([]Effect, error) {
 	switch data := ev.Data.(type) {
 	case *events.DecisionMade:
 		return m.onDecision(ctx, st, data)
 	case *events.ActionCompleted:
 		return m.onResult(ctx, st, result{callID: data.CallID, executor: data.Executor, ok: true, output: data.Output,
-			summary: data.Summary, complete: data.Complete})
+			summary: data.Summary, complete: data.Complete, at: callAt{data.Cycle, data.PlanIndex, data.Attempt}})
 	case *events.ActionFailed:
 		errCopy := data.Error
-		return m.onResult(ctx, st, result{callID: data.CallID, executor: data.Executor, err: &errCopy})
+		return m.onResult(ctx, st, result{callID: data.CallID, executor: data.Executor, err: &errCopy,
+			at: callAt{data.Cycle, data.PlanIndex, data.Attempt}})
 	case *events.CancelRequested:
 		return m.onCancel(st, data), nil
 	case *events.InputProvided:

@@ -126,8 +126,12 @@ func TestStaleAndDuplicateDecisionsChangeNothing(t *testing.T) {
 	h.decide(action("t.read", nil))
 	before, _ := json.Marshal(h.st)
 	assert.Nil(t, h.apply(&events.DecisionMade{RunID: testRunID, Cycle: 1, Decision: action("t.read", nil)}), "a duplicate decision")
-	assert.Nil(t, h.apply(&events.DecisionMade{RunID: testRunID, Cycle: 7, Decision: events.Decision{Type: events.DecisionFinal}}), "a decision of another cycle")
+	assert.Nil(t, h.apply(&events.DecisionMade{RunID: testRunID, Cycle: 0, Decision: events.Decision{Type: events.DecisionFinal}}), "a decision of an earlier cycle")
 	after, _ := json.Marshal(h.st)
+	assert.JSONEq(t, string(before), string(after))
+	_, err := h.m.Apply(context.Background(), h.st, Event{ID: "later", Data: &events.DecisionMade{RunID: testRunID, Cycle: 7, Decision: events.Decision{Type: events.DecisionFinal}}})
+	assert.ErrorIs(t, err, ErrAhead, "a decision of a later cycle is handed back")
+	after, _ = json.Marshal(h.st)
 	assert.JSONEq(t, string(before), string(after))
 }
 
