@@ -761,7 +761,7 @@ type job struct {
 	// yet (run.ErrAhead): the batch goes on without it, and it is handed
 	// back to come again.
 	ahead bool
-	done    chan error
+	done  chan error
 }
 
 // transition applies ev to the stored state of runID. Events of one run
