@@ -74,10 +74,11 @@ type Config struct {
 	Policy *policy.Config
 	// ApprovalKeys verify approval tokens (key id to secret).
 	ApprovalKeys policy.Keys
-	// ResultLinger bounds how long results that only change a run's state
-	// (a plan's or workflow's, while its other calls are out) are held,
-	// unacknowledged, for the run's next write instead of each being
-	// written; default 20 ms; negative writes each at once.
+	// ResultLinger bounds how long events whose transitions need no write
+	// of their own (a plan's results while its other calls are out; a
+	// result or decision that hands the run's next work out) are held,
+	// unacknowledged, for the run's next write or its end instead of each
+	// being written; default 20 ms; negative writes each at once.
 	ResultLinger time.Duration
 	// AlarmDelay is how long a new run's alarm (its deadline, its first
 	// stage's) is held before it is armed, its request unacknowledged
@@ -802,14 +803,17 @@ type runQueue struct {
 	wake chan struct{}
 }
 
-// heldState is a run's state with events applied that only changed the
-// state (results of a plan or workflow whose other calls are still out:
-// their transitions imply live progress only, see run.LiveOnly). Storing
-// each such state would put a write between every result and the next;
-// instead they are stored with the run's next event — usually the last
-// result, whose transition ends the run or moves it on — or after
+// heldState is a run's state with events applied that it has not written:
+// results of a plan or workflow whose other calls are still out (their
+// transitions imply live progress only, see run.LiveOnly), and results and
+// decisions whose transitions hand work out (the next step of a chain, the
+// next decision request: see Dispatcher.holds), published at once.
+// Storing each such state would put a write between every result and the
+// next; instead they are stored with the run's next event that must be
+// written, or with its end (the commit, naming them), or after
 // Config.ResultLinger. Their messages stay unacknowledged until then, so a
-// crash loses nothing: they are redelivered and applied again.
+// crash loses nothing: they are redelivered and applied again, in any
+// order (an event ahead of the run is handed back: run.ErrAhead).
 type heldState struct {
 	st       *run.State
 	revision uint64 // the stored revision st was applied on
@@ -1096,12 +1100,15 @@ func (d *Dispatcher) applyJobs(ctx context.Context, st *run.State, jobs []*job) 
 // live progress (run.LiveOnly), or when it hands work out from events of
 // the runs stream alone (fromRunsStream, run.HandsOutHeld) and its state
 // could be stored; *out then has its timers folded into st (run.Arm).
+// Like an admission's early hand-out, it needs the streams to deduplicate
+// for twice the ack wait (earlyWork): a dispatcher that dies holding the
+// events hands the same work out again when they come again.
 func (d *Dispatcher) holds(st *run.State, jobs []*job, out *[]run.Effect) bool {
 	if run.LiveOnly(*out) {
 		return true
 	}
 	now := time.Now()
-	if !fromRunsStream(d.topo.StreamRuns(), jobs) || !run.HandsOutHeld(st, *out, now) {
+	if !d.earlyWork || !fromRunsStream(d.topo.StreamRuns(), jobs) || !run.HandsOutHeld(st, *out, now) {
 		return false
 	}
 	*out = run.Arm(st, *out, now)
