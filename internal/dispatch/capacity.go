@@ -132,7 +132,7 @@ func (w *wakeups) at(tenant, runID string, t time.Time) {
 		w.mu.Lock()
 		delete(w.timers, runID)
 		w.mu.Unlock()
-		if err := w.d.transition(ctx, tenant, runID, run.Event{ID: events.NewID(), Data: &run.CapacityCheck{}}, "capacity-check", ""); err != nil && ctx.Err() == nil {
+		if err := w.d.transition(ctx, tenant, runID, run.Event{ID: events.NewID(), Data: &run.CapacityCheck{}}, "capacity-check", "", false); err != nil && ctx.Err() == nil {
 			w.d.log.Debug("capacity check failed; the run's capacity timer retries", "run_id", runID, "err", err)
 		}
 	})

@@ -406,7 +406,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 	if meta, err := msg.Metadata(); err == nil {
 		pos = storedAt(meta)
 	}
-	err := d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data}, r.Event.Type(), pos)
+	err := d.transition(ctx, r.Tenant, runID, run.Event{ID: r.Event.ID(), Data: r.Data}, r.Event.Type(), pos, firstFreshDelivery(msg, time.Now()))
 	if errors.Is(err, errNoState) {
 		return d.unknownRun(ctx, r, msg, err)
 	}
@@ -758,6 +758,10 @@ type job struct {
 	// refused is set when the job's event is refused on its merits (it
 	// names the run under another tenant); the batch goes on without it.
 	refused error
+	// first says the event is on its first delivery, stored a moment ago
+	// (firstFreshDelivery): only such events hand work out from a held
+	// state (see Dispatcher.holds).
+	first bool
 	// ahead is set when the job's event answers a transition not applied
 	// yet (run.ErrAhead): the batch goes on without it, and it is handed
 	// back to come again.
@@ -770,8 +774,8 @@ type job struct {
 // together in the next one (group commit): one read, one revision-checked
 // write and one publish batch for all of them, which is what keeps a
 // plan's results from queueing behind each other's round trips.
-func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev run.Event, typ, pos string) error {
-	j := &job{ev: ev, typ: typ, pos: pos, span: trace.SpanContextFromContext(ctx), tenant: tenant, done: make(chan error, 1)}
+func (d *Dispatcher) transition(ctx context.Context, tenant, runID string, ev run.Event, typ, pos string, first bool) error {
+	j := &job{ev: ev, typ: typ, pos: pos, first: first, span: trace.SpanContextFromContext(ctx), tenant: tenant, done: make(chan error, 1)}
 	d.queueMu.Lock()
 	q, leading := d.queues[runID]
 	if !leading {
@@ -961,9 +965,17 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 		}
 		st.Outbox = nil
 		wasTerminal, lastWrite := st.IsTerminal(), st.UpdatedAt
-		effects, err := d.applyJobs(ctx, st, apply)
+		effects, ordered, err := d.applyJobs(ctx, st, apply)
 		if err != nil {
 			return nil, err
+		}
+		// The jobs in the order they were applied (those ahead last), so
+		// that the end names its events in the order a reader must apply
+		// them again (recompute).
+		if held != nil && attempt == 0 {
+			all = append(slices.Clip(held.jobs), ordered...)
+		} else {
+			all = ordered
 		}
 		out := append(adopted, effects...)
 		committed := slices.DeleteFunc(slices.Clone(all), func(j *job) bool { return j.ahead })
@@ -1058,12 +1070,15 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 }
 
 // applyJobs applies the events of jobs to st, in order, and returns the
-// effects. An event ahead of the run (run.ErrAhead) is applied again
-// after the others, as long as one of them moves the run on: a held
-// transition's events, delivered again after its dispatcher died, come in
-// any order. Those still ahead are marked so: their jobs are handed back.
-func (d *Dispatcher) applyJobs(ctx context.Context, st *run.State, jobs []*job) ([]run.Effect, error) {
+// effects and the jobs in the order their events were applied, those
+// still ahead last. An event ahead of the run (run.ErrAhead) is applied
+// again after the others, as long as one of them moves the run on: a
+// held transition's events, delivered again after its dispatcher died,
+// come in any order. Those still ahead are marked so: their jobs are
+// handed back.
+func (d *Dispatcher) applyJobs(ctx context.Context, st *run.State, jobs []*job) ([]run.Effect, []*job, error) {
 	var out []run.Effect
+	ordered := make([]*job, 0, len(jobs))
 	for _, j := range jobs {
 		j.ahead = false
 	}
@@ -1071,6 +1086,7 @@ func (d *Dispatcher) applyJobs(ctx context.Context, st *run.State, jobs []*job) 
 		var later []*job
 		for _, j := range pending {
 			if j.refused = st.CheckTenant(j.tenant); j.refused != nil {
+				ordered = append(ordered, j)
 				continue
 			}
 			effects, err := d.machine.Apply(ctx, st, j.ev)
@@ -1079,19 +1095,21 @@ func (d *Dispatcher) applyJobs(ctx context.Context, st *run.State, jobs []*job) 
 				continue
 			}
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
+			ordered = append(ordered, j)
 			out = append(out, effects...)
 		}
 		if len(later) == len(pending) {
 			for _, j := range later {
 				j.ahead = true
 			}
+			ordered = append(ordered, later...)
 			break
 		}
 		pending = later
 	}
-	return out, nil
+	return out, ordered, nil
 }
 
 // holds reports whether the transition that brought st to its state by
@@ -1108,7 +1126,7 @@ func (d *Dispatcher) holds(st *run.State, jobs []*job, out *[]run.Effect) bool {
 		return true
 	}
 	now := time.Now()
-	if !d.earlyWork || !fromRunsStream(d.topo.StreamRuns(), jobs) || !run.HandsOutHeld(st, *out, now) {
+	if !d.earlyWork || !freshFromRunsStream(d.topo.StreamRuns(), jobs) || !run.HandsOutHeld(st, *out, now) {
 		return false
 	}
 	*out = run.Arm(st, *out, now)
@@ -1123,16 +1141,19 @@ func (d *Dispatcher) holds(st *run.State, jobs []*job, out *[]run.Effect) bool {
 // that transition.
 var errAhead = fmt.Errorf("dispatch: %w", run.ErrAhead)
 
-// fromRunsStream reports whether every event of jobs is one the runs
-// stream holds (a decision, a result): a transition of only those may
-// hand its work out from a held state, because a dispatcher that dies
-// holding it leaves each of them to come again. A client's event (a
-// cancel, an input, an approval's answer) or a timer's is committed with
-// the state it changes.
-func fromRunsStream(stream string, jobs []*job) bool {
+// freshFromRunsStream reports whether every event of jobs is one the runs
+// stream holds (a decision, a result) on its first delivery, stored a
+// moment ago: a transition of only those may hand its work out from a
+// held state, because a dispatcher that dies holding it leaves each of
+// them to come again — with deliveries to spare, within the streams'
+// duplicate window. A client's event (a cancel, an input, an approval's
+// answer) or a timer's is committed with the state it changes, and so is
+// an event delivered again (after a crash, or handed back ahead of its
+// run): the state is written before its work goes out, as before.
+func freshFromRunsStream(stream string, jobs []*job) bool {
 	prefix := stream + ":"
 	for _, j := range jobs {
-		if !strings.HasPrefix(j.pos, prefix) {
+		if !j.first || !strings.HasPrefix(j.pos, prefix) {
 			return false
 		}
 	}

@@ -58,8 +58,10 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 	var ahead []logged // events ahead of the run when they came (run.ErrAhead)
 	for i := 0; i < len(log); i++ {
 		e := log[i]
-		clock.at = e.at
-		out.Events = append(out.Events, e.typ)
+		if !e.retried {
+			clock.at = e.at
+			out.Events = append(out.Events, e.typ)
+		}
 		if req, ok := e.rec.Data.(*events.RunRequested); ok {
 			if st != nil {
 				continue // a republished request changes nothing
@@ -86,15 +88,16 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 		effects, err := m.Apply(ctx, st, run.Event{ID: e.rec.Event.ID(), Data: e.rec.Data})
 		if errors.Is(err, run.ErrAhead) {
 			// Stored before what asks for it is applied (its live
-			// dispatcher handed it back): it is applied after the next
-			// event that changes the run, as it was then.
+			// dispatcher handed it back): it is applied again after the
+			// next event that changes the run, as it was then.
+			e.retried = true
 			ahead = append(ahead, e)
 			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		if len(ahead) > 0 {
+		if len(ahead) > 0 && len(effects) > 0 {
 			log = append(log[:i+1:i+1], append(ahead, log[i+1:]...)...)
 			ahead = nil
 		}
@@ -102,8 +105,8 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 		if len(effects) == 0 {
 			continue
 		}
-		st.Outbox = run.Dedupe(run.Arm(st, effects, e.at))
-		st.UpdatedAt = e.at.UTC()
+		st.Outbox = run.Dedupe(run.Arm(st, effects, clock.at))
+		st.UpdatedAt = clock.at.UTC()
 	}
 	if st == nil {
 		return nil, fmt.Errorf("dispatch: replay %s: no request in the log", runID)
@@ -119,6 +122,9 @@ type logged struct {
 	at  time.Time
 	// pos is where the event is stored (storedAt).
 	pos string
+	// retried marks an event a replay applies again after it was ahead
+	// of the run (run.ErrAhead).
+	retried bool
 }
 
 // storedLog reads the events of one run the dispatcher consumes from the
