@@ -978,7 +978,6 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			all = ordered
 		}
 		out := append(adopted, effects...)
-		committed := slices.DeleteFunc(slices.Clone(all), func(j *job) bool { return j.ahead })
 		// Wake-ups are not stored: a transition that only implies them
 		// changes nothing to write.
 		out, wakes := run.Stored(out)
@@ -1048,7 +1047,8 @@ func (d *Dispatcher) applyBatch(ctx context.Context, runID string, held *heldSta
 			}
 		}
 		if mayEndFirst && !wasTerminal && st.IsTerminal() {
-			return nil, d.endFirst(ctx, st, revision, after, p, fence, committed, lastWrite)
+			applied := slices.DeleteFunc(slices.Clone(all), func(j *job) bool { return j.ahead })
+			return nil, d.endFirst(ctx, st, revision, after, p, fence, applied, lastWrite)
 		}
 		uctx, cancel := bus.Bounded(ctx)
 		rev, err := d.runs.Update(uctx, runID, after, revision)
@@ -1116,7 +1116,7 @@ func (d *Dispatcher) applyJobs(ctx context.Context, st *run.State, jobs []*job) 
 // the events of jobs, implying *out, may be held: its state written with
 // the run's next write instead of now. That is so when it implies only
 // live progress (run.LiveOnly), or when it hands work out from events of
-// the runs stream alone (fromRunsStream, run.HandsOutHeld) and its state
+// the runs stream alone (freshFromRunsStream, run.HandsOutHeld) and its state
 // could be stored; *out then has its timers folded into st (run.Arm).
 // Like an admission's early hand-out, it needs the streams to deduplicate
 // for twice the ack wait (earlyWork): a dispatcher that dies holding the

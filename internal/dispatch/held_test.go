@@ -80,12 +80,7 @@ func fanOut(t *testing.T, ctx context.Context, srv *actionbustest.Server, rec *a
 	}, 10*time.Second, time.Millisecond)
 	// The admission hands its work out while it writes the state and
 	// publishes its progress after: both are waited for.
-	kv, err := srv.JS.KeyValue(ctx, "ab_runs")
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		_, err := kv.Get(ctx, runID)
-		return err == nil
-	}, 10*time.Second, time.Millisecond, "the run's state is stored")
+	admitted(t, ctx, srv, runID)
 	rec.WaitForStep(t, 10*time.Second, func(s events.RunStep) bool { return s.RunID == runID && s.Name == "action-dispatched" })
 	return runID
 }
@@ -241,17 +236,24 @@ func chain(t *testing.T, ctx context.Context, srv *actionbustest.Server, rec *ac
 	runID, err := st.Client.Start(ctx, client.RunRequest{Workflow: b.Build()})
 	require.NoError(t, err)
 	dispatchedSteps(t, rec, runID, 1)
+	return runID, admitted(t, ctx, srv, runID)
+}
+
+// admitted waits until runID's state is stored (its admission hands its
+// work out while it writes it) and returns the state's revision.
+func admitted(t *testing.T, ctx context.Context, srv *actionbustest.Server, runID string) uint64 {
+	t.Helper()
 	kv, err := srv.JS.KeyValue(ctx, "ab_runs")
 	require.NoError(t, err)
-	var admitted uint64
+	var revision uint64
 	require.Eventually(t, func() bool {
 		e, err := kv.Get(ctx, runID)
 		if err == nil {
-			admitted = e.Revision()
+			revision = e.Revision()
 		}
 		return err == nil
 	}, 10*time.Second, time.Millisecond, "the run's state is stored")
-	return runID, admitted
+	return revision
 }
 
 // dispatchedSteps waits for n action-dispatched progress steps of runID.
@@ -334,7 +336,14 @@ func TestAHeldChainSurvivesItsDispatcher(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		info, err := stored.Info(ctx, jetstream.WithSubjectFilter("ab.run.default."+runID+".result.*"))
-		return err == nil && info.State.Subjects["ab.run.default."+runID+".result.0"] == 2
+		if err != nil {
+			return false
+		}
+		results := uint64(0)
+		for _, n := range info.State.Subjects { // one subject per partition
+			results += n
+		}
+		return results == 2
 	}, 10*time.Second, time.Millisecond, "both results stored")
 
 	startDispatcher(t, srv, dispatch.Config{RunLimits: events.RunLimits{MaxPlanParallel: 5}, ResultLinger: time.Minute, InstanceID: "second"})

@@ -74,7 +74,7 @@ func arm(st *State, out []Effect, now, limit time.Time) []Effect {
 	if !limit.IsZero() && limit.Before(next) {
 		next = limit
 	}
-	if st.AlarmAt.After(now) && !next.Before(st.AlarmAt.Add(-alarmSlack)) {
+	if st.alarmCovers(next, now) {
 		return kept // the armed alarm comes no later than it must
 	}
 	st.AlarmAt = next
@@ -221,5 +221,12 @@ func HandsOutHeld(st *State, out []Effect, now time.Time) bool {
 			return false
 		}
 	}
-	return work && (next.IsZero() || st.AlarmAt.After(now) && !next.Before(st.AlarmAt.Add(-alarmSlack)))
+	return work && (next.IsZero() || st.alarmCovers(next, now))
+}
+
+// alarmCovers reports whether the armed alarm comes no later than a timer
+// at next needs it: it is still ahead, and not more than alarmSlack after
+// next.
+func (st *State) alarmCovers(next, now time.Time) bool {
+	return st.AlarmAt.After(now) && !next.Before(st.AlarmAt.Add(-alarmSlack))
 }

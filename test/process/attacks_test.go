@@ -228,6 +228,15 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		_, err = executorJS.PublishMsg(ctx, forged(t, "ab.run.default."+live+".result", events.TypeRunCompleted, live, events.NewID(),
 			map[string]any{"runId": live, "answer": "forged", "cycles": 1}))
 		require.NoError(t, err)
+		// As the executor: a well-formed result of a call the run has
+		// not made, naming a later cycle. Only a call id the run derives
+		// from its secret key makes a result ahead of the run (handed
+		// back until its call is made); this one is stale, and changes
+		// nothing.
+		_, err = executorJS.PublishMsg(ctx, forged(t, "ab.run.default."+live+".result", events.TypeActionCompleted, live, events.NewID(),
+			map[string]any{"runId": live, "callId": events.NewID(), "cycle": 2, "planIndex": 0, "attempt": 1, "action": "test.count",
+				"durationMs": 1, "output": map[string]any{"answer": "forged"}}))
+		require.NoError(t, err)
 		require.Eventually(t, func() bool { return len(rejections(t, ctx, adminJS, live)) >= 4 }, 20*time.Second, 50*time.Millisecond)
 		got := codes(rejections(t, ctx, adminJS, live))
 		assert.Contains(t, got, actionbus.CodeSubjectMismatch)
@@ -245,6 +254,7 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
 		assert.NotContains(t, res.Answer, "forged")
+		assert.NotContains(t, fmt.Sprint(res.Output), "forged", "the forged result counted")
 		assert.Equal(t, uint64(1), terminalsStored(t, ctx, adminJS, live))
 	})
 
