@@ -449,13 +449,18 @@ test("a result whose live copy is lost or overtaken by the end is yielded from t
 
 test("a result that arrives live behind the end is yielded before it, the stream unread (C-FOLLOW)", async () => {
   // The live result is held back and pushed right after the end, as two
-  // publishers' messages can arrive; the read service answers nothing, so
+  // publishers' messages can arrive (or, should it come after the end of
+  // itself, pushed as it comes); the read service answers nothing, so
   // only what came live can supply it.
   let held: Event | undefined;
+  let ended = false;
   const evs = await runWithLive("behind", (push, ev) => {
-    if (ev.type === Types.ActionCompleted) { held = ev; return; }
+    if (ev.type === Types.ActionCompleted && !ended) { held = ev; return; }
     push(ev);
-    if (ev.type === Types.RunCompleted && held) push(held);
+    if (ev.type === Types.RunCompleted) {
+      ended = true;
+      if (held) push(held);
+    }
   }, true);
   const types = evs.map((e) => e.type);
   assert.ok(types.includes(Types.ActionCompleted), `the result is yielded: ${types.join(", ")}`);
