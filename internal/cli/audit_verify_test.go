@@ -258,6 +258,14 @@ func TestAuditVerifyNamesAStoredEventWithoutARecord(t *testing.T) {
 		return err == nil && audit.HasTerminal(recs) && len(recs) >= 8
 	}, 20*time.Second, 20*time.Millisecond)
 	stop()
+	// The stopped auditor's waiting pull is gone (an idle auditor leaves
+	// one at the server): the next event is not handed to it.
+	idle, err := srv.JS.Consumer(ctx, "AB_RUNS", "auditor-runs")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := idle.Info(ctx)
+		return err == nil && info.NumWaiting == 0
+	}, 20*time.Second, 20*time.Millisecond, "the stopped auditor's pull is gone")
 
 	// Two events for the run while the auditor is down; the first is
 	// taken off its consumer unrecorded.
