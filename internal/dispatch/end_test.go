@@ -635,6 +635,9 @@ func TestARunThatHasNotEndedIsNeitherRetriedNorReplayed(t *testing.T) {
 	running, err := st.Client.Start(ctxT(t), client.RunRequest{Action: &client.ActionCall{Name: "gate.wait", Args: map[string]any{}}})
 	require.NoError(t, err)
 	g.awaitStarted(t)
+	// The admission hands its work out while it writes the state: the
+	// action may start before the state is stored.
+	admitted(t, ctxT(t), srv, running)
 
 	_, err = d.ReplayLog(ctxT(t), "default", running)
 	require.ErrorContains(t, err, "has not ended")
