@@ -1,8 +1,11 @@
 package events
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/actionbus/actionbus"
 )
@@ -569,6 +572,29 @@ type ArtifactRef struct {
 	// ("<prefix>_artifacts"); "" (references written before stores
 	// were per pool) means the services' store.
 	Store string `json:"store,omitempty"`
+}
+
+// NewArtifactRef is the reference to data stored under id in the object
+// store named store: its size and SHA-256, and with previewBytes > 0 a
+// preview of at most that many bytes, cut at a UTF-8 boundary. It stores
+// nothing: the run core computes the references of the artifacts it asks
+// the dispatcher to store, and readers that rebuild a transition compute
+// the references its writer stored.
+func NewArtifactRef(store, id, role, mediaType string, data []byte, previewBytes int) ArtifactRef {
+	sum := sha256.Sum256(data)
+	ref := ArtifactRef{ID: id, Role: role, MediaType: mediaType, Bytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:]), Store: store}
+	if previewBytes <= 0 {
+		return ref
+	}
+	preview := data
+	if len(preview) > previewBytes {
+		preview = preview[:previewBytes]
+		for len(preview) > 0 && !utf8.Valid(preview) {
+			preview = preview[:len(preview)-1]
+		}
+	}
+	ref.PreviewSize, ref.Preview, ref.Truncated = len(preview), string(preview), len(preview) < len(data)
+	return ref
 }
 
 // PoolAnnounced is an executor's announcement of what it hosts for its

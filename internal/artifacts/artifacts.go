@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -69,22 +68,10 @@ func Put(ctx context.Context, store Store, owner Owner, id, role, mediaType stri
 }
 
 // Ref is the reference [Put] returns for data stored under id in the
-// store named storeName, computed without storing anything: what a reader
-// that rebuilds a transition needs of an artifact its writer stored.
+// store named storeName, computed without storing anything
+// ([events.NewArtifactRef]).
 func Ref(storeName, id, role, mediaType string, data []byte, previewBytes int) events.ArtifactRef {
-	sum := sha256.Sum256(data)
-	if previewBytes <= 0 {
-		return events.ArtifactRef{ID: id, Role: role, MediaType: mediaType, Bytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:]), Store: storeName}
-	}
-	preview := data
-	if len(preview) > previewBytes {
-		preview = preview[:previewBytes]
-		for len(preview) > 0 && !utf8.Valid(preview) {
-			preview = preview[:len(preview)-1]
-		}
-	}
-	return events.ArtifactRef{ID: id, Role: role, MediaType: mediaType, Bytes: int64(len(data)), PreviewSize: len(preview),
-		SHA256: hex.EncodeToString(sum[:]), Truncated: len(preview) < len(data), Preview: string(preview), Store: storeName}
+	return events.NewArtifactRef(storeName, id, role, mediaType, data, previewBytes)
 }
 
 // Artifact is an artifact read back.

@@ -25,7 +25,7 @@ func TestTheEndNamesItsEventsInTheOrderTheyWereApplied(t *testing.T) {
 	var lim events.RunLimits
 	lim.SetDefaults()
 	d := &Dispatcher{cfg: Config{RunLimits: lim}}
-	d.machine = run.New(env{d}, lim)
+	d.machine = run.New(env{d}, d.machineConfig())
 	base := []byte(`{"runId":"run-1","idKey":"k","tenant":"acme","kind":"agent","status":"running","phase":"acting","cycle":1,
 		"agent":{"observations":[]},"calls":[{"callId":"c1","planIndex":0,"action":"t.read","pool":"p","origin":"model","dispatched":true}]}`)
 	st, err := run.DecodeState(base)

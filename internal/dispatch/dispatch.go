@@ -230,9 +230,15 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	d.alarms = newEndedAlarms(log)
 	d.deferred = newDeferredAlarms(d, cfg.AlarmDelay)
 	d.unsent = newUnpublished()
-	d.machine = run.New(env{d}, cfg.RunLimits)
+	d.machine = run.New(env{d}, d.machineConfig())
 	d.fences = newFences(d.js, d.bus.Subjects(), cfg.InstanceID)
 	return d, nil
+}
+
+// machineConfig is the configuration of the dispatcher's machines: its
+// own and those that rebuild or replay a run.
+func (d *Dispatcher) machineConfig() run.Config {
+	return run.Config{Limits: d.cfg.RunLimits, ArtifactStore: d.topo.BucketArtifacts()}
 }
 
 // Run serves run requests, decisions, results and cancels until ctx ends,
@@ -388,6 +394,9 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		unlock := d.locks.Lock(req.RunID)
 		defer unlock()
 		st, out, err := d.machine.Start(ctx, req, d.idKey(req.Tenant, req.RunID))
+		if err == nil {
+			out, err = d.machine.Settle(ctx, env{d}, st, out)
+		}
 		if err != nil {
 			return err
 		}
@@ -1093,6 +1102,12 @@ func (d *Dispatcher) applyJobs(ctx context.Context, st *run.State, jobs []*job) 
 			if errors.Is(err, run.ErrAhead) {
 				later = append(later, j)
 				continue
+			}
+			if err == nil {
+				// What the transition asks of the shell is done before
+				// the next event is applied: it may read an artifact
+				// this one stored.
+				effects, err = d.machine.Settle(ctx, env{d}, st, effects)
 			}
 			if err != nil {
 				return nil, nil, err

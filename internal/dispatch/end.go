@@ -462,7 +462,8 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 	if at.IsZero() {
 		at = time.Now()
 	}
-	frozen := run.New(&frozenEnv{env: env{d}, at: at}, d.cfg.RunLimits)
+	world := &frozenEnv{env: env{d}, at: at}
+	frozen := run.New(world, d.machineConfig())
 	var releases, all []run.Effect
 	for _, e := range end.endedBy {
 		n := named[e]
@@ -470,6 +471,9 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 			continue
 		}
 		effects, err := frozen.Apply(ctx, &copied, n.ev)
+		if err == nil {
+			effects, err = frozen.Settle(ctx, world, &copied, effects)
+		}
 		all = append(all, effects...)
 		for _, e := range effects {
 			if e.Kind == run.EffectRelease {

@@ -55,12 +55,14 @@ func (e env) VerifyPrincipal(token string, c policy.PrincipalClaim, now time.Tim
 	return e.d.cfg.ApprovalKeys.VerifyPrincipal(token, c, now)
 }
 
-// PutArtifact stores a step's output under its derived id (frozenEnv
-// computes the same reference without storing).
-func (e env) PutArtifact(ctx context.Context, tenant, runID, id string, data []byte) (events.ArtifactRef, error) {
+// PutArtifact stores an artifact a transition asks for (a large step
+// output, a workspace document) in the services' store, recorded as its
+// run's (frozenEnv stores nothing: its writer did).
+func (e env) PutArtifact(ctx context.Context, a *run.ArtifactWrite) error {
 	cctx, cancel := bus.Bounded(ctx)
 	defer cancel()
-	return artifacts.Put(cctx, e.d.artifacts, artifacts.Owner{Tenant: tenant, RunID: runID}, id, "output", "application/json", data, 0)
+	_, err := artifacts.Put(cctx, e.d.artifacts, artifacts.Owner{Tenant: a.Tenant, RunID: a.RunID}, a.Ref.ID, a.Ref.Role, a.Ref.MediaType, a.Data, 0)
+	return err
 }
 
 func (e env) GetArtifact(ctx context.Context, tenant string, ref events.ArtifactRef) ([]byte, error) {
@@ -168,10 +170,10 @@ func (e *frozenEnv) Acquire(ctx context.Context, st *run.State, c run.CallState)
 	return run.Capacity{Key: key, OK: true}, nil
 }
 
-// PutArtifact returns the reference env.PutArtifact returns, storing nothing.
-func (e *frozenEnv) PutArtifact(_ context.Context, _, _, id string, data []byte) (events.ArtifactRef, error) {
-	return artifacts.Ref(e.d.artifacts.Name, id, "output", "application/json", data, 0), nil
-}
+// PutArtifact stores nothing: the transition being applied again stored
+// its artifacts when it happened (their ids are derived, so the reference
+// the machine computes is the one stored).
+func (e *frozenEnv) PutArtifact(context.Context, *run.ArtifactWrite) error { return nil }
 
 // PriorRun is env.PriorRun leaving the releases a rebuild of the prior
 // run implies to its owner.

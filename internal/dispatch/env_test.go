@@ -12,9 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/artifacts"
 	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/embedded"
+	"github.com/actionbus/actionbus/internal/run"
 )
 
 // TestAStepOutputChangedInTheArtifactStoreIsRefused: the dispatcher keeps
@@ -38,8 +40,9 @@ func TestAStepOutputChangedInTheArtifactStoreIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	e := env{&Dispatcher{js: js, topo: topo, artifacts: artifacts.Store{Name: topo.BucketArtifacts(), OS: store}}}
 
-	ref, err := e.PutArtifact(ctx, "acme", "run-1", "out-1", []byte(`{"amount":10}`))
-	require.NoError(t, err)
+	data := []byte(`{"amount":10}`)
+	ref := events.NewArtifactRef(topo.BucketArtifacts(), "out-1", "output", "application/json", data, 0)
+	require.NoError(t, e.PutArtifact(ctx, &run.ArtifactWrite{Tenant: "acme", RunID: "run-1", Ref: ref, Data: data}))
 	got, err := e.GetArtifact(ctx, "acme", ref)
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"amount":10}`, string(got))

@@ -52,7 +52,7 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 		return nil, fmt.Errorf("dispatch: replay %s: the log does not start with its request", runID)
 	}
 	clock := &replayEnv{frozenEnv{env: env{d}}}
-	m := run.New(clock, d.cfg.RunLimits)
+	m := run.New(clock, d.machineConfig())
 	out := &ReplayedLog{Stored: stored}
 	var st *run.State
 	var ahead []logged // events ahead of the run when they came (run.ErrAhead)
@@ -69,6 +69,9 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 			req.Tenant = e.rec.Tenant
 			var effects []run.Effect
 			if st, effects, err = m.Start(ctx, req, stored.IDKey); err != nil {
+				return nil, err
+			}
+			if effects, err = m.Settle(ctx, clock, st, effects); err != nil {
 				return nil, err
 			}
 			// The run's trace is the caller's, else the dispatcher's span:
@@ -93,6 +96,9 @@ func (d *Dispatcher) ReplayLog(ctx context.Context, tenant, runID string) (*Repl
 			e.retried = true
 			ahead = append(ahead, e)
 			continue
+		}
+		if err == nil {
+			effects, err = m.Settle(ctx, clock, st, effects)
 		}
 		if err != nil {
 			return nil, err

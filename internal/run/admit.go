@@ -311,7 +311,7 @@ func (m *Machine) startCalls(ctx context.Context, st *State, decs []events.Decis
 		out = append(out, step(st, StepPlanExecuting, nil, "", fmt.Sprintf("%d actions, at most %d at once", len(calls), m.lim.MaxPlanParallel), ""))
 	}
 	out = append(out, step(st, StepAct, nil, "", fmt.Sprintf("%d call(s)", len(calls)), ""))
-	out = append(out, m.dispatchMore(ctx, st)...)
+	out = append(out, m.dispatchMore(st)...)
 	if st.allDone() {
 		out = append(out, m.evaluate(st)...)
 	}

@@ -27,7 +27,7 @@ func applyAhead(t *testing.T, h *harness, data any) bool {
 	require.NoError(t, err)
 	out, err := h.m.Apply(context.Background(), h.st, Event{ID: "ahead", Data: data})
 	if err == nil {
-		h.record(out)
+		h.record(h.settle(out))
 		return false
 	}
 	require.ErrorIs(t, err, ErrAhead)

@@ -124,7 +124,7 @@ func (m *Machine) onApprovalGranted(ctx context.Context, st *State, g *events.Ap
 	if st.Workflow != nil {
 		st.Workflow.Steps[p.CallIndex].Status = StepStatusReady
 	}
-	return append(out, m.dispatchMore(ctx, st)...)
+	return append(out, m.dispatchMore(st)...)
 }
 
 // mismatch names why a grant's token did not verify over the stored

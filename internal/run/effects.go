@@ -45,6 +45,17 @@ const (
 	// only stale timers, or events were applied without being stored:
 	// [Saved]) and is to be written.
 	EffectSave EffectKind = "save"
+	// EffectArtifact asks the shell to store Artifact's bytes in the
+	// artifact store before anything of the transition is stored or
+	// published: the state it leaves holds the reference only. It is never
+	// stored (the bytes would make the state large), and storing it again
+	// is harmless (its id is derived).
+	EffectArtifact EffectKind = "artifact"
+	// EffectAcquire asks the shell for a slot of the limit of the call Ask
+	// names, and to apply the answer at once ([CapacityAnswer]): the
+	// transition goes on from there. It is never stored: the shell answers
+	// before anything of the transition is stored or published.
+	EffectAcquire EffectKind = "acquire"
 )
 
 // Effect is one thing a transition implies, stored with the new state (the
@@ -78,6 +89,20 @@ type Effect struct {
 	// Key is a release's limit key; At a wake-up's time.
 	Key string    `json:"key,omitempty"`
 	At  time.Time `json:"at,omitempty"`
+	// Artifact is an artifact's ([EffectArtifact]), Ask a capacity
+	// request's ([EffectAcquire]); neither is ever stored.
+	Artifact *ArtifactWrite `json:"-"`
+	Ask      *CapacityAsk   `json:"-"`
+}
+
+// ArtifactWrite is an artifact the shell stores for a transition
+// ([EffectArtifact]): Data under Ref.ID in the store Ref names, recorded
+// as run RunID's of Tenant. Ref is what the state holds.
+type ArtifactWrite struct {
+	Tenant string
+	RunID  string
+	Ref    events.ArtifactRef
+	Data   []byte
 }
 
 // Timer is a durable timer to arm: Fired is published on the run's timer

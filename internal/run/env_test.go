@@ -166,15 +166,14 @@ func (e *memEnv) VerifyPrincipal(token string, c policy.PrincipalClaim, now time
 	return e.keys.VerifyPrincipal(token, c, now)
 }
 
-func (e *memEnv) PutArtifact(_ context.Context, _, _, id string, data []byte) (events.ArtifactRef, error) {
+func (e *memEnv) PutArtifact(_ context.Context, a *ArtifactWrite) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.artifacts[id] = append([]byte(nil), data...)
-	sum := sha256.Sum256(data)
+	e.artifacts[a.Ref.ID] = append([]byte(nil), a.Data...)
 	if e.tamper {
-		e.artifacts[id] = []byte(`{"blob":"changed"}`)
+		e.artifacts[a.Ref.ID] = []byte(`{"blob":"changed"}`)
 	}
-	return events.ArtifactRef{ID: id, Role: "output", MediaType: "application/json", Bytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}, nil
+	return nil
 }
 
 func (e *memEnv) GetArtifact(_ context.Context, _ string, ref events.ArtifactRef) ([]byte, error) {

@@ -39,7 +39,7 @@ type harness struct {
 
 func newHarness(t testing.TB, lim events.RunLimits) *harness {
 	env := newMemEnv(t)
-	return &harness{t: t, env: env, m: New(env, lim)}
+	return &harness{t: t, env: env, m: New(env, Config{Limits: lim})}
 }
 
 func (h *harness) start(req events.RunRequested) *harness {
@@ -48,6 +48,7 @@ func (h *harness) start(req events.RunRequested) *harness {
 	st, out, err := h.m.Start(context.Background(), &req, "idkey")
 	require.NoError(h.t, err)
 	h.st = st
+	out = h.settle(out)
 	h.armWith(out, func(st *State, out []Effect, now time.Time) []Effect {
 		if h.admitWithin > 0 {
 			return ArmAdmitted(st, out, now, h.admitWithin)
@@ -56,6 +57,18 @@ func (h *harness) start(req events.RunRequested) *harness {
 	})
 	h.record(out)
 	return h
+}
+
+// admit admits another run with the harness's machine, as the dispatcher
+// does: started, and what its admission asks of the shell carried out.
+// The harness's own run is left as it is.
+func (h *harness) admit(req *events.RunRequested, idKey string) (*State, []Effect, error) {
+	st, out, err := h.m.Start(context.Background(), req, idKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	out, err = h.m.Settle(context.Background(), h.env, st, out)
+	return st, out, err
 }
 
 func (h *harness) agent() *harness { return h.start(events.RunRequested{Prompt: "help"}) }
@@ -96,6 +109,18 @@ func (h *harness) record(out []Effect) {
 	}
 }
 
+// settle carries out what a transition's effects ask of the shell, as
+// the dispatcher does ([Machine.Settle]), and returns the rest.
+func (h *harness) settle(out []Effect) []Effect {
+	h.t.Helper()
+	rest, err := h.m.Settle(context.Background(), h.env, h.st, out)
+	require.NoError(h.t, err)
+	for _, e := range rest {
+		require.NotContains(h.t, []EffectKind{EffectArtifact, EffectAcquire}, e.Kind, "settled effects ask nothing more of the shell")
+	}
+	return rest
+}
+
 // apply applies one event and returns its effects.
 func (h *harness) apply(data any) []Effect {
 	h.t.Helper()
@@ -112,6 +137,7 @@ func (h *harness) apply(data any) []Effect {
 		return nil
 	}
 	require.NoError(h.t, err)
+	out = h.settle(out)
 	if len(out) > 0 { // the dispatcher writes (and arms) only then
 		h.arm(out)
 	}

@@ -1,7 +1,11 @@
 package run
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -134,7 +138,7 @@ func TestADedicatedPoolServesOnlyItsTenants(t *testing.T) {
 func TestARunsBudgetIsCappedByTheHostAndItsTenantsDay(t *testing.T) {
 	lim := events.RunLimits{RunBudget: events.Budget{MaxTokens: 5000}, TenantBudgets: map[string]events.Budget{
 		"acme": {MaxTokens: 3000, MaxCostUSD: 1}, "*": {MaxCostUSD: 2}}}
-	m := New(nil, lim)
+	m := New(nil, Config{Limits: lim})
 	cases := []struct {
 		name, tenant string
 		asked        *events.Budget
@@ -161,4 +165,79 @@ func TestARunsBudgetIsCappedByTheHostAndItsTenantsDay(t *testing.T) {
 			assert.Equal(t, tc.want, st.Budget)
 		})
 	}
+}
+
+// scriptedShell answers capacity requests from a script, in order, and
+// records what was asked: the machine asks; it takes no slot itself.
+type scriptedShell struct {
+	answers []Capacity
+	asked   []string
+}
+
+func (s *scriptedShell) PutArtifact(context.Context, *ArtifactWrite) error { return nil }
+
+func (s *scriptedShell) Acquire(_ context.Context, _ *State, c CallState) (Capacity, error) {
+	s.asked = append(s.asked, c.CallID)
+	a := s.answers[0]
+	s.answers = s.answers[1:]
+	if a.Err != "" {
+		return Capacity{}, errors.New(a.Err)
+	}
+	return a, nil
+}
+
+// TestACallIsAskedForItsSlotBeforeItIsHandedOut: a transition that would
+// hand calls out stops at the first that holds no slot, with an acquire
+// effect and nothing handed out; the answers, applied in order, decide
+// which calls go (a denied call waits, one behind it with another key
+// goes, a limit that cannot be read is asked again in a second), and
+// the pass ends as one pass would: one wake-up at the earliest retry, one
+// durable backstop.
+func TestACallIsAskedForItsSlotBeforeItIsHandedOut(t *testing.T) {
+	h := newHarness(t, events.RunLimits{}).agent()
+	out, err := h.m.Apply(context.Background(), h.st, Event{ID: "d", Data: &events.DecisionMade{RunID: testRunID, Cycle: h.st.Cycle,
+		Decision: plan(action("t.read", map[string]any{"i": 0}), action("t.read", map[string]any{"i": 1}), action("t.other", nil))}})
+	require.NoError(t, err)
+	require.Equal(t, EffectAcquire, out[len(out)-1].Kind, "the pass stops at the first call to ask for")
+	assert.False(t, has(out, EffectAct), "nothing is handed out before its slot is granted")
+	assert.Equal(t, h.st.Calls[0].CallID, out[len(out)-1].Ask.CallID)
+
+	now := h.env.Now()
+	shell := &scriptedShell{answers: []Capacity{
+		{Key: "k0", RetryAt: now.Add(5 * time.Second), Position: 1, Waiting: 1}, // denied
+		{Err: "limits bucket unavailable"},                                      // asked again in a second
+		{Key: "k2", OK: true},                                                   // granted
+	}}
+	rest, err := h.m.Settle(context.Background(), shell, h.st, out)
+	require.NoError(t, err)
+	assert.Equal(t, []string{h.st.Calls[0].CallID, h.st.Calls[1].CallID, h.st.Calls[2].CallID}, shell.asked, "asked once each, in declaration order")
+	assert.False(t, has(rest, EffectAcquire))
+	var acts []string
+	for _, e := range rest {
+		if e.Kind == EffectAct {
+			acts = append(acts, e.CallID)
+		}
+	}
+	assert.Equal(t, []string{h.st.Calls[2].CallID}, acts, "only the granted call goes")
+	assert.Equal(t, 2, waitingSteps(rest), "each call that waits says so once")
+	assert.True(t, h.st.Calls[0].WaitingCapacity && h.st.Calls[1].WaitingCapacity)
+	assert.True(t, h.st.Calls[2].Holding, "the granted call holds its slot")
+	w := wakes(rest)
+	require.Len(t, w, 1)
+	assert.Equal(t, now.Add(time.Second), w[0].At, "the earliest retry: the limit that could not be read")
+	timers := 0
+	for _, e := range rest {
+		if e.Kind == EffectTimer && e.Timer.Fired.Kind == events.TimerCapacity {
+			timers++
+		}
+	}
+	assert.Equal(t, 1, timers, "one durable backstop")
+
+	// An answer for a call that is not waiting to be handed out (stale,
+	// or forged) changes nothing.
+	before, _ := json.Marshal(h.st)
+	assert.Empty(t, h.m.onCapacityAnswer(h.st, &CapacityAnswer{Ask: CapacityAsk{Call: 2, CallID: h.st.Calls[2].CallID}, Capacity: Capacity{OK: true}}))
+	assert.Empty(t, h.m.onCapacityAnswer(h.st, &CapacityAnswer{Ask: CapacityAsk{Call: 0, CallID: "other"}, Capacity: Capacity{OK: true}}))
+	after, _ := json.Marshal(h.st)
+	assert.JSONEq(t, string(before), string(after))
 }

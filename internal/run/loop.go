@@ -247,7 +247,7 @@ func (m *Machine) onTimer(ctx context.Context, st *State, t *events.TimerFired) 
 		return m.onRetryTimer(ctx, st, t.StepID)
 	}
 	if t.Kind == events.TimerCapacity {
-		return m.onCapacity(ctx, st, true), nil
+		return m.onCapacity(st, true), nil
 	}
 	if t.Kind == events.TimerAlarm {
 		return m.onAlarm(ctx, st)
@@ -378,14 +378,21 @@ func (m *Machine) armCalls(st *State) []Effect {
 
 // dispatchMore dispatches calls in declaration order while fewer than
 // MaxPlanParallel are in flight, each with a durable action deadline. A
-// call whose action's limit has no slot for it waits (a
-// waiting-for-capacity step, once) and is asked for again at the time the
-// limit names; calls behind it with other keys go on.
-func (m *Machine) dispatchMore(ctx context.Context, st *State) []Effect {
+// call under a limit that holds no slot yet is asked for one first: the
+// pass stops at it with an [EffectAcquire], and goes on where it stopped
+// when the shell applies the answer ([Machine.onCapacityAnswer]). A call
+// whose limit has no slot for it waits (a waiting-for-capacity step,
+// once) and is asked for again at the time the limit names; calls behind
+// it with other keys go on.
+func (m *Machine) dispatchMore(st *State) []Effect {
+	return m.dispatchFrom(st, CapacityAsk{})
+}
+
+// dispatchFrom is the dispatch pass of dispatchMore from the call at
+// index pass.Call, with what the pass found before it (pass).
+func (m *Machine) dispatchFrom(st *State, pass CapacityAsk) []Effect {
 	var out []Effect
-	var retryAt time.Time
-	newlyWaiting := false
-	for i := range st.Calls {
+	for i := pass.Call; i < len(st.Calls); i++ {
 		if st.inFlight() >= m.lim.MaxPlanParallel {
 			break
 		}
@@ -393,39 +400,70 @@ func (m *Machine) dispatchMore(ctx context.Context, st *State) []Effect {
 		if c.Dispatched || c.NeedsApproval {
 			continue
 		}
-		pi := c.PlanIndex
 		if !c.Holding {
-			capacity, err := m.env.Acquire(ctx, st, *c)
-			if err != nil {
-				// The limit could not be read: wait and ask again.
-				capacity = Capacity{Key: c.LimitKey, RetryAt: m.env.Now().Add(time.Second), Err: err.Error()}
-			}
-			c.LimitKey = capacity.Key
-			if !capacity.OK {
-				if !c.WaitingCapacity {
-					c.WaitingCapacity, newlyWaiting = true, true
-					out = append(out, stepWith(st, StepWaitingForCapacity, &pi, c.Action, capacity.describe(), "",
-						map[string]any{"key": capacity.Key, "position": capacity.Position, "waiting": capacity.Waiting}))
-				}
-				if retryAt.IsZero() || capacity.RetryAt.Before(retryAt) {
-					retryAt = capacity.RetryAt
-				}
-				continue
-			}
-			c.Holding, c.WaitingCapacity = capacity.Key != "", false
+			pass.Call, pass.CallID = i, c.CallID
+			ask := pass
+			return append(out, Effect{Kind: EffectAcquire, ID: c.CallID, CallID: c.CallID, Ask: &ask})
 		}
-		c.Dispatched = true
-		c.DueAt = m.env.Now().Add(time.Duration(c.TimeoutMs)*time.Millisecond + m.lim.ActionGrace)
-		out = append(out, step(st, StepActionDispatched, &pi, c.Action, "to pool "+c.Pool, ""), actEffect(*c))
+		out = append(out, m.dispatch(st, c)...)
 	}
 	out = append(out, m.armCalls(st)...)
-	if !retryAt.IsZero() {
-		out = append(out, wakeEffect(st, retryAt))
-		if newlyWaiting {
-			out = append(out, m.capacityTimer(st, retryAt))
+	if !pass.RetryAt.IsZero() {
+		out = append(out, wakeEffect(st, pass.RetryAt))
+		if pass.NewlyWaiting {
+			out = append(out, m.capacityTimer(st, pass.RetryAt))
+		}
+		if pass.Durable {
+			out = append(out, m.capacityTimer(st, pass.RetryAt))
 		}
 	}
 	return out
+}
+
+// dispatch hands call c out, with its deadline.
+func (m *Machine) dispatch(st *State, c *CallState) []Effect {
+	pi := c.PlanIndex
+	c.Dispatched = true
+	c.DueAt = m.env.Now().Add(time.Duration(c.TimeoutMs)*time.Millisecond + m.lim.ActionGrace)
+	return []Effect{step(st, StepActionDispatched, &pi, c.Action, "to pool "+c.Pool, ""), actEffect(*c)}
+}
+
+// onCapacityAnswer applies what a call's limit answered ([CapacityAsk])
+// and goes on with the dispatch pass that asked. An answer for a call
+// that is not the one asked for, or no longer waits to be handed out,
+// changes nothing.
+func (m *Machine) onCapacityAnswer(st *State, a *CapacityAnswer) []Effect {
+	i := a.Ask.Call
+	if st.IsTerminal() || i < 0 || i >= len(st.Calls) {
+		return nil
+	}
+	c := &st.Calls[i]
+	if c.CallID != a.Ask.CallID || c.Dispatched || c.Holding || c.NeedsApproval {
+		return nil
+	}
+	pass, capacity := a.Ask, a.Capacity
+	if capacity.Err != "" {
+		// The limit could not be read: wait and ask again.
+		capacity = Capacity{Key: c.LimitKey, RetryAt: m.env.Now().Add(time.Second), Err: capacity.Err}
+	}
+	c.LimitKey = capacity.Key
+	var out []Effect
+	if capacity.OK {
+		c.Holding, c.WaitingCapacity = capacity.Key != "", false
+		out = m.dispatch(st, c)
+	} else {
+		if !c.WaitingCapacity {
+			pi := c.PlanIndex
+			c.WaitingCapacity, pass.NewlyWaiting = true, true
+			out = append(out, stepWith(st, StepWaitingForCapacity, &pi, c.Action, capacity.describe(), "",
+				map[string]any{"key": capacity.Key, "position": capacity.Position, "waiting": capacity.Waiting}))
+		}
+		if pass.RetryAt.IsZero() || capacity.RetryAt.Before(pass.RetryAt) {
+			pass.RetryAt = capacity.RetryAt
+		}
+	}
+	pass.Call++
+	return append(out, m.dispatchFrom(st, pass)...)
 }
 
 // capacityTimer arms the durable backstop of a run waiting for capacity:
@@ -442,19 +480,11 @@ const CapacityBackstop = 2 * time.Second
 
 // onCapacity asks the limits again for the calls of st waiting for
 // capacity (a wake-up, or the backstop timer when durable is set).
-func (m *Machine) onCapacity(ctx context.Context, st *State, durable bool) []Effect {
+func (m *Machine) onCapacity(st *State, durable bool) []Effect {
 	if st.IsTerminal() || st.Phase != PhaseActing || !slices.ContainsFunc(st.Calls, func(c CallState) bool { return c.WaitingCapacity }) {
 		return nil
 	}
-	out := m.dispatchMore(ctx, st)
-	if durable {
-		for _, e := range out {
-			if e.Kind == EffectWake {
-				out = append(out, m.capacityTimer(st, e.At))
-				break
-			}
-		}
-	}
+	out := m.dispatchFrom(st, CapacityAsk{Durable: durable})
 	if st.Workflow == nil && st.allDone() {
 		out = append(out, m.evaluate(st)...)
 	}
@@ -543,7 +573,7 @@ func (m *Machine) onResult(ctx context.Context, st *State, r result) ([]Effect, 
 		more, err := m.onStepResult(ctx, st, i)
 		return append(out, more...), err
 	}
-	out = append(out, m.dispatchMore(ctx, st)...)
+	out = append(out, m.dispatchMore(st)...)
 	if !st.allDone() {
 		return out, nil
 	}

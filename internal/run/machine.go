@@ -7,8 +7,12 @@
 // The package does no I/O of its own. What a transition needs to know of
 // the world — the action catalog, the policy in force, approval keys, the
 // clock — comes through [Env], a small interface the dispatcher implements
-// over JetStream and tests implement in memory. Storing the state with its
-// effects (the outbox) and publishing them is the dispatcher's job.
+// over JetStream and tests implement in memory. What it asks the world to
+// do is an effect: besides events to publish, an artifact to store
+// ([EffectArtifact]) and a slot to ask of a call's limit
+// ([EffectAcquire]), which the shell carries out before anything else of
+// the transition ([Machine.Settle]). Storing the state with its effects
+// (the outbox) and publishing them is the dispatcher's job.
 //
 // Ids are deterministic: every event a transition implies has an id derived
 // from the run's secret id key and the state, so a transition recomputed
@@ -50,10 +54,6 @@ type Env interface {
 	// VerifyPrincipal checks a gateway's signed statement of the user a
 	// run acts for.
 	VerifyPrincipal(token string, c policy.PrincipalClaim, now time.Time) (policy.Principal, error)
-	// PutArtifact stores data under id in the services' artifact store,
-	// recorded as run runID's of tenant, and returns its reference; ids are
-	// deterministic, so storing again is harmless.
-	PutArtifact(ctx context.Context, tenant, runID, id string, data []byte) (events.ArtifactRef, error)
 	// GetArtifact reads an artifact as tenant reads it: one recorded for
 	// another tenant is artifact_not_found, bytes that do not match the
 	// reference's SHA-256 artifact_mismatch.
@@ -69,10 +69,6 @@ type Env interface {
 	// was). The write is revision-checked: of two retries admitted at once,
 	// one claims the run and the other learns of it.
 	ClaimRetry(ctx context.Context, priorID, retryID string) (string, error)
-	// Acquire asks the limit of call c's action (its concurrency key and
-	// rate) for a slot; an action without a limit is always granted, with
-	// no key. Asking again for a call that holds its slot is harmless.
-	Acquire(ctx context.Context, st *State, c CallState) (Capacity, error)
 	// Skill returns the named skill of the catalog, or an error with
 	// code skill_not_found; Skills lists every skill.
 	Skill(ctx context.Context, name string) (*skills.Skill, error)
@@ -84,14 +80,26 @@ type Env interface {
 // Machine applies events to runs. It holds no run state: one Machine
 // serves every run, from any goroutine.
 type Machine struct {
-	env Env
-	lim events.RunLimits
+	env           Env
+	lim           events.RunLimits
+	artifactStore string
 }
 
-// New returns a machine over env with the given limits (defaults filled).
-func New(env Env, lim events.RunLimits) *Machine {
-	lim.SetDefaults()
-	return &Machine{env: env, lim: lim}
+// Config configures a [Machine].
+type Config struct {
+	// Limits bound every run; New fills the defaults (events.RunLimits).
+	Limits events.RunLimits
+	// ArtifactStore names the object store the shell stores the machine's
+	// artifacts in ([EffectArtifact]); the references the state keeps
+	// name it. "" is the services' store of references written before
+	// stores were per pool.
+	ArtifactStore string
+}
+
+// New returns a machine over env.
+func New(env Env, cfg Config) *Machine {
+	cfg.Limits.SetDefaults()
+	return &Machine{env: env, lim: cfg.Limits, artifactStore: cfg.ArtifactStore}
 }
 
 // Event is one event applied to a run: its id and its decoded data, one of
@@ -135,7 +143,7 @@ func (m *Machine) Apply(ctx context.Context, st *State, ev Event) ([]Effect, err
 	case *events.TimerFired:
 		return m.onTimer(ctx, st, data)
 	case *CapacityCheck:
-		return m.onCapacity(ctx, st, false), nil
+		return m.onCapacity(st, false), nil
 	}
 	return nil, fmt.Errorf("run: %T is not an event of a run", ev.Data)
 }
@@ -172,6 +180,7 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 		st.Agent = &AgentRun{Prompt: req.Prompt, Scenario: req.Scenario, Replay: req.Replay, Observations: []events.Observation{}}
 	}
 	var badWorkspace *actionbus.Error
+	var puts []Effect // the workspace's large documents, stored by the shell
 	if len(req.Workspace) > 0 {
 		if st.Agent == nil {
 			badWorkspace = actionbus.Errorf(actionbus.CodeInvalidDecision, "a workspace is for agent runs (a prompt or scenario), not exec or workflow runs")
@@ -179,9 +188,7 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 			badWorkspace = err
 		} else {
 			st.Agent.Workspace = ws
-			if err := m.storeWorkspace(ctx, st, ws); err != nil {
-				return nil, nil, err
-			}
+			puts = m.storeWorkspace(st, ws)
 		}
 	}
 	deadline := m.lim.RunDeadline
@@ -191,11 +198,11 @@ func (m *Machine) Start(ctx context.Context, req *events.RunRequested, idKey str
 		deadline = time.Duration(min(req.DeadlineMs, events.MaxRunDeadline.Milliseconds())) * time.Millisecond
 	}
 	st.Deadline = now.Add(deadline)
-	out := []Effect{
-		{Kind: EffectEvent, ID: st.derive("started"), Type: events.TypeRunStarted,
+	out := append(puts,
+		Effect{Kind: EffectEvent, ID: st.derive("started"), Type: events.TypeRunStarted,
 			Data: &events.RunStarted{RunID: req.RunID, Kind: string(st.Kind), Scenario: req.Scenario, Prompt: req.Prompt, RetryOf: req.RetryOf}},
 		m.timer(st, events.TimerFired{Kind: events.TimerRunDeadline, Stage: "run"}, "run", deadline),
-	}
+	)
 	if unauthenticated != nil {
 		return st, append(out, m.fail(st, unauthenticated)...), nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -683,7 +684,7 @@ func TestACatalogThatCannotBeReadEndsTheCallTyped(t *testing.T) {
 	h.env.catalogDown = true
 	out, err := h.m.Apply(context.Background(), h.st, Event{ID: "x", Data: &events.DecisionMade{RunID: testRunID, Cycle: 1, Decision: action("t.read", nil)}})
 	require.NoError(t, err)
-	h.record(out)
+	h.record(h.settle(out))
 	assert.Equal(t, actionbus.CodeCatalogUnavailable, h.code())
 }
 
@@ -693,11 +694,13 @@ func TestACatalogThatCannotBeReadEndsTheCallTyped(t *testing.T) {
 func TestIdsAreDeterministic(t *testing.T) {
 	run := func(key string) []string {
 		env := newMemEnv(t)
-		m := New(env, events.RunLimits{})
+		m := New(env, Config{})
 		st, out, err := m.Start(context.Background(), &events.RunRequested{RunID: testRunID, Prompt: "p"}, key)
 		require.NoError(t, err)
 		more, err := m.Apply(context.Background(), st, Event{ID: "e", Data: &events.DecisionMade{RunID: testRunID, Cycle: 1,
 			Decision: plan(action("t.read", nil), action("t.other", nil))}})
+		require.NoError(t, err)
+		more, err = m.Settle(context.Background(), env, st, more)
 		require.NoError(t, err)
 		var ids []string
 		for _, e := range append(out, more...) {
@@ -761,19 +764,55 @@ func TestRunStartedNamesTheRunsKind(t *testing.T) {
 func TestAStepWhoseInputWasTamperedWithFails(t *testing.T) {
 	h := newHarness(t, events.RunLimits{}).workflow(`{"workflowName": "w", "steps": [
 		{"id": "a", "action": "t.read", "input": {}},
-		{"id": "b", "action": "t.query", "input": {"q": {"$fromStep": "a", "path": "/blob"}}}]}`)
+		{"id": "c", "action": "t.other", "input": {}},
+		{"id": "b", "action": "t.query", "input": {"q": {"$fromStep": "a", "path": "/blob"}, "n": {"$fromStep": "c", "path": "/n"}}}]}`)
 	big := strings.Repeat("x", 20<<10)
-	a := h.dispatched()[0]
-	// The output is stored when the result is applied; overwrite it right
-	// after, before step b resolves its reference in the same transition.
+	calls := h.dispatched()
+	require.Len(t, calls, 2)
+	// The output is stored when the result is applied (the shell stores
+	// the artifact the transition asks for); it is overwritten right
+	// after, before step b, readied by c's result, reads it.
 	h.env.mu.Lock()
 	h.env.tamper = true
 	h.env.mu.Unlock()
-	out := h.succeed(a.CallID, map[string]any{"blob": big})
+	h.succeed(calls[0].CallID, map[string]any{"blob": big})
+	require.False(t, h.st.IsTerminal())
+	out := h.succeed(calls[1].CallID, map[string]any{"n": 1})
 	assert.False(t, has(out, EffectAct), "step b did not run")
 	assert.Equal(t, actionbus.CodeWorkflowExecution, h.code())
 	cause, _ := h.st.Terminal.Error.Details["cause"].(map[string]any)
 	assert.Equal(t, string(actionbus.CodeArtifactMismatch), cause["code"], "%+v", h.st.Terminal.Error)
+}
+
+// A step readied by the result that makes its input an artifact reads
+// the output as it came: the artifact is stored by the shell after the
+// transition (EffectArtifact), and the step runs with the whole value.
+func TestAStepReadsAnOutputKeptAsAnArtifactInTheSameTransition(t *testing.T) {
+	h := newHarness(t, events.RunLimits{}).workflow(`{"workflowName": "w", "steps": [
+		{"id": "a", "action": "t.read", "input": {}},
+		{"id": "b", "action": "t.query", "input": {"q": {"$fromStep": "a", "path": "/blob"}}}]}`)
+	big := strings.Repeat("x", 20<<10)
+	a := h.dispatched()[0]
+	out, err := h.m.Apply(context.Background(), h.st, Event{ID: "r", Data: &events.ActionCompleted{RunID: testRunID, CallID: a.CallID,
+		Cycle: h.st.Cycle, PlanIndex: a.PlanIndex, Attempt: a.Attempt, Output: map[string]any{"blob": big}, Executor: "x1"}})
+	require.NoError(t, err)
+	i := slices.IndexFunc(out, func(e Effect) bool { return e.Kind == EffectArtifact })
+	require.GreaterOrEqual(t, i, 0, "the transition asks the shell to store the artifact")
+	put := out[i].Artifact
+	assert.Equal(t, map[string]any{"artifact": jsonValue(put.Ref)}, jsonValue(h.st.Workflow.Steps[0].Output), "the state keeps the reference")
+	var stored map[string]any
+	require.NoError(t, json.Unmarshal(put.Data, &stored))
+	assert.Equal(t, big, stored["blob"])
+	h.env.mu.Lock()
+	assert.Empty(t, h.env.artifacts, "the machine stores nothing itself")
+	h.env.mu.Unlock()
+	h.record(h.settle(out))
+	h.env.mu.Lock()
+	assert.Len(t, h.env.artifacts, 1, "the shell stored it")
+	h.env.mu.Unlock()
+	b := h.dispatched()
+	require.Equal(t, 1, len(b), "step b is handed out")
+	assert.True(t, b[0].Args["q"] == big, "step b runs with the output as it came")
 }
 
 // One durable timer covers every call in flight (not one per call): a

@@ -1,7 +1,6 @@
 package run
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -48,7 +47,7 @@ func failedRun(t *testing.T, user string) (*harness, map[string]any) {
 // failed step runs again; the others' outputs are reused.
 func TestARetryReusesTheCompletedStepsAndResumesAtTheFailedOne(t *testing.T) {
 	h, wf := failedRun(t, "u1")
-	st, out, err := h.m.Start(context.Background(), &events.RunRequested{RunID: retryRunID, Workflow: wf, UserID: "u1", RetryOf: testRunID}, "k2")
+	st, out, err := h.admit(&events.RunRequested{RunID: retryRunID, Workflow: wf, UserID: "u1", RetryOf: testRunID}, "k2")
 	require.NoError(t, err)
 	assert.Equal(t, testRunID, out[0].Data.(*events.RunStarted).RetryOf, "run.started names the retried run")
 	var reused, dispatched []string
@@ -94,7 +93,7 @@ func TestARetryIsRefused(t *testing.T) {
 			}
 			var wf map[string]any
 			require.NoError(t, json.Unmarshal([]byte(tc.doc), &wf))
-			st, out, err := h.m.Start(context.Background(), &events.RunRequested{RunID: retryRunID, Workflow: wf, UserID: tc.user, RetryOf: testRunID}, "k2")
+			st, out, err := h.admit(&events.RunRequested{RunID: retryRunID, Workflow: wf, UserID: tc.user, RetryOf: testRunID}, "k2")
 			require.NoError(t, err)
 			require.True(t, st.IsTerminal())
 			assert.Equal(t, actionbus.CodeRetryRefused, st.Terminal.Error.Code)
@@ -128,7 +127,7 @@ func failedAgentRun(t *testing.T) *harness {
 // for cycle 2, and the retried run gets a step naming its retry.
 func TestARetriedAgentRunResumesAfterTheLastGoodCycle(t *testing.T) {
 	h := failedAgentRun(t)
-	st, out, err := h.m.Start(context.Background(), &events.RunRequested{RunID: retryRunID, Prompt: "help", Scenario: "s", UserID: "u1", RetryOf: testRunID}, "k2")
+	st, out, err := h.admit(&events.RunRequested{RunID: retryRunID, Prompt: "help", Scenario: "s", UserID: "u1", RetryOf: testRunID}, "k2")
 	require.NoError(t, err)
 	require.False(t, st.IsTerminal())
 	assert.Equal(t, 2, st.Cycle, "asks for cycle 2")
@@ -167,7 +166,7 @@ func TestAnAgentRetryIsRefused(t *testing.T) {
 			}
 			req := tc.req
 			req.RunID, req.RetryOf = retryRunID, testRunID
-			st, out, err := h.m.Start(context.Background(), &req, "k2")
+			st, out, err := h.admit(&req, "k2")
 			require.NoError(t, err)
 			require.True(t, st.IsTerminal())
 			assert.Equal(t, actionbus.CodeRetryRefused, st.Terminal.Error.Code)
@@ -186,7 +185,7 @@ func TestARetryOfAnotherTenantsRunIsRefusedAsAMissingOne(t *testing.T) {
 		if edit != nil {
 			edit(h.env.runs[testRunID])
 		}
-		st, _, err := h.m.Start(context.Background(), &events.RunRequested{RunID: retryRunID, Prompt: "help", Scenario: "s", UserID: "u1", RetryOf: retryOf}, "k2")
+		st, _, err := h.admit(&events.RunRequested{RunID: retryRunID, Prompt: "help", Scenario: "s", UserID: "u1", RetryOf: retryOf}, "k2")
 		require.NoError(t, err)
 		require.True(t, st.IsTerminal())
 		return string(st.Terminal.Error.Code) + ": " + strings.ReplaceAll(st.Terminal.Error.Message, retryOf, "RUN")
@@ -223,7 +222,7 @@ func TestARunIsRetriedIntoOneRunOnly(t *testing.T) {
 			start := func(runID string) (*State, []Effect) {
 				req := tc.req(wf)
 				req.RunID, req.RetryOf = runID, testRunID
-				st, out, err := h.m.Start(context.Background(), &req, "k-"+runID)
+				st, out, err := h.admit(&req, "k-"+runID)
 				require.NoError(t, err)
 				return st, out
 			}
@@ -256,7 +255,7 @@ func TestARunIsRetriedIntoOneRunOnly(t *testing.T) {
 			h.env.runs[second] = st
 			req := tc.req(wf)
 			req.RunID, req.RetryOf = "01JB0000000000000000000004", second
-			third, out, err := h.m.Start(context.Background(), &req, "k-third")
+			third, out, err := h.admit(&req, "k-third")
 			require.NoError(t, err)
 			require.True(t, third.IsTerminal())
 			assert.Equal(t, actionbus.CodeRetryRefused, third.Terminal.Error.Code)
@@ -271,7 +270,7 @@ func TestARunIsRetriedIntoOneRunOnly(t *testing.T) {
 func TestAWorkflowRetryThatLosesTheClaimIsRefused(t *testing.T) {
 	h, wf := failedRun(t, "u1")
 	h.env.claimedFirst = "01JB0000000000000000000009"
-	st, out, err := h.m.Start(context.Background(), &events.RunRequested{RunID: retryRunID, Workflow: wf, UserID: "u1", RetryOf: testRunID}, "k2")
+	st, out, err := h.admit(&events.RunRequested{RunID: retryRunID, Workflow: wf, UserID: "u1", RetryOf: testRunID}, "k2")
 	require.NoError(t, err)
 	require.True(t, st.IsTerminal())
 	assert.Equal(t, actionbus.CodeRetryRefused, st.Terminal.Error.Code)
@@ -323,7 +322,7 @@ func viaGateway(h *harness, runID string) events.RunRequested {
 func TestARetryOfAGatewayUsersRunIsTheirsAlone(t *testing.T) {
 	h := failedExecRun(t, viaGateway)
 	forged := events.RunRequested{RunID: retryRunID, UserID: "alice", RetryOf: testRunID, Action: &events.ActionCall{Name: "t.read", Args: map[string]any{}}}
-	st, out, err := h.m.Start(context.Background(), &forged, "k2")
+	st, out, err := h.admit(&forged, "k2")
 	require.NoError(t, err)
 	require.True(t, st.IsTerminal())
 	assert.Equal(t, actionbus.CodeRetryRefused, st.Terminal.Error.Code)
@@ -333,7 +332,7 @@ func TestARetryOfAGatewayUsersRunIsTheirsAlone(t *testing.T) {
 	const ownRetry = "01JB0000000000000000000003"
 	own := viaGateway(h, ownRetry)
 	own.RetryOf = testRunID
-	st, out, err = h.m.Start(context.Background(), &own, "k3")
+	st, out, err = h.admit(&own, "k3")
 	require.NoError(t, err)
 	require.False(t, st.IsTerminal(), "%+v", st.Terminal)
 	assert.True(t, has(out, EffectAct), "the user's own retry runs its action")
@@ -360,7 +359,7 @@ func TestAOneActionRetryRunsTheSameAction(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := failedExecRun(t, plain)
 			req := events.RunRequested{RunID: retryRunID, UserID: "u1", RetryOf: testRunID, Action: &events.ActionCall{Name: tc.action, Args: tc.args}}
-			st, out, err := h.m.Start(context.Background(), &req, "k2")
+			st, out, err := h.admit(&req, "k2")
 			require.NoError(t, err)
 			if !tc.refused {
 				require.False(t, st.IsTerminal(), "%+v", st.Terminal)

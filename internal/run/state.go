@@ -313,6 +313,29 @@ func (c Capacity) describe() string {
 	return fmt.Sprintf("limit %s: position %d of %d waiting", c.Key, c.Position+1, c.Waiting)
 }
 
+// CapacityAsk is what an [EffectAcquire] asks: a slot for the call at
+// index Call of the run's calls (CallID, to tell a stale answer), and
+// where the dispatch pass that asked goes on once it is answered — the
+// earliest retry time of the calls that found no slot so far, whether one
+// of them started waiting in this pass, and whether the pass answers the
+// capacity timer (its wake-up gets a timer of its own).
+type CapacityAsk struct {
+	Call         int
+	CallID       string
+	RetryAt      time.Time
+	NewlyWaiting bool
+	Durable      bool
+}
+
+// CapacityAnswer answers a [CapacityAsk] with what the call's limit
+// granted (Capacity.Err when it could not be asked): [Machine.Settle]
+// applies it as soon as it has the answer, before anything of the
+// transition is stored or published. It is never published.
+type CapacityAnswer struct {
+	Ask      CapacityAsk
+	Capacity Capacity
+}
+
 // CapacityCheck is the in-process event that asks a run's waiting calls'
 // limits again (a dispatcher wakes the run with it at their retry time or
 // when a slot frees). It is never published: the capacity timer is its

@@ -113,6 +113,13 @@ func reuseSteps(st *State, prior *State) []int {
 // satisfied, dispatches what it can, and completes the run when every step
 // is done.
 func (m *Machine) advanceWorkflow(ctx context.Context, st *State) ([]Effect, error) {
+	return m.advanceWorkflowWith(ctx, st, nil)
+}
+
+// advanceWorkflowWith is advanceWorkflow with the outputs of steps done in
+// this transition as they came (by step id), which the state keeps by a
+// reference to an artifact not stored yet.
+func (m *Machine) advanceWorkflowWith(ctx context.Context, st *State, fresh map[string]any) ([]Effect, error) {
 	wf := st.Workflow
 	var out []Effect
 	outputs := map[string]any{}
@@ -121,6 +128,9 @@ func (m *Machine) advanceWorkflow(ctx context.Context, st *State) ([]Effect, err
 		status[s.ID] = wf.Steps[i].Status
 		if wf.Steps[i].Status == StepStatusDone {
 			outputs[s.ID] = wf.Steps[i].Output
+			if v, ok := fresh[s.ID]; ok {
+				outputs[s.ID] = v
+			}
 		}
 	}
 	for i, s := range wf.Def.Steps {
@@ -142,7 +152,7 @@ func (m *Machine) advanceWorkflow(ctx context.Context, st *State) ([]Effect, err
 			return out, err
 		}
 	}
-	out = append(out, m.dispatchMore(ctx, st)...)
+	out = append(out, m.dispatchMore(st)...)
 	if slices.ContainsFunc(wf.Steps, func(s StepRun) bool { return s.Status != StepStatusDone }) {
 		return out, nil
 	}
@@ -255,8 +265,9 @@ func artifactRef(v any) (events.ArtifactRef, bool) {
 
 // keepOutput returns what run state keeps of a step's output: the output
 // itself up to InlineOutputBytes, else a reference to an artifact holding
-// it, so that 20 steps of 250 KB stay far below the server's max payload.
-func (m *Machine) keepOutput(ctx context.Context, st *State, i int, v any) (any, error) {
+// it (stored by the shell: the effect returned), so that 20 steps of 250
+// KB stay far below the server's max payload.
+func (m *Machine) keepOutput(st *State, i int, v any) (any, []Effect) {
 	if _, ok := artifactRef(v); ok {
 		return v, nil
 	}
@@ -264,11 +275,8 @@ func (m *Machine) keepOutput(ctx context.Context, st *State, i int, v any) (any,
 	if err != nil || len(data) <= m.lim.InlineOutputBytes {
 		return v, nil
 	}
-	ref, err := m.env.PutArtifact(ctx, st.Tenant, st.RunID, st.derive("step-output", i, st.Workflow.Steps[i].Attempt), data)
-	if err != nil {
-		return nil, fmt.Errorf("run: store the %d-byte output of step %d: %w", len(data), i, err)
-	}
-	return map[string]any{"artifact": ref}, nil
+	ref, put := m.artifact(st, st.derive("step-output", i, st.Workflow.Steps[i].Attempt), data)
+	return map[string]any{"artifact": ref}, []Effect{put}
 }
 
 // onStepResult records a step's result: retries, continue-on-error, or
@@ -276,16 +284,16 @@ func (m *Machine) keepOutput(ctx context.Context, st *State, i int, v any) (any,
 func (m *Machine) onStepResult(ctx context.Context, st *State, i int) ([]Effect, error) {
 	c := st.Calls[i]
 	if c.OK {
-		kept, err := m.keepOutput(ctx, st, i, c.Output)
-		if err != nil {
-			return nil, err
-		}
+		kept, put := m.keepOutput(st, i, c.Output)
 		st.Workflow.Steps[i].Status = StepStatusDone
 		// The step holds the output; its call keeps neither output nor
 		// arguments (a resolved reference can be large), so run state
 		// stores each output once and a finished step costs little.
+		// The steps it readies read the output as it came: the artifact
+		// that keeps it is stored by the shell after this transition.
 		st.Workflow.Steps[i].Output, st.Calls[i].Output, st.Calls[i].Args = kept, nil, nil
-		return m.advanceWorkflow(ctx, st)
+		more, err := m.advanceWorkflowWith(ctx, st, map[string]any{st.Workflow.Def.Steps[i].ID: c.Output})
+		return append(put, more...), err
 	}
 	out := m.stepFailed(st, i, c.Error)
 	if st.IsTerminal() {

@@ -119,10 +119,8 @@ func (m *Machine) onWorkspaceAction(ctx context.Context, st *State, dec events.D
 	if dec.Name == WorkspacePropose && ws.Blocked() {
 		st.Agent.Withhold = withheldAfterBlock
 	}
-	if err := m.storeWorkspace(ctx, st, ws); err != nil {
-		return nil, err
-	}
-	return append(steps, m.askPlanner(st)...), nil
+	puts := m.storeWorkspace(st, ws)
+	return append(append(puts, steps...), m.askPlanner(st)...), nil
 }
 
 // patchID is the id of a proposed patch: derived from what the proposal
@@ -144,25 +142,20 @@ func patchID(cycle int, path string, wsVersion int, operations any) string {
 func (m *Machine) publishDocument(ctx context.Context, st *State, path, as string) ([]Effect, error) {
 	f, err := st.Agent.Workspace.File(path)
 	if err != nil {
-		if serr := m.storeWorkspace(ctx, st, st.Agent.Workspace); serr != nil {
-			return nil, serr
-		}
-		return append(m.observeRuntime(st, WorkspacePublish, nil, "", err), m.askPlanner(st)...), nil
+		puts := m.storeWorkspace(st, st.Agent.Workspace)
+		return append(append(puts, m.observeRuntime(st, WorkspacePublish, nil, "", err)...), m.askPlanner(st)...), nil
 	}
 	output := map[string]any{"kind": "workspace_document", "path": path, "version": f.Version, "stats": jsonValue(f.Stats)}
 	answer := f.Content
+	var puts []Effect
 	if as == "artifact" {
-		ref, perr := m.env.PutArtifact(ctx, st.Tenant, st.RunID, st.derive("document", path, f.Version), []byte(f.Content))
-		if perr != nil {
-			return nil, perr
-		}
+		ref, put := m.artifact(st, st.derive("document", path, f.Version), []byte(f.Content))
+		puts = append(puts, put)
 		output["artifact"] = jsonValue(ref)
 		answer = fmt.Sprintf("published %s (version %d, %d words) as artifact %s", path, f.Version, f.Stats.Words, ref.ID)
 	}
-	if err := m.storeWorkspace(ctx, st, st.Agent.Workspace); err != nil {
-		return nil, err
-	}
-	out := []Effect{step(st, StepActionCompleted, nil, WorkspacePublish, "published "+path, "ok")}
+	puts = append(puts, m.storeWorkspace(st, st.Agent.Workspace)...)
+	out := append(puts, step(st, StepActionCompleted, nil, WorkspacePublish, "published "+path, "ok"))
 	return append(out, m.terminate(st, &Terminal{Type: events.TypeRunCompleted, Answer: answer, Output: output})...), nil
 }
 
@@ -216,8 +209,10 @@ func (m *Machine) loadWorkspace(ctx context.Context, tenant string, ws *workspac
 }
 
 // storeWorkspace keeps every document over workspace.InlineBytes by
-// artifact reference (stored once per version), so run state stays small.
-func (m *Machine) storeWorkspace(ctx context.Context, st *State, ws *workspace.Workspace) error {
+// artifact reference (stored once per version: the effects returned), so
+// run state stays small.
+func (m *Machine) storeWorkspace(st *State, ws *workspace.Workspace) []Effect {
+	var puts []Effect
 	for _, p := range ws.Paths() {
 		f := ws.Files[p]
 		if len(f.Content) <= workspace.InlineBytes {
@@ -226,14 +221,19 @@ func (m *Machine) storeWorkspace(ctx context.Context, st *State, ws *workspace.W
 		}
 		sum := sha256.Sum256([]byte(f.Content))
 		if f.Ref == nil || f.Ref.SHA256 != hex.EncodeToString(sum[:]) {
-			ref, err := m.env.PutArtifact(ctx, st.Tenant, st.RunID, st.derive("workspace", p, f.Version), []byte(f.Content))
-			if err != nil {
-				return err
-			}
+			ref, put := m.artifact(st, st.derive("workspace", p, f.Version), []byte(f.Content))
+			puts = append(puts, put)
 			ref.Preview = ""
 			f.Ref = &ref
 		}
 		f.Content = ""
 	}
-	return nil
+	return puts
+}
+
+// artifact is the reference to data kept as artifact id of run st, and
+// the effect that asks the shell to store it ([EffectArtifact]).
+func (m *Machine) artifact(st *State, id string, data []byte) (events.ArtifactRef, Effect) {
+	ref := events.NewArtifactRef(m.artifactStore, id, "output", "application/json", data, 0)
+	return ref, Effect{Kind: EffectArtifact, ID: id, Artifact: &ArtifactWrite{Tenant: st.Tenant, RunID: st.RunID, Ref: ref, Data: data}}
 }
