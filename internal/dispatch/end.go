@@ -474,6 +474,9 @@ func (d *Dispatcher) recompute(ctx context.Context, st *run.State, end *endInStr
 		if err == nil {
 			effects, err = frozen.Settle(ctx, world, &copied, effects)
 		}
+		if err != nil {
+			effects = nil // nothing decided
+		}
 		all = append(all, effects...)
 		for _, e := range effects {
 			if e.Kind == run.EffectRelease {

@@ -2,7 +2,6 @@ package run
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -233,11 +232,28 @@ func TestACallIsAskedForItsSlotBeforeItIsHandedOut(t *testing.T) {
 	}
 	assert.Equal(t, 1, timers, "one durable backstop")
 
-	// An answer for a call that is not waiting to be handed out (stale,
-	// or forged) changes nothing.
-	before, _ := json.Marshal(h.st)
-	assert.Empty(t, h.m.onCapacityAnswer(h.st, &CapacityAnswer{Ask: CapacityAsk{Call: 2, CallID: h.st.Calls[2].CallID}, Capacity: Capacity{OK: true}}))
-	assert.Empty(t, h.m.onCapacityAnswer(h.st, &CapacityAnswer{Ask: CapacityAsk{Call: 0, CallID: "other"}, Capacity: Capacity{OK: true}}))
-	after, _ := json.Marshal(h.st)
-	assert.JSONEq(t, string(before), string(after))
+}
+
+// TestAnAskTheRestOfTheTransitionMadeMootTakesNoSlot: an alarm whose
+// capacity timer asks for a call's slot and whose deadline timer, due in
+// the same firing, ends the run: the call is not put to its limit, and
+// nothing is handed out for the ended run.
+func TestAnAskTheRestOfTheTransitionMadeMootTakesNoSlot(t *testing.T) {
+	h := limited(newHarness(t, events.RunLimits{}), limits.Spec{MaxInFlight: 1})
+	h.alarm = true
+	h.agent()
+	h.decide(plan(action("t.read", map[string]any{"i": 0}), action("t.read", map[string]any{"i": 1})))
+	require.True(t, h.st.Calls[1].WaitingCapacity)
+	require.NotNil(t, h.st.Timers, "the capacity backstop and the deadline are pending timers")
+	h.env.mu.Lock()
+	h.env.now = h.st.Deadline.Add(time.Second) // both are due
+	h.env.mu.Unlock()
+	out, err := h.m.Apply(context.Background(), h.st, Event{ID: "alarm", Data: &events.TimerFired{Kind: events.TimerAlarm, RunID: testRunID}})
+	require.NoError(t, err)
+	shell := &scriptedShell{}
+	rest, err := h.m.Settle(context.Background(), shell, h.st, out)
+	require.NoError(t, err)
+	assert.True(t, h.st.IsTerminal(), "the deadline ended the run")
+	assert.Empty(t, shell.asked, "no slot is asked for a call of an ended run")
+	assert.False(t, has(rest, EffectAct))
 }

@@ -428,20 +428,42 @@ func (m *Machine) dispatch(st *State, c *CallState) []Effect {
 	return []Effect{step(st, StepActionDispatched, &pi, c.Action, "to pool "+c.Pool, ""), actEffect(*c)}
 }
 
-// onCapacityAnswer applies what a call's limit answered ([CapacityAsk])
-// and goes on with the dispatch pass that asked. An answer for a call
-// that is not the one asked for, or no longer waits to be handed out,
-// changes nothing.
-func (m *Machine) onCapacityAnswer(st *State, a *CapacityAnswer) []Effect {
-	i := a.Ask.Call
+// asked returns the call ask asks a slot for, or nil when the run no
+// longer waits to hand it out (it ended, or the call is not the one asked
+// for, or is handed out, holds a slot or waits for an approval): such an
+// ask is not put to a limit.
+func (st *State) asked(ask CapacityAsk) *CallState {
+	i := ask.Call
 	if st.IsTerminal() || i < 0 || i >= len(st.Calls) {
 		return nil
 	}
 	c := &st.Calls[i]
-	if c.CallID != a.Ask.CallID || c.Dispatched || c.Holding || c.NeedsApproval {
+	if c.CallID != ask.CallID || c.Dispatched || c.Holding || c.NeedsApproval {
+		return nil
+	}
+	return c
+}
+
+// onCapacityAnswer applies what a call's limit answered ([CapacityAsk])
+// and goes on with the dispatch pass that asked. The pass stops at the
+// ask, but the transition does not: a later timer of the same alarm may
+// end the run, or hand the call out by a pass of its own, before the
+// shell answers. Then the call is not put to its limit ([Machine.Settle]
+// asks only for a call that still waits, [State.asked]); an ended run
+// goes no further, and a pass whose call moved on goes on without it.
+func (m *Machine) onCapacityAnswer(st *State, a *CapacityAnswer) []Effect {
+	if st.IsTerminal() {
 		return nil
 	}
 	pass, capacity := a.Ask, a.Capacity
+	c := st.asked(a.Ask)
+	if c == nil {
+		// What the transition did after the pass stopped (a later timer
+		// of the same alarm) moved the call on: the pass goes on without
+		// it, so that what it found before still arms its wake-up.
+		pass.Call++
+		return m.dispatchFrom(st, pass)
+	}
 	if capacity.Err != "" {
 		// The limit could not be read: wait and ask again.
 		capacity = Capacity{Key: c.LimitKey, RetryAt: m.env.Now().Add(time.Second), Err: capacity.Err}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/limits"
 )
 
 // script turns fuzz bytes into choices; past its end every choice is 0.
@@ -207,6 +208,18 @@ func check(t *testing.T, h *harness) {
 	b, err := json.Marshal(st)
 	require.NoError(t, err)
 	require.Less(t, len(b), maxStateBytes, "state stays within its bound")
+	// A limit's slot is held only by a call of a running run that holds
+	// it and is not done: no slot is taken for a call never handed out,
+	// or kept past its call or its run.
+	h.env.mu.Lock()
+	for key, ls := range h.env.limits {
+		for callID := range ls.Holders {
+			i := st.callIndex(callID)
+			holding := !st.IsTerminal() && i >= 0 && st.Calls[i].Holding && !st.Calls[i].Done
+			assert.True(t, holding, "limit %s: slot held by call %s, which does not hold it", key, callID)
+		}
+	}
+	h.env.mu.Unlock()
 	if st.IsTerminal() {
 		require.Equal(t, 1, ends, "an ended run published its terminal event")
 		require.Contains(t, []Status{StatusCompleted, StatusFailed, StatusCanceled}, st.Status)
@@ -301,6 +314,25 @@ func TestRandomEventSequencesKeepTheInvariantsUnderOneAlarm(t *testing.T) {
 			if seed%2 == 1 {
 				h.admitWithin = 30 * time.Second // as the dispatcher admits
 			}
+			playScriptH(t, &script{b: b}, h)
+		})
+	}
+}
+
+// TestRandomEventSequencesKeepTheInvariantsUnderALimit plays the same
+// scripts under one alarm with t.read limited to one call at a time, so
+// that calls wait for capacity, are asked for again by the capacity
+// timer, and runs end with calls waiting or holding a slot.
+func TestRandomEventSequencesKeepTheInvariantsUnderALimit(t *testing.T) {
+	for seed := range uint64(500) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		b := make([]byte, 120)
+		for i := range b {
+			b[i] = byte(rng.UintN(256))
+		}
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			h := limited(newHarness(t, events.RunLimits{MaxPlanParallel: 2, MaxSectionParallel: 2, MaxCycles: 6}), limits.Spec{MaxInFlight: 1})
+			h.alarm = true
 			playScriptH(t, &script{b: b}, h)
 		})
 	}

@@ -43,12 +43,14 @@ func (m *Machine) Settle(ctx context.Context, sh Shell, st *State, out []Effect)
 			}
 		case EffectAcquire:
 			ask := *e.Ask
-			if ask.Call < 0 || ask.Call >= len(st.Calls) {
-				return nil, fmt.Errorf("run: capacity asked for call %d of %d", ask.Call, len(st.Calls))
-			}
-			capacity, err := sh.Acquire(ctx, st, st.Calls[ask.Call])
-			if err != nil {
-				capacity = Capacity{Err: err.Error()}
+			var capacity Capacity
+			// A call the rest of the transition moved on (the run ended)
+			// takes no slot: only a call that still waits is asked for.
+			if c := st.asked(ask); c != nil {
+				var err error
+				if capacity, err = sh.Acquire(ctx, st, *c); err != nil {
+					capacity = Capacity{Err: err.Error()}
+				}
 			}
 			more := m.onCapacityAnswer(st, &CapacityAnswer{Ask: ask, Capacity: capacity})
 			out = slices.Insert(out, i+1, more...)
