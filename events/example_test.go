@@ -57,3 +57,15 @@ func ExampleCheckRunID() {
 	// true
 	// true
 }
+
+// The reference to 20 bytes stored as artifact "out-1" in the services'
+// store, with a preview of at most 8 bytes: a reader checks what it reads
+// back against the SHA-256, and shows the preview without reading it.
+func ExampleNewArtifactRef() {
+	ref := events.NewArtifactRef("ab_artifacts", "out-1", "output", "application/json", []byte(`{"total":1234567890}`), 8)
+	fmt.Println(ref.Bytes, ref.Preview, ref.Truncated)
+	fmt.Println(ref.SHA256[:16])
+	// Output:
+	// 20 {"total" true
+	// 41cae5e97986c05c
+}
