@@ -64,14 +64,7 @@ func Put(ctx context.Context, store Store, owner Owner, id, role, mediaType stri
 	if _, err := store.OS.Put(ctx, meta, bytes.NewReader(data)); err != nil {
 		return events.ArtifactRef{}, err
 	}
-	return Ref(store.Name, id, role, mediaType, data, previewBytes), nil
-}
-
-// Ref is the reference [Put] returns for data stored under id in the
-// store named storeName, computed without storing anything
-// ([events.NewArtifactRef]).
-func Ref(storeName, id, role, mediaType string, data []byte, previewBytes int) events.ArtifactRef {
-	return events.NewArtifactRef(storeName, id, role, mediaType, data, previewBytes)
+	return events.NewArtifactRef(store.Name, id, role, mediaType, data, previewBytes), nil
 }
 
 // Artifact is an artifact read back.

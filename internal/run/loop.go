@@ -410,10 +410,7 @@ func (m *Machine) dispatchFrom(st *State, pass CapacityAsk) []Effect {
 	out = append(out, m.armCalls(st)...)
 	if !pass.RetryAt.IsZero() {
 		out = append(out, wakeEffect(st, pass.RetryAt))
-		if pass.NewlyWaiting {
-			out = append(out, m.capacityTimer(st, pass.RetryAt))
-		}
-		if pass.Durable {
+		if pass.NewlyWaiting || pass.Durable {
 			out = append(out, m.capacityTimer(st, pass.RetryAt))
 		}
 	}

@@ -288,35 +288,21 @@ func check(t *testing.T, h *harness) {
 // from the state stored with it, every wait has a deadline, state stays
 // within its bound.
 func TestRandomEventSequencesKeepTheInvariants(t *testing.T) {
-	for seed := range uint64(500) {
-		rng := rand.New(rand.NewPCG(seed, 7))
-		b := make([]byte, 120)
-		for i := range b {
-			b[i] = byte(rng.UintN(256))
-		}
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { playScript(t, &script{b: b}) })
-	}
+	forEachScript(t, 7, func(t *testing.T, _ uint64, s *script) { playScript(t, s) })
 }
 
 // TestRandomEventSequencesKeepTheInvariantsUnderOneAlarm plays the same
 // scripts with timers armed as the dispatcher arms them: one alarm per
 // run, fired at its time or early.
 func TestRandomEventSequencesKeepTheInvariantsUnderOneAlarm(t *testing.T) {
-	for seed := range uint64(500) {
-		rng := rand.New(rand.NewPCG(seed, 7))
-		b := make([]byte, 120)
-		for i := range b {
-			b[i] = byte(rng.UintN(256))
+	forEachScript(t, 7, func(t *testing.T, seed uint64, s *script) {
+		h := newHarness(t, events.RunLimits{MaxPlanParallel: 2, MaxSectionParallel: 2, MaxCycles: 6})
+		h.alarm = true
+		if seed%2 == 1 {
+			h.admitWithin = 30 * time.Second // as the dispatcher admits
 		}
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			h := newHarness(t, events.RunLimits{MaxPlanParallel: 2, MaxSectionParallel: 2, MaxCycles: 6})
-			h.alarm = true
-			if seed%2 == 1 {
-				h.admitWithin = 30 * time.Second // as the dispatcher admits
-			}
-			playScriptH(t, &script{b: b}, h)
-		})
-	}
+		playScriptH(t, s, h)
+	})
 }
 
 // TestRandomEventSequencesKeepTheInvariantsUnderALimit plays the same
@@ -324,17 +310,23 @@ func TestRandomEventSequencesKeepTheInvariantsUnderOneAlarm(t *testing.T) {
 // that calls wait for capacity, are asked for again by the capacity
 // timer, and runs end with calls waiting or holding a slot.
 func TestRandomEventSequencesKeepTheInvariantsUnderALimit(t *testing.T) {
+	forEachScript(t, 11, func(t *testing.T, _ uint64, s *script) {
+		h := limited(newHarness(t, events.RunLimits{MaxPlanParallel: 2, MaxSectionParallel: 2, MaxCycles: 6}), limits.Spec{MaxInFlight: 1})
+		h.alarm = true
+		playScriptH(t, s, h)
+	})
+}
+
+// forEachScript plays 500 random scripts of 120 bytes, seeded 0 to 499
+// on stream, each in a subtest named by its seed.
+func forEachScript(t *testing.T, stream uint64, play func(t *testing.T, seed uint64, s *script)) {
 	for seed := range uint64(500) {
-		rng := rand.New(rand.NewPCG(seed, 11))
+		rng := rand.New(rand.NewPCG(seed, stream))
 		b := make([]byte, 120)
 		for i := range b {
 			b[i] = byte(rng.UintN(256))
 		}
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			h := limited(newHarness(t, events.RunLimits{MaxPlanParallel: 2, MaxSectionParallel: 2, MaxCycles: 6}), limits.Spec{MaxInFlight: 1})
-			h.alarm = true
-			playScriptH(t, &script{b: b}, h)
-		})
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { play(t, seed, &script{b: b}) })
 	}
 }
 
