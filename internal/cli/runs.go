@@ -18,9 +18,11 @@ import (
 	"github.com/actionbus/actionbus/internal/run"
 )
 
-// runsCmd lists runs from the run-state bucket. Run state holds each run's
-// secret id key, so only an operator's user (admin, or the dispatcher's)
-// can read it: the client user is refused.
+// runsCmd lists runs from the run-state bucket, and the runs that are in
+// no bucket (admitted unstored: see dispatch.UnstoredRuns) from their
+// requests and ends. Run state holds each run's secret id key, so only an
+// operator's user (admin, or the dispatcher's) can read it: the client
+// user is refused.
 func runsCmd(g *globals) *cobra.Command {
 	var statuses, kinds []string
 	var user, tenant string
@@ -49,10 +51,12 @@ func runsCmd(g *globals) *cobra.Command {
 			}
 			now := time.Now()
 			var list []run.Summary
+			listed := map[string]bool{}
 			for key := range keys.Keys() {
 				if !bus.RunStateKey(key) {
 					continue
 				}
+				listed[key] = true
 				entry, err := kv.Get(ctx, key)
 				if errors.Is(err, jetstream.ErrKeyNotFound) {
 					continue // expired meanwhile
@@ -80,6 +84,17 @@ func runsCmd(g *globals) *cobra.Command {
 					}
 				}
 				if s := run.Summarize(&st, now); f.Match(s) {
+					list = append(list, s)
+				}
+			}
+			// A run that completed within Config.AlarmDelay of its admission
+			// is usually in no bucket: its request and its end are told.
+			unstored, err := dispatch.UnstoredRuns(ctx, js, kv, topo, func(runID string) bool { return listed[runID] })
+			if err != nil {
+				return err
+			}
+			for i := range unstored {
+				if s := run.Summarize(&unstored[i], now); f.Match(s) {
 					list = append(list, s)
 				}
 			}

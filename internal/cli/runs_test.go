@@ -41,7 +41,20 @@ func TestRunsListsRunsWithWhatTheyWaitFor(t *testing.T) {
 	})
 	require.NoError(t, err)
 
+	// Both are listed at once, though neither is in the run-state bucket
+	// yet (a run is admitted unstored, and the completed one never will
+	// be): from their requests and ends.
 	var out, errOut bytes.Buffer
+	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", srv.URL, "runs"}, nil, &out, &errOut), errOut.String())
+	assert.Regexp(t, waiting+`\s+default\s+running\s+agent\s+\S+\s+\S.*\s+u1`, out.String())
+	assert.Regexp(t, done.RunID+`\s+default\s+completed\s+exec\s+\S+\s+-\s+-`, out.String())
+
+	// The waiting run outlives the dispatcher's alarm delay: its state is
+	// stored, with what it waits for.
+	kv, err := srv.JS.KeyValue(ctx, "ab_runs")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { _, err := kv.Get(ctx, waiting); return err == nil }, 10*time.Second, 20*time.Millisecond)
+	out.Reset()
 	require.Equal(t, 0, cli.Execute(ctx, []string{"--nats", srv.URL, "runs"}, nil, &out, &errOut), errOut.String())
 	assert.Regexp(t, waiting+`\s+default\s+running\s+agent\s+\S+\s+planner \(cycle 1\)\s+u1`, out.String())
 	assert.Regexp(t, done.RunID+`\s+default\s+completed\s+exec\s+\S+\s+-\s+-`, out.String())

@@ -25,7 +25,12 @@ import (
 func startCrashingDispatcher(t *testing.T, srv *actionbustest.Server, crash func(runID string) bool) {
 	t.Helper()
 	startDispatcher(t, srv, dispatch.Config{ApprovalKeys: policy.Keys{"k1": {Secret: approvalKey, Holder: "alice"}}, InstanceID: "crashing"},
-		func(d *dispatch.Dispatcher) { dispatch.SetCrashAfterWrite(d, crash) })
+		func(d *dispatch.Dispatcher) {
+			dispatch.SetCrashAfterWrite(d, crash)
+			// A run admitted unstored has no state write: its admission
+			// crashes after handing its work out instead.
+			dispatch.SetCrashHandingOut(d, crash)
+		})
 }
 
 // onceEach crashes the first write of every run, and never again.
@@ -91,9 +96,10 @@ func (c *hitCounter) register(ex *executor.Executor) error {
 		})
 }
 
-// TestRunsSurviveCrashesAtEveryStateWrite: a third of all state writes
-// (at most two per run) crash before their publishes; every run still ends once, with its own
-// answer, and no call ran twice.
+// TestRunsSurviveCrashesAtEveryStateWrite: a third of all state writes,
+// and of admissions that store no state (after their work went out), at
+// most two per run, crash before their publishes; every run still ends
+// once, with its own answer, and no call ran twice.
 func TestRunsSurviveCrashesAtEveryStateWrite(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	counted := &hitCounter{hits: map[string]int{}}

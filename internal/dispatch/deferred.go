@@ -6,6 +6,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/run"
 )
 
@@ -22,6 +25,12 @@ import (
 // of the holder leaves the request unacknowledged: redelivered, it finds
 // the run stored and arms its alarm again ([run.Rearm]) — so no run is
 // ever without an alarm once its request is acknowledged.
+//
+// A run admitted on its request's first delivery may be held with its
+// alarm without being stored at all (holdAdmitted): its request, still
+// unacknowledged, is what a successor admits it from again, and the
+// state is created when the alarm is armed — or never, for a run whose
+// completed end is its commit (see Dispatcher.admitUnstored).
 //
 // At most maxDeferred alarms are held at once; beyond that a new run's
 // alarm is armed at once (a burst of long runs must not hold back the
@@ -45,6 +54,9 @@ type heldAlarm struct {
 	alarm run.Effect
 	done  chan error // settles the run's request
 	timer *time.Timer
+	// admitted is the encoded state of a run admitted unstored (nil: its
+	// admission stored it): created before the alarm is armed.
+	admitted []byte
 }
 
 // maxDeferred bounds the alarms held at once.
@@ -59,6 +71,14 @@ func newDeferredAlarms(d *Dispatcher, delay time.Duration) *deferredAlarms {
 // settles the run's request (nil: nothing held, the caller publishes
 // everything and acknowledges as usual).
 func (a *deferredAlarms) hold(ctx context.Context, st *run.State, effects []run.Effect) ([]run.Effect, chan error) {
+	return a.holdAdmitted(ctx, st, effects, nil)
+}
+
+// holdAdmitted is hold for a run whose admission stored no state:
+// admitted, its encoded state, is created when the alarm is armed, and
+// read by the run's owner meanwhile (admitted) should its cached copy be
+// gone. A run that cannot be held so (nil channel) must be stored.
+func (a *deferredAlarms) holdAdmitted(ctx context.Context, st *run.State, effects []run.Effect, admitted []byte) ([]run.Effect, chan error) {
 	if a.delay <= 0 || st.IsTerminal() {
 		return effects, nil
 	}
@@ -71,7 +91,7 @@ func (a *deferredAlarms) hold(ctx context.Context, st *run.State, effects []run.
 	if len(a.held) >= a.max || a.held[st.RunID] != nil {
 		return effects, nil
 	}
-	h := &heldAlarm{st: &run.State{RunID: st.RunID, Tenant: st.Tenant, Trace: st.Trace}, alarm: run.Deferred(alarm), done: make(chan error, 1)}
+	h := &heldAlarm{st: &run.State{RunID: st.RunID, Tenant: st.Tenant, Trace: st.Trace}, alarm: run.Deferred(alarm), done: make(chan error, 1), admitted: admitted}
 	h.timer = time.AfterFunc(a.delay, func() { a.arm(ctx, st.RunID, h) })
 	a.held[st.RunID] = h
 	return rest, h.done
@@ -107,7 +127,38 @@ func (a *deferredAlarms) arm(ctx context.Context, runID string, h *heldAlarm) {
 		h.done <- ctx.Err()
 		return
 	}
+	if h.admitted != nil {
+		// The run outlived the delay unstored: its state is created
+		// first, as admitted (a transition that wrote it since, from its
+		// cached copy, got there first: ErrKeyExists, and what it wrote
+		// stands).
+		cctx, cancel := bus.Bounded(ctx)
+		_, err := a.d.runs.Create(cctx, runID, h.admitted)
+		cancel()
+		if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+			h.done <- err
+			return
+		}
+	}
 	h.done <- a.d.publish(ctx, h.st, []run.Effect{h.alarm})
+}
+
+// admitted returns the encoded state of run runID as its unstored
+// admission held it (nil: none is held).
+func (a *deferredAlarms) admitted(runID string) []byte {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if h := a.held[runID]; h != nil {
+		return h.admitted
+	}
+	return nil
+}
+
+// room reports whether another alarm may be held now.
+func (a *deferredAlarms) room() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.delay > 0 && len(a.held) < a.max
 }
 
 // ended settles the request of a run that ended while its alarm was held:

@@ -366,7 +366,9 @@ func (d *Dispatcher) serveConsumer(ctx context.Context, c bus.ConsumerSpec) {
 // valid run id that no run has yet, the run is created failed, with the
 // rejection's code, and its run.failed published, so that whoever waits on
 // the id learns why. A run that exists is left alone: junk sent on a live
-// run's subject must not end it.
+// run's subject must not end it. Only the run's first message in the
+// requests stream creates it so: a run may exist with no state stored
+// (admitUnstored), and one with any earlier message is left alone.
 func (d *Dispatcher) onRejected(ctx context.Context, msg jetstream.Msg, reason error) error {
 	subjects := d.bus.Subjects()
 	tenant, runID := subjects.RunFromSubject(msg.Subject())
@@ -375,13 +377,18 @@ func (d *Dispatcher) onRejected(ctx context.Context, msg jetstream.Msg, reason e
 	}
 	unlock := d.locks.Lock(runID)
 	defer unlock()
+	// Only the run's first message in the requests stream may create it
+	// failed: after another, the run may exist unstored (admitUnstored).
+	if first, err := d.firstOfRun(ctx, msg); err != nil || !first {
+		return err
+	}
 	abErr := &actionbus.Error{Code: actionbus.CodeOf(reason), Message: "run.requested rejected"}
 	var typed *actionbus.Error
 	if errors.As(reason, &typed) {
 		abErr.Message = "run.requested rejected: " + typed.Message
 	}
 	st, out := d.machine.Rejected(tenant, runID, d.idKey(tenant, runID), abErr)
-	return d.admit(ctx, st, out, false)
+	return d.admit(ctx, st, out, nil)
 }
 
 func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstream.Msg) error {
@@ -404,7 +411,7 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		if st.Trace = tracing.RunOfEvent(r.Event); st.Trace == nil {
 			st.Trace = tracing.RunOf(ctx)
 		}
-		return d.admit(ctx, st, out, firstFreshDelivery(msg, time.Now()))
+		return d.admit(ctx, st, out, msg)
 	}
 	runID := r.RunID()
 	if runID == "" {
@@ -425,31 +432,35 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 // errNoState is a transition's error when its run has no stored state.
 var errNoState = errors.New("no such run")
 
-// unknownRun answers an event whose run has no state. A client's or
-// approver's event (a cancel, an input, an approval's answer: the
-// requests stream) for a run whose request is not stored names a run
+// unknownRun answers an event whose run has no state. A run whose end is
+// stored ended without a state written (admitUnstored): the event meets
+// an ended run, which it no longer changes, and is acknowledged. A
+// client's or approver's event (a cancel, an input, an approval's answer:
+// the requests stream) for a run whose request is not stored names a run
 // that was never requested (or aged out): it is rejected once,
 // run_not_found, instead of being redelivered until its deliveries run
 // out. Any other such event is retried (the run.requested may still be
-// on its way), by returning err.
+// on its way, or be delivered again to admit the run again), by
+// returning err.
 func (d *Dispatcher) unknownRun(ctx context.Context, r *events.Received, msg jetstream.Msg, err error) error {
+	runID := r.RunID()
+	ended, eerr := d.endedUnstored(ctx, &run.State{RunID: runID, Tenant: events.TenantOr(r.Tenant), IDKey: d.idKey(r.Tenant, runID)})
+	if eerr != nil {
+		return err
+	}
+	if ended {
+		d.log.Debug("event for a run that ended unstored; nothing left to change", "run_id", runID, "type", r.Event.Type())
+		return nil
+	}
 	md, mdErr := msg.Metadata()
 	if mdErr != nil || md.Stream != d.topo.StreamRequests() {
 		return err
 	}
-	runID := r.RunID()
-	gctx, cancel := bus.Bounded(ctx)
-	defer cancel()
 	// A batch direct get, as the read service reads (what the dispatcher's
 	// user may ask in operator mode).
-	msgs, gerr := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRequests(), d.bus.Subjects().StoredForms(r.Tenant, runID, "requested"))
-	if gerr != nil {
-		return err
-	}
-	for _, merr := range msgs {
-		if !errors.Is(merr, jetstreamext.ErrNoMessages) {
-			return err // requested (its state is on its way), or not known now
-		}
+	stored, serr := d.requestStored(ctx, r.Tenant, runID)
+	if serr != nil || stored {
+		return err // requested (its state is on its way), or not known now
 	}
 	return bus.Rejection(run.NoRun(runID, r.Tenant))
 }
@@ -460,19 +471,22 @@ func (d *Dispatcher) unknownRun(ctx context.Context, r *events.Received, msg jet
 // it and changes nothing, except that an outbox still in the stored state
 // (the creator crashed before publishing) is published.
 //
-// early (the request's first delivery, stored a moment ago) lets the
-// admission hand its work out while the state is written, instead of
-// after: one stored write fewer on the run's path, an fsync where the
-// server syncs every write. What makes that safe is that the run's ids are
-// derived from its tenant and id ([idSecret]): whoever admits the run
-// again — its request delivered again because this dispatcher died before
-// the state was written, or to the partition's next owner — hands out the
-// same work items, which the work stream deduplicates by message id, and a
-// result that comes back before the state exists is handed back until the
-// state does (errNoState). The state is read first, so that a request
-// stored again past the streams' duplicate window, for a run admitted long
-// ago, hands nothing out (createHandingOut).
-func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect, early bool) error {
+// msg is the request as delivered (nil: a rejected request, or one not
+// from the requests stream). Its first delivery, stored a moment ago,
+// lets the admission hand its work out while the state is written,
+// instead of after: one stored write fewer on the run's path, an fsync
+// where the server syncs every write. And when it is also the first
+// message of the run in the requests stream, the admission may store no
+// state at all (admitUnstored). What makes that safe is that the run's
+// ids are derived from its tenant and id ([idSecret]): whoever admits the
+// run again — its request delivered again because this dispatcher died
+// before the state was written, or to the partition's next owner — hands
+// out the same work items, which the work stream deduplicates by message
+// id, and a result that comes back before the state exists is handed back
+// until the state does (errNoState). Any other admission reads first: a
+// request stored again past the streams' duplicate window, or delivered
+// again after its run ended unstored, hands nothing out (endedUnstored).
+func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect, msg jetstream.Msg) error {
 	_, fence, err := d.fences.ensure(ctx, st.RunID)
 	if err != nil {
 		return err
@@ -495,12 +509,32 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 		}
 	}
 	work, afterWork := run.LeadingWork(st.Outbox)
-	early = early && d.earlyWork && len(work) > 0 && !st.IsTerminal()
+	early := firstFreshDelivery(msg, time.Now()) && d.earlyWork && len(work) > 0 && !st.IsTerminal()
+	first := false
+	if early {
+		if first, err = d.firstOfRun(ctx, msg); err != nil {
+			return err
+		}
+	}
+	if first && d.deferred.room() && !holdsSlot(st) {
+		return d.admitUnstored(ctx, st, fence)
+	}
+	if !first && d.deferred.admitted(st.RunID) == nil {
+		ended, err := d.endedUnstored(ctx, st)
+		if err != nil || ended {
+			return err
+		}
+	}
 	var rev uint64
 	handedOut := false
-	if early {
+	switch {
+	case d.deferred.admitted(st.RunID) != nil:
+		// This dispatcher holds the run, admitted unstored: the request
+		// came again (republished under another id).
+		err = jetstream.ErrKeyExists
+	case early:
 		rev, handedOut, err = d.createHandingOut(ctx, st, val, work)
-	} else {
+	default:
 		rev, err = d.create(ctx, st.RunID, val)
 	}
 	if errors.Is(err, jetstream.ErrKeyExists) {
@@ -536,6 +570,100 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 		return err
 	}
 	return bus.Later(settled)
+}
+
+// admitUnstored admits run st, on the first delivery of the first message
+// of the run in the requests stream, without storing its state: its work
+// goes out at once, its alarm and its request are held (deferredAlarms),
+// and its state is kept in the cache, as this dispatcher's own, written
+// under fence at revision 0 — none. The run's next write creates it (a
+// revision-checked write expecting none), and so does the alarm when
+// Config.AlarmDelay passes with the run still going; a run that completes
+// first ends from it (endFirst) and is never in the bucket: its ended
+// state is its request and its end, which readers rebuild
+// (loadTenantRun). A one-action run so stores one write fewer and sends
+// two messages fewer (the write and its acknowledgement).
+//
+// Nothing is lost by a crash: the request, unacknowledged until the run
+// ends or its state is created, comes again, and finding neither state
+// nor end, its next owner admits the run again with the same ids
+// (endedUnstored). Nothing is run twice by it either: only the first
+// delivery of the run's first message in the stream is admitted so, so
+// no state or end of the run can exist yet.
+func (d *Dispatcher) admitUnstored(ctx context.Context, st *run.State, fence uint64) error {
+	outbox := st.Outbox
+	st.Outbox = nil
+	val, err := st.Encode()
+	if err != nil {
+		return bus.Permanent(err)
+	}
+	rest, settled := d.deferred.holdAdmitted(ctx, st, outbox, val)
+	if settled == nil {
+		return fmt.Errorf("dispatch: run %s: its alarm could not be held", st.RunID)
+	}
+	if err := d.publishOrFail(ctx, st, rest); err != nil {
+		// The request is handed back: its next delivery stores the run.
+		d.deferred.take(st.RunID, nil)
+		return err
+	}
+	if d.crashHandingOut != nil && d.crashHandingOut(st.RunID) {
+		d.deferred.take(st.RunID, nil)
+		return errSimulatedCrash
+	}
+	d.cfg.Metrics.RunStarted(string(st.Kind))
+	d.cache.put(st, 0, fence)
+	return bus.Later(settled)
+}
+
+// holdsSlot reports whether a call of st holds a slot of a limit: a run
+// that does is stored at admission, so that its slot is released by
+// whoever ends it, whatever happens to this dispatcher.
+func holdsSlot(st *run.State) bool {
+	for _, c := range st.Calls {
+		if c.LimitKey != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// firstOfRun reports whether msg, a request on its first delivery, is the
+// first message the requests stream holds of its run (one batch direct
+// get): no request of the run was admitted before it, so neither a state
+// nor an end of the run can exist.
+func (d *Dispatcher) firstOfRun(ctx context.Context, msg jetstream.Msg) (bool, error) {
+	md, err := msg.Metadata()
+	if err != nil {
+		return false, nil
+	}
+	tenant, runID := d.bus.Subjects().RunFromSubject(msg.Subject())
+	if tenant == "" || runID == "" {
+		return false, nil
+	}
+	gctx, cancel := bus.Bounded(ctx)
+	defer cancel()
+	it, err := jetstreamext.GetBatch(gctx, d.js, d.topo.StreamRequests(), 1,
+		jetstreamext.GetBatchSubject(d.bus.Subjects().Run(tenant, runID, ">")), jetstreamext.GetBatchSeq(1))
+	if err != nil {
+		return false, fmt.Errorf("dispatch: run %s: reading its first request: %w", runID, err)
+	}
+	for m, err := range it {
+		if err != nil {
+			return false, fmt.Errorf("dispatch: run %s: reading its first request: %w", runID, err)
+		}
+		return m.Sequence == md.Sequence.Stream, nil
+	}
+	return false, nil
+}
+
+// endedUnstored reports whether run st, about to be created, has an end
+// stored already: a run that completed without its state ever being
+// stored (admitUnstored) has only its request and its end, and a request
+// of it delivered again (its acknowledgement lost) or stored again must
+// not run it a second time.
+func (d *Dispatcher) endedUnstored(ctx context.Context, st *run.State) (bool, error) {
+	end, err := d.readEnd(ctx, st)
+	return end != nil, err
 }
 
 // create stores a new run's state.
@@ -591,11 +719,18 @@ func (d *Dispatcher) rearm(ctx context.Context, runID string) error {
 	return d.publish(ctx, st, []run.Effect{alarm})
 }
 
-// loadStored reads the stored state of runID from the bucket.
+// loadStored reads the stored state of runID from the bucket; a run this
+// dispatcher admitted unstored, and holds (admitUnstored), is read as
+// admitted, at revision 0 (its next write creates it).
 func (d *Dispatcher) loadStored(ctx context.Context, runID string) (*run.State, jetstream.KeyValueEntry, error) {
 	gctx, cancel := bus.Bounded(ctx)
 	entry, err := d.runs.Get(gctx, runID)
 	cancel()
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		if val := d.deferred.admitted(runID); val != nil {
+			entry, err = unstoredEntry{key: runID, val: val}, nil
+		}
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -606,11 +741,37 @@ func (d *Dispatcher) loadStored(ctx context.Context, runID string) (*run.State, 
 	return &st, entry, nil
 }
 
+// unstoredEntry is the entry of a run state not in the bucket: revision
+// 0, which a revision-checked write expects of a key that has none.
+type unstoredEntry struct {
+	key string
+	val []byte
+	at  time.Time
+}
+
+func (e unstoredEntry) Bucket() string                  { return "" }
+func (e unstoredEntry) Key() string                     { return e.key }
+func (e unstoredEntry) Value() []byte                   { return e.val }
+func (e unstoredEntry) Revision() uint64                { return 0 }
+func (e unstoredEntry) Created() time.Time              { return e.at }
+func (e unstoredEntry) Delta() uint64                   { return 0 }
+func (e unstoredEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
+
 // loadTenantRun is loadStored for a reader acting for tenant: another
 // tenant's run is jetstream.ErrKeyNotFound, as a missing one, and told
-// as fast.
+// as fast. A run that is in the bucket nowhere — admitted unstored and
+// completed with its end as its commit, or held by its dispatcher still —
+// is read as admitted from its stored request (admittedFromRequest).
 func (d *Dispatcher) loadTenantRun(ctx context.Context, tenant, runID string) (*run.State, jetstream.KeyValueEntry, error) {
 	st, entry, err := d.loadStored(ctx, runID)
+	if err == nil && st.TenantOrDefault() != events.TenantOr(tenant) {
+		// Another tenant's run is looked for as a missing one is, so that
+		// the time taken tells neither from the other.
+		err = jetstream.ErrKeyNotFound
+	}
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		st, entry, err = d.admittedFromRequest(ctx, tenant, runID)
+	}
 	if err == nil && st.TenantOrDefault() != events.TenantOr(tenant) {
 		return nil, nil, jetstream.ErrKeyNotFound
 	}
