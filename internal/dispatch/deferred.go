@@ -143,6 +143,14 @@ func (a *deferredAlarms) arm(ctx context.Context, runID string, h *heldAlarm) {
 	h.done <- a.d.publish(ctx, h.st, []run.Effect{h.alarm})
 }
 
+// crashed drops what is held of run runID as a crashed process loses it
+// (a test's simulated crash): the run's request is handed back.
+func (a *deferredAlarms) crashed(runID string) {
+	if h := a.take(runID, nil); h != nil {
+		h.done <- errSimulatedCrash
+	}
+}
+
 // admitted returns the encoded state of run runID as its unstored
 // admission held it (nil: none is held).
 func (a *deferredAlarms) admitted(runID string) []byte {

@@ -444,11 +444,22 @@ var errNoState = errors.New("no such run")
 // returning err.
 func (d *Dispatcher) unknownRun(ctx context.Context, r *events.Received, msg jetstream.Msg, err error) error {
 	runID := r.RunID()
-	ended, eerr := d.endedUnstored(ctx, &run.State{RunID: runID, Tenant: events.TenantOr(r.Tenant), IDKey: d.idKey(r.Tenant, runID)})
+	end, eerr := d.readEnd(ctx, &run.State{RunID: runID, Tenant: events.TenantOr(r.Tenant), IDKey: d.idKey(r.Tenant, runID)})
 	if eerr != nil {
 		return err
 	}
-	if ended {
+	if end != nil {
+		if end.Type != events.TypeRunCompleted {
+			// Failed or canceled, and its writer died before the ended
+			// state: it is written now (commitUnstoredEnd).
+			admitted, _, aerr := d.admittedFromRequest(ctx, r.Tenant, runID)
+			if aerr != nil {
+				return err
+			}
+			if cerr := d.commitUnstoredEnd(ctx, admitted, end, nil); cerr != nil {
+				return cerr
+			}
+		}
 		d.log.Debug("event for a run that ended unstored; nothing left to change", "run_id", runID, "type", r.Event.Type())
 		return nil
 	}
@@ -485,7 +496,7 @@ func (d *Dispatcher) unknownRun(ctx context.Context, r *events.Received, msg jet
 // id, and a result that comes back before the state exists is handed back
 // until the state does (errNoState). Any other admission reads first: a
 // request stored again past the streams' duplicate window, or delivered
-// again after its run ended unstored, hands nothing out (endedUnstored).
+// again after its run ended unstored, hands nothing out (commitUnstoredEnd).
 func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect, msg jetstream.Msg) error {
 	_, fence, err := d.fences.ensure(ctx, st.RunID)
 	if err != nil {
@@ -510,31 +521,42 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 	}
 	work, afterWork := run.LeadingWork(st.Outbox)
 	early := firstFreshDelivery(msg, time.Now()) && d.earlyWork && len(work) > 0 && !st.IsTerminal()
-	first := false
-	if early {
-		if first, err = d.firstOfRun(ctx, msg); err != nil {
-			return err
-		}
-	}
-	if first && d.deferred.room() && !holdsSlot(st) {
-		return d.admitUnstored(ctx, st, fence)
-	}
-	if !first && d.deferred.admitted(st.RunID) == nil {
-		ended, err := d.endedUnstored(ctx, st)
-		if err != nil || ended {
-			return err
-		}
-	}
 	var rev uint64
 	handedOut := false
-	switch {
-	case d.deferred.admitted(st.RunID) != nil:
-		// This dispatcher holds the run, admitted unstored: the request
-		// came again (republished under another id).
-		err = jetstream.ErrKeyExists
+	switch held := d.deferred.admitted(st.RunID); {
+	case held != nil:
+		// This dispatcher holds the run, admitted unstored: its request
+		// came again (republished under another id, or delivered again
+		// while held: its acknowledgement must not leave the run
+		// unstored), so the run is stored as admitted first.
+		cctx, cancel := bus.Bounded(ctx)
+		_, err = d.runs.Create(cctx, st.RunID, held)
+		cancel()
+		if err == nil {
+			err = jetstream.ErrKeyExists
+		}
 	case early:
+		var first bool
+		if first, err = d.firstUnstored(ctx, msg, st.RunID); err != nil {
+			break
+		}
+		if first && d.deferred.room() && !holdsSlot(st) {
+			return d.admitUnstored(ctx, st, fence)
+		}
+		if !first {
+			var end *endInStream
+			if end, err = d.readEnd(ctx, st); err != nil || end != nil {
+				return d.commitUnstoredEnd(ctx, st, end, err)
+			}
+		}
 		rev, handedOut, err = d.createHandingOut(ctx, st, val, work)
 	default:
+		// A request delivered again, or stored again: the run may have
+		// ended without a state stored (admitUnstored).
+		var end *endInStream
+		if end, err = d.readEnd(ctx, st); err != nil || end != nil {
+			return d.commitUnstoredEnd(ctx, st, end, err)
+		}
 		rev, err = d.create(ctx, st.RunID, val)
 	}
 	if errors.Is(err, jetstream.ErrKeyExists) {
@@ -587,9 +609,10 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 // Nothing is lost by a crash: the request, unacknowledged until the run
 // ends or its state is created, comes again, and finding neither state
 // nor end, its next owner admits the run again with the same ids
-// (endedUnstored). Nothing is run twice by it either: only the first
-// delivery of the run's first message in the stream is admitted so, so
-// no state or end of the run can exist yet.
+// (admit). Nothing is run twice by it either: only the first delivery
+// of the run's first message in the stream, for a run not in the bucket,
+// is admitted so (firstUnstored), so no state or end of the run can exist
+// yet.
 func (d *Dispatcher) admitUnstored(ctx context.Context, st *run.State, fence uint64) error {
 	outbox := st.Outbox
 	st.Outbox = nil
@@ -627,10 +650,34 @@ func holdsSlot(st *run.State) bool {
 	return false
 }
 
+// firstUnstored reports whether msg, a request on its first delivery, is
+// the first message the requests stream holds of its run, and the run has
+// no state in the bucket: read at once (two direct gets). Then no state
+// or end of the run can exist — a run whose request aged out of the
+// requests stream while its state is kept (the bucket's TTL counts from
+// the run's last write) is found in the bucket — and the run may be
+// admitted unstored. A run found in the bucket is jetstream.ErrKeyExists.
+func (d *Dispatcher) firstUnstored(ctx context.Context, msg jetstream.Msg, runID string) (bool, error) {
+	stored := make(chan error, 1)
+	go func() {
+		gctx, cancel := bus.Bounded(ctx)
+		defer cancel()
+		_, err := d.runs.Get(gctx, runID)
+		stored <- err
+	}()
+	first, ferr := d.firstOfRun(ctx, msg)
+	switch err := <-stored; {
+	case err == nil:
+		return false, jetstream.ErrKeyExists
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, err
+	}
+	return first, ferr
+}
+
 // firstOfRun reports whether msg, a request on its first delivery, is the
 // first message the requests stream holds of its run (one batch direct
-// get): no request of the run was admitted before it, so neither a state
-// nor an end of the run can exist.
+// get): no request of the run was admitted before it.
 func (d *Dispatcher) firstOfRun(ctx context.Context, msg jetstream.Msg) (bool, error) {
 	md, err := msg.Metadata()
 	if err != nil {
@@ -648,6 +695,9 @@ func (d *Dispatcher) firstOfRun(ctx context.Context, msg jetstream.Msg) (bool, e
 		return false, fmt.Errorf("dispatch: run %s: reading its first request: %w", runID, err)
 	}
 	for m, err := range it {
+		if errors.Is(err, jetstreamext.ErrNoMessages) {
+			return false, nil // a replica behind: not known to be the first
+		}
 		if err != nil {
 			return false, fmt.Errorf("dispatch: run %s: reading its first request: %w", runID, err)
 		}
@@ -656,14 +706,29 @@ func (d *Dispatcher) firstOfRun(ctx context.Context, msg jetstream.Msg) (bool, e
 	return false, nil
 }
 
-// endedUnstored reports whether run st, about to be created, has an end
-// stored already: a run that completed without its state ever being
-// stored (admitUnstored) has only its request and its end, and a request
-// of it delivered again (its acknowledgement lost) or stored again must
-// not run it a second time.
-func (d *Dispatcher) endedUnstored(ctx context.Context, st *run.State) (bool, error) {
-	end, err := d.readEnd(ctx, st)
-	return end != nil, err
+// commitUnstoredEnd answers an admission of run st, as admitted again from
+// its request, that found the run's stored end (err: the read failed):
+// nothing is handed out. A completed run's end is its commit, and nothing
+// is written. A failed or canceled run's ended state must be stored — a
+// retry reuses what it says its calls did — and its writer died after the
+// end, before the write (endFirst): it is written now, rebuilt from what
+// the end names (repair), with what the end implies published.
+func (d *Dispatcher) commitUnstoredEnd(ctx context.Context, st *run.State, end *endInStream, err error) error {
+	if err != nil || end.Type == events.TypeRunCompleted {
+		return err
+	}
+	_, fence, err := d.fences.ensure(ctx, st.RunID)
+	if err != nil {
+		return err
+	}
+	st.Outbox = nil
+	ended, outbox := d.repair(ctx, st, end, nil)
+	ended.Outbox = outbox
+	err = d.commitAdopted(ctx, ended, 0, fence)
+	if bus.IsRevisionConflict(err) {
+		return nil // written meanwhile
+	}
+	return err
 }
 
 // create stores a new run's state.

@@ -95,6 +95,9 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 	if d.crashAfterEnd != nil && d.crashAfterEnd(st.RunID) {
 		d.cache.drop(st.RunID)
 		d.fences.lost(p, fence) // as a restarted process would, it fences again
+		// What the process held in memory is lost with it: a run admitted
+		// unstored, and its request, handed back.
+		d.deferred.crashed(st.RunID)
 		return errSimulatedCrash
 	}
 	// The executors hear of the end as soon as it is stored (the client

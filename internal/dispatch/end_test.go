@@ -146,11 +146,11 @@ func partitionOf(t *testing.T, js jetstream.JetStream, runID string) int {
 }
 
 // TestARunsEndIsPublishedBeforeItsStateAndACrashBetweenIsRepaired: the
-// dispatcher publishes a run's end from a state it wrote, then crashes
-// before writing the ended state. The client has its result at once (the
-// end is the commit); the result is redelivered, its transition finds the
-// end stored and adopts it: the stream holds one end, the state is the
-// completed run, the action ran once.
+// dispatcher publishes a run's end from a state it holds, then crashes.
+// The client has its result at once (the end is the commit); the result
+// is redelivered and meets the stored end: the stream holds one end, the
+// ended state readers rebuild is the completed run with its call's
+// result, the action ran once.
 func TestARunsEndIsPublishedBeforeItsStateAndACrashBetweenIsRepaired(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	counted := &hitCounter{hits: map[string]int{}}
@@ -173,11 +173,17 @@ func TestARunsEndIsPublishedBeforeItsStateAndACrashBetweenIsRepaired(t *testing.
 	res, err := st.Client.Run(ctxT(t), client.RunRequest{Action: &client.ActionCall{Name: "count.hit", Args: map[string]any{"n": 1}}}, nil)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
-	stored := endedState(t, js, res.RunID)
+	// The run was admitted unstored, and its completed end is its commit:
+	// the crash lost what the dispatcher held, and no state is written
+	// (the events that came again meet the stored end). Its ended state is
+	// what readers rebuild from its request and its end.
+	ended, err := dispatch.EndedState(ctxT(t), d, events.DefaultTenant, res.RunID)
+	require.NoError(t, err)
+	stored := *ended
 	assert.Equal(t, run.StatusCompleted, stored.Status)
 	assert.Equal(t, map[string]uint64{"completed": 1}, storedEnds(t, js, res.RunID))
-	// The repair recomputed the transition that ended the run from the
-	// result handed back: the state records the call's result (a retry
+	// The rebuild recomputed the transition that ended the run from the
+	// result in the log: the state records the call's result (a retry
 	// reuses what a run's state says its calls did), as the state written
 	// without a crash does — its stored log replays to it.
 	require.Len(t, stored.Calls, 1)
@@ -210,8 +216,10 @@ func TestAStoredEndIsTheRunsEndWhateverALaterTransitionDecides(t *testing.T) {
 	js, err := jetstream.New(srv.Connect(t))
 	require.NoError(t, err)
 	var once sync.Once
-	startDispatcher(t, srv, dispatch.Config{InstanceID: "ending"}, func(d *dispatch.Dispatcher) {
-		dispatch.SetCrashAfterEnd(d, func(string) bool {
+	var d *dispatch.Dispatcher
+	startDispatcher(t, srv, dispatch.Config{InstanceID: "ending"}, func(x *dispatch.Dispatcher) {
+		d = x
+		dispatch.SetCrashAfterEnd(x, func(string) bool {
 			crash := false
 			once.Do(func() { crash = true })
 			return crash
@@ -221,7 +229,11 @@ func TestAStoredEndIsTheRunsEndWhateverALaterTransitionDecides(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
 	require.NoError(t, st.Client.Cancel(ctxT(t), res.RunID, "too late"))
-	stored := endedState(t, js, res.RunID)
+	// The cancel is handled (acknowledged) before the state is read.
+	requestsSettled(t, js)
+	ended, err := dispatch.EndedState(ctxT(t), d, events.DefaultTenant, res.RunID)
+	require.NoError(t, err)
+	stored := *ended
 	assert.Equal(t, run.StatusCompleted, stored.Status)
 	assert.Equal(t, events.TypeRunCompleted, stored.Terminal.Type)
 	assert.Equal(t, map[string]uint64{"completed": 1}, storedEnds(t, js, res.RunID))

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
@@ -21,37 +23,83 @@ import (
 // request's stored time, as a replay admits it (ReplayLog). Readers then
 // end it as they end any state stored before its end (endedState).
 
-// storedRequest reads the request of tenant's run runID from the requests
-// stream, decoded as the dispatcher consumes it, with where and when it
-// was stored; nil when none is stored (or none the dispatcher would take).
+// firstRequest returns the first message of tenant's run runID in the
+// requests stream, in any stored form, that take accepts (nil: none): the
+// request the run was admitted from. A client may store its run's request
+// again under another id, or junk on its subject; readers rebuild the run
+// from the one that admitted it, as a replay does.
+func firstRequest(ctx context.Context, js jetstream.JetStream, topo bus.Topology, tenant, runID string, take func(*jetstream.RawStreamMsg) bool) (*jetstream.RawStreamMsg, error) {
+	const page, maxRead = 16, 256
+	var first *jetstream.RawStreamMsg
+	for _, form := range topo.Subjects().StoredForms(events.TenantOr(tenant), runID, "requested") {
+		for seq, read := uint64(1), 0; read < maxRead; {
+			gctx, cancel := bus.Bounded(ctx)
+			it, err := jetstreamext.GetBatch(gctx, js, topo.StreamRequests(), page, jetstreamext.GetBatchSubject(form), jetstreamext.GetBatchSeq(seq))
+			if err != nil {
+				cancel()
+				return nil, fmt.Errorf("dispatch: run %s: reading its request: %w", runID, err)
+			}
+			n, found := 0, false
+			for m, err := range it {
+				if errors.Is(err, jetstreamext.ErrNoMessages) {
+					break
+				}
+				if err != nil {
+					cancel()
+					return nil, fmt.Errorf("dispatch: run %s: reading its request: %w", runID, err)
+				}
+				n++
+				seq = m.Sequence + 1
+				if take(m) {
+					if first == nil || m.Sequence < first.Sequence {
+						first = m
+					}
+					found = true
+					break
+				}
+			}
+			cancel()
+			read += n
+			if found || n < page {
+				break
+			}
+		}
+	}
+	return first, nil
+}
+
+// storedRequest reads the request tenant's run runID was admitted from
+// (firstRequest), decoded as the dispatcher consumes it, with where and
+// when it was stored; nil when none is stored (or none the dispatcher
+// would take).
 func (d *Dispatcher) storedRequest(ctx context.Context, tenant, runID string) (*logged, error) {
-	gctx, cancel := bus.Bounded(ctx)
-	defer cancel()
-	msgs, err := jetstreamext.GetLastMsgsFor(gctx, d.js, d.topo.StreamRequests(), d.bus.Subjects().StoredForms(events.TenantOr(tenant), runID, "requested"))
-	if err != nil {
-		return nil, fmt.Errorf("dispatch: run %s: reading its request: %w", runID, err)
-	}
-	for m, err := range msgs {
-		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			return nil, nil
-		}
+	decoded := map[uint64]*events.Received{} // by stored sequence
+	m, err := firstRequest(ctx, d.js, d.topo, tenant, runID, func(m *jetstream.RawStreamMsg) bool {
+		r, err := d.bus.Receive(m.Subject, m.Header, m.Data)
 		if err != nil {
-			return nil, fmt.Errorf("dispatch: run %s: reading its request: %w", runID, err)
+			return false
 		}
-		rec, err := d.bus.Receive(m.Subject, m.Header, m.Data)
-		if err != nil {
-			continue
+		if _, ok := r.Data.(*events.RunRequested); !ok || r.RunID() != runID {
+			return false
 		}
-		if _, ok := rec.Data.(*events.RunRequested); ok && rec.RunID() == runID {
-			return &logged{rec: rec, typ: rec.Event.Type(), at: m.Time, pos: d.topo.StreamRequests() + ":" + fmt.Sprint(m.Sequence)}, nil
-		}
+		decoded[m.Sequence] = r
+		return true
+	})
+	if err != nil || m == nil {
+		return nil, err
 	}
-	return nil, nil
+	rec := decoded[m.Sequence]
+	return &logged{rec: rec, typ: rec.Event.Type(), at: m.Time, pos: d.topo.StreamRequests() + ":" + strconv.FormatUint(m.Sequence, 10)}, nil
 }
 
 // admittedFromRequest is the state tenant's run runID was admitted with,
 // rebuilt from its stored request (jetstream.ErrKeyNotFound when none is
 // stored), at revision 0: what an admission stores, without an outbox.
+// The world is frozen at the request's stored time, as far as it can be
+// (the clock, limits, artifacts); should today's catalog, policy or keys
+// refuse what was admitted then (a run admitted unstored was not refused:
+// a refused run is stored at once), the run is told from its request
+// alone (requestedState) and ends as its stored end says.
 func (d *Dispatcher) admittedFromRequest(ctx context.Context, tenant, runID string) (*run.State, jetstream.KeyValueEntry, error) {
 	req, err := d.storedRequest(ctx, tenant, runID)
 	if err != nil {
@@ -62,18 +110,21 @@ func (d *Dispatcher) admittedFromRequest(ctx context.Context, tenant, runID stri
 	}
 	data := *req.rec.Data.(*events.RunRequested)
 	data.Tenant = req.rec.Tenant
+	idKey := d.idKey(data.Tenant, runID)
 	world := &frozenEnv{env: env{d}, at: req.at}
 	m := run.New(world, d.machineConfig())
-	st, effects, err := m.Start(ctx, &data, d.idKey(data.Tenant, runID))
+	st, effects, err := m.Start(ctx, &data, idKey)
 	if err == nil {
 		effects, err = m.Settle(ctx, world, st, effects)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("dispatch: run %s: admitting it again from its request: %w", runID, err)
 	}
-	if st.Trace = tracing.RunOfEvent(req.rec.Event); st.Trace == nil {
-		st.Trace = tracing.RunOf(ctx)
+	if st.IsTerminal() {
+		st = requestedState(&data, events.TenantOr(data.Tenant), runID, idKey, req.at)
+		effects = nil
 	}
+	st.Trace = tracing.RunOfEvent(req.rec.Event)
 	run.ArmAdmitted(st, effects, req.at, d.cfg.ActionGrace)
 	st.Outbox = nil
 	val, err := st.Encode()
@@ -128,18 +179,35 @@ func UnstoredRuns(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: the requests stream: %w", err)
 	}
-	var pending []string
-	for subject := range info.State.Subjects {
-		if _, runID := subjects.RunFromSubject(subject); runID != "" && !listed(runID) {
-			pending = append(pending, subject)
+	var single []string // subjects of one message: their last is their first
+	var out []run.State
+	for subject, n := range info.State.Subjects {
+		tenant, runID := subjects.RunFromSubject(subject)
+		if runID == "" || listed(runID) {
+			continue
+		}
+		if n == 1 {
+			single = append(single, subject)
+			continue
+		}
+		// Stored again, or junk beside it: the run is told from the first
+		// request that admits it.
+		var st *run.State
+		if _, err := firstRequest(ctx, js, topo, tenant, runID, func(m *jetstream.RawStreamMsg) bool {
+			st = requestOf(subjects, secret, m)
+			return st != nil
+		}); err != nil {
+			return nil, err
+		}
+		if st != nil {
+			out = append(out, *st)
 		}
 	}
-	var out []run.State
 	const perRead = 256 // subjects per batch direct get
-	for len(pending) > 0 {
-		n := min(perRead, len(pending))
-		batch := pending[:n]
-		pending = pending[n:]
+	for len(single) > 0 {
+		n := min(perRead, len(single))
+		batch := single[:n]
+		single = single[n:]
 		gctx, cancel := bus.Bounded(ctx)
 		msgs, err := jetstreamext.GetLastMsgsFor(gctx, js, topo.StreamRequests(), batch)
 		if err != nil {
@@ -154,7 +222,7 @@ func UnstoredRuns(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 				cancel()
 				return nil, fmt.Errorf("dispatch: reading requests: %w", err)
 			}
-			if st, ok := requestedState(subjects, secret, m); ok {
+			if st := requestOf(subjects, secret, m); st != nil {
 				out = append(out, *st)
 			}
 		}
@@ -178,29 +246,36 @@ func UnstoredRuns(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 	return out, nil
 }
 
-// requestedState is the summary state of the run whose stored request is
-// m: running, of the kind, user and tenant it names, created when it was
-// stored. false when m is no request a dispatcher would take.
-func requestedState(subjects events.Subjects, secret *idSecret, m *jetstream.RawStreamMsg) (*run.State, bool) {
+// requestOf is the summary state of the run whose stored request is m
+// (requestedState), nil when m is no request a dispatcher would take.
+func requestOf(subjects events.Subjects, secret *idSecret, m *jetstream.RawStreamMsg) *run.State {
 	subject := subjects.Canonical(m.Subject)
 	e, err := bus.Decode(subject, m.Header, m.Data)
 	if err != nil || e.Type() != events.TypeRunRequested {
-		return nil, false
+		return nil
 	}
 	var req events.RunRequested
 	if err := events.DataAs(e, &req); err != nil {
-		return nil, false
+		return nil
 	}
 	tenant, runID := subjects.RunFromSubject(subject)
 	if runID == "" || req.RunID != runID {
-		return nil, false
+		return nil
 	}
 	idKey := ""
 	if secret != nil {
 		idKey = secret.key(tenant, runID)
 	}
-	st := &run.State{RunID: runID, Tenant: events.TenantOr(tenant), IDKey: idKey, Status: run.StatusRunning,
-		Kind: run.KindAgent, UserID: req.UserID, CreatedAt: m.Time.UTC(), UpdatedAt: m.Time.UTC()}
+	return requestedState(&req, events.TenantOr(tenant), runID, idKey, m.Time)
+}
+
+// requestedState is the state of run runID told from its request req
+// alone, stored at: running, of the kind, user and tenant it names,
+// created then. For listings, and for a run a rebuild cannot admit again
+// in today's world: its stored end says how it ended.
+func requestedState(req *events.RunRequested, tenant, runID, idKey string, at time.Time) *run.State {
+	st := &run.State{RunID: runID, Tenant: tenant, IDKey: idKey, Status: run.StatusRunning,
+		Kind: run.KindAgent, UserID: req.UserID, CreatedAt: at.UTC(), UpdatedAt: at.UTC()}
 	if req.Principal != nil {
 		// Verified at admission, or the run failed and was stored.
 		st.UserID = req.Principal.User
@@ -211,7 +286,7 @@ func requestedState(subjects events.Subjects, secret *idSecret, m *jetstream.Raw
 	case req.Workflow != nil:
 		st.Kind = run.KindWorkflow
 	}
-	return st, true
+	return st
 }
 
 // readIDSecret reads the dispatchers' id secret from the runs bucket kv,

@@ -1,6 +1,7 @@
 package dispatch_test
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -10,9 +11,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/executor"
 	"github.com/actionbus/actionbus/internal/bus"
 	"github.com/actionbus/actionbus/internal/dispatch"
 	"github.com/actionbus/actionbus/internal/run"
@@ -192,4 +195,229 @@ func TestARejectedRequestOnALiveUnstoredRunsSubjectDoesNotEndIt(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
 	assert.Equal(t, map[string]uint64{"completed": 1}, storedEnds(t, srv.JS, runID))
+}
+
+// requestsSettled waits until the dispatcher's requests consumer has
+// acknowledged everything stored in the requests stream.
+func requestsSettled(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	ctx := ctxT(t)
+	cons, err := js.Consumer(ctx, "AB_REQUESTS", "dispatcher-requests-p0")
+	require.NoError(t, err)
+	stored := storedCount(t, js, "AB_REQUESTS")
+	require.Eventually(t, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.AckFloor.Stream >= stored && info.NumAckPending == 0
+	}, 20*time.Second, 20*time.Millisecond)
+}
+
+// junkRequest stores junk as a run.requested on run id's subject.
+func junkRequest(t *testing.T, nc *nats.Conn, id string) {
+	t.Helper()
+	msg := &nats.Msg{Subject: "ab.run.default." + id + ".requested", Header: nats.Header{}, Data: []byte(`{"not":"a request"}`)}
+	msg.Header.Set(jetstream.MsgIDHeader, events.NewID())
+	msg.Header.Set("ce-specversion", "1.0")
+	msg.Header.Set("ce-type", events.TypeRunRequested)
+	msg.Header.Set("ce-source", "/junk")
+	msg.Header.Set("ce-id", events.NewID())
+	_, err := nc.RequestMsg(msg, 5*time.Second)
+	require.NoError(t, err)
+}
+
+// TestReadersRebuildAnUnstoredRunFromTheRequestThatAdmittedIt: a client
+// stores another request for its completed run (another user, a body the
+// machine would refuse), then junk on its subject. Nothing runs again,
+// and every reader still tells the run from the request that admitted it
+// — the first — and its end: the ended state, a retry's prior run, the
+// listing.
+func TestReadersRebuildAnUnstoredRunFromTheRequestThatAdmittedIt(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	counted := &hitCounter{hits: map[string]int{}}
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: counted.register})
+	var d *dispatch.Dispatcher
+	startDispatcher(t, srv, dispatch.Config{InstanceID: "first-request", AlarmDelay: time.Minute}, func(x *dispatch.Dispatcher) { d = x })
+	ctx := ctxT(t)
+	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "count.hit", Args: map[string]any{"n": 7}}, UserID: "u1"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status)
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketRuns())
+	require.NoError(t, err)
+	_, err = kv.Get(ctx, res.RunID)
+	require.ErrorIs(t, err, jetstream.ErrKeyNotFound, "completed unstored")
+
+	readers := func(t *testing.T) {
+		t.Helper()
+		ended, err := dispatch.EndedState(ctx, d, events.DefaultTenant, res.RunID)
+		require.NoError(t, err)
+		assert.Equal(t, "u1", ended.UserID, "the ended state names the admitted request's user")
+		assert.Equal(t, run.StatusCompleted, ended.Status)
+		prior, err := dispatch.PriorRun(ctx, d, events.DefaultTenant, res.RunID)
+		require.NoError(t, err)
+		require.NotNil(t, prior, "a retry finds the run")
+		assert.Equal(t, run.StatusCompleted, prior.Status)
+		list, err := dispatch.UnstoredRuns(ctx, srv.JS, kv, bus.Topology{}, func(string) bool { return false })
+		require.NoError(t, err)
+		found := false
+		for _, s := range list {
+			if s.RunID == res.RunID {
+				found = true
+				assert.Equal(t, "u1", s.UserID, "the listing names the admitted request's user")
+				assert.Equal(t, run.StatusCompleted, s.Status)
+			}
+		}
+		assert.True(t, found, "the listing has the run")
+	}
+
+	eb, err := bus.Open(srv.Connect(t), bus.BusConfig{Prefix: "ab", Source: "/client"})
+	require.NoError(t, err)
+	_, err = eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, res.RunID, "",
+		&events.RunRequested{RunID: res.RunID, UserID: "mallory", Action: &events.ActionCall{Name: "count.hit", Args: map[string]any{"n": 99}},
+			Workspace: map[string]string{"a.md": "x"}})
+	require.NoError(t, err)
+	requestsSettled(t, srv.JS)
+	assert.Equal(t, 1, counted.total(), "nothing ran again")
+	readers(t)
+
+	junkRequest(t, srv.Connect(t), res.RunID)
+	requestsSettled(t, srv.JS)
+	readers(t)
+	assert.Equal(t, map[string]uint64{"completed": 1}, storedEnds(t, srv.JS, res.RunID))
+}
+
+// failing registers fail.now, which fails at once.
+func failing(ex *executor.Executor) error {
+	return executor.Register(ex, executor.Action{Name: "fail.now", Description: "Fail."},
+		func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
+			return executor.Result[map[string]any]{}, actionbus.Errorf("flaky", "fails")
+		})
+}
+
+// TestAFailedRunWhoseDispatcherDiesAfterItsEndIsStoredAndRetried: a run
+// admitted unstored fails; its end is published, and its dispatcher dies
+// before the ended state — which a failed run must have stored, for its
+// retry — is written, losing the run it held. Its request, delivered
+// again, finds the end and writes the ended state from it; the run can
+// then be claimed and retried, and the retry ends.
+func TestAFailedRunWhoseDispatcherDiesAfterItsEndIsStoredAndRetried(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: time.Second})
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: failing})
+	var d *dispatch.Dispatcher
+	first := onceEach()
+	startDispatcher(t, srv, dispatch.Config{InstanceID: "dies-after-end", AlarmDelay: time.Minute}, func(x *dispatch.Dispatcher) {
+		d = x
+		dispatch.SetCrashAfterEnd(x, first)
+	})
+	ctx := ctxT(t)
+	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "fail.now", Args: map[string]any{}}, UserID: "u1"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketRuns())
+	require.NoError(t, err)
+	w, err := kv.Watch(ctx, res.RunID)
+	require.NoError(t, err)
+	defer func() { _ = w.Stop() }()
+	for e := range w.Updates() {
+		if e == nil {
+			continue
+		}
+		stored, err := run.DecodeState(e.Value())
+		require.NoError(t, err)
+		if stored.IsTerminal() {
+			assert.Equal(t, run.StatusFailed, stored.Status)
+			break
+		}
+	}
+	assert.Equal(t, map[string]uint64{"failed": 1}, storedEnds(t, srv.JS, res.RunID))
+
+	retryID, err := dispatch.ClaimRetry(ctx, d, res.RunID, events.NewID())
+	require.NoError(t, err, "a failed run can be claimed by its retry")
+	assert.NotEmpty(t, retryID)
+}
+
+// TestARequestStoredAgainAfterItAgedOutDoesNotRunItsRunAgain: a run that
+// outlived its alarm delay is stored; its request ages out of the
+// requests stream (retention shortened here) while its state is kept, and
+// the same request is stored again past the duplicate windows. That
+// request is the run's first message in the requests stream, but the run
+// is in the bucket: nothing is handed out, and the run ends once.
+func TestARequestStoredAgainAfterItAgedOutDoesNotRunItsRunAgain(t *testing.T) {
+	// Short windows that still cover twice the ack wait: admissions hand
+	// their work out early.
+	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: time.Second})
+	ctx := ctxT(t)
+	const window = 3 * time.Second
+	for _, name := range []string{"AB_WORK", "AB_RUNS"} {
+		s, err := srv.JS.Stream(ctx, name)
+		require.NoError(t, err)
+		cfg := s.CachedInfo().Config
+		cfg.Duplicates = window
+		_, err = srv.JS.UpdateStream(ctx, cfg)
+		require.NoError(t, err)
+	}
+	g := newGated()
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: g.register})
+	startDispatcher(t, srv, dispatch.Config{InstanceID: "aged-out", AlarmDelay: 100 * time.Millisecond})
+	runID := events.NewID()
+	req := client.RunRequest{RunID: runID, Action: &client.ActionCall{Name: "gate.wait", Args: map[string]any{}}, UserID: "u1"}
+	_, err := st.Client.Start(ctx, req)
+	require.NoError(t, err)
+	g.awaitStarted(t)
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketRuns())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { _, err := kv.Get(ctx, runID); return err == nil }, 10*time.Second, 20*time.Millisecond,
+		"it outlived its alarm delay: its state is stored")
+	close(g.gate)
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status)
+	requestsSettled(t, srv.JS)
+
+	// The request ages out of the requests stream; state and end remain.
+	s, err := srv.JS.Stream(ctx, "AB_REQUESTS")
+	require.NoError(t, err)
+	cfg := s.CachedInfo().Config
+	cfg.MaxAge, cfg.Duplicates = time.Second, time.Second
+	_, err = srv.JS.UpdateStream(ctx, cfg)
+	require.NoError(t, err)
+	agedAt := time.Now()
+	require.Eventually(t, func() bool {
+		info, err := s.Info(ctx)
+		return err == nil && info.State.Msgs == 0 && time.Since(agedAt) > 2*window
+	}, 20*time.Second, 50*time.Millisecond, "the request aged out, and the duplicate windows passed")
+	_, err = kv.Get(ctx, runID)
+	require.NoError(t, err, "the state is still stored")
+
+	// The same request, stored again (a client's retried publish).
+	_, err = st.Client.Start(ctx, req)
+	require.NoError(t, err)
+	requestsSettled(t, srv.JS)
+	assert.EqualValues(t, 1, storedCount(t, srv.JS, "AB_WORK"), "no work item was handed out again")
+	assert.Equal(t, map[string]uint64{"completed": 1}, storedEnds(t, srv.JS, runID), "the run ended once")
+}
+
+// TestAHeldRequestDeliveredAgainWhileHeldStoresItsRun: with an alarm
+// delay longer than the requests consumer's ack wait, the held request of
+// a run admitted unstored is delivered again while it is held. That
+// delivery, acknowledged, must not leave the run unstored: it stores the
+// run as admitted first. The dispatcher then stops; the next one
+// completes the run.
+func TestAHeldRequestDeliveredAgainWhileHeldStoresItsRun(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: time.Second})
+	g := newGated()
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: g.register})
+	stop := startDispatcher(t, srv, dispatch.Config{InstanceID: "held-long", AlarmDelay: time.Minute})
+	ctx := ctxT(t)
+	runID, err := st.Client.Start(ctx, client.RunRequest{Action: &client.ActionCall{Name: "gate.wait", Args: map[string]any{}}})
+	require.NoError(t, err)
+	g.awaitStarted(t)
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketRuns())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { _, err := kv.Get(ctx, runID); return err == nil }, 20*time.Second, 20*time.Millisecond,
+		"the request delivered again while held stored the run")
+	stop()
+	startDispatcher(t, srv, dispatch.Config{InstanceID: "held-long-next", AlarmDelay: time.Minute})
+	close(g.gate)
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err, "the run survives its dispatcher's stop")
+	assert.Equal(t, client.StatusCompleted, res.Status)
 }
