@@ -28,7 +28,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/synadia-io/orbit.go/jetstreamext"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -152,6 +151,7 @@ type Dispatcher struct {
 	log       *slog.Logger
 	locks     *keymutex.Striped
 	runs      jetstream.KeyValue
+	requests  jetstream.Stream // read by an admission (firstOfRun)
 	artifacts artifacts.Store
 	cat       *actionstore.View
 	catKV     jetstream.KeyValue // skills are read from it
@@ -252,6 +252,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return err
 	}
 	if d.ids, err = loadIDSecret(ctx, d.runs); err != nil {
+		return err
+	}
+	if d.requests, err = d.js.Stream(ctx, d.topo.StreamRequests()); err != nil {
 		return err
 	}
 	status, err := d.runs.Status(ctx)
@@ -676,8 +679,9 @@ func (d *Dispatcher) firstUnstored(ctx context.Context, msg jetstream.Msg, runID
 }
 
 // firstOfRun reports whether msg, a request on its first delivery, is the
-// first message the requests stream holds of its run (one batch direct
-// get): no request of the run was admitted before it.
+// first message the requests stream holds of its run (one direct get of
+// the next message on the run's subjects from the stream's start): no
+// request of the run was admitted before it.
 func (d *Dispatcher) firstOfRun(ctx context.Context, msg jetstream.Msg) (bool, error) {
 	md, err := msg.Metadata()
 	if err != nil {
@@ -689,21 +693,14 @@ func (d *Dispatcher) firstOfRun(ctx context.Context, msg jetstream.Msg) (bool, e
 	}
 	gctx, cancel := bus.Bounded(ctx)
 	defer cancel()
-	it, err := jetstreamext.GetBatch(gctx, d.js, d.topo.StreamRequests(), 1,
-		jetstreamext.GetBatchSubject(d.bus.Subjects().Run(tenant, runID, ">")), jetstreamext.GetBatchSeq(1))
+	m, err := d.requests.GetMsg(gctx, 1, jetstream.WithGetMsgSubject(d.bus.Subjects().Run(tenant, runID, ">")))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil // a replica behind: not known to be the first
+	}
 	if err != nil {
 		return false, fmt.Errorf("dispatch: run %s: reading its first request: %w", runID, err)
 	}
-	for m, err := range it {
-		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			return false, nil // a replica behind: not known to be the first
-		}
-		if err != nil {
-			return false, fmt.Errorf("dispatch: run %s: reading its first request: %w", runID, err)
-		}
-		return m.Sequence == md.Sequence.Stream, nil
-	}
-	return false, nil
+	return m.Sequence == md.Sequence.Stream, nil
 }
 
 // commitUnstoredEnd answers an admission of run st, as admitted again from
