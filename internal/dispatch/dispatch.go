@@ -606,8 +606,9 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 // Config.AlarmDelay passes with the run still going; a run that completes
 // first ends from it (endFirst) and is never in the bucket: its ended
 // state is its request and its end, which readers rebuild
-// (loadTenantRun). A one-action run so stores one write fewer and sends
-// two messages fewer (the write and its acknowledgement).
+// (loadTenantRun). A one-action run so stores one write fewer (an fsync
+// where the server syncs every write); in messages, the read that tells
+// the run's first request (firstOfRun) takes the write's place.
 //
 // Nothing is lost by a crash: the request, unacknowledged until the run
 // ends or its state is created, comes again, and finding neither state
