@@ -737,7 +737,8 @@ func TestRevisionConflictsAreKnownOnOneReplica(t *testing.T) {
 func TestAStoppedServeHandsBackTheEventsItFetched(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	eb := newBus(t, srv, bus.ModeBinary, "")
-	ctx := ctxT(t)
+	ctx, cancelAll := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancelAll()
 	const sent, concurrency = 8, 4
 	want := map[string]bool{}
 	for range sent {
@@ -772,15 +773,18 @@ func TestAStoppedServeHandsBackTheEventsItFetched(t *testing.T) {
 			t.Fatal("the first client handled nothing")
 		}
 	}
+	// The deadline is generous: under make test's load (every package
+	// at once, -race, on two cores) the refill pull and the consumer's
+	// info answer have taken over 10 s.
 	require.Eventually(t, func() bool {
 		info, err := cons.Info(ctx)
 		return err == nil && info.NumAckPending > concurrency
-	}, 10*time.Second, 5*time.Millisecond, "the first client fetched events it has no slot for")
+	}, 30*time.Second, 5*time.Millisecond, "the first client fetched events it has no slot for")
 	stopFirst()
 	require.NoError(t, <-first)
 	assert.Len(t, started, 0, "a stopped client starts nothing it fetched")
 
-	nextCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	nextCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	handled := make(chan string, 2*sent)
 	next := make(chan error, 1)
@@ -797,7 +801,7 @@ func TestAStoppedServeHandsBackTheEventsItFetched(t *testing.T) {
 		case runID := <-handled:
 			got[runID] = true
 		case <-nextCtx.Done():
-			t.Fatalf("the next client received %d of %d events within 10 s (ack wait 10 min)", len(got), sent)
+			t.Fatalf("the next client received %d of %d events within 30 s (ack wait 10 min)", len(got), sent)
 		}
 	}
 	assert.Equal(t, want, got)
