@@ -98,9 +98,13 @@ type Server struct {
 	Pools []string
 
 	users bool
-	// Accounts is the operator store of a server started with
-	// Options.Operator, nil otherwise.
-	Accounts *accounts.Store
+	// OperatorDir is the operator store of a server started with
+	// Options.Operator, as `actionbus nats init --dir` makes it: the
+	// `actionbus tenant` commands take it as their --dir. Empty
+	// otherwise.
+	OperatorDir string
+
+	accounts *accounts.Store
 	sys      *nats.Conn
 	sysMu    sync.Mutex
 }
@@ -142,7 +146,10 @@ func NewServer(t testing.TB, o Options) *Server {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 	})
-	s := &Server{NATS: ns, URL: ns.ClientURL(), Prefix: o.Prefix, Pools: o.Pools, users: o.Users, Accounts: store}
+	s := &Server{NATS: ns, URL: ns.ClientURL(), Prefix: o.Prefix, Pools: o.Pools, users: o.Users, accounts: store}
+	if store != nil {
+		s.OperatorDir = store.Dir
+	}
 	if o.Users {
 		s.URL = s.UserURL("admin")
 	}
@@ -217,8 +224,8 @@ func (s *Server) TenantConnect(t testing.TB, user, tenant string) *nats.Conn {
 func (s *Server) Connect(t testing.TB) *nats.Conn {
 	t.Helper()
 	opts := []nats.Option{nats.Name(t.Name())}
-	if s.Accounts != nil {
-		opts = append(opts, nats.UserCredentials(s.Accounts.CredsFile(accounts.ServiceAccount, "admin")))
+	if s.accounts != nil {
+		opts = append(opts, nats.UserCredentials(s.accounts.CredsFile(accounts.ServiceAccount, "admin")))
 	}
 	nc, err := nats.Connect(s.URL, opts...)
 	if err != nil {

@@ -162,9 +162,9 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 	// In operator mode every service connects as its own ACTIONBUS user,
 	// as deployed.
 	var connect func(user string) (*nats.Conn, error)
-	if s.Accounts != nil {
+	if s.accounts != nil {
 		connect = func(user string) (*nats.Conn, error) {
-			return s.DialCreds(s.Accounts.CredsFile(accounts.ServiceAccount, user), nats.Name(t.Name()+"-"+user),
+			return s.DialCreds(s.accounts.CredsFile(accounts.ServiceAccount, user), nats.Name(t.Name()+"-"+user),
 				nats.CustomInboxPrefix(accounts.InboxPrefix(strings.SplitN(user, "-", 2)[0])))
 		}
 	}

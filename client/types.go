@@ -1,9 +1,8 @@
 package client
 
 import (
+	"github.com/actionbus/actionbus/catalog"
 	"github.com/actionbus/actionbus/events"
-	"github.com/actionbus/actionbus/internal/actions"
-	"github.com/actionbus/actionbus/internal/skills"
 )
 
 // The wire types a client reads, named here for convenience: each event
@@ -19,14 +18,16 @@ type (
 	AuditRecord = events.AuditRecorded
 	// Skill is a bundled agent skill of the catalog: its SKILL.md front
 	// matter (name, description, version, tools, handoff targets), its
-	// instructions, and the pool whose executors host its tools.
-	Skill = skills.Skill
+	// instructions, and the pool whose executors host its tools. It is
+	// [catalog.Skill].
+	Skill = catalog.Skill
 	// ApprovalContext is what an approval token signs: the approval id,
 	// run, step, user, action, input hash, dry-run hash and expiry. It is
 	// [events.ApprovalContext].
 	ApprovalContext = events.ApprovalContext
-	// Permission is an action's normalized permission metadata.
-	Permission = actions.NormalizedPermission
+	// Permission is an action's normalized permission metadata. It is
+	// [catalog.NormalizedPermission].
+	Permission = catalog.NormalizedPermission
 	// RequestEvent is the data of a run.requested event: it is
 	// [events.RunRequested].
 	RequestEvent = events.RunRequested

@@ -29,24 +29,24 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/catalog"
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/actions"
 	"github.com/actionbus/actionbus/internal/artifacts"
 	"github.com/actionbus/actionbus/internal/bus"
-	"github.com/actionbus/actionbus/internal/limits"
 )
 
 // Mode says what an action does to the world: read, draft, dryRun or
-// mutate.
-type Mode = actions.Mode
+// mutate. It is [catalog.Mode].
+type Mode = catalog.Mode
 
 // The action modes. mutate needs explicit allowance in the run and an
 // approval.
 const (
-	ModeRead   = actions.ModeRead
-	ModeDraft  = actions.ModeDraft
-	ModeDryRun = actions.ModeDryRun
-	ModeMutate = actions.ModeMutate
+	ModeRead   = catalog.ModeRead
+	ModeDraft  = catalog.ModeDraft
+	ModeDryRun = catalog.ModeDryRun
+	ModeMutate = catalog.ModeMutate
 )
 
 // Config configures an [Executor].
@@ -335,23 +335,28 @@ type Action struct {
 	Limits *Limits
 }
 
-// Limits are an action's concurrency key and rate limit.
-type Limits = limits.Spec
+// Limits are an action's concurrency key and rate limit. It is
+// [catalog.Limits].
+type Limits = catalog.Limits
 
-// Rate is a token bucket: Limit calls per PerMs milliseconds, Burst at once.
-type Rate = limits.Rate
+// Rate is a token bucket: Limit calls per PerMs milliseconds, Burst at
+// once. It is [catalog.Rate].
+type Rate = catalog.Rate
 
-// PlannerMeta is an action's planner metadata.
-type PlannerMeta = actions.PlannerMeta
+// PlannerMeta is an action's planner metadata. It is
+// [catalog.PlannerMeta].
+type PlannerMeta = catalog.PlannerMeta
 
-// Permission is an action's declared permission metadata.
-type Permission = actions.Permission
+// Permission is an action's declared permission metadata. It is
+// [catalog.Permission].
+type Permission = catalog.Permission
 
-// AuditPolicy is an action's audit payload policy.
-type AuditPolicy = actions.AuditPolicy
+// AuditPolicy is an action's audit payload policy. It is
+// [catalog.AuditPolicy].
+type AuditPolicy = catalog.AuditPolicy
 
-// Example is a documented use of an action.
-type Example = actions.Example
+// Example is a documented use of an action. It is [catalog.Example].
+type Example = catalog.Example
 
 // Call describes the invocation a handler serves.
 type Call struct {

@@ -7,19 +7,21 @@ import (
 	"io/fs"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/catalog"
 	"github.com/actionbus/actionbus/internal/skills"
 )
 
 // Skill is a bundled agent skill (seed 000): its SKILL.md front matter —
 // name, description, version, the tools it declares, the skills it may hand
 // off to — and its body, the instructions the planner sees while the skill
-// is active. [LoadSkill] reads one from a directory.
-type Skill = skills.Skill
+// is active. [LoadSkill] reads one from a directory. It is
+// [catalog.Skill].
+type Skill = catalog.Skill
 
 // SkillTool is one tool a skill declares: its name, description, argument
 // schema (parameters), default result kind, mode (default read) and
-// policy tier (default 0).
-type SkillTool = skills.Tool
+// policy tier (default 0). It is [catalog.SkillTool].
+type SkillTool = catalog.SkillTool
 
 // ToolFunc runs one call of a skill tool. args are the tool's arguments,
 // checked against its parameters. The returned object is the tool's

@@ -55,7 +55,7 @@ func serveIngress(t *testing.T, nc *nats.Conn) {
 // the account itself allows, whatever a user's lists say.
 func unrestricted(t *testing.T, s *actionbustest.Server, account string) *nats.Conn {
 	t.Helper()
-	creds, err := s.Accounts.SignUser(account, accounts.User{Name: "unrestricted-" + account})
+	creds, err := operatorStore(t, s).SignUser(account, accounts.User{Name: "unrestricted-" + account})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestTenantAddedAtRunTimeCrossesOnlyItsOwnImports(t *testing.T) {
 	srv := s.NATS
 
 	serveIngress(t, s.ServiceConnect(t, "dispatcher"))
-	acme := s.TenantAdd(t, "acme", accounts.Limits{})
+	acme := s.TenantAdd(t, "acme", actionbustest.TenantLimits{})
 	if s.NATS != srv || !srv.Running() {
 		t.Fatal("the server was replaced")
 	}
@@ -153,7 +153,7 @@ func TestTenantAddedAtRunTimeCrossesOnlyItsOwnImports(t *testing.T) {
 	// Nothing of globex reaches acme: not even a user of acme's account
 	// subscribed to everything. The marker on acme's own subject, sent
 	// after globex's events by the same connection, bounds the wait.
-	s.TenantAdd(t, "globex", accounts.Limits{})
+	s.TenantAdd(t, "globex", actionbustest.TenantLimits{})
 	all, err := free.SubscribeSync(">")
 	if err != nil {
 		t.Fatal(err)
@@ -189,10 +189,10 @@ func TestTenantAddedAtRunTimeCrossesOnlyItsOwnImports(t *testing.T) {
 func TestRemovedTenantIsDisconnectedAndCannotReconnect(t *testing.T) {
 	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
 	closed := make(chan struct{})
-	s.TenantAdd(t, "acme", accounts.Limits{})
+	s.TenantAdd(t, "acme", actionbustest.TenantLimits{})
 	acme := s.TenantUserConnect(t, "acme", accounts.ClientUser("acme"), nats.NoReconnect(),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-	creds, err := os.ReadFile(s.Accounts.CredsFile("acme", accounts.ClientUser("acme")))
+	creds, err := os.ReadFile(operatorStore(t, s).CredsFile("acme", accounts.ClientUser("acme")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,16 +216,16 @@ func TestRemovedTenantIsDisconnectedAndCannotReconnect(t *testing.T) {
 	}
 	// Its name is not given to a new tenant unless the operator says so:
 	// what the removed acme left is still stored under it.
-	if _, err := s.Accounts.AddTenant("acme", accounts.Limits{}); err == nil || !strings.Contains(err.Error(), "was removed") {
+	if _, err := operatorStore(t, s).AddTenant("acme", accounts.Limits{}); err == nil || !strings.Contains(err.Error(), "was removed") {
 		t.Fatalf("a removed tenant's name was given again: %v", err)
 	}
-	if err := s.Accounts.ReuseName("acme"); err != nil {
+	if err := operatorStore(t, s).ReuseName("acme"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Accounts.AddTenant("acme", accounts.Limits{}); err != nil {
+	if _, err := operatorStore(t, s).AddTenant("acme", accounts.Limits{}); err != nil {
 		t.Fatalf("the operator's reuse of a removed tenant's name: %v", err)
 	}
-	if _, err := s.Accounts.AddTenant("initech", accounts.Limits{MaxConnections: -1}); err == nil {
+	if _, err := operatorStore(t, s).AddTenant("initech", accounts.Limits{MaxConnections: -1}); err == nil {
 		t.Fatal("a tenant without a connection limit (-1) was added")
 	}
 	if err := s.Conn.Flush(); err != nil {
@@ -238,11 +238,11 @@ func TestRemovedTenantIsDisconnectedAndCannotReconnect(t *testing.T) {
 func TestTenantConnectionLimitRefusesTheNextOne(t *testing.T) {
 	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
 	const limit = 3
-	s.TenantAdd(t, "acme", accounts.Limits{MaxConnections: limit})
+	s.TenantAdd(t, "acme", actionbustest.TenantLimits{MaxConnections: limit})
 	for i := 1; i < limit; i++ {
 		s.TenantUserConnect(t, "acme", accounts.ApproverUser("acme"))
 	}
-	nc, err := s.DialCreds(s.Accounts.CredsFile("acme", accounts.ClientUser("acme")), nats.Name(t.Name()))
+	nc, err := s.DialCreds(operatorStore(t, s).CredsFile("acme", accounts.ClientUser("acme")), nats.Name(t.Name()))
 	if err == nil {
 		nc.Close()
 		t.Fatalf("connection %d of acme accepted, limit %d", limit+1, limit)
@@ -268,7 +268,7 @@ func TestTenantAddedAtRunTimeStartsARunAndFollowsItLive(t *testing.T) {
 				return executor.Result[in]{Output: x, Summary: x.Text}, nil
 			})
 	}})
-	acme := s.TenantAdd(t, "acme", accounts.Limits{})
+	acme := s.TenantAdd(t, "acme", actionbustest.TenantLimits{})
 	run := events.NewID()
 	live, err := acme.SubscribeSync("ab.run.acme." + run + ".*")
 	if err != nil {
@@ -315,9 +315,9 @@ func TestTenantAddedAtRunTimeStartsARunAndFollowsItLive(t *testing.T) {
 func TestAnImportOfAnotherTenantsSubjectsWithoutItsActivationIsRefused(t *testing.T) {
 	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
 	serveIngress(t, s.ServiceConnect(t, "dispatcher"))
-	s.TenantAdd(t, "globex", accounts.Limits{})
+	s.TenantAdd(t, "globex", actionbustest.TenantLimits{})
 	seed := func(path string) nkeys.KeyPair {
-		b, err := os.ReadFile(filepath.Join(s.Accounts.Dir, path))
+		b, err := os.ReadFile(filepath.Join(operatorStore(t, s).Dir, path))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -329,7 +329,7 @@ func TestAnImportOfAnotherTenantsSubjectsWithoutItsActivationIsRefused(t *testin
 	}
 	operator, svc := seed("operator.nk"), seed("accounts/ACTIONBUS/account.nk")
 	svcPub, _ := svc.PublicKey()
-	sys, err := s.DialCreds(s.Accounts.CredsFile(accounts.SystemAccount, accounts.SystemUser))
+	sys, err := s.DialCreds(operatorStore(t, s).CredsFile(accounts.SystemAccount, accounts.SystemUser))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +430,7 @@ func TestAnImportOfAnotherTenantsSubjectsWithoutItsActivationIsRefused(t *testin
 func TestTenantSubscriptionAndPayloadLimitsHold(t *testing.T) {
 	s := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
 	const subs, payload = 4, 1024
-	s.TenantAdd(t, "acme", accounts.Limits{MaxSubscriptions: subs, MaxPayload: payload})
+	s.TenantAdd(t, "acme", actionbustest.TenantLimits{MaxSubscriptions: subs, MaxPayload: payload})
 	asyncErrs := make(chan error, 16)
 	nc := s.TenantUserConnect(t, "acme", accounts.ClientUser("acme"), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		asyncErrs <- err
@@ -491,7 +491,7 @@ func BenchmarkTenantAdd(b *testing.B) {
 	s := actionbustest.NewServer(b, actionbustest.Options{Operator: true})
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		nc := s.TenantAdd(b, fmt.Sprintf("t%d", i), accounts.Limits{})
+		nc := s.TenantAdd(b, fmt.Sprintf("t%d", i), actionbustest.TenantLimits{})
 		nc.Close()
 	}
 }
@@ -512,7 +512,7 @@ func TestATenantAtItsSubscriptionLimitStillLearnsItsRunsEnd(t *testing.T) {
 			})
 	}})
 	const subs = 8
-	s.TenantAdd(t, "acme", accounts.Limits{MaxSubscriptions: subs})
+	s.TenantAdd(t, "acme", actionbustest.TenantLimits{MaxSubscriptions: subs})
 	refused := make(chan error, 64)
 	nc := s.TenantUserConnect(t, "acme", accounts.ClientUser("acme"), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		select {
@@ -554,4 +554,15 @@ func TestATenantAtItsSubscriptionLimitStillLearnsItsRunsEnd(t *testing.T) {
 	if res.Status != client.StatusCompleted {
 		t.Fatalf("acme's run ended %s: %+v", res.Status, res.Error)
 	}
+}
+
+// operatorStore opens the operator store of s, started with
+// Options.Operator.
+func operatorStore(t testing.TB, s *actionbustest.Server) *accounts.Store {
+	t.Helper()
+	store, err := accounts.Open(s.OperatorDir)
+	if err != nil {
+		t.Fatalf("open the operator store: %v", err)
+	}
+	return store
 }

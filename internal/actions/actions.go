@@ -20,31 +20,46 @@ import (
 	"time"
 
 	"github.com/actionbus/actionbus"
+	"github.com/actionbus/actionbus/catalog"
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/canonical"
 	"github.com/actionbus/actionbus/internal/limits"
 	"github.com/actionbus/actionbus/internal/schema"
 )
 
-// Mode says what an action does to the world.
-type Mode string
-
-// The action modes.
-const (
-	ModeRead   Mode = "read"
-	ModeDraft  Mode = "draft"
-	ModeDryRun Mode = "dryRun"
-	ModeMutate Mode = "mutate"
+// What an action declares, defined in the public package catalog (its
+// documentation shows the fields); named here for the code that handles
+// definitions.
+type (
+	Mode                 = catalog.Mode
+	PlannerMeta          = catalog.PlannerMeta
+	Permission           = catalog.Permission
+	NormalizedPermission = catalog.NormalizedPermission
+	Example              = catalog.Example
+	AuditPolicy          = catalog.AuditPolicy
 )
 
-// Valid reports whether m is one of the four modes.
-func (m Mode) Valid() bool {
-	switch m {
-	case ModeRead, ModeDraft, ModeDryRun, ModeMutate:
-		return true
-	}
-	return false
-}
+// The action modes, permission sources and audit payload modes (see
+// package catalog).
+const (
+	ModeRead   = catalog.ModeRead
+	ModeDraft  = catalog.ModeDraft
+	ModeDryRun = catalog.ModeDryRun
+	ModeMutate = catalog.ModeMutate
+
+	SourceBuiltIn  = catalog.SourceBuiltIn
+	SourceHost     = catalog.SourceHost
+	SourceFallback = catalog.SourceFallback
+
+	PayloadFull     = catalog.PayloadFull
+	PayloadRedacted = catalog.PayloadRedacted
+	PayloadHash     = catalog.PayloadHash
+	PayloadSummary  = catalog.PayloadSummary
+	PayloadOmit     = catalog.PayloadOmit
+)
+
+// riskLevels are the risk levels a definition may declare.
+var riskLevels = map[string]bool{"": true, "low": true, "medium": true, "high": true, "critical": true}
 
 // Definition describes one action. It is what executors publish to the
 // catalog and what planners and the dispatcher read.

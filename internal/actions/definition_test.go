@@ -10,36 +10,6 @@ import (
 	"github.com/actionbus/actionbus/internal/actions"
 )
 
-func bp(b bool) *bool { return &b }
-
-func TestPermissionNormalization(t *testing.T) {
-	cases := []struct {
-		name string
-		mode actions.Mode
-		in   *actions.Permission
-		want actions.NormalizedPermission
-	}{
-		{"read without metadata", actions.ModeRead, nil,
-			actions.NormalizedPermission{Effect: "read_state", InterruptBehavior: "block", ConcurrencySafe: true, ReadOnly: true, Source: "fallback"}},
-		{"mutate without metadata", actions.ModeMutate, nil,
-			actions.NormalizedPermission{Effect: "write_state", InterruptBehavior: "block", Destructive: true, NeedsApproval: true, Source: "fallback"}},
-		{"draft without metadata is not read-only", actions.ModeDraft, nil,
-			actions.NormalizedPermission{Effect: "draft", InterruptBehavior: "block", Source: "fallback"}},
-		{"partial metadata keeps declared fields", actions.ModeRead, &actions.Permission{Effect: "external_network", InterruptBehavior: "abort_safe"},
-			actions.NormalizedPermission{Effect: "external_network", InterruptBehavior: "abort_safe", ConcurrencySafe: true, ReadOnly: true, Source: "fallback"}},
-		{"complete metadata is host metadata", actions.ModeRead, &actions.Permission{Effect: "external_network", InterruptBehavior: "abort_safe",
-			ConcurrencySafe: bp(true), Destructive: bp(false), ReadOnly: bp(true), NeedsApproval: bp(true)},
-			actions.NormalizedPermission{Effect: "external_network", InterruptBehavior: "abort_safe", ConcurrencySafe: true, ReadOnly: true, NeedsApproval: true, Source: "host_metadata"}},
-		{"a mutate action cannot declare itself safe", actions.ModeMutate, &actions.Permission{ReadOnly: bp(true), NeedsApproval: bp(false), Source: "built_in_metadata"},
-			actions.NormalizedPermission{Effect: "write_state", InterruptBehavior: "block", Destructive: true, NeedsApproval: true, Source: "built_in_metadata"}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			assert.Equal(t, c.want, c.in.Normalize(c.mode))
-		})
-	}
-}
-
 func TestRegistrationRefusals(t *testing.T) {
 	schema := json.RawMessage(`{"type":"object","properties":{"x":{"type":"object"}}}`)
 	cases := []struct {

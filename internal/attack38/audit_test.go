@@ -15,7 +15,6 @@ import (
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/audit"
 	"github.com/actionbus/actionbus/internal/bus"
 )
@@ -111,7 +110,7 @@ func hasEvent(recs []client.AuditRecord, id string) bool {
 func TestAttack38_TenantClientRunsUnauditedWithAnOutOfRangeEventTime(t *testing.T) {
 	srv := operatorServer(t, 0)
 	const tenant = "acme"
-	nc := srv.TenantAdd(t, tenant, accounts.Limits{})
+	nc := srv.TenantAdd(t, tenant, actionbustest.TenantLimits{})
 	runs := srv.Record(t, srv.Prefix+".run.>")
 	var effects atomic.Int32
 	srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {

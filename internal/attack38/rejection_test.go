@@ -16,7 +16,6 @@ import (
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/bus"
 )
 
@@ -104,7 +103,7 @@ func TestAttack38_ExecutorHoldsAMessageUnrejectableWithEscapedHeaders(t *testing
 func TestAttack38_TenantClientHoldsTheAuditorWithAnUnrejectableRequest(t *testing.T) {
 	srv := operatorServer(t, 256<<10)
 	const tenant = "acme"
-	nc := srv.TenantAdd(t, tenant, accounts.Limits{})
+	nc := srv.TenantAdd(t, tenant, actionbustest.TenantLimits{})
 	runs := srv.Record(t, srv.Prefix+".run.>")
 	srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		return executor.Register(ex, executor.Action{Name: "page.render", Description: "Render a page."},

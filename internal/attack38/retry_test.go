@@ -15,7 +15,6 @@ import (
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/accounts"
 )
 
 // TestAttack38_TenantClientRetriesARunThatCalledNothingWithAnotherAction:
@@ -29,7 +28,7 @@ import (
 func TestAttack38_TenantClientRetriesARunThatCalledNothingWithAnotherAction(t *testing.T) {
 	srv := operatorServer(t, 0)
 	const tenant = "acme"
-	nc := srv.TenantAdd(t, tenant, accounts.Limits{})
+	nc := srv.TenantAdd(t, tenant, actionbustest.TenantLimits{})
 	var deletes atomic.Int32
 	srv.StartStack(t, actionbustest.StackOptions{Register: func(ex *executor.Executor) error {
 		return executor.Register(ex, executor.Action{Name: "files.delete", Description: "Delete files."},
@@ -65,7 +64,7 @@ func TestAttack38_TenantClientRetriesARunThatCalledNothingWithAnotherAction(t *t
 func TestAttack38_TenantClientRetriesAOneActionRunWithOtherArguments(t *testing.T) {
 	srv := operatorServer(t, 0)
 	const tenant = "acme"
-	nc := srv.TenantAdd(t, tenant, accounts.Limits{})
+	nc := srv.TenantAdd(t, tenant, actionbustest.TenantLimits{})
 	type refund struct {
 		Amount int `json:"amount"`
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/accounts"
 	"github.com/actionbus/actionbus/internal/bus"
 )
 
@@ -32,7 +31,7 @@ import (
 // logs what acme received.)
 func TestAttack42_TenantLearnsAnotherTenantsRunExistsFromACancel(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
-	acme := srv.TenantAdd(t, "acme", accounts.Limits{})
+	acme := srv.TenantAdd(t, "acme", actionbustest.TenantLimits{})
 	rejected := srv.Record(t, srv.Prefix+".rejected.>")
 	// What acme itself sees of the rejections (logged: whether the code
 	// reaches the prober, or only the operator's records).

@@ -105,38 +105,6 @@ func TestRateHoldsOverTime(t *testing.T) {
 	assert.InDelta(t, 100, started, 2, "10 per second for 10 s")
 }
 
-func TestKeysRenderFromTheCall(t *testing.T) {
-	call := limits.Call{Tenant: "acme", UserID: "u1", Action: "crm.update",
-		Metadata: map[string]any{"plan": "gold"}, Input: map[string]any{"customerId": "c-9"}}
-	for _, c := range []struct {
-		expr, want string
-	}{
-		{"", "crm.update"},
-		{"{{.tenant}}", "crm.update|acme"},
-		{"{{.tenant}}/{{.input.customerId}}", "crm.update|acme/c-9"},
-		{"{{.metadata.plan}}-{{.user}}", "crm.update|gold-u1"},
-		{"{{.input.missing}}", "crm.update|"},
-	} {
-		got, err := limits.Spec{Key: c.expr}.RenderKey(call)
-		require.NoError(t, err, c.expr)
-		assert.Equal(t, c.want, got, c.expr)
-	}
+func TestBucketKeysOfTwoKeysDiffer(t *testing.T) {
 	assert.NotEqual(t, limits.BucketKey("crm.update|a"), limits.BucketKey("crm.update|b"))
-}
-
-func TestSpecValidate(t *testing.T) {
-	for _, c := range []struct {
-		spec limits.Spec
-		ok   bool
-	}{
-		{limits.Spec{}, true},
-		{limits.Spec{MaxInFlight: 2, Key: "{{.tenant}}"}, true},
-		{limits.Spec{Rate: &limits.Rate{Limit: 1, PerMs: 1000}}, true},
-		{limits.Spec{MaxInFlight: -1}, false},
-		{limits.Spec{Rate: &limits.Rate{Limit: 0, PerMs: 1000}}, false},
-		{limits.Spec{Rate: &limits.Rate{Limit: 1}}, false},
-		{limits.Spec{Key: "{{.tenant"}, false},
-	} {
-		assert.Equal(t, c.ok, c.spec.Validate() == nil, "%+v", c.spec)
-	}
 }

@@ -9,11 +9,11 @@ import (
 )
 
 // TestTheCoreLinksNoNATS: the run core (internal/run) and the public wire
-// model (events) link no NATS package, directly or through any of their
-// dependencies; what talks to NATS is the shell (internal/bus and the
-// store packages).
+// model (events, catalog) link no NATS package, directly or through any
+// of their dependencies; what talks to NATS is the shell (internal/bus
+// and the store packages).
 func TestTheCoreLinksNoNATS(t *testing.T) {
-	for _, pkg := range []string{"github.com/actionbus/actionbus/internal/run", "github.com/actionbus/actionbus/events"} {
+	for _, pkg := range []string{"github.com/actionbus/actionbus/internal/run", "github.com/actionbus/actionbus/events", "github.com/actionbus/actionbus/catalog"} {
 		t.Run(pkg, func(t *testing.T) {
 			out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
 			require.NoError(t, err, "%s", out)

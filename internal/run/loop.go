@@ -557,7 +557,7 @@ func (m *Machine) onResult(ctx context.Context, st *State, r result) ([]Effect, 
 		tool := activeTool(st, *c)
 		env := toolEnvelope(*c, tool, r.output)
 		// A preparatory result kind is never the run's final evidence.
-		if kind, _ := env["resultKind"].(string); skills.NonTerminalKinds[kind] {
+		if kind, _ := env["resultKind"].(string); skills.NonTerminalKind(kind) {
 			r.complete = false
 		}
 		r.output = env

@@ -96,19 +96,19 @@ func TestReview37ATenantAddedUnderARemovedTenantsNameReadsItsRuns(t *testing.T) 
 	defer cancel()
 	srv := actionbustest.NewServer(t, actionbustest.Options{Operator: true})
 	srv.StartStack(t, actionbustest.StackOptions{Register: r37Echo})
-	old, err := client.New(srv.TenantAdd(t, "acme", accounts.Limits{}), client.Options{Tenant: "acme"})
+	old, err := client.New(srv.TenantAdd(t, "acme", actionbustest.TenantLimits{}), client.Options{Tenant: "acme"})
 	require.NoError(t, err)
 	waitCatalog(t, ctx, old, "r37.echo")
 	res, err := old.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "r37.echo", Args: map[string]any{"card": "4111-old-acme"}}, UserID: "a"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
-	oldCreds, err := os.ReadFile(srv.Accounts.CredsFile("acme", accounts.ClientUser("acme")))
+	oldCreds, err := os.ReadFile(srv.TenantCredsFile(t, "acme", accounts.ClientUser("acme")))
 	require.NoError(t, err)
 	srv.TenantRemove(t, "acme")
 
 	// Another customer asks for the name: refused while what the removed
 	// acme left is stored under it, unless the operator says so.
-	_, err = srv.Accounts.AddTenant("acme", accounts.Limits{})
+	_, err = srv.AddTenant(t, "acme", actionbustest.TenantLimits{})
 	require.Error(t, err, "the removed acme's name was given to a new tenant")
 	assert.Contains(t, err.Error(), "was removed")
 	// The removed tenant's creds stay refused.
@@ -119,7 +119,7 @@ func TestReview37ATenantAddedUnderARemovedTenantsNameReadsItsRuns(t *testing.T) 
 		assert.Fail(t, "the removed acme's creds connect again")
 	}
 	// A tenant under another name reads nothing of the removed acme's.
-	next, err := client.New(srv.TenantAdd(t, "initech", accounts.Limits{}), client.Options{Tenant: "initech"})
+	next, err := client.New(srv.TenantAdd(t, "initech", actionbustest.TenantLimits{}), client.Options{Tenant: "initech"})
 	require.NoError(t, err)
 	stored, _ := next.StoredEvents(ctx, res.RunID)
 	assert.Empty(t, stored, "initech reads the removed acme's run")
@@ -185,10 +185,10 @@ func TestReview37AnExecutorAimsTheRegistrarsAnswerAtTheSharedStores(t *testing.T
 				return executor.Result[map[string]any]{Output: in}, nil
 			})
 	}})
-	globex, err := client.New(srv.TenantAdd(t, "globex", accounts.Limits{}), client.Options{Tenant: "globex"})
+	globex, err := client.New(srv.TenantAdd(t, "globex", actionbustest.TenantLimits{}), client.Options{Tenant: "globex"})
 	require.NoError(t, err)
 	waitCatalog(t, ctx, globex, "r37.slow")
-	mallory, err := srv.DialCreds(srv.Accounts.CredsFile(accounts.ServiceAccount, "executor"), nats.CustomInboxPrefix("_INBOX_executor"))
+	mallory, err := srv.DialCreds(srv.ServiceCredsFile(t, "executor"), nats.CustomInboxPrefix("_INBOX_executor"))
 	require.NoError(t, err)
 	t.Cleanup(mallory.Close)
 	aim := func(reply string) {

@@ -1,4 +1,4 @@
-package actions
+package catalog
 
 import (
 	"fmt"
@@ -7,6 +7,26 @@ import (
 
 	"github.com/actionbus/actionbus"
 )
+
+// Mode says what an action does to the world.
+type Mode string
+
+// The action modes.
+const (
+	ModeRead   Mode = "read"
+	ModeDraft  Mode = "draft"
+	ModeDryRun Mode = "dryRun"
+	ModeMutate Mode = "mutate"
+)
+
+// Valid reports whether m is one of the four modes.
+func (m Mode) Valid() bool {
+	switch m {
+	case ModeRead, ModeDraft, ModeDryRun, ModeMutate:
+		return true
+	}
+	return false
+}
 
 // PlannerMeta is what planners see of an action beyond its name,
 // description and input schema.
@@ -192,6 +212,3 @@ func (a *AuditPolicy) Validate() error {
 	}
 	return nil
 }
-
-// Risk levels.
-var riskLevels = map[string]bool{"": true, "low": true, "medium": true, "high": true, "critical": true}
