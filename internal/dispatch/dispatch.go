@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
@@ -403,16 +404,9 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		defer span.End()
 		unlock := d.locks.Lock(req.RunID)
 		defer unlock()
-		st, out, err := d.machine.Start(ctx, req, d.idKey(req.Tenant, req.RunID))
-		if err == nil {
-			out, err = d.machine.Settle(ctx, env{d}, st, out)
-		}
+		st, out, err := d.start(ctx, req, r.Event)
 		if err != nil {
 			return err
-		}
-		// The run's trace starts with the caller's span, else with this.
-		if st.Trace = tracing.RunOfEvent(r.Event); st.Trace == nil {
-			st.Trace = tracing.RunOf(ctx)
 		}
 		return d.admit(ctx, st, out, msg)
 	}
@@ -430,6 +424,23 @@ func (d *Dispatcher) handle(ctx context.Context, r *events.Received, msg jetstre
 		return d.unknownRun(ctx, r, msg, err)
 	}
 	return err
+}
+
+// start is the run req starts, with the effects of its admission settled,
+// as the machine decides it now. Its trace starts with the span of ev's
+// publisher, else with ctx's.
+func (d *Dispatcher) start(ctx context.Context, req *events.RunRequested, ev *event.Event) (*run.State, []run.Effect, error) {
+	st, out, err := d.machine.Start(ctx, req, d.idKey(req.Tenant, req.RunID))
+	if err == nil {
+		out, err = d.machine.Settle(ctx, env{d}, st, out)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if st.Trace = tracing.RunOfEvent(ev); st.Trace == nil {
+		st.Trace = tracing.RunOf(ctx)
+	}
+	return st, out, nil
 }
 
 // errNoState is a transition's error when its run has no stored state.
@@ -505,22 +516,9 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 	if err != nil {
 		return err
 	}
-	st.Outbox = run.Dedupe(run.ArmAdmitted(st, out, time.Now(), d.cfg.ActionGrace))
-	st.Fence = fence
-	val, err := st.Encode()
+	st, val, err := d.admitted(st, out, fence)
 	if err != nil {
-		return bus.Permanent(err)
-	}
-	if tooLarge := d.stateTooLarge(val); tooLarge != nil {
-		// A request that cannot be held as state: the run is created
-		// failed, without what made it too large.
-		failed, fout := d.machine.Rejected(st.Tenant, st.RunID, st.IDKey, tooLarge)
-		failed.Kind, failed.UserID, failed.Trace = st.Kind, st.UserID, st.Trace
-		failed.Outbox, failed.Fence = fout, fence
-		st = failed
-		if val, err = st.Encode(); err != nil {
-			return bus.Permanent(err)
-		}
+		return err
 	}
 	work, afterWork := run.LeadingWork(st.Outbox)
 	early := firstFreshDelivery(msg, time.Now()) && d.earlyWork && len(work) > 0 && !st.IsTerminal()
@@ -551,6 +549,10 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 			if end, err = d.readEnd(ctx, st); err != nil || end != nil {
 				return d.commitUnstoredEnd(ctx, st, end, err)
 			}
+			if st, val, err = d.fromFirstRequest(ctx, st, val, msg, fence); err != nil {
+				break
+			}
+			work, afterWork = run.LeadingWork(st.Outbox)
 		}
 		rev, handedOut, err = d.createHandingOut(ctx, st, val, work)
 	default:
@@ -559,6 +561,9 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 		var end *endInStream
 		if end, err = d.readEnd(ctx, st); err != nil || end != nil {
 			return d.commitUnstoredEnd(ctx, st, end, err)
+		}
+		if st, val, err = d.fromFirstRequest(ctx, st, val, msg, fence); err != nil {
+			break
 		}
 		rev, err = d.create(ctx, st.RunID, val)
 	}
@@ -595,6 +600,65 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 		return err
 	}
 	return bus.Later(settled)
+}
+
+// admitted is run st as an admission under fence stores it, with out, the
+// effects of its admission, armed and in its outbox; and its encoding. A
+// request that cannot be held as state creates its run failed, without
+// what made it too large.
+func (d *Dispatcher) admitted(st *run.State, out []run.Effect, fence uint64) (*run.State, []byte, error) {
+	st.Outbox = run.Dedupe(run.ArmAdmitted(st, out, time.Now(), d.cfg.ActionGrace))
+	st.Fence = fence
+	val, err := st.Encode()
+	if err != nil {
+		return nil, nil, bus.Permanent(err)
+	}
+	if tooLarge := d.stateTooLarge(val); tooLarge != nil {
+		failed, fout := d.machine.Rejected(st.Tenant, st.RunID, st.IDKey, tooLarge)
+		failed.Kind, failed.UserID, failed.Trace = st.Kind, st.UserID, st.Trace
+		failed.Outbox, failed.Fence = fout, fence
+		st = failed
+		if val, err = st.Encode(); err != nil {
+			return nil, nil, bus.Permanent(err)
+		}
+	}
+	return st, val, nil
+}
+
+// fromFirstRequest is the run st, admitted from msg, as the run's first
+// request in the requests stream admits it, with its encoding: st and val
+// themselves when msg is that request, or is not from the requests
+// stream, or no request the dispatcher would take is stored. A run is
+// what its first request says, as readers rebuild it (admittedFromRequest):
+// a client may store a second, different request for its run (another
+// id) while a dispatcher holds the first unstored, and should that
+// dispatcher die, the second may come to the partition's next owner
+// before the first comes again. Admitted from the second, the run would
+// record its action and arguments, and apply to them the result of the
+// call the first handed out. One read, made only by an admission that is
+// not a request's first delivery as its run's first message.
+func (d *Dispatcher) fromFirstRequest(ctx context.Context, st *run.State, val []byte, msg jetstream.Msg, fence uint64) (*run.State, []byte, error) {
+	if msg == nil {
+		return st, val, nil
+	}
+	md, err := msg.Metadata()
+	if err != nil || md.Stream != d.topo.StreamRequests() {
+		return st, val, nil
+	}
+	first, err := d.storedRequest(ctx, st.Tenant, st.RunID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if first == nil || first.pos == storedAt(md) {
+		return st, val, nil
+	}
+	req := *first.rec.Data.(*events.RunRequested)
+	req.Tenant = first.rec.Tenant
+	fst, out, err := d.start(ctx, &req, first.rec.Event)
+	if err != nil {
+		return nil, nil, err
+	}
+	return d.admitted(fst, out, fence)
 }
 
 // admitUnstored admits run st, on the first delivery of the first message

@@ -3,6 +3,8 @@ package dispatch_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -420,4 +422,60 @@ func TestAHeldRequestDeliveredAgainWhileHeldStoresItsRun(t *testing.T) {
 	res, err := st.Client.Wait(ctx, runID)
 	require.NoError(t, err, "the run survives its dispatcher's stop")
 	assert.Equal(t, client.StatusCompleted, res.Status)
+}
+
+// TestASecondRequestForARunHeldUnstoredIsNotWhatItIsAdmittedFrom: while a
+// run admitted unstored is held, its client stores a second, different
+// request for it (another action, under another message id), and the
+// dispatcher dies holding the run: the second request is delivered before
+// the first comes again. The run is admitted again from its first request,
+// as readers rebuild it: it completes with the output of the call the
+// first handed out, that call ran once, the second's action never ran,
+// and the run read back names the first request's action.
+func TestASecondRequestForARunHeldUnstoredIsNotWhatItIsAdmittedFrom(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	counted := &hitCounter{hits: map[string]int{}}
+	var others atomic.Int32
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: func(ex *executor.Executor) error {
+		if err := counted.register(ex); err != nil {
+			return err
+		}
+		return executor.Register(ex, executor.Action{Name: "count.other", Description: "Count another hit."},
+			func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
+				others.Add(1)
+				return executor.Result[map[string]any]{Output: map[string]any{"other": true}}, nil
+			})
+	}})
+	ctx := ctxT(t)
+	runID := events.NewID()
+	eb, err := bus.Open(srv.Connect(t), bus.BusConfig{Prefix: "ab", Source: "/client"})
+	require.NoError(t, err)
+	crashed := onceEach()
+	var d *dispatch.Dispatcher
+	startDispatcher(t, srv, dispatch.Config{InstanceID: "holder"}, func(x *dispatch.Dispatcher) {
+		d = x
+		dispatch.SetCrashHandingOut(d, func(id string) bool {
+			if id != runID || !crashed(id) {
+				return false
+			}
+			// The first request's work is handed out; the client stores
+			// another request for the run now, delivered while this
+			// handler still holds the run.
+			_, err := eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
+				&events.RunRequested{RunID: runID, Action: &events.ActionCall{Name: "count.other", Args: map[string]any{}}})
+			return assert.NoError(t, err, "the second request is stored")
+		})
+	})
+	_, err = st.Client.Start(ctx, client.RunRequest{RunID: runID, Action: &client.ActionCall{Name: "count.hit", Args: map[string]any{}}})
+	require.NoError(t, err)
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	assert.Contains(t, fmt.Sprint(res.Output), "call", "the output is the first request's call's")
+	assert.Equal(t, 1, counted.total(), "the first request's call ran once")
+	assert.Zero(t, others.Load(), "the second request's action never ran")
+	ended, err := dispatch.EndedState(ctx, d, events.DefaultTenant, runID)
+	require.NoError(t, err)
+	require.Len(t, ended.Calls, 1)
+	assert.Equal(t, "count.hit", ended.Calls[0].Action, "the run read back is the first request's")
 }
