@@ -322,6 +322,9 @@ func (s Subjects) ServiceRunSubjects() []string {
 	return out
 }
 
+// RequestedVerb is the verb of run.requested, the event that starts a run.
+const RequestedVerb = "requested"
+
 // TimerVerb is the verb of timer.fired, the event the server writes when
 // a timer schedule falls due.
 const TimerVerb = "timer"
@@ -437,7 +440,7 @@ func (s Subjects) SubjectFor(eventType, tenant, runID, pool string) (string, err
 	}
 	switch eventType {
 	case TypeRunRequested:
-		return s.Run(tenant, runID, "requested"), nil
+		return s.Run(tenant, runID, RequestedVerb), nil
 	case TypeRunStarted:
 		return s.Run(tenant, runID, "started"), nil
 	case TypeRunStep:

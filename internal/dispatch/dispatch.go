@@ -744,13 +744,18 @@ func (d *Dispatcher) firstUnstored(ctx context.Context, msg jetstream.Msg, runID
 }
 
 // firstOfRun reports whether msg, a request on its first delivery, is the
-// first message the requests stream holds of its run (one direct get of
-// the next message on the run's subjects from the stream's start): no
-// request of the run was admitted before it.
+// first message the requests stream holds of its run: no request of the
+// run was admitted before it. The ingress marks a request the stream
+// stored only as its run's first (ingress.FirstOfRunHeader), so a marked
+// one is told without a read; an unmarked one by one direct get of the
+// next message on the run's subjects from the stream's start.
 func (d *Dispatcher) firstOfRun(ctx context.Context, msg jetstream.Msg) (bool, error) {
 	md, err := msg.Metadata()
-	if err != nil {
+	if err != nil || md.Stream != d.topo.StreamRequests() {
 		return false, nil
+	}
+	if msg.Headers().Get(ingress.FirstOfRunHeader) == "1" {
+		return true, nil
 	}
 	tenant, runID := d.bus.Subjects().RunFromSubject(msg.Subject())
 	if tenant == "" || runID == "" {

@@ -479,3 +479,36 @@ func TestASecondRequestForARunHeldUnstoredIsNotWhatItIsAdmittedFrom(t *testing.T
 	require.Len(t, ended.Calls, 1)
 	assert.Equal(t, "count.hit", ended.Calls[0].Action, "the run read back is the first request's")
 }
+
+// TestARunsMarkedFirstRequestIsAdmittedWithoutReadingTheRequestsStream:
+// the ingress marks a run's request stored as the run's first message, so
+// its admission without a state write reads nothing of the requests
+// stream: no direct get is asked of it while runs are admitted, and none
+// of them is stored.
+func TestARunsMarkedFirstRequestIsAdmittedWithoutReadingTheRequestsStream(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	counted := &hitCounter{hits: map[string]int{}}
+	st := srv.StartStack(t, actionbustest.StackOptions{NoPlanner: true, Register: counted.register})
+	ctx := ctxT(t)
+	_, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "count.hit", Args: map[string]any{}}}, nil)
+	require.NoError(t, err, "warm")
+	watcher := srv.Connect(t)
+	gets := make(chan *nats.Msg, 64)
+	for _, subject := range []string{"$JS.API.DIRECT.GET.AB_REQUESTS", "$JS.API.DIRECT.GET.AB_REQUESTS.>"} {
+		sub, err := watcher.ChanSubscribe(subject, gets)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+	}
+	require.NoError(t, watcher.Flush())
+	writes := stateWrites(t, srv.JS)
+	const runs = 5
+	for range runs {
+		res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "count.hit", Args: map[string]any{}}}, nil)
+		require.NoError(t, err)
+		require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	}
+	require.NoError(t, watcher.Flush())
+	assert.Zero(t, len(gets), "direct gets of the requests stream while the runs were admitted")
+	assert.Equal(t, writes, stateWrites(t, srv.JS), "the runs were admitted without a state write")
+	assert.Equal(t, runs+1, counted.total())
+}

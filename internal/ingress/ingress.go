@@ -178,7 +178,17 @@ func (s *Service) serve(ctx context.Context, m *nats.Msg) []byte {
 	if err != nil {
 		return ErrorAnswer(err)
 	}
-	ack, err := s.js.PublishMsg(ctx, out, jetstream.WithRetryAttempts(10), jetstream.WithRetryWait(100*time.Millisecond))
+	publish := func() (*jetstream.PubAck, error) {
+		return s.js.PublishMsg(ctx, out, jetstream.WithRetryAttempts(10), jetstream.WithRetryWait(100*time.Millisecond))
+	}
+	first := markFirstOfRun(s.subjects, m.Subject, out)
+	ack, err := publish()
+	if first && bus.IsRevisionConflict(err) {
+		// The run has a message stored already: this request is stored
+		// as any other, unmarked (a republished one is deduplicated).
+		unmarkFirstOfRun(out)
+		ack, err = publish()
+	}
 	if err != nil {
 		var api *jetstream.APIError
 		if !errors.As(err, &api) {
@@ -218,6 +228,39 @@ func Ingest(subjects events.Subjects, m *nats.Msg) (*nats.Msg, error) {
 		out.Header.Set(jetstream.MsgIDHeader, id)
 	}
 	return out, nil
+}
+
+// FirstOfRunHeader marks a run's request that the ingress stored as the
+// first message of its run in the requests stream: the stream stored it
+// only if it held no message on the run's subjects
+// (Nats-Expected-Last-Subject-Sequence 0 over {prefix}.run.{tenant}.{runId}.>),
+// decided by the stream's leader as it stored it. Only the ingress writes
+// the stream, and no publisher's header crosses ([Carried]), so the mark is
+// the ingress's word: the dispatcher admits a run so marked, on its first
+// delivery, without reading the stream to tell whether an earlier request
+// of the run is stored. A request stored unmarked (by an ingress before
+// this mark, or not the run's first) is told by reading.
+const FirstOfRunHeader = "Ab-First-Of-Run"
+
+// markFirstOfRun asks the stream to store out, a request stored for the
+// request subject subject, only as its run's first message, marked so
+// ([FirstOfRunHeader]); false for any other verb than requested.
+func markFirstOfRun(subjects events.Subjects, subject string, out *nats.Msg) bool {
+	tenant, runID, verb, ok := subjects.RequestFromSubject(subject)
+	if !ok || verb != events.RequestedVerb {
+		return false
+	}
+	out.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+	out.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, subjects.Run(tenant, runID, ">"))
+	out.Header.Set(FirstOfRunHeader, "1")
+	return true
+}
+
+// unmarkFirstOfRun drops what markFirstOfRun set.
+func unmarkFirstOfRun(out *nats.Msg) {
+	out.Header.Del(jetstream.ExpectedLastSubjSeqHeader)
+	out.Header.Del(jetstream.ExpectedLastSubjSeqSubjHeader)
+	out.Header.Del(FirstOfRunHeader)
 }
 
 // Carried reports whether a publisher's header crosses into the stored

@@ -204,3 +204,62 @@ func TestServiceAnswersNoArbitraryReplySubject(t *testing.T) {
 	_, err = aimed.NextMsg(100 * time.Millisecond)
 	assert.ErrorIs(t, err, nats.ErrTimeout, "the ingress answered an arbitrary reply subject")
 }
+
+// TestOnlyARunsFirstStoredMessageIsMarkedFirst: the ingress marks a run's
+// request stored as the run's first message in the requests stream
+// (FirstOfRunHeader), and nothing else: a second request of the run under
+// another id, a request after the run's cancel, and a cancel are stored
+// unmarked; a republished first request is deduplicated with the first's
+// acknowledgement; and a publisher's own mark never crosses.
+func TestOnlyARunsFirstStoredMessageIsMarkedFirst(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	nc := srv.Connect(t)
+	in, err := ingress.New(srv.Connect(t), ingress.Config{})
+	require.NoError(t, err)
+	require.NoError(t, in.Start())
+	t.Cleanup(in.Stop)
+	requests, err := srv.JS.Stream(ctx, "AB_REQUESTS")
+	require.NoError(t, err)
+	send := func(subject, id string, header ...string) jetstream.PubAck {
+		t.Helper()
+		msg := nats.NewMsg(subject)
+		msg.Header.Set("Nats-Msg-Id", id)
+		for i := 0; i+1 < len(header); i += 2 {
+			msg.Header.Set(header[i], header[i+1])
+		}
+		msg.Data = []byte(`{}`)
+		reply, err := nc.RequestMsg(msg, 5*time.Second)
+		require.NoError(t, err)
+		var ack jetstream.PubAck
+		require.NoError(t, json.Unmarshal(reply.Data, &ack), "%s", reply.Data)
+		require.Equal(t, "AB_REQUESTS", ack.Stream, "%s", reply.Data)
+		return ack
+	}
+	marked := func(ack jetstream.PubAck) bool {
+		t.Helper()
+		m, err := requests.GetMsg(ctx, ack.Sequence)
+		require.NoError(t, err)
+		return m.Header.Get(ingress.FirstOfRunHeader) == "1"
+	}
+
+	run := events.NewID()
+	first := send(subjects.Run("acme", run, "requested"), "first")
+	assert.True(t, marked(first), "the run's first request is marked")
+	again := send(subjects.Run("acme", run, "requested"), "first")
+	assert.True(t, again.Duplicate, "a republished request is deduplicated")
+	assert.Equal(t, first.Sequence, again.Sequence)
+	second := send(subjects.Run("acme", run, "requested"), "second", ingress.FirstOfRunHeader, "1")
+	assert.NotEqual(t, first.Sequence, second.Sequence)
+	assert.False(t, marked(second), "a second request of the run is not marked, whatever its publisher says")
+	assert.False(t, marked(send(subjects.Run("acme", run, "cancel"), "cancel")), "a cancel is not marked")
+
+	// Another tenant's run of the same id is a run of its own.
+	assert.True(t, marked(send(subjects.Run("globex", run, "requested"), "first")), "another tenant's run is its own")
+
+	canceled := events.NewID()
+	assert.False(t, marked(send(subjects.Run("acme", canceled, "cancel"), "c", ingress.FirstOfRunHeader, "1")))
+	assert.False(t, marked(send(subjects.Run("acme", canceled, "requested"), "r")),
+		"a request stored after its run's cancel is not its run's first message")
+}
