@@ -242,7 +242,13 @@ func (s *Server) Connect(t testing.TB) *nats.Conn {
 // dispatcher call it.
 func (s *Server) ServeIngress(t testing.TB) {
 	t.Helper()
-	in, err := ingress.New(s.Connect(t), ingress.Config{Prefix: s.Prefix})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	requests, err := s.JS.Stream(ctx, bus.Topology{Prefix: s.Prefix}.StreamRequests())
+	if err != nil {
+		t.Fatalf("actionbustest: ingress: the requests stream: %v", err)
+	}
+	in, err := ingress.New(s.Connect(t), ingress.Config{Prefix: s.Prefix, MarkFirstOfRun: ingress.MarksFirstOfRun(requests.CachedInfo().Config)})
 	if err != nil {
 		t.Fatalf("actionbustest: ingress: %v", err)
 	}

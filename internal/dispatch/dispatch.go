@@ -145,27 +145,31 @@ func (c *Config) Validate() error {
 
 // Dispatcher is the dispatcher service.
 type Dispatcher struct {
-	cfg       Config
-	js        jetstream.JetStream
-	bus       *bus.Bus
-	topo      bus.Topology
-	log       *slog.Logger
-	locks     *keymutex.Striped
-	runs      jetstream.KeyValue
-	requests  jetstream.Stream // read by an admission (firstOfRun)
-	artifacts artifacts.Store
-	cat       *actionstore.View
-	catKV     jetstream.KeyValue // skills are read from it
-	ready     chan struct{}
-	cache     *stateCache
-	checkers  *checkerCache
-	policy    atomic.Pointer[policy.Evaluator]
-	machine   *run.Machine
-	limits    *limitstore.Store
-	wakes     *wakeups
-	alarms    *endedAlarms
-	deferred  *deferredAlarms
-	unsent    *unpublished
+	cfg      Config
+	js       jetstream.JetStream
+	bus      *bus.Bus
+	topo     bus.Topology
+	log      *slog.Logger
+	locks    *keymutex.Striped
+	runs     jetstream.KeyValue
+	requests jetstream.Stream // read by an admission (firstOfRun)
+	// trustFirstMark: the requests stream has one replica, so its ingress
+	// marks a run's first request and an admission believes the mark
+	// (ingress.MarksFirstOfRun).
+	trustFirstMark bool
+	artifacts      artifacts.Store
+	cat            *actionstore.View
+	catKV          jetstream.KeyValue // skills are read from it
+	ready          chan struct{}
+	cache          *stateCache
+	checkers       *checkerCache
+	policy         atomic.Pointer[policy.Evaluator]
+	machine        *run.Machine
+	limits         *limitstore.Store
+	wakes          *wakeups
+	alarms         *endedAlarms
+	deferred       *deferredAlarms
+	unsent         *unpublished
 	// outboxFresh is how long a stored outbox may still be unsent (half
 	// the streams' duplicate window); see carriedOutbox.
 	outboxFresh time.Duration
@@ -258,6 +262,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if d.requests, err = d.js.Stream(ctx, d.topo.StreamRequests()); err != nil {
 		return err
 	}
+	d.trustFirstMark = ingress.MarksFirstOfRun(d.requests.CachedInfo().Config)
 	status, err := d.runs.Status(ctx)
 	if err != nil {
 		return err
@@ -318,7 +323,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	// requests, cancels, inputs and approvals' answers reach it as
 	// requests on their run subjects; it stores each under the tenant's
 	// namespaced message id, with only its CloudEvents headers.
-	in, err := ingress.New(d.js.Conn(), ingress.Config{Prefix: d.cfg.Prefix, Logger: d.cfg.Logger})
+	in, err := ingress.New(d.js.Conn(), ingress.Config{Prefix: d.cfg.Prefix, Logger: d.cfg.Logger, MarkFirstOfRun: d.trustFirstMark})
 	if err != nil {
 		return err
 	}
@@ -545,12 +550,12 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 			return d.admitUnstored(ctx, st, fence)
 		}
 		if !first {
+			if st, val, err = d.fromFirstRequest(ctx, st, val, msg, fence); err != nil {
+				break
+			}
 			var end *endInStream
 			if end, err = d.readEnd(ctx, st); err != nil || end != nil {
 				return d.commitUnstoredEnd(ctx, st, end, err)
-			}
-			if st, val, err = d.fromFirstRequest(ctx, st, val, msg, fence); err != nil {
-				break
 			}
 			work, afterWork = run.LeadingWork(st.Outbox)
 		}
@@ -558,12 +563,12 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 	default:
 		// A request delivered again, or stored again: the run may have
 		// ended without a state stored (admitUnstored).
+		if st, val, err = d.fromFirstRequest(ctx, st, val, msg, fence); err != nil {
+			break
+		}
 		var end *endInStream
 		if end, err = d.readEnd(ctx, st); err != nil || end != nil {
 			return d.commitUnstoredEnd(ctx, st, end, err)
-		}
-		if st, val, err = d.fromFirstRequest(ctx, st, val, msg, fence); err != nil {
-			break
 		}
 		rev, err = d.create(ctx, st.RunID, val)
 	}
@@ -754,7 +759,7 @@ func (d *Dispatcher) firstOfRun(ctx context.Context, msg jetstream.Msg) (bool, e
 	if err != nil || md.Stream != d.topo.StreamRequests() {
 		return false, nil
 	}
-	if msg.Headers().Get(ingress.FirstOfRunHeader) == "1" {
+	if d.trustFirstMark && msg.Headers().Get(ingress.FirstOfRunHeader) == "1" {
 		return true, nil
 	}
 	tenant, runID := d.bus.Subjects().RunFromSubject(msg.Subject())

@@ -512,3 +512,69 @@ func TestARunsMarkedFirstRequestIsAdmittedWithoutReadingTheRequestsStream(t *tes
 	assert.Equal(t, writes, stateWrites(t, srv.JS), "the runs were admitted without a state write")
 	assert.Equal(t, runs+1, counted.total())
 }
+
+// TestAnEndFoundByASecondRequestIsCommittedFromTheFirst: a run
+// admitted unstored fails; its dispatcher dies after publishing the end,
+// before the ended state. A second, different request for the run (another
+// id, another user, another action) is delivered before the first comes
+// again. It finds the stored end and writes the ended state: that state
+// must be the first request's run (fromFirstRequest), not the second's.
+// (A reviewer's finding: the end was committed from the delivered
+// request.)
+func TestAnEndFoundByASecondRequestIsCommittedFromTheFirst(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: time.Second})
+	var others atomic.Int32
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: func(ex *executor.Executor) error {
+		if err := failing(ex); err != nil {
+			return err
+		}
+		return executor.Register(ex, executor.Action{Name: "count.other", Description: "Count another hit."},
+			func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
+				others.Add(1)
+				return executor.Result[map[string]any]{Output: map[string]any{"other": true}}, nil
+			})
+	}})
+	ctx := ctxT(t)
+	runID := events.NewID()
+	eb, err := bus.Open(srv.Connect(t), bus.BusConfig{Prefix: "ab", Source: "/client"})
+	require.NoError(t, err)
+	crashed := onceEach()
+	var d *dispatch.Dispatcher
+	startDispatcher(t, srv, dispatch.Config{InstanceID: "dies-after-end", AlarmDelay: time.Minute}, func(x *dispatch.Dispatcher) {
+		d = x
+		dispatch.SetCrashAfterEnd(x, func(id string) bool {
+			if id != runID || !crashed(id) {
+				return false
+			}
+			_, err := eb.Emit(ctx, events.TypeRunRequested, events.NewID(), events.DefaultTenant, runID, "",
+				&events.RunRequested{RunID: runID, UserID: "u2", Action: &events.ActionCall{Name: "count.other", Args: map[string]any{}}})
+			return assert.NoError(t, err, "the second request is stored")
+		})
+	})
+	_, err = st.Client.Start(ctx, client.RunRequest{RunID: runID, UserID: "u1", Action: &client.ActionCall{Name: "fail.now", Args: map[string]any{}}})
+	require.NoError(t, err)
+	res, err := st.Client.Wait(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, client.StatusFailed, res.Status)
+
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketRuns())
+	require.NoError(t, err)
+	var stored run.State
+	require.Eventually(t, func() bool {
+		e, err := kv.Get(ctx, runID)
+		if err != nil {
+			return false
+		}
+		stored, err = run.DecodeState(e.Value())
+		return err == nil && stored.IsTerminal()
+	}, 15*time.Second, 50*time.Millisecond, "the ended state is written")
+	requestsSettled(t, srv.JS)
+	assert.Zero(t, others.Load())
+	assert.Equal(t, "u1", stored.UserID, "the stored run is the first request's user's")
+	require.Len(t, stored.Calls, 1)
+	assert.Equal(t, "fail.now", stored.Calls[0].Action, "the stored run is the first request's")
+	ended, err := dispatch.EndedState(ctx, d, events.DefaultTenant, runID)
+	require.NoError(t, err)
+	require.Len(t, ended.Calls, 1)
+	assert.Equal(t, "fail.now", ended.Calls[0].Action, "the run read back is the first request's")
+}

@@ -60,6 +60,11 @@ type Config struct {
 	Timeout time.Duration
 	// Logger receives the service's logs; nil discards them.
 	Logger *slog.Logger
+	// MarkFirstOfRun stores a run's request that is its run's first
+	// message in the requests stream marked so ([FirstOfRunHeader]); set
+	// it only where [MarksFirstOfRun] says so of the stream. Default
+	// false: nothing is marked.
+	MarkFirstOfRun bool
 }
 
 func (c *Config) setDefaults() {
@@ -181,7 +186,7 @@ func (s *Service) serve(ctx context.Context, m *nats.Msg) []byte {
 	publish := func() (*jetstream.PubAck, error) {
 		return s.js.PublishMsg(ctx, out, jetstream.WithRetryAttempts(10), jetstream.WithRetryWait(100*time.Millisecond))
 	}
-	first := markFirstOfRun(s.subjects, m.Subject, out)
+	first := s.cfg.MarkFirstOfRun && markFirstOfRun(s.subjects, m.Subject, out)
 	ack, err := publish()
 	if first && bus.IsRevisionConflict(err) {
 		// The run has a message stored already: this request is stored
@@ -239,8 +244,21 @@ func Ingest(subjects events.Subjects, m *nats.Msg) (*nats.Msg, error) {
 // the ingress's word: the dispatcher admits a run so marked, on its first
 // delivery, without reading the stream to tell whether an earlier request
 // of the run is stored. A request stored unmarked (by an ingress before
-// this mark, or not the run's first) is told by reading.
+// this mark, or not the run's first) is told by reading. Only a stream of
+// one replica has its requests marked ([MarksFirstOfRun]).
 const FirstOfRunHeader = "Ab-First-Of-Run"
+
+// MarksFirstOfRun reports whether a requests stream of configuration cfg
+// has its runs' first requests marked ([FirstOfRunHeader]), and the mark
+// believed: only a stream of one replica. A replicated stream's leader
+// checks an expectation over a filter subject against the messages it has
+// applied and those in flight under the filter only (nats-server 2.15):
+// a cancel of the run proposed but not yet applied, or a request an
+// ingress without the mark stored, is not seen, and the mark could name a
+// request that is not its run's first. The dispatcher then reads the
+// stream instead. The ingress and the dispatcher read cfg as they start:
+// after a change of the stream's replicas, restart the dispatchers.
+func MarksFirstOfRun(cfg jetstream.StreamConfig) bool { return cfg.Replicas <= 1 }
 
 // markFirstOfRun asks the stream to store out, a request stored for the
 // request subject subject, only as its run's first message, marked so

@@ -216,12 +216,13 @@ func TestOnlyARunsFirstStoredMessageIsMarkedFirst(t *testing.T) {
 	defer cancel()
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	nc := srv.Connect(t)
-	in, err := ingress.New(srv.Connect(t), ingress.Config{})
+	requests, err := srv.JS.Stream(ctx, "AB_REQUESTS")
+	require.NoError(t, err)
+	require.True(t, ingress.MarksFirstOfRun(requests.CachedInfo().Config), "a stream of one replica")
+	in, err := ingress.New(srv.Connect(t), ingress.Config{MarkFirstOfRun: true})
 	require.NoError(t, err)
 	require.NoError(t, in.Start())
 	t.Cleanup(in.Stop)
-	requests, err := srv.JS.Stream(ctx, "AB_REQUESTS")
-	require.NoError(t, err)
 	send := func(subject, id string, header ...string) jetstream.PubAck {
 		t.Helper()
 		msg := nats.NewMsg(subject)
@@ -262,4 +263,21 @@ func TestOnlyARunsFirstStoredMessageIsMarkedFirst(t *testing.T) {
 	assert.False(t, marked(send(subjects.Run("acme", canceled, "cancel"), "c", ingress.FirstOfRunHeader, "1")))
 	assert.False(t, marked(send(subjects.Run("acme", canceled, "requested"), "r")),
 		"a request stored after its run's cancel is not its run's first message")
+
+	// An ingress told not to mark (a replicated stream) marks nothing.
+	in.Stop()
+	unmarking, err := ingress.New(srv.Connect(t), ingress.Config{})
+	require.NoError(t, err)
+	require.NoError(t, unmarking.Start())
+	t.Cleanup(unmarking.Stop)
+	assert.False(t, marked(send(subjects.Run("acme", events.NewID(), "requested"), "plain")), "marked without MarkFirstOfRun")
+}
+
+// TestOnlyAStreamOfOneReplicaHasItsRunsFirstRequestsMarked: a replicated
+// stream's leader does not see, under the expectation's filter, a message
+// of the run proposed and not yet applied, so its mark could lie.
+func TestOnlyAStreamOfOneReplicaHasItsRunsFirstRequestsMarked(t *testing.T) {
+	for replicas, want := range map[int]bool{0: true, 1: true, 3: false, 5: false} {
+		assert.Equal(t, want, ingress.MarksFirstOfRun(jetstream.StreamConfig{Replicas: replicas}), replicas)
+	}
 }
