@@ -126,18 +126,28 @@ func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit(t *testing
 // storedEnds returns the terminal events stored for run runID of the
 // default tenant, by type: what the stream holds, not what a subscriber
 // saw (a second copy of an end would have the first's id).
+//
+// A client hears a run's end as the server routes it, which may be before
+// the stream has stored it: a read that finds no end reads again, for up
+// to 5 s, so that a test asking right after its client's result sees the
+// end stored.
 func storedEnds(t *testing.T, js jetstream.JetStream, runID string) map[string]uint64 {
 	t.Helper()
 	s, err := js.Stream(ctxT(t), "AB_RUNS")
 	require.NoError(t, err)
-	info, err := s.Info(ctxT(t), jetstream.WithSubjectFilter("ab.run.default."+runID+".>"))
-	require.NoError(t, err)
 	ends := map[string]uint64{}
-	for subject, n := range info.State.Subjects {
-		for _, typ := range []string{"completed", "failed", "canceled"} {
-			if events.MustSubjects("ab").Canonical(subject) == "ab.run.default."+runID+"."+typ {
-				ends[typ] += n
+	for deadline := time.Now().Add(5 * time.Second); len(ends) == 0 && time.Now().Before(deadline); {
+		info, err := s.Info(ctxT(t), jetstream.WithSubjectFilter("ab.run.default."+runID+".>"))
+		require.NoError(t, err)
+		for subject, n := range info.State.Subjects {
+			for _, typ := range []string{"completed", "failed", "canceled"} {
+				if events.MustSubjects("ab").Canonical(subject) == "ab.run.default."+runID+"."+typ {
+					ends[typ] += n
+				}
 			}
+		}
+		if len(ends) == 0 {
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	return ends
