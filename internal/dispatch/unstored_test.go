@@ -424,6 +424,21 @@ func TestAHeldRequestDeliveredAgainWhileHeldStoresItsRun(t *testing.T) {
 	assert.Equal(t, client.StatusCompleted, res.Status)
 }
 
+// withOther registers what register does and count.other, which counts
+// its calls in others: the action of a second request for a run.
+func withOther(register func(*executor.Executor) error, others *atomic.Int32) func(*executor.Executor) error {
+	return func(ex *executor.Executor) error {
+		if err := register(ex); err != nil {
+			return err
+		}
+		return executor.Register(ex, executor.Action{Name: "count.other", Description: "Count another hit."},
+			func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
+				others.Add(1)
+				return executor.Result[map[string]any]{Output: map[string]any{"other": true}}, nil
+			})
+	}
+}
+
 // TestASecondRequestForARunHeldUnstoredIsNotWhatItIsAdmittedFrom: while a
 // run admitted unstored is held, its client stores a second, different
 // request for it (another action, under another message id), and the
@@ -436,16 +451,7 @@ func TestASecondRequestForARunHeldUnstoredIsNotWhatItIsAdmittedFrom(t *testing.T
 	srv := actionbustest.NewServer(t, actionbustest.Options{})
 	counted := &hitCounter{hits: map[string]int{}}
 	var others atomic.Int32
-	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: func(ex *executor.Executor) error {
-		if err := counted.register(ex); err != nil {
-			return err
-		}
-		return executor.Register(ex, executor.Action{Name: "count.other", Description: "Count another hit."},
-			func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
-				others.Add(1)
-				return executor.Result[map[string]any]{Output: map[string]any{"other": true}}, nil
-			})
-	}})
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: withOther(counted.register, &others)})
 	ctx := ctxT(t)
 	runID := events.NewID()
 	eb, err := bus.Open(srv.Connect(t), bus.BusConfig{Prefix: "ab", Source: "/client"})
@@ -524,16 +530,7 @@ func TestARunsMarkedFirstRequestIsAdmittedWithoutReadingTheRequestsStream(t *tes
 func TestAnEndFoundByASecondRequestIsCommittedFromTheFirst(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: time.Second})
 	var others atomic.Int32
-	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: func(ex *executor.Executor) error {
-		if err := failing(ex); err != nil {
-			return err
-		}
-		return executor.Register(ex, executor.Action{Name: "count.other", Description: "Count another hit."},
-			func(context.Context, map[string]any, executor.Call) (executor.Result[map[string]any], error) {
-				others.Add(1)
-				return executor.Result[map[string]any]{Output: map[string]any{"other": true}}, nil
-			})
-	}})
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: withOther(failing, &others)})
 	ctx := ctxT(t)
 	runID := events.NewID()
 	eb, err := bus.Open(srv.Connect(t), bus.BusConfig{Prefix: "ab", Source: "/client"})
