@@ -128,17 +128,20 @@ func TestADeniedRunNeverRunsItsMutationWhenItsDispatcherDiesMidCommit(t *testing
 // saw (a second copy of an end would have the first's id).
 //
 // A client hears a run's end as the server routes it, which may be before
-// the stream has stored it: a read that finds no end reads again, for up
-// to 5 s, so that a test asking right after its client's result sees the
-// end stored.
+// the stream has stored it: the stream is read until it holds an end, for
+// up to 5 s, so that a test asking right after its client's result sees
+// the end stored.
 func storedEnds(t *testing.T, js jetstream.JetStream, runID string) map[string]uint64 {
 	t.Helper()
 	s, err := js.Stream(ctxT(t), "AB_RUNS")
 	require.NoError(t, err)
 	ends := map[string]uint64{}
-	for deadline := time.Now().Add(5 * time.Second); len(ends) == 0 && time.Now().Before(deadline); {
+	assert.Eventually(t, func() bool {
 		info, err := s.Info(ctxT(t), jetstream.WithSubjectFilter("ab.run.default."+runID+".>"))
-		require.NoError(t, err)
+		if err != nil {
+			return false
+		}
+		ends = map[string]uint64{}
 		for subject, n := range info.State.Subjects {
 			for _, typ := range []string{"completed", "failed", "canceled"} {
 				if events.MustSubjects("ab").Canonical(subject) == "ab.run.default."+runID+"."+typ {
@@ -146,9 +149,7 @@ func storedEnds(t *testing.T, js jetstream.JetStream, runID string) map[string]u
 				}
 			}
 		}
-		if len(ends) == 0 {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+		return len(ends) > 0
+	}, 5*time.Second, 10*time.Millisecond, "an end of run %s is stored", runID)
 	return ends
 }
