@@ -550,11 +550,8 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 			return d.admitUnstored(ctx, st, fence)
 		}
 		if !first {
-			if st, val, err = d.fromFirstRequest(ctx, st, val, msg, fence); err != nil {
-				break
-			}
 			var end *endInStream
-			if end, err = d.readEnd(ctx, st); err != nil || end != nil {
+			if st, val, end, err = d.readmitted(ctx, st, val, msg, fence); err != nil || end != nil {
 				return d.commitUnstoredEnd(ctx, st, end, err)
 			}
 			work, afterWork = run.LeadingWork(st.Outbox)
@@ -563,11 +560,8 @@ func (d *Dispatcher) admit(ctx context.Context, st *run.State, out []run.Effect,
 	default:
 		// A request delivered again, or stored again: the run may have
 		// ended without a state stored (admitUnstored).
-		if st, val, err = d.fromFirstRequest(ctx, st, val, msg, fence); err != nil {
-			break
-		}
 		var end *endInStream
-		if end, err = d.readEnd(ctx, st); err != nil || end != nil {
+		if st, val, end, err = d.readmitted(ctx, st, val, msg, fence); err != nil || end != nil {
 			return d.commitUnstoredEnd(ctx, st, end, err)
 		}
 		rev, err = d.create(ctx, st.RunID, val)
@@ -628,6 +622,19 @@ func (d *Dispatcher) admitted(st *run.State, out []run.Effect, fence uint64) (*r
 		}
 	}
 	return st, val, nil
+}
+
+// readmitted is run st, admitted from msg by an admission other than the
+// fast path, as its first request admits it (fromFirstRequest), with its
+// encoding, and the run's stored end when it has one (the run may have
+// ended without a state stored: admitUnstored).
+func (d *Dispatcher) readmitted(ctx context.Context, st *run.State, val []byte, msg jetstream.Msg, fence uint64) (*run.State, []byte, *endInStream, error) {
+	st, val, err := d.fromFirstRequest(ctx, st, val, msg, fence)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	end, err := d.readEnd(ctx, st)
+	return st, val, end, err
 }
 
 // fromFirstRequest is the run st, admitted from msg, as the run's first
