@@ -90,7 +90,10 @@ var serviceUsers = []serviceUser{
 			// The read service: direct gets of the runs, requests and audit
 			// streams, the catalog and artifacts.
 			"$JS.API.STREAM.INFO.AB_AUDIT", "$JS.API.DIRECT.GET.AB_RUNS", "$JS.API.DIRECT.GET.AB_REQUESTS",
-			"$JS.API.DIRECT.GET.AB_AUDIT", "$JS.API.DIRECT.GET.KV_ab_catalog", "$JS.API.DIRECT.GET.OBJ_ab_artifacts",
+			"$JS.API.DIRECT.GET.AB_AUDIT",
+			// A run's log, to repair its end or replay it: its requests,
+			// results and fired timers, with batch direct gets.
+			"$JS.API.DIRECT.GET.AB_TIMERS", "$JS.API.DIRECT.GET.KV_ab_catalog", "$JS.API.DIRECT.GET.OBJ_ab_artifacts",
 		},
 		// Each partition's three consumers, pulled (pinned), acknowledged
 		// and unpinned when the partition is handed to another dispatcher.

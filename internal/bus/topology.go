@@ -413,6 +413,9 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 	timers.Retention = jetstream.LimitsPolicy
 	timers.MaxAge = t.RunRetention
 	timers.AllowMsgSchedules = true
+	// A run's log (its fired timers among it) is read with direct gets,
+	// which the dispatcher user may make (no consumer of its own).
+	timers.AllowDirect = true
 	// The fired timers are stored under their partition; the schedules,
 	// one token longer, are not transformed.
 	timers.SubjectTransform = t.partitionTransform(s.AnyRun(events.TimerVerb), events.TimerVerb)

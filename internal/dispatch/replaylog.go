@@ -1,13 +1,15 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/actionbus/actionbus/events"
 	"github.com/actionbus/actionbus/internal/bus"
@@ -158,45 +160,55 @@ func (d *Dispatcher) storedLog(ctx context.Context, tenant, runID string) ([]log
 
 // readStream reads every message of stream on filters, decoded as the
 // dispatcher decodes what it consumes (a message it would reject is left
-// out: it never reached the machine).
+// out: it never reached the machine), in stored order. It reads with batch direct gets, page by page
+// until a page comes back empty: the deployed dispatcher user may make
+// them on the three streams a run's log is in, and may not create
+// consumers there (an ordered consumer was refused, and a repair waited
+// out its deadline).
 func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []string) ([]logged, error) {
-	cons, err := d.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverAllPolicy})
-	if err != nil {
-		return nil, err
+	const page = 256
+	type read struct {
+		seq uint64
+		logged
 	}
-	var out []logged
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		fctx, cancel := bus.Bounded(ctx)
-		info, err := cons.Info(fctx)
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		if info.NumPending == 0 {
-			return out, nil
-		}
-		batch, err := cons.Fetch(int(min(info.NumPending, 256)), jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return nil, err
-		}
-		for msg := range batch.Messages() {
-			meta, err := msg.Metadata()
+	var all []read
+	for _, filter := range filters {
+		for seq := uint64(1); ; {
+			gctx, cancel := bus.Bounded(ctx)
+			msgs, err := jetstreamext.GetBatch(gctx, d.js, stream, page, jetstreamext.GetBatchSubject(filter), jetstreamext.GetBatchSeq(seq))
 			if err != nil {
-				return nil, err
+				cancel()
+				return nil, fmt.Errorf("reading %s: %w", stream, err)
 			}
-			rec, err := d.bus.Receive(msg.Subject(), msg.Headers(), msg.Data())
-			if err != nil {
-				continue
+			n := 0
+			for m, err := range msgs {
+				if errors.Is(err, jetstreamext.ErrNoMessages) {
+					break
+				}
+				if err != nil {
+					cancel()
+					return nil, fmt.Errorf("reading %s: %w", stream, err)
+				}
+				n++
+				seq = m.Sequence + 1
+				rec, err := d.bus.Receive(m.Subject, m.Header, m.Data)
+				if err != nil {
+					continue
+				}
+				all = append(all, read{m.Sequence, logged{rec: rec, typ: rec.Event.Type(), at: m.Time, pos: stream + ":" + strconv.FormatUint(m.Sequence, 10)}})
 			}
-			out = append(out, logged{rec: rec, typ: rec.Event.Type(), at: meta.Timestamp, pos: storedAt(meta)})
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return nil, err
+			cancel()
+			if n == 0 {
+				break
+			}
 		}
 	}
+	slices.SortFunc(all, func(a, b read) int { return cmp.Compare(a.seq, b.seq) })
+	out := make([]logged, len(all))
+	for i, r := range all {
+		out[i] = r.logged
+	}
+	return out, nil
 }
 
 // replayEnv is the dispatcher's world for a replay: a frozenEnv whose
