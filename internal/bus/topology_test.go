@@ -225,3 +225,45 @@ func TestProvisionReplacesAnAuditorConsumerThatAcknowledgedEachEvent(t *testing.
 	assert.Equal(t, []uint64{seqOf(got[2]), seqOf(got[3]), seqOf(got[3]) + 1}, seqs,
 		"the unacknowledged event, the one acknowledged past it, and the one never delivered")
 }
+
+// The buckets read to be written with a revision check are read from
+// their stream's leader: by direct gets on a stream of one replica (its
+// one server is its leader, and a direct get costs half a JetStream API
+// read), never on a replicated one, where a lagging follower may answer.
+// A bucket provisioned before with direct gets off has them turned on.
+func TestRevisionCheckedBucketsReadFromTheirLeader(t *testing.T) {
+	for _, tc := range []struct {
+		replicas int
+		direct   bool
+	}{{0, true}, {1, true}, {3, false}, {5, false}} {
+		assert.Equal(t, tc.direct, bus.DirectReadsAreLeaderReads(jetstream.StreamConfig{Replicas: tc.replicas}), "replicas %d", tc.replicas)
+	}
+
+	srv := actionbustest.NewServer(t, actionbustest.Options{SkipProvision: true})
+	ctx := ctxT(t)
+	topo := bus.Topology{}
+	require.NoError(t, topo.Provision(ctx, srv.JS))
+	streams := []string{"KV_" + topo.BucketRuns(), "KV_" + topo.BucketIdempotency("default"), "KV_" + topo.BucketLimits(), "KV_" + topo.BucketPlannerLimits()}
+	for _, name := range streams {
+		st, err := srv.JS.Stream(ctx, name)
+		require.NoError(t, err)
+		cfg := st.CachedInfo().Config
+		assert.True(t, cfg.AllowDirect, "%s (one replica) is read with direct gets", name)
+		cfg.AllowDirect = false // as provisioned before
+		_, err = srv.JS.UpdateStream(ctx, cfg)
+		require.NoError(t, err)
+	}
+	require.NoError(t, topo.Provision(ctx, srv.JS))
+	for _, name := range streams {
+		st, err := srv.JS.Stream(ctx, name)
+		require.NoError(t, err)
+		assert.True(t, st.CachedInfo().Config.AllowDirect, "%s provisioned again", name)
+	}
+	kv, err := srv.JS.KeyValue(ctx, topo.BucketRuns())
+	require.NoError(t, err)
+	_, err = kv.Create(ctx, "run-1", []byte("a"))
+	require.NoError(t, err)
+	got, err := kv.Get(ctx, "run-1")
+	require.NoError(t, err)
+	assert.Equal(t, "a", string(got.Value()), "a write is read back at once")
+}
