@@ -46,6 +46,11 @@ type Options struct {
 	// AckWait of every consumer; default 30s. Tests of redelivery after a
 	// crash use a short one.
 	AckWait time.Duration
+	// DuplicateWindow of every stream; default 2 minutes. Tests of what
+	// happens once JetStream no longer drops a republished event use a
+	// short one (at least twice AckWait, or admissions hand their work out
+	// only after their state is stored).
+	DuplicateWindow time.Duration
 	// MaxPayload is the server's largest message; default the server's
 	// own default (1 MB), the limit a deployment meets.
 	MaxPayload int32
@@ -161,7 +166,7 @@ func NewServer(t testing.TB, o Options) *Server {
 	if !o.SkipProvision {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		topo := bus.Topology{Prefix: o.Prefix, Pools: o.Pools, AckWait: o.AckWait, Partitions: o.Partitions}
+		topo := bus.Topology{Prefix: o.Prefix, Pools: o.Pools, AckWait: o.AckWait, DuplicateWindow: o.DuplicateWindow, Partitions: o.Partitions}
 		if err := topo.Provision(ctx, s.JS); err != nil {
 			t.Fatalf("actionbustest: provision: %v", err)
 		}

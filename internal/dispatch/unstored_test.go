@@ -345,17 +345,9 @@ func TestAFailedRunWhoseDispatcherDiesAfterItsEndIsStoredAndRetried(t *testing.T
 func TestARequestStoredAgainAfterItAgedOutDoesNotRunItsRunAgain(t *testing.T) {
 	// Short windows that still cover twice the ack wait: admissions hand
 	// their work out early.
-	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: time.Second})
-	ctx := ctxT(t)
 	const window = 3 * time.Second
-	for _, name := range []string{"AB_WORK", "AB_RUNS"} {
-		s, err := srv.JS.Stream(ctx, name)
-		require.NoError(t, err)
-		cfg := s.CachedInfo().Config
-		cfg.Duplicates = window
-		_, err = srv.JS.UpdateStream(ctx, cfg)
-		require.NoError(t, err)
-	}
+	srv := actionbustest.NewServer(t, actionbustest.Options{AckWait: time.Second, DuplicateWindow: window})
+	ctx := ctxT(t)
 	g := newGated()
 	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: g.register})
 	startDispatcher(t, srv, dispatch.Config{InstanceID: "aged-out", AlarmDelay: 100 * time.Millisecond})

@@ -41,16 +41,8 @@ func TestATenantCannotMarkARequestFirstOfItsRun(t *testing.T) {
 	// covering twice the ack wait (so that admissions hand their work out
 	// early and a run may end without a state stored): past them, nothing
 	// but the dispatcher's admission keeps a run from running again.
-	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: []string{"acme", "globex"}, AckWait: time.Second})
 	const window = 3 * time.Second
-	for _, name := range []string{"AB_WORK", "AB_RUNS"} {
-		s, err := srv.JS.Stream(ctx, name)
-		require.NoError(t, err)
-		cfg := s.CachedInfo().Config
-		cfg.Duplicates = window
-		_, err = srv.JS.UpdateStream(ctx, cfg)
-		require.NoError(t, err)
-	}
+	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: []string{"acme", "globex"}, AckWait: time.Second, DuplicateWindow: window})
 	bin := buildServices(t)
 	startService(t, filepath.Join(bin, "dispatcher"), srv.UserURL("dispatcher"))
 	dir := t.TempDir()
