@@ -491,34 +491,23 @@ func (t Topology) durable(name, desc string, filters ...string) jetstream.Consum
 	}
 }
 
-// leaderReads makes a stream's reads come from its leader: direct gets
-// are turned off on a replicated stream (a follower may answer them, and
-// lag behind), and on for a stream of one replica, whose one server is
-// its leader and answers a direct get from the store every acknowledged
-// write is in — at about half the cost of a read through the JetStream
-// API (its JSON request and answer, its queue), on the path of every
-// admission ([DirectReadsAreLeaderReads]).
+// leaderReads turns off direct gets on a stream, so that reads are served
+// by its leader.
 func (t Topology) leaderReads(ctx context.Context, js jetstream.JetStream, stream string) error {
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		return fmt.Errorf("events: provision %s: %w", stream, err)
 	}
 	cfg := st.CachedInfo().Config
-	if direct := DirectReadsAreLeaderReads(cfg); cfg.AllowDirect != direct {
-		cfg.AllowDirect = direct
-		if _, err := js.UpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("events: provision %s: %w", stream, err)
-		}
+	if !cfg.AllowDirect {
+		return nil
+	}
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("events: provision %s: %w", stream, err)
 	}
 	return nil
 }
-
-// DirectReadsAreLeaderReads reports whether a direct get from a stream of
-// configuration cfg is answered by its leader: only when it has one
-// replica (a mirror's direct gets are never turned on by provisioning).
-// Readers bind to a bucket's read path as they open it: after a change of
-// its replicas, provision again, then restart the services.
-func DirectReadsAreLeaderReads(cfg jetstream.StreamConfig) bool { return cfg.Replicas <= 1 }
 
 // work sets what a pool's work consumer needs beyond the defaults.
 func work(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
@@ -777,11 +766,9 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 		if kc.Bucket == t.BucketRuns() || t.idempotencyBucket(kc.Bucket) || kc.Bucket == t.BucketLimits() || kc.Bucket == t.BucketPlannerLimits() {
 			// Run state and idempotency keys are read to be written with
 			// a revision check: reads must come from the stream leader.
-			// A replicated stream's direct gets may be answered by a
-			// follower that lags behind (right after a node loss, for a
-			// while), and a stale revision would make every
-			// revision-checked write conflict; a stream of one replica
-			// has no follower (leaderReads).
+			// Direct gets may be answered by a follower that lags behind
+			// (right after a node loss, for a while), and a stale
+			// revision would make every revision-checked write conflict.
 			if err := t.leaderReads(ctx, js, "KV_"+kc.Bucket); err != nil {
 				return err
 			}
