@@ -160,11 +160,12 @@ func (d *Dispatcher) storedLog(ctx context.Context, tenant, runID string) ([]log
 
 // readStream reads every message of stream on filters, decoded as the
 // dispatcher decodes what it consumes (a message it would reject is left
-// out: it never reached the machine), in stored order. It reads with batch direct gets, page by page
-// until a page comes back empty: the deployed dispatcher user may make
-// them on the three streams a run's log is in, and may not create
-// consumers there (an ordered consumer was refused, and a repair waited
-// out its deadline).
+// out: it never reached the machine), in stored order. It reads with
+// batch direct gets, page by page until a page comes back empty, each
+// message at the subject and sequence the server gives it
+// (bus.ReadAsStored): the deployed dispatcher user may make them on the
+// three streams a run's log is in, and may not create consumers there (an
+// ordered consumer was refused, and a repair waited out its deadline).
 func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []string) ([]logged, error) {
 	const page = 256
 	type read struct {
@@ -185,6 +186,12 @@ func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []st
 				if errors.Is(err, jetstreamext.ErrNoMessages) {
 					break
 				}
+				if err == nil {
+					// The server's subject and sequence, not a
+					// publisher's own header (an executor writes the runs
+					// stream): paging by a forged sequence never ended.
+					m, err = bus.ReadAsStored(m)
+				}
 				if err != nil {
 					cancel()
 					return nil, fmt.Errorf("reading %s: %w", stream, err)
@@ -198,6 +205,10 @@ func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []st
 				all = append(all, read{m.Sequence, logged{rec: rec, typ: rec.Event.Type(), at: m.Time, pos: stream + ":" + strconv.FormatUint(m.Sequence, 10)}})
 			}
 			cancel()
+			if err := ctx.Err(); err != nil {
+				// A page cut short by the deadline reads as an end.
+				return nil, fmt.Errorf("reading %s: %w", stream, err)
+			}
 			if n == 0 {
 				break
 			}

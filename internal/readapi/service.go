@@ -350,6 +350,13 @@ func (s *Service) collect(it func(yield func(*jetstream.RawStreamMsg, error) boo
 		if errors.Is(err, jetstreamext.ErrNoMessages) {
 			break
 		}
+		if err == nil {
+			// The server's subject, sequence and time, not a
+			// publisher's own headers: an executor's message on a run's
+			// result subject carrying "Nats-Subject: …completed" was
+			// handed to the run's followers as its end.
+			m, err = bus.ReadAsStored(m)
+		}
 		if err != nil {
 			return nil, readErr(err)
 		}
@@ -363,8 +370,8 @@ func (s *Service) collect(it func(yield func(*jetstream.RawStreamMsg, error) boo
 // published on (a stored run event's partition token dropped).
 func (s *Service) storedOf(m *jetstream.RawStreamMsg) stored {
 	st := stored{seq: m.Sequence, subject: s.subjects.Canonical(m.Subject), time: m.Time, data: m.Data}
-	if np := m.Header.Get("Nats-Num-Pending"); np != "" {
-		st.pending = parseUint(np)
+	if np := m.Header.Values("Nats-Num-Pending"); len(np) > 0 {
+		st.pending = parseUint(np[len(np)-1]) // the server's: it appends its own
 	}
 	for k, vs := range m.Header {
 		if strings.HasPrefix(k, "Nats-") {
