@@ -51,6 +51,15 @@ func (r reflection) reflect(t *testing.T, nc *nats.Conn, body, reply string) {
 	require.NoError(t, nc.Flush())
 }
 
+// connect connects as r.user, with its inbox prefix.
+func (r reflection) connect(t *testing.T, srv *actionbustest.Server) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(srv.UserURL(r.user), nats.CustomInboxPrefix("_INBOX_"+r.user))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 func (r reflection) skipIfOpen(t *testing.T) {
 	t.Helper()
 	if r.open && os.Getenv("ACTIONBUS_ATTACK_OPEN") == "" {
@@ -65,9 +74,7 @@ func TestNoServiceUserReflectsADirectGetOntoTheJetStreamAPI(t *testing.T) {
 	for i, r := range reflections {
 		t.Run(r.name, func(t *testing.T) {
 			r.skipIfOpen(t)
-			nc, err := nats.Connect(srv.UserURL(r.user), nats.CustomInboxPrefix("_INBOX_"+r.user))
-			require.NoError(t, err)
-			t.Cleanup(nc.Close)
+			nc := r.connect(t, srv)
 			inbox := fmt.Sprintf("_INBOX_%s.steal%d", r.user, i)
 			got := make(chan *nats.Msg, 16)
 			sub, err := nc.ChanSubscribe(inbox, got)
@@ -89,9 +96,7 @@ func TestNoServiceUserReflectsADirectGetOntoARunsState(t *testing.T) {
 	for _, r := range reflections {
 		t.Run(r.name, func(t *testing.T) {
 			r.skipIfOpen(t)
-			nc, err := nats.Connect(srv.UserURL(r.user), nats.CustomInboxPrefix("_INBOX_"+r.user))
-			require.NoError(t, err)
-			t.Cleanup(nc.Close)
+			nc := r.connect(t, srv)
 			key := "01JATTACKRUN0000000000000"
 			_, err = runs.Put(ctx, key, []byte(`{"runId":"01JATTACKRUN0000000000000","tenant":"acme","phase":"acting"}`))
 			require.NoError(t, err)

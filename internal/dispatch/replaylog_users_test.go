@@ -1,18 +1,14 @@
 package dispatch_test
 
 import (
-	"context"
 	"testing"
 
-	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/client"
 	"github.com/actionbus/actionbus/events"
-	"github.com/actionbus/actionbus/executor"
-	"github.com/actionbus/actionbus/internal/dispatch"
 )
 
 // TestTheDeployedDispatcherReadsARunsLog: a dispatcher reads a run's
@@ -24,26 +20,8 @@ import (
 // failed. It reads them with direct gets, which the user may make.
 func TestTheDeployedDispatcherReadsARunsLog(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true})
-	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: func(ex *executor.Executor) error {
-		return executor.Register(ex, executor.Action{Name: "test.echo"},
-			func(_ context.Context, in map[string]any, _ executor.Call) (executor.Result[map[string]any], error) {
-				return executor.Result[map[string]any]{Output: in}, nil
-			})
-	}})
-	nc, err := nats.Connect(srv.UserURL("dispatcher"), nats.CustomInboxPrefix("_INBOX_dispatcher"))
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	d, err := dispatch.New(nc, dispatch.Config{InstanceID: "deployed"})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-d.Ready():
-	case err := <-done:
-		t.Fatalf("dispatcher: %v", err)
-	}
+	st := srv.StartStack(t, actionbustest.StackOptions{NoDispatcher: true, NoPlanner: true, Register: echoAction})
+	d := deployedDispatcher(t, srv)
 
 	res, err := st.Client.Run(ctxT(t), client.RunRequest{Action: &client.ActionCall{Name: "test.echo", Args: map[string]any{"a": 1.0}}}, nil)
 	require.NoError(t, err)
