@@ -333,9 +333,11 @@ func (e endedEvent) String() string { return e.typ + " " + e.id + " " + e.pos }
 
 // storedAt is the position of a stored message: its stream and stream
 // sequence.
-func storedAt(meta *jetstream.MsgMetadata) string {
-	return meta.Stream + ":" + strconv.FormatUint(meta.Sequence.Stream, 10)
-}
+func storedAt(meta *jetstream.MsgMetadata) string { return position(meta.Stream, meta.Sequence.Stream) }
+
+// position is the position of the message at sequence seq of stream, as
+// an end names it (storedAt).
+func position(stream string, seq uint64) string { return stream + ":" + strconv.FormatUint(seq, 10) }
 
 func endedBy(jobs []*job) string {
 	names := make([]string, len(jobs))

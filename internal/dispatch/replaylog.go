@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/synadia-io/orbit.go/jetstreamext"
@@ -202,7 +201,7 @@ func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []st
 				if err != nil {
 					continue
 				}
-				all = append(all, read{m.Sequence, logged{rec: rec, typ: rec.Event.Type(), at: m.Time, pos: stream + ":" + strconv.FormatUint(m.Sequence, 10)}})
+				all = append(all, read{m.Sequence, logged{rec: rec, typ: rec.Event.Type(), at: m.Time, pos: position(stream, m.Sequence)}})
 			}
 			cancel()
 			if err := ctx.Err(); err != nil {

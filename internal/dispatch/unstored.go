@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -89,7 +88,7 @@ func (d *Dispatcher) storedRequest(ctx context.Context, tenant, runID string) (*
 		return nil, err
 	}
 	rec := decoded[m.Sequence]
-	return &logged{rec: rec, typ: rec.Event.Type(), at: m.Time, pos: d.topo.StreamRequests() + ":" + strconv.FormatUint(m.Sequence, 10)}, nil
+	return &logged{rec: rec, typ: rec.Event.Type(), at: m.Time, pos: position(d.topo.StreamRequests(), m.Sequence)}, nil
 }
 
 // admittedFromRequest is the state tenant's run runID was admitted with,
