@@ -146,7 +146,7 @@ func TestServiceUsers(t *testing.T) {
 			t.Errorf("executor-billing writes a shared store: %s", s)
 		}
 	}
-	if d := names["dispatcher"]; !slices.Contains(d.Pub, "$JS.API.DIRECT.GET.OBJ_ab_artifacts_billing.>") || !d.AllowResponses {
+	if d := names["dispatcher"]; !slices.Contains(d.Pub, "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts_billing") || !d.AllowResponses {
 		t.Errorf("dispatcher: reads every pool's artifacts and answers requests: %+v", d)
 	}
 	for n, p := range names {

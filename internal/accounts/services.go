@@ -80,7 +80,7 @@ var serviceUsers = []serviceUser{
 			"$JS.API.CONSUMER.DELETE.KV_ab_catalog.>", "$JS.API.CONSUMER.INFO.KV_ab_catalog.>",
 			"$JS.FC.KV_ab_catalog.>", "$JS.API.STREAM.INFO.KV_ab_policy", "$JS.API.CONSUMER.CREATE.KV_ab_policy.>",
 			"$JS.API.CONSUMER.DELETE.KV_ab_policy.>", "$JS.FC.KV_ab_policy.>", "$JS.API.STREAM.INFO.OBJ_ab_artifacts",
-			"$O.ab_artifacts.>", "$JS.API.DIRECT.GET.OBJ_ab_artifacts.>", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts",
+			"$O.ab_artifacts.>", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts",
 			"$JS.API.CONSUMER.CREATE.OBJ_ab_artifacts.>", "$JS.API.CONSUMER.DELETE.OBJ_ab_artifacts.>",
 			"$JS.FC.OBJ_ab_artifacts.>",
 			// The registrar: it alone writes the catalog and its owners.
@@ -88,12 +88,13 @@ var serviceUsers = []serviceUser{
 			"$JS.API.STREAM.INFO.KV_ab_catalog_owners", "$JS.API.DIRECT.GET.KV_ab_catalog_owners.>",
 			"$JS.API.STREAM.MSG.GET.KV_ab_catalog_owners", "$KV.ab_catalog_owners.>",
 			// The read service: direct gets of the runs, requests and audit
-			// streams, the catalog and artifacts.
+			// streams and the catalog (artifact stores answer none: they
+			// are read with the message get).
 			"$JS.API.STREAM.INFO.AB_AUDIT", "$JS.API.DIRECT.GET.AB_RUNS", "$JS.API.DIRECT.GET.AB_REQUESTS",
 			"$JS.API.DIRECT.GET.AB_AUDIT",
 			// A run's log, to repair its end or replay it: its requests,
 			// results and fired timers, with batch direct gets.
-			"$JS.API.DIRECT.GET.AB_TIMERS", "$JS.API.DIRECT.GET.KV_ab_catalog", "$JS.API.DIRECT.GET.OBJ_ab_artifacts",
+			"$JS.API.DIRECT.GET.AB_TIMERS", "$JS.API.DIRECT.GET.KV_ab_catalog",
 		},
 		// Each partition's three consumers, pulled (pinned), acknowledged
 		// and unpinned when the partition is handed to another dispatcher.
@@ -109,8 +110,7 @@ var serviceUsers = []serviceUser{
 		},
 		// The pools' artifact stores, read for workflows and tenants.
 		eachPool: []string{
-			"$JS.API.STREAM.INFO.OBJ_ab_artifacts_{pool}", "$JS.API.DIRECT.GET.OBJ_ab_artifacts_{pool}",
-			"$JS.API.DIRECT.GET.OBJ_ab_artifacts_{pool}.>", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts_{pool}",
+			"$JS.API.STREAM.INFO.OBJ_ab_artifacts_{pool}", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts_{pool}",
 			"$JS.API.CONSUMER.CREATE.OBJ_ab_artifacts_{pool}.>", "$JS.API.CONSUMER.DELETE.OBJ_ab_artifacts_{pool}.>",
 			"$JS.FC.OBJ_ab_artifacts_{pool}.>",
 		},
@@ -129,7 +129,7 @@ var serviceUsers = []serviceUser{
 		pub: []string{
 			"ab.run.*.*.decision", "ab.run.*.*.synthesized", "ab.stream.*.*", "ab.rejected.>",
 			"$JS.API.STREAM.INFO.KV_ab_planner_limits", "$JS.API.STREAM.MSG.GET.KV_ab_planner_limits",
-			"$JS.API.DIRECT.GET.KV_ab_planner_limits.>", "$KV.ab_planner_limits.>", "$JS.API.STREAM.INFO.AB_RUNS",
+			"$KV.ab_planner_limits.>", "$JS.API.STREAM.INFO.AB_RUNS",
 			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_RUNS.planner",
 			"$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.planner", "$JS.ACK.AB_RUNS.planner.>",
 			"$JS.API.STREAM.INFO.KV_ab_catalog", "$JS.API.DIRECT.GET.KV_ab_catalog.>",
@@ -152,7 +152,9 @@ var serviceUsers = []serviceUser{
 			"$JS.API.CONSUMER.INFO.AB_WORK.auditor-work", "$JS.API.CONSUMER.MSG.NEXT.AB_WORK.auditor-work",
 			"$JS.ACK.AB_WORK.auditor-work.>", "$JS.API.CONSUMER.INFO.AB_REJECTED.auditor-rejected",
 			"$JS.API.CONSUMER.MSG.NEXT.AB_REJECTED.auditor-rejected", "$JS.ACK.AB_REJECTED.auditor-rejected.>",
-			"$JS.API.STREAM.MSG.GET.AB_AUDIT", "$JS.API.DIRECT.GET.AB_AUDIT", "$JS.API.DIRECT.GET.AB_AUDIT.>",
+			// Its chains' ends, with the message get: it writes the
+			// audit stream, so it may not direct-get it.
+			"$JS.API.STREAM.MSG.GET.AB_AUDIT",
 			"$JS.API.CONSUMER.CREATE.AB_AUDIT.sink-jsonl.>", "$JS.API.CONSUMER.INFO.AB_AUDIT.sink-jsonl",
 			"$JS.API.CONSUMER.CREATE.AB_AUDIT.sink-sqlite.>", "$JS.API.CONSUMER.INFO.AB_AUDIT.sink-sqlite",
 			"$JS.API.CONSUMER.MSG.NEXT.AB_AUDIT.sink-jsonl", "$JS.ACK.AB_AUDIT.sink-jsonl.>",
@@ -174,10 +176,12 @@ var serviceUsers = []serviceUser{
 			"ab.pool.{pool}.announce",
 			// Stores of its pool's own: nobody else relies on them.
 			"$JS.API.STREAM.INFO.KV_ab_presence_{pool}", "$KV.ab_presence_{pool}.>",
+			// Read with the message get, never a direct get: it writes
+			// them (see [DirectGetsOfOwnWrites]).
 			"$JS.API.STREAM.INFO.KV_ab_idempotency_{pool}", "$JS.API.STREAM.MSG.GET.KV_ab_idempotency_{pool}",
-			"$JS.API.DIRECT.GET.KV_ab_idempotency_{pool}.>", "$KV.ab_idempotency_{pool}.>",
+			"$KV.ab_idempotency_{pool}.>",
 			"$JS.API.STREAM.INFO.OBJ_ab_artifacts_{pool}", "$O.ab_artifacts_{pool}.>",
-			"$JS.API.DIRECT.GET.OBJ_ab_artifacts_{pool}.>", "$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts_{pool}",
+			"$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts_{pool}",
 		},
 		sub: []string{
 			"_INBOX_executor.>", "ab.pool.{pool}.ended",

@@ -89,7 +89,6 @@ type Service struct {
 	bus    *bus.Bus
 	topo   bus.Topology
 	log    *slog.Logger
-	stream jetstream.Stream
 	build  *Builder
 	chains *chains
 	key    ed25519.PrivateKey
@@ -201,10 +200,6 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 // Run audits until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
 	if err := s.topo.Check(ctx, s.js, s.topo.Needs("auditor", "")); err != nil {
-		return err
-	}
-	var err error
-	if s.stream, err = s.js.Stream(ctx, s.topo.StreamAudit()); err != nil {
 		return err
 	}
 	catKV, err := s.js.KeyValue(ctx, s.topo.BucketCatalog())

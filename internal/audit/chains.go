@@ -468,10 +468,17 @@ func appendID(recs []events.AuditRecorded) string {
 	return events.DerivedID(recs[0].EventID, append(parts, "audit")...)
 }
 
+// auditMsg reads one message of the audit stream with the message get:
+// the auditor writes that stream, so its permissions hold no direct get
+// of it (accounts.DirectGetsOfOwnWrites).
+func (s *Service) auditMsg(ctx context.Context, req bus.LeaderGet) (*jetstream.RawStreamMsg, error) {
+	return bus.GetFromLeader(ctx, s.js, s.topo.StreamAudit(), req)
+}
+
 // last reads the end of a chain ("" and 0 when it is empty): the last
 // message's last record, and the events its records hold.
 func (s *Service) last(ctx context.Context, chain string) (head, error) {
-	msg, err := s.stream.GetLastMsgForSubject(ctx, chain)
+	msg, err := s.auditMsg(ctx, bus.LeaderGet{LastFor: chain})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return head{}, nil
 	}
@@ -504,7 +511,7 @@ func (s *Service) last(ctx context.Context, chain string) (head, error) {
 func (s *Service) scan(ctx context.Context, chain string) (head, error) {
 	h := head{ids: map[string]struct{}{}, outcomes: map[string]string{}, full: true}
 	for seq := uint64(1); ; {
-		msg, err := s.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(chain))
+		msg, err := s.auditMsg(ctx, bus.LeaderGet{Seq: seq, NextFor: chain})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return h, nil
 		}
@@ -537,7 +544,7 @@ func (s *Service) scan(ctx context.Context, chain string) (head, error) {
 func (s *Service) outcomes(ctx context.Context, chain string, upto uint64) (map[string]string, error) {
 	out := map[string]string{}
 	for seq := uint64(1); seq <= upto; {
-		msg, err := s.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(chain))
+		msg, err := s.auditMsg(ctx, bus.LeaderGet{Seq: seq, NextFor: chain})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}

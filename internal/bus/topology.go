@@ -780,11 +780,44 @@ func (t Topology) Provision(ctx context.Context, js jetstream.JetStream) error {
 		}
 	}
 	for _, oc := range t.ObjectStores() {
-		if _, err := js.CreateOrUpdateObjectStore(ctx, oc); err != nil {
+		if _, err := js.CreateOrUpdateStream(ctx, objectStoreStream(oc)); err != nil {
 			return fmt.Errorf("events: provision object store %s: %w", oc.Bucket, err)
 		}
 	}
 	return nil
+}
+
+// objectStoreStream is the stream of the object store oc, as jetstream's
+// CreateObjectStore declares it but for direct gets, which it turns off:
+// executors write their pool's store, and a party that may write a store
+// and direct-get it has the server publish a body of its choosing on any
+// subject of the account (docs/security.md, "Direct gets reflected").
+// Declared whole, the store never answers a direct get, not even between
+// its creation and an update. Readers take jetstream's message get
+// instead ([GetFromLeader]; an object store handle does when the stream
+// disallows direct gets).
+func objectStoreStream(oc jetstream.ObjectStoreConfig) jetstream.StreamConfig {
+	maxBytes := oc.MaxBytes
+	if maxBytes == 0 {
+		maxBytes = -1
+	}
+	replicas := oc.Replicas
+	if replicas == 0 {
+		replicas = 1
+	}
+	return jetstream.StreamConfig{
+		Name:        "OBJ_" + oc.Bucket,
+		Description: oc.Description,
+		Subjects:    []string{"$O." + oc.Bucket + ".C.>", "$O." + oc.Bucket + ".M.>"},
+		MaxAge:      oc.TTL,
+		MaxBytes:    maxBytes,
+		Storage:     oc.Storage,
+		Replicas:    replicas,
+		Placement:   oc.Placement,
+		Discard:     jetstream.DiscardNew,
+		AllowRollup: true,
+		AllowDirect: false,
+	}
 }
 
 // staleDispatcherConsumers calls fn with each existing dispatcher

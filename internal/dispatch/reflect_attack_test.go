@@ -1,8 +1,8 @@
 package dispatch_test
 
 import (
+	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -18,35 +18,39 @@ import (
 // and no NATS permission checks a reply subject. A party that may both
 // write a store and direct-get it can so have the server send a body of
 // its choosing anywhere in the account: onto "$JS.API.CONSUMER.CREATE.AB_RUNS"
-// (a consumer of another tenant's events delivered to its own inbox), or
-// onto another tenant's run state. Direct gets on the idempotency and
-// planner-limits buckets (turned on for one replica, and taken back, on
-// 2026-12-07; found by an attacker review) opened this to executors and
-// the planner; a pool's artifact store still answers its executors' direct
-// gets (open, docs/security.md "What is left": executors need accounts of
-// their own). The attacks run as the deployed users.
+// (a consumer of another tenant's events delivered to its own inbox),
+// "$JS.API.STREAM.PURGE.AB_RUNS" (every run's events gone), or another
+// tenant's run state. (A JetStream API answer or publish ack reflected
+// there is refused: the server decodes API requests strictly, and those
+// documents carry fields no request has.) The rule that closes it
+// (docs/security.md): no user but the dispatcher may direct-get a store it
+// may write; artifact stores, the idempotency and limits buckets answer no
+// direct gets at all. The attacks run as the deployed users, each on a
+// store it writes.
 
-// reflection is one store a deployed user writes and direct-gets.
+// reflection is one store a deployed user writes, and the direct get that
+// would hand what it wrote back.
 type reflection struct {
 	name, user, store, get string
-	open                   bool // the hole is still open: skipped unless ACTIONBUS_ATTACK_OPEN=1
 }
 
 var reflections = []reflection{
 	{"the executor's idempotency bucket", "executor", "$KV.ab_idempotency_default.attack",
-		"$JS.API.DIRECT.GET.KV_ab_idempotency_default.$KV.ab_idempotency_default.attack", false},
+		"$JS.API.DIRECT.GET.KV_ab_idempotency_default.$KV.ab_idempotency_default.attack"},
 	{"the planner's limits bucket", "planner", "$KV.ab_planner_limits.attack",
-		"$JS.API.DIRECT.GET.KV_ab_planner_limits.$KV.ab_planner_limits.attack", false},
+		"$JS.API.DIRECT.GET.KV_ab_planner_limits.$KV.ab_planner_limits.attack"},
 	{"the executor's artifact store", "executor", "$O.ab_artifacts_default.C.attack",
-		"$JS.API.DIRECT.GET.OBJ_ab_artifacts_default.$O.ab_artifacts_default.C.attack", true},
+		"$JS.API.DIRECT.GET.OBJ_ab_artifacts_default.$O.ab_artifacts_default.C.attack"},
+	{"the auditor's audit stream", "auditor", "ab.audit.acme.01JATTACKRUN0000000000000.rec",
+		"$JS.API.DIRECT.GET.AB_AUDIT.ab.audit.acme.01JATTACKRUN0000000000000.rec"},
 }
 
-// reflect stores body on r.store as r.user and direct-gets it with the
-// reply subject reply.
+// reflect stores body on r.store as r.user (waiting for the store's
+// acknowledgement) and direct-gets it with the reply subject reply.
 func (r reflection) reflect(t *testing.T, nc *nats.Conn, body, reply string) {
 	t.Helper()
-	require.NoError(t, nc.PublishMsg(&nats.Msg{Subject: r.store, Data: []byte(body), Header: nats.Header{"Nats-Sequence": {"1"}}}))
-	require.NoError(t, nc.Flush())
+	_, err := nc.RequestMsg(&nats.Msg{Subject: r.store, Data: []byte(body), Header: nats.Header{"Nats-Sequence": {"1"}}}, 5*time.Second)
+	require.NoError(t, err, "%s stores on %s", r.user, r.store)
 	require.NoError(t, nc.PublishMsg(&nats.Msg{Subject: r.get, Reply: reply}))
 	require.NoError(t, nc.Flush())
 }
@@ -60,20 +64,12 @@ func (r reflection) connect(t *testing.T, srv *actionbustest.Server) *nats.Conn 
 	return nc
 }
 
-func (r reflection) skipIfOpen(t *testing.T) {
-	t.Helper()
-	if r.open && os.Getenv("ACTIONBUS_ATTACK_OPEN") == "" {
-		t.Skipf("OPEN HOLE, not closed yet: %s (ACTIONBUS_ATTACK_OPEN=1 runs this test, which fails while it is open)", r.name)
-	}
-}
-
 func TestNoServiceUserReflectsADirectGetOntoTheJetStreamAPI(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: []string{"acme"}})
 	_, err := srv.JS.Publish(ctxT(t), "ab.run.acme.01JATTACKRUN0000000000000.decision", []byte(`{"secret":"acme's data"}`))
 	require.NoError(t, err)
 	for i, r := range reflections {
 		t.Run(r.name, func(t *testing.T) {
-			r.skipIfOpen(t)
 			nc := r.connect(t, srv)
 			inbox := fmt.Sprintf("_INBOX_%s.steal%d", r.user, i)
 			got := make(chan *nats.Msg, 16)
@@ -88,6 +84,29 @@ func TestNoServiceUserReflectsADirectGetOntoTheJetStreamAPI(t *testing.T) {
 	}
 }
 
+func TestNoServiceUserPurgesAStreamThroughADirectGet(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: []string{"acme"}})
+	ctx := ctxT(t)
+	runs, err := srv.JS.Stream(ctx, "AB_RUNS")
+	require.NoError(t, err)
+	stored := func(ctx context.Context) uint64 {
+		info, err := runs.Info(ctx)
+		require.NoError(t, err)
+		return info.State.Msgs
+	}
+	for _, r := range reflections {
+		t.Run(r.name, func(t *testing.T) {
+			nc := r.connect(t, srv)
+			_, err := srv.JS.Publish(ctx, "ab.run.acme.01JATTACKRUN0000000000000.decision", []byte(`{"secret":"acme's data"}`))
+			require.NoError(t, err)
+			before := stored(ctx)
+			r.reflect(t, nc, `{}`, "$JS.API.STREAM.PURGE.AB_RUNS")
+			assert.Never(t, func() bool { return stored(ctx) < before }, time.Second, 50*time.Millisecond,
+				"the %s user purged every tenant's run events", r.user)
+		})
+	}
+}
+
 func TestNoServiceUserReflectsADirectGetOntoARunsState(t *testing.T) {
 	srv := actionbustest.NewServer(t, actionbustest.Options{Users: true, Tenants: []string{"acme"}})
 	ctx := ctxT(t)
@@ -95,7 +114,6 @@ func TestNoServiceUserReflectsADirectGetOntoARunsState(t *testing.T) {
 	require.NoError(t, err)
 	for _, r := range reflections {
 		t.Run(r.name, func(t *testing.T) {
-			r.skipIfOpen(t)
 			nc := r.connect(t, srv)
 			key := "01JATTACKRUN0000000000000"
 			_, err = runs.Put(ctx, key, []byte(`{"runId":"01JATTACKRUN0000000000000","tenant":"acme","phase":"acting"}`))

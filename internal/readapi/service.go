@@ -430,19 +430,17 @@ func (s *Service) findArtifact(ctx context.Context, tenant, id string) (artifact
 		if !ok || !s.topo.ArtifactStore(bucket) {
 			continue
 		}
-		it, err := jetstreamext.GetLastMsgsFor(ctx, s.js, stream, []string{"$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(id))})
+		// The message get, not a direct get: executors write their pools'
+		// stores, which therefore answer none (docs/security.md).
+		m, err := bus.GetFromLeader(ctx, s.js, stream, bus.LeaderGet{LastFor: "$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(id))})
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
 		if err != nil {
 			return artifactLoc{}, readErr(err)
 		}
-		msgs, err := s.collect(it)
-		if err != nil {
-			return artifactLoc{}, err
-		}
-		if len(msgs) == 0 {
-			continue
-		}
 		var info jetstream.ObjectInfo
-		if json.Unmarshal(msgs[0].data, &info) != nil || info.Deleted || info.Name != id || info.NUID == "" ||
+		if json.Unmarshal(m.Data, &info) != nil || info.Deleted || info.Name != id || info.NUID == "" ||
 			!artifacts.Owned(info.Metadata, tenant) {
 			continue
 		}
@@ -471,35 +469,29 @@ func (s *Service) artifact(ctx context.Context, tenant string, r Request, budget
 	}
 	overhead := len(`{"size":,"digest":"","mediaType":"","data":"","next":,"done":false}`) + 64 + len(out.Digest) + len(out.MediaType)
 	room := (budget - overhead) / 4 * 3
-	it, err := jetstreamext.GetBatch(ctx, s.js, loc.stream, MaxLimit, jetstreamext.GetBatchSubject(loc.chunks),
-		jetstreamext.GetBatchSeq(r.After+1), jetstreamext.GetBatchMaxBytes(max(room, 1)))
-	if err != nil {
-		return Chunk{}, readErr(err)
-	}
-	msgs, err := s.collect(it)
-	if err != nil {
-		return Chunk{}, err
-	}
-	for _, m := range msgs {
-		if len(out.Data)+len(m.data) > room {
+	for cursor := r.After; ; {
+		m, err := bus.GetFromLeader(ctx, s.js, loc.stream, bus.LeaderGet{Seq: cursor + 1, NextFor: loc.chunks})
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			if len(out.Data) == 0 {
+				return Chunk{}, actionbus.Errorf(actionbus.CodeArtifactNotFound, "artifact %s has no chunk after %d", r.ID, r.After).
+					WithDetail("artifact", r.ID)
+			}
+			out.Done = true
+			return out, nil
+		}
+		if err != nil {
+			return Chunk{}, readErr(err)
+		}
+		if len(out.Data)+len(m.Data) > room {
 			if len(out.Data) == 0 {
 				return Chunk{}, (&actionbus.Error{Code: actionbus.CodePayloadTooLarge,
 					Message: "read service: an artifact chunk is over the page's bytes"}).WithDetail("limit", budget)
 			}
 			return out, nil
 		}
-		out.Data = append(out.Data, m.data...)
-		out.Next = m.seq
-		if m.pending == 0 {
-			out.Done = true
-			return out, nil
-		}
+		out.Data = append(out.Data, m.Data...)
+		out.Next, cursor = m.Sequence, m.Sequence
 	}
-	if len(msgs) == 0 {
-		return Chunk{}, actionbus.Errorf(actionbus.CodeArtifactNotFound, "artifact %s has no chunk after %d", r.ID, r.After).
-			WithDetail("artifact", r.ID)
-	}
-	return out, nil
 }
 
 // catalog answers a catalog read: the actions the tenant may call, or the

@@ -1,0 +1,41 @@
+package accounts_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/actionbus/actionbus/internal/accounts"
+	"github.com/actionbus/actionbus/internal/bus"
+)
+
+func TestNoUntrustedUserDirectGetsAStoreItWrites(t *testing.T) {
+	pools := []string{bus.DefaultPool, "gpu"}
+	topo := bus.Topology{Pools: pools}
+	assert.Empty(t, accounts.DirectGetsOfOwnWrites(topo, accounts.ServiceUsers(pools...)))
+}
+
+// TestDirectGetsOfOwnWritesFindsEachForm keeps the rule from passing for
+// want of looking: a user given a direct get of a store it writes, in
+// the hub's form, the leaf node's form or through a wildcard, is named.
+func TestDirectGetsOfOwnWritesFindsEachForm(t *testing.T) {
+	topo := bus.Topology{Pools: []string{bus.DefaultPool}}
+	for name, c := range map[string]struct {
+		pub  []string
+		want string
+	}{
+		"artifact store": {[]string{"$O.ab_artifacts_default.>", "$JS.API.DIRECT.GET.OBJ_ab_artifacts_default.>"},
+			"executor writes OBJ_ab_artifacts_default ($O.ab_artifacts_default.>) and direct-gets it ($JS.API.DIRECT.GET.OBJ_ab_artifacts_default.>)"},
+		"a bucket through a leaf node": {[]string{"$JS.actionbus.API.$KV.ab_idempotency_default.>", "$JS.actionbus.API.DIRECT.GET.KV_ab_idempotency_default.>"},
+			"executor writes KV_ab_idempotency_default ($KV.ab_idempotency_default.>) and direct-gets it ($JS.API.DIRECT.GET.KV_ab_idempotency_default.>)"},
+		"a stream through a wildcard": {[]string{"ab.audit.*.*.*", "$JS.API.DIRECT.GET.*"},
+			"executor writes AB_AUDIT (ab.audit.*.*.*) and direct-gets it ($JS.API.DIRECT.GET.*)"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got := accounts.DirectGetsOfOwnWrites(topo, []accounts.User{{Name: "executor", Permissions: accounts.Permissions{Pub: c.pub}}})
+			assert.Equal(t, []string{c.want}, got)
+		})
+	}
+	assert.Empty(t, accounts.DirectGetsOfOwnWrites(topo, []accounts.User{{Name: "planner", Permissions: accounts.Permissions{
+		Pub: []string{"$KV.ab_planner_limits.>", "$JS.API.DIRECT.GET.KV_ab_catalog.>"}}}}), "a direct get of a store the user does not write")
+}
