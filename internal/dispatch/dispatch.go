@@ -1003,6 +1003,11 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev, fence uint64
 		d.cache.drop(st.RunID)
 		return errSimulatedCrash
 	}
+	if st.IsTerminal() {
+		// Before the end, which the run's followers hear at once: see
+		// tellPools.
+		d.tellPools(st)
+	}
 	if err := d.publishOrFail(ctx, st, st.Outbox); err != nil {
 		d.cache.drop(st.RunID)
 		if ctx.Err() == nil {
@@ -1011,7 +1016,7 @@ func (d *Dispatcher) flush(ctx context.Context, st *run.State, rev, fence uint64
 		return err
 	}
 	if st.IsTerminal() {
-		d.endPublished(st)
+		d.endCommitted(st)
 	}
 	d.cache.put(st, rev, fence)
 	return nil
@@ -1024,14 +1029,6 @@ func writtenUnder(st *run.State, fence uint64) uint64 {
 		return fence
 	}
 	return 0
-}
-
-// endPublished does what follows the publication of run st's end: the
-// executors with its calls in flight are told, and its alarm, with
-// nothing left to watch, canceled (unless it was never armed).
-func (d *Dispatcher) endPublished(st *run.State) {
-	d.tellPools(st)
-	d.endCommitted(st)
 }
 
 // endCommitted cancels the alarm of run st, whose end is committed (its
@@ -1049,6 +1046,14 @@ func (d *Dispatcher) endCommitted(st *run.State) {
 // signal lost leaves the call to run to its end, and its result is
 // ignored. Executors are told nothing else of runs: not their outputs,
 // nor of runs with nothing on their pool.
+//
+// It is called before the end is published, on the same connection, so
+// that the server has sent the signal before anyone hears the end: told
+// after the end's acknowledgement, a client that heard the cancel and
+// freed the executor's slot had the run's queued call started before its
+// executor heard of the end. An end decided but then refused (its
+// partition fenced by another dispatcher) is decided again from the same
+// events by the next owner, so the signal is not early for nothing.
 func (d *Dispatcher) tellPools(st *run.State) {
 	for _, pool := range st.PoolsInFlight() {
 		if err := d.js.Conn().Publish(d.bus.Subjects().PoolEnded(pool), []byte(st.RunID)); err != nil {

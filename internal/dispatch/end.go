@@ -66,6 +66,7 @@ import (
 func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint64, val []byte, p int, fence uint64, applied []*job, lastWrite time.Time) error {
 	header := d.fences.header(p, fence)
 	header.Set(endedByHeader, endedBy(applied))
+	d.tellPools(st) // before the end: see tellPools
 	endSeq, err := d.publishWith(ctx, st, st.Outbox, header)
 	if bus.IsRevisionConflict(err) {
 		// The fence is not the partition's last: another dispatcher fenced
@@ -100,10 +101,6 @@ func (d *Dispatcher) endFirst(ctx context.Context, st *run.State, revision uint6
 		d.deferred.crashed(st.RunID)
 		return errSimulatedCrash
 	}
-	// The executors hear of the end as soon as it is stored (the client
-	// may have it already): a queued call of the run must not start
-	// while its state is written.
-	d.tellPools(st)
 	if d.endIsCommit(st, applied, lastWrite) {
 		d.fences.endStored(p, fence, endSeq, d.endFilters(st))
 		d.endCommitted(st)
