@@ -69,13 +69,13 @@ func (s *Server) TenantCredsFile(t testing.TB, tenant, user string) string {
 	return s.accounts.CredsFile(tenant, user)
 }
 
-// ServiceCredsFile is the creds file of a service user of the ACTIONBUS
-// account (dispatcher, planner, auditor, executor, admin), on a server
-// started with Options.Operator.
+// ServiceCredsFile is the creds file of a service user (dispatcher,
+// planner, auditor, admin of the ACTIONBUS account; executor, of its
+// pool's account), on a server started with Options.Operator.
 func (s *Server) ServiceCredsFile(t testing.TB, user string) string {
 	t.Helper()
 	s.mustOperator(t)
-	return s.accounts.CredsFile(accounts.ServiceAccount, user)
+	return s.accounts.ServiceCredsFile(user)
 }
 
 // TenantRemove revokes tenant's account and deletes it from the server,

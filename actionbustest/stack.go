@@ -164,7 +164,7 @@ func (s *Server) StartStack(t testing.TB, opts StackOptions) *Stack {
 	var connect func(user string) (*nats.Conn, error)
 	if s.accounts != nil {
 		connect = func(user string) (*nats.Conn, error) {
-			return s.DialCreds(s.accounts.CredsFile(accounts.ServiceAccount, user), nats.Name(t.Name()+"-"+user),
+			return s.DialCreds(s.accounts.ServiceCredsFile(user), nats.Name(t.Name()+"-"+user),
 				nats.CustomInboxPrefix(accounts.InboxPrefix(strings.SplitN(user, "-", 2)[0])))
 		}
 	}

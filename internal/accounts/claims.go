@@ -44,7 +44,10 @@ func SystemAccountClaims(pub string) *jwt.AccountClaims {
 // import (TestAnImportOfAnotherTenantsSubjectsWithoutItsActivationIsRefused).
 // Verified on nats-server 2.15.2: a narrowed token activates a wildcard
 // service import, and JetStream publish acks come back through it.
-func ServiceAccountClaims(pub, prefix string) *jwt.AccountClaims {
+//
+// The pools' exports ([PoolExports]) are token-required the same way, for
+// pools' accounts ([PoolAccountClaims]).
+func ServiceAccountClaims(pub, prefix string, pools ...string) *jwt.AccountClaims {
 	ac := jwt.NewAccountClaims(pub)
 	ac.Name = ServiceAccount
 	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: jwt.NoLimit, DiskStorage: jwt.NoLimit,
@@ -52,7 +55,35 @@ func ServiceAccountClaims(pub, prefix string) *jwt.AccountClaims {
 	for _, c := range Exports(prefix) {
 		ac.Exports.Add(&jwt.Export{Name: c.Subject, Subject: jwt.Subject(c.Subject), Type: c.Kind, TokenReq: true})
 	}
+	for _, e := range PoolExports(pools...) {
+		ac.Exports.Add(&jwt.Export{Name: e.Subject, Subject: jwt.Subject(e.Subject), Type: e.Kind, TokenReq: true,
+			ResponseType: e.Response})
+	}
 	return ac
+}
+
+// PoolAccountClaims returns the claims of pool's executors' account
+// ([PoolAccount], public key poolPub): JetStream disabled, and
+// [PoolCrossings] imported from ACTIONBUS (service) with activation
+// tokens signed by service.
+func PoolAccountClaims(pool, poolPub string, service nkeys.KeyPair) (*jwt.AccountClaims, error) {
+	servicePub, err := service.PublicKey()
+	if err != nil {
+		return nil, err
+	}
+	ac := jwt.NewAccountClaims(poolPub)
+	ac.Name = PoolAccount(pool)
+	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{}
+	ac.Limits.Exports = 0
+	for _, c := range PoolCrossings(pool) {
+		tok, err := Activation(service, poolPub, c)
+		if err != nil {
+			return nil, err
+		}
+		ac.Imports.Add(&jwt.Import{Name: c.Subject, Subject: jwt.Subject(c.Subject), LocalSubject: jwt.RenamingSubject(c.Local),
+			Account: servicePub, Token: tok, Type: c.Kind})
+	}
+	return ac, nil
 }
 
 // Activation returns the activation token by which ACTIONBUS (service,

@@ -43,6 +43,12 @@ type Crossing struct {
 	// Subject has "*" in the tenant position when exported, the tenant
 	// when imported.
 	Subject string
+	// Local is the subject the importer knows it by, when another
+	// ([PoolCrossings]: the hub domain's name of a JetStream API subject).
+	Local string
+	// Response is a service's response type: "" (a single answer) or
+	// jwt.ResponseTypeStream (a pull request's messages).
+	Response jwt.ResponseType
 }
 
 // crossings are the subjects that cross, with %[1]s the prefix and %[2]s
@@ -212,29 +218,41 @@ func ExecutorUser(pool string) string {
 	return "executor-" + pool
 }
 
-// ServiceUsers returns the users of the ACTIONBUS account in operator
-// mode: admin (no restriction), dispatcher, planner, auditor and one
-// executor user per pool, with the permissions of [serviceUsers].
+// ServiceUsers returns the users of the ACTIONBUS account: admin (no
+// restriction), dispatcher, planner and auditor, with the permissions of
+// [serviceUsers] (the dispatcher's naming every pool's artifact store).
+// Executors are not among them: each pool's are in an account of their
+// own ([ExecutorUsers]).
 func ServiceUsers(pools ...string) []User {
 	if len(pools) == 0 {
 		pools = []string{bus.DefaultPool}
 	}
 	var out []User
 	for _, u := range serviceUsers {
-		if !u.perPool {
-			p := u.perms("")
-			for _, pool := range pools {
-				r := strings.NewReplacer("{pool}", pool)
-				for _, s := range u.eachPool {
-					p.Pub = append(p.Pub, r.Replace(s))
-				}
-			}
-			out = append(out, User{Name: u.name, Permissions: p})
+		if u.perPool {
 			continue
 		}
+		p := u.perms("")
 		for _, pool := range pools {
-			out = append(out, User{Name: ExecutorUser(pool), Permissions: u.perms(pool)})
+			r := strings.NewReplacer("{pool}", pool)
+			for _, s := range u.eachPool {
+				p.Pub = append(p.Pub, r.Replace(s))
+			}
 		}
+		out = append(out, User{Name: u.name, Permissions: p})
+	}
+	return out
+}
+
+// ExecutorUsers returns the executor user of each pool (default
+// ["default"]), each the one user of its pool's account ([PoolAccount]).
+func ExecutorUsers(pools ...string) []User {
+	if len(pools) == 0 {
+		pools = []string{bus.DefaultPool}
+	}
+	out := make([]User, len(pools))
+	for i, pool := range pools {
+		out[i] = User{Name: ExecutorUser(pool), Permissions: executor.perms(pool)}
 	}
 	return out
 }

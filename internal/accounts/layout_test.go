@@ -88,8 +88,8 @@ func TestTenantAccountClaims(t *testing.T) {
 	if vr.IsBlocking(true) {
 		t.Fatalf("claims invalid: %v", vr.Errors())
 	}
-	sc := accounts.ServiceAccountClaims(svcPub, "ab")
-	if !sc.Limits.IsJSEnabled() || len(sc.Exports) != len(accounts.Exports("ab")) {
+	sc := accounts.ServiceAccountClaims(svcPub, "ab", "default", "gpu")
+	if !sc.Limits.IsJSEnabled() || len(sc.Exports) != len(accounts.Exports("ab"))+len(accounts.PoolExports("default", "gpu")) {
 		t.Fatal("ACTIONBUS: JetStream or exports missing")
 	}
 	for _, e := range sc.Exports {
@@ -125,8 +125,13 @@ func TestTenantUsersNameOnlyTheirTenant(t *testing.T) {
 func TestServiceUsers(t *testing.T) {
 	users := accounts.ServiceUsers("default", "billing")
 	names := map[string]accounts.Permissions{}
-	for _, u := range users {
+	for _, u := range append(users, accounts.ExecutorUsers("default", "billing")...) {
 		names[u.Name] = u.Permissions
+	}
+	for _, u := range users {
+		if strings.HasPrefix(u.Name, "executor") {
+			t.Errorf("%s is a user of ACTIONBUS, not of its pool's account", u.Name)
+		}
 	}
 	for _, n := range []string{"admin", "dispatcher", "planner", "auditor", "executor", "executor-billing"} {
 		if _, ok := names[n]; !ok {

@@ -167,7 +167,13 @@ var serviceUsers = []serviceUser{
 			"_INBOX_auditor.>",
 		},
 	},
-	{name: "executor", perPool: true, viaLeaf: true,
+}
+
+// executor is the users of the pools' executors, one per pool, each in
+// its pool's account ([PoolAccount]): what it publishes crosses from
+// there into ACTIONBUS as service imports, what it receives as stream
+// imports ([PoolCrossings]).
+var executor = serviceUser{name: "executor", perPool: true, viaLeaf: true,
 		pub: []string{
 			"ab.run.*.*.result", "ab.rejected.>", "$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_WORK",
 			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_WORK.pool-{pool}",
@@ -186,5 +192,4 @@ var serviceUsers = []serviceUser{
 		sub: []string{
 			"_INBOX_executor.>", "ab.pool.{pool}.ended",
 		},
-	},
-}
+	}

@@ -26,10 +26,15 @@ func TestServiceUsersMatchTheStaticConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	static := map[string]*server.Permissions{}
+	account := map[string]string{}
 	for _, u := range opts.Users {
 		static[u.Username] = u.Permissions
+		account[u.Username] = u.Account.Name
 	}
-	for _, u := range accounts.ServiceUsers() {
+	for _, u := range append(accounts.ServiceUsers(), accounts.ExecutorUsers()...) {
+		if got, want := account[u.Name], accounts.AccountOf(u.Name); got != want {
+			t.Errorf("%s is a user of %s in accounts.conf, of %s in the layout", u.Name, got, want)
+		}
 		sp, ok := static[u.Name]
 		if !ok {
 			t.Errorf("accounts.conf has no user %s", u.Name)

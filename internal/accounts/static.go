@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/jwt/v2"
+
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // The static accounts.conf, rendered from the same layout as operator
@@ -57,16 +59,57 @@ func StaticServiceAccount(prefix string, tenants []string, pools ...string) stri
 	for _, c := range Exports(prefix) {
 		fmt.Fprintf(&b, "      { %s: %s, accounts: [%s] }\n", kindWord(c.Kind), strconv.Quote(c.Subject), strings.Join(quoted, ", "))
 	}
+	for _, e := range PoolExports(pools...) {
+		names := make([]string, len(e.Pools))
+		for i, p := range e.Pools {
+			names[i] = PoolAccount(p)
+		}
+		fmt.Fprintf(&b, "      { %s: %s, accounts: [%s]", kindWord(e.Kind), strconv.Quote(e.Subject), strings.Join(names, ", "))
+		if e.Response != "" {
+			fmt.Fprintf(&b, ", response_type: %s", strings.ToLower(string(e.Response)))
+		}
+		b.WriteString(" }\n")
+	}
 	b.WriteString("    ]\n  }\n")
 	return b.String()
 }
 
-// StaticConfig returns a whole static accounts configuration: ACTIONBUS
-// and one account per tenant.
+// StaticPoolAccount returns the accounts.conf block of pool's executors'
+// account ([PoolAccount]): its executor user (password from
+// $<USER>_PASSWORD), JetStream disabled, and its imports from ACTIONBUS
+// ([PoolCrossings]), which ACTIONBUS exports to it
+// ([StaticServiceAccount]).
+func StaticPoolAccount(pool string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "  # Pool %s's executors: their own account, no JetStream; what crosses is its imports.\n", pool)
+	fmt.Fprintf(&b, "  %s {\n    jetstream: disabled\n    users: [\n", PoolAccount(pool))
+	for _, u := range ExecutorUsers(pool) {
+		writeStaticUser(&b, u)
+	}
+	b.WriteString("    ]\n    imports: [\n")
+	for _, c := range PoolCrossings(pool) {
+		fmt.Fprintf(&b, "      { %s: { account: %s, subject: %s }", kindWord(c.Kind), ServiceAccount, strconv.Quote(c.Subject))
+		if c.Local != "" {
+			fmt.Fprintf(&b, ", to: %s", strconv.Quote(c.Local))
+		}
+		b.WriteString(" }\n")
+	}
+	b.WriteString("    ]\n  }\n")
+	return b.String()
+}
+
+// StaticConfig returns a whole static accounts configuration: ACTIONBUS,
+// one account per pool and one per tenant.
 func StaticConfig(prefix string, tenants []string, l Limits, pools ...string) string {
 	var b strings.Builder
 	b.WriteString("# actionbus accounts (rendered by internal/accounts: actionbus tenant users TENANT prints a tenant's block).\naccounts {\n")
 	b.WriteString(StaticServiceAccount(prefix, tenants, pools...))
+	if len(pools) == 0 {
+		pools = []string{bus.DefaultPool}
+	}
+	for _, p := range pools {
+		b.WriteString(StaticPoolAccount(p))
+	}
 	for _, t := range tenants {
 		b.WriteString(StaticTenantAccount(prefix, t, l))
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/actionbus/actionbus/events"
+	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // Store is the operator store on disk: every key and JWT operator mode
@@ -59,7 +60,8 @@ const (
 
 // Init creates a new operator store in dir (which must not hold one):
 // the operator, the system account and its user, the ACTIONBUS account
-// with its service users' creds, and server.conf.
+// with its service users' creds, one account per pool with its executor
+// user's creds, and server.conf.
 func Init(dir string, o InitOptions) (*Store, error) {
 	if o.OperatorName == "" {
 		o.OperatorName = "actionbus"
@@ -111,7 +113,7 @@ func Init(dir string, o InitOptions) (*Store, error) {
 	if err := s.writeUsers(SystemAccount, sys, []User{{Name: SystemUser}}); err != nil {
 		return nil, err
 	}
-	svcJWT, err := ServiceAccountClaims(svcPub, s.Prefix).Encode(okp)
+	svcJWT, err := ServiceAccountClaims(svcPub, s.Prefix, o.Pools...).Encode(okp)
 	if err != nil {
 		return nil, err
 	}
@@ -121,10 +123,37 @@ func Init(dir string, o InitOptions) (*Store, error) {
 	if err := s.writeUsers(ServiceAccount, svc, ServiceUsers(o.Pools...)); err != nil {
 		return nil, err
 	}
+	preload := map[string]string{sysPub: sysJWT, svcPub: svcJWT}
+	pools := o.Pools
+	if len(pools) == 0 {
+		pools = []string{bus.DefaultPool}
+	}
+	for _, pool := range pools {
+		pkp, err := nkeys.CreateAccount()
+		if err != nil {
+			return nil, err
+		}
+		pub, _ := pkp.PublicKey()
+		pc, err := PoolAccountClaims(pool, pub, svc)
+		if err != nil {
+			return nil, err
+		}
+		tok, err := pc.Encode(okp)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.writeAccount(PoolAccount(pool), pkp, tok); err != nil {
+			return nil, err
+		}
+		if err := s.writeUsers(PoolAccount(pool), pkp, ExecutorUsers(pool)); err != nil {
+			return nil, err
+		}
+		preload[pub] = tok
+	}
 	if err := os.MkdirAll(o.ResolverDir, dirMode); err != nil {
 		return nil, err
 	}
-	conf := ServerConfig(s.path("operator.jwt"), sysPub, o.ResolverDir, map[string]string{sysPub: sysJWT, svcPub: svcJWT})
+	conf := ServerConfig(s.path("operator.jwt"), sysPub, o.ResolverDir, preload)
 	if err := writeFile(s.path("server.conf"), []byte(conf), seedMode); err != nil {
 		return nil, err
 	}
@@ -176,6 +205,11 @@ func (s *Store) ConfigFile() string { return s.path("server.conf") }
 func (s *Store) CredsFile(account, user string) string {
 	return s.path("accounts", account, "users", user+".creds")
 }
+
+// ServiceCredsFile returns the path of the creds file of a service user
+// (admin, dispatcher, planner, auditor, or a pool's executor user, whose
+// account is its pool's: [AccountOf]).
+func (s *Store) ServiceCredsFile(user string) string { return s.CredsFile(AccountOf(user), user) }
 
 // CredsDir returns the directory of account's users' creds files.
 func (s *Store) CredsDir(account string) string { return s.path("accounts", account, "users") }

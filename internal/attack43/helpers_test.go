@@ -92,8 +92,9 @@ func mustJSON(t *testing.T, v any) string {
 }
 
 // openHole skips a test whose hole is still open: it is named in the
-// closing note of 2026-12-03 (issue 41), to be closed by putting
-// executors in accounts of their own. ACTIONBUS_ATTACK_OPEN=1 runs it,
+// closing note of 2026-12-03 (issue 41). A43-1 was closed on 2026-12-07
+// by putting executors in accounts of their own; A43-5 (the executors of
+// a pool share one user) stays open. ACTIONBUS_ATTACK_OPEN=1 runs it,
 // and it fails until the hole is closed.
 func openHole(t *testing.T, what string) {
 	t.Helper()

@@ -162,7 +162,7 @@ func runDev(ctx context.Context, g *globals, f devFlags) error {
 		}
 		defer approverNC.Close()
 		serviceConnect = func(user string) (*nats.Conn, error) {
-			return nats.Connect(url, nats.Name("actionbus-dev-"+user), nats.UserCredentials(ops.CredsFile(accounts.ServiceAccount, user)),
+			return nats.Connect(url, nats.Name("actionbus-dev-"+user), nats.UserCredentials(ops.ServiceCredsFile(user)),
 				nats.CustomInboxPrefix(accounts.InboxPrefix(strings.SplitN(user, "-", 2)[0])))
 		}
 	}

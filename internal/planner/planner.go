@@ -104,6 +104,8 @@ type Service struct {
 	topo      bus.Topology
 	log       *slog.Logger
 	cat       *actionstore.View
+	// ready is closed once Run has loaded the catalog (cat is set).
+	ready chan struct{}
 }
 
 // New returns a planner service using nc.
@@ -148,7 +150,8 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	js := eb.JetStream()
-	return &Service{nc: nc, cfg: cfg, js: js, bus: eb, topo: bus.Topology{Prefix: cfg.Prefix}, log: log, llmAction: llmAction(cfg.Provider)}, nil
+	return &Service{nc: nc, cfg: cfg, js: js, bus: eb, topo: bus.Topology{Prefix: cfg.Prefix}, log: log, llmAction: llmAction(cfg.Provider),
+		ready: make(chan struct{})}, nil
 }
 
 // Run serves decision requests until ctx ends.
@@ -163,6 +166,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.cat, err = actionstore.NewCatalog(catKV, actionstore.WithLogger(s.log)).Watch(ctx); err != nil {
 		return err
 	}
+	close(s.ready)
 	limitsKV, err := s.js.KeyValue(ctx, s.topo.BucketPlannerLimits())
 	if err != nil {
 		return fmt.Errorf("planner: the planner limits bucket: %w", err)
@@ -305,6 +309,21 @@ func (r replayProvider) Decide(_ context.Context, in Input) (events.Decision, er
 			WithDetail("recordedRun", r.rec.RunID).WithDetail("cycle", n)
 	}
 	return r.rec.Decisions[n-1], nil
+}
+
+// Ready is closed once Run has loaded the catalog.
+func (s *Service) Ready() <-chan struct{} { return s.ready }
+
+// CatchUp waits, after [Service.Ready], until the planner's view of the
+// catalog holds every action the catalog had stored when it was called
+// (or ctx ends, or a second passes): a stack that starts its executors
+// and then runs at once offers the model every action they announced.
+func (s *Service) CatchUp(ctx context.Context) {
+	select {
+	case <-s.ready:
+		s.cat.CatchUp(ctx)
+	case <-ctx.Done():
+	}
 }
 
 // CheckReady reports whether the streams, consumers and buckets the

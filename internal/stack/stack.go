@@ -92,7 +92,8 @@ func (s *Stack) AuditorKey() string {
 type runner interface{ Run(context.Context) error }
 
 // Start starts every service and returns once the dispatcher has loaded
-// the catalog and every executor has published its actions. Services run
+// the catalog, every executor has published its actions and the planner
+// has them in its view. Services run
 // until ctx ends or Stop is called.
 func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	if cfg.Provider == nil && !cfg.NoPlanner {
@@ -143,13 +144,13 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 		// dispatchers host; without one here, the stack hosts it.
 		services = append(services, registrarRunner{nc: nc, prefix: cfg.Prefix, log: cfg.Logger})
 	}
+	var plan *planner.Service
 	if !cfg.NoPlanner {
 		pnc, err := conn("planner")
 		if err != nil {
 			return nil, err
 		}
-		plan, err := planner.New(pnc, planner.Config{Prefix: cfg.Prefix, Provider: cfg.Provider, Logger: cfg.Logger, Metrics: cfg.Metrics})
-		if err != nil {
+		if plan, err = planner.New(pnc, planner.Config{Prefix: cfg.Prefix, Provider: cfg.Provider, Logger: cfg.Logger, Metrics: cfg.Metrics}); err != nil {
 			return nil, err
 		}
 		services = append(services, plan)
@@ -221,6 +222,9 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 	for _, ex := range s.Executors {
 		waitFor = append(waitFor, ex.Ready())
 	}
+	if plan != nil {
+		waitFor = append(waitFor, plan.Ready())
+	}
 	for _, ch := range waitFor {
 		select {
 		case <-ch:
@@ -231,6 +235,11 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Stack, error) {
 			s.Stop()
 			return nil, ctx.Err()
 		}
+	}
+	if plan != nil {
+		// The executors' announcements are in the catalog (they are
+		// ready): the planner offers their actions from the first run on.
+		plan.CatchUp(ctx)
 	}
 	return s, nil
 }

@@ -82,7 +82,7 @@ func TestATenantAddedToARunningDeploymentRunsFollowsAndReadsItsAudit(t *testing.
 		t.Setenv("NATS_CREDS", creds(accounts.ServiceAccount, svc))
 		startService(t, filepath.Join(services, svc), url)
 	}
-	startTestExecutor(t, buildTestExecutor(t), url, t.TempDir(), "ex-1", "NATS_CREDS="+creds(accounts.ServiceAccount, "executor"))
+	startTestExecutor(t, buildTestExecutor(t), url, t.TempDir(), "ex-1", "NATS_CREDS="+creds(accounts.AccountOf("executor"), "executor"))
 
 	// The deployment runs; now a tenant arrives.
 	printed := run("--nats", url, "tenant", "add", "acme", "--dir", store)
