@@ -41,7 +41,7 @@ const header = `# actionbus accounts (default subject prefix "ab"), rendered fro
 # internal/accounts (the layout operator mode signs as JWTs): regenerate
 # rather than edit (a test compares).
 #
-# Two kinds of account, and what crosses between them is an explicit
+# Three kinds of account, and what crosses between them is an explicit
 # export/import (docs/tenants.md):
 #
 # - ACTIONBUS, the services' account: every stream, bucket and object store,
@@ -49,7 +49,11 @@ const header = `# actionbus accounts (default subject prefix "ab"), rendered fro
 #   only the events it produces, use only the JetStream API of the streams,
 #   consumers and buckets it needs, and receive replies only on its own inbox
 #   prefix (services connect with nats.CustomInboxPrefix("_INBOX_<service>")).
-#   A pool other than "default" has its own executor user (executor-<pool>).
+# - One account per executor pool, POOL_<pool>, with no JetStream: its
+#   executor user (executor, or executor-<pool>) and service imports of
+#   exactly what that user may send, stream imports of what it may receive.
+#   A reply an executor names crosses as one the server made up in
+#   ACTIONBUS, so JetStream's answers land nowhere but back.
 # - One account per tenant, holding nothing of the services': no JetStream,
 #   no stream, bucket or inbox of ACTIONBUS. A tenant's users start, answer
 #   and cancel its runs through service imports of exactly its own subjects
