@@ -174,22 +174,22 @@ var serviceUsers = []serviceUser{
 // there into ACTIONBUS as service imports, what it receives as stream
 // imports ([PoolCrossings]).
 var executor = serviceUser{name: "executor", perPool: true, viaLeaf: true,
-		pub: []string{
-			"ab.run.*.*.result", "ab.rejected.>", "$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_WORK",
-			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_WORK.pool-{pool}",
-			"$JS.API.CONSUMER.MSG.NEXT.AB_WORK.pool-{pool}", "$JS.ACK.AB_WORK.pool-{pool}.>",
-			// Its announcements; the registrar writes the catalog.
-			"ab.pool.{pool}.announce",
-			// Stores of its pool's own: nobody else relies on them.
-			"$JS.API.STREAM.INFO.KV_ab_presence_{pool}", "$KV.ab_presence_{pool}.>",
-			// Read with the message get, never a direct get: it writes
-			// them (see [DirectGetsOfOwnWrites]).
-			"$JS.API.STREAM.INFO.KV_ab_idempotency_{pool}", "$JS.API.STREAM.MSG.GET.KV_ab_idempotency_{pool}",
-			"$KV.ab_idempotency_{pool}.>",
-			"$JS.API.STREAM.INFO.OBJ_ab_artifacts_{pool}", "$O.ab_artifacts_{pool}.>",
-			"$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts_{pool}",
-		},
-		sub: []string{
-			"_INBOX_executor.>", "ab.pool.{pool}.ended",
-		},
-	}
+	pub: []string{
+		"ab.run.*.*.result", "ab.rejected.>", "$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_WORK",
+		"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_WORK.pool-{pool}",
+		"$JS.API.CONSUMER.MSG.NEXT.AB_WORK.pool-{pool}", "$JS.ACK.AB_WORK.pool-{pool}.>",
+		// Its announcements; the registrar writes the catalog.
+		"ab.pool.{pool}.announce",
+		// Stores of its pool's own: nobody else relies on them.
+		"$JS.API.STREAM.INFO.KV_ab_presence_{pool}", "$KV.ab_presence_{pool}.>",
+		// Read with the message get, never a direct get: it writes
+		// them (see [DirectGetsOfOwnWrites]).
+		"$JS.API.STREAM.INFO.KV_ab_idempotency_{pool}", "$JS.API.STREAM.MSG.GET.KV_ab_idempotency_{pool}",
+		"$KV.ab_idempotency_{pool}.>",
+		"$JS.API.STREAM.INFO.OBJ_ab_artifacts_{pool}", "$O.ab_artifacts_{pool}.>",
+		"$JS.API.STREAM.MSG.GET.OBJ_ab_artifacts_{pool}",
+	},
+	sub: []string{
+		"_INBOX_executor.>", "ab.pool.{pool}.ended",
+	},
+}
