@@ -2,6 +2,7 @@ package accounts
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -45,38 +46,53 @@ func SystemAccountClaims(pub string) *jwt.AccountClaims {
 // Verified on nats-server 2.15.2: a narrowed token activates a wildcard
 // service import, and JetStream publish acks come back through it.
 //
-// The pools' exports ([PoolExports]) are token-required the same way, for
-// pools' accounts ([PoolAccountClaims]).
+// The exports to accounts of their own ([OwnExports]) are token-required
+// the same way ([OwnAccountClaims]).
 func ServiceAccountClaims(pub, prefix string, pools ...string) *jwt.AccountClaims {
 	ac := jwt.NewAccountClaims(pub)
 	ac.Name = ServiceAccount
 	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: jwt.NoLimit, DiskStorage: jwt.NoLimit,
 		Streams: jwt.NoLimit, Consumer: jwt.NoLimit, MaxAckPending: jwt.NoLimit}
-	for _, c := range Exports(prefix) {
-		ac.Exports.Add(&jwt.Export{Name: c.Subject, Subject: jwt.Subject(c.Subject), Type: c.Kind, TokenReq: true})
-	}
-	for _, e := range PoolExports(pools...) {
+	addTenantExports(ac, prefix, ServiceAccount, pools)
+	for _, e := range OwnExports(pools...) {
 		ac.Exports.Add(&jwt.Export{Name: e.Subject, Subject: jwt.Subject(e.Subject), Type: e.Kind, TokenReq: true,
 			ResponseType: e.Response})
 	}
 	return ac
 }
 
-// PoolAccountClaims returns the claims of pool's executors' account
-// ([PoolAccount], public key poolPub): JetStream disabled, and
-// [PoolCrossings] imported from ACTIONBUS (service) with activation
-// tokens signed by service.
-func PoolAccountClaims(pool, poolPub string, service nkeys.KeyPair) (*jwt.AccountClaims, error) {
+// addTenantExports adds account's exports to tenants ([Exports] from it),
+// token-required.
+func addTenantExports(ac *jwt.AccountClaims, prefix, account string, pools []string) {
+	for _, c := range Exports(prefix, pools...) {
+		if c.exporter() == account {
+			ac.Exports.Add(&jwt.Export{Name: c.Subject, Subject: jwt.Subject(c.Subject), Type: c.Kind, TokenReq: true})
+		}
+	}
+}
+
+// OwnAccountClaims returns the claims of the account of its own a
+// (public key pub): JetStream disabled, a's crossings imported from
+// ACTIONBUS (service) with activation tokens signed by service, and its
+// exports to tenants ([Crossing.From]), token-required.
+func OwnAccountClaims(a OwnAccount, pub, prefix string, service nkeys.KeyPair) (*jwt.AccountClaims, error) {
 	servicePub, err := service.PublicKey()
 	if err != nil {
 		return nil, err
 	}
-	ac := jwt.NewAccountClaims(poolPub)
-	ac.Name = PoolAccount(pool)
+	ac := jwt.NewAccountClaims(pub)
+	ac.Name = a.Name
 	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{}
-	ac.Limits.Exports = 0
-	for _, c := range PoolCrossings(pool) {
-		tok, err := Activation(service, poolPub, c)
+	var pools []string
+	if pool, ok := strings.CutPrefix(a.Name, "POOL_"); ok {
+		pools = []string{pool}
+	}
+	addTenantExports(ac, prefix, a.Name, pools)
+	if len(ac.Exports) == 0 {
+		ac.Limits.Exports = 0
+	}
+	for _, c := range a.Crossings {
+		tok, err := Activation(service, pub, c)
 		if err != nil {
 			return nil, err
 		}
@@ -96,15 +112,15 @@ func Activation(service nkeys.KeyPair, tenantPub string, c Crossing) (string, er
 	return act.Encode(service)
 }
 
+// Exporters are the key pairs of the accounts a tenant imports from, by
+// account name: ACTIONBUS and the pools' ([Crossing.From]).
+type Exporters map[string]nkeys.KeyPair
+
 // TenantAccountClaims returns the claims of tenant's account (public key
 // tenantPub): named after the tenant, JetStream disabled, limits l (with
-// defaults), and [Imports] from ACTIONBUS (servicePub) with activation
-// tokens signed by service.
-func TenantAccountClaims(prefix, tenant, tenantPub string, service nkeys.KeyPair, l Limits) (*jwt.AccountClaims, error) {
-	servicePub, err := service.PublicKey()
-	if err != nil {
-		return nil, err
-	}
+// defaults), and [Imports] from the accounts that export them, with
+// activation tokens signed by each one's key pair in exporters.
+func TenantAccountClaims(prefix, tenant, tenantPub string, exporters Exporters, l Limits, pools ...string) (*jwt.AccountClaims, error) {
 	l = l.WithDefaults()
 	ac := jwt.NewAccountClaims(tenantPub)
 	ac.Name = tenant
@@ -115,12 +131,20 @@ func TenantAccountClaims(prefix, tenant, tenantPub string, service nkeys.KeyPair
 	ac.Limits.Subs = l.MaxSubscriptions
 	ac.Limits.Payload = l.MaxPayload
 	ac.Limits.Exports = 0
-	for _, c := range Imports(prefix, tenant) {
-		tok, err := Activation(service, tenantPub, c)
+	for _, c := range Imports(prefix, tenant, pools...) {
+		kp, ok := exporters[c.exporter()]
+		if !ok {
+			return nil, fmt.Errorf("accounts: no key of %s, which exports %s", c.exporter(), c.Subject)
+		}
+		exporterPub, err := kp.PublicKey()
 		if err != nil {
 			return nil, err
 		}
-		ac.Imports.Add(&jwt.Import{Name: c.Subject, Subject: jwt.Subject(c.Subject), Account: servicePub, Token: tok, Type: c.Kind})
+		tok, err := Activation(kp, tenantPub, c)
+		if err != nil {
+			return nil, err
+		}
+		ac.Imports.Add(&jwt.Import{Name: c.Subject, Subject: jwt.Subject(c.Subject), Account: exporterPub, Token: tok, Type: c.Kind})
 	}
 	return ac, nil
 }

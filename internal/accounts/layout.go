@@ -49,6 +49,20 @@ type Crossing struct {
 	// Response is a service's response type: "" (a single answer) or
 	// jwt.ResponseTypeStream (a pull request's messages).
 	Response jwt.ResponseType
+	// From is the exporting account: "" for ACTIONBUS, or the account of
+	// its own whose user publishes the subject (a tenant imports
+	// executors' results from their pools' accounts: nats-server never
+	// re-exports to a stream import what reached ACTIONBUS through a
+	// service import).
+	From string
+}
+
+// exporter returns the account c is exported by.
+func (c Crossing) exporter() string {
+	if c.From == "" {
+		return ServiceAccount
+	}
+	return c.From
 }
 
 // crossings are the subjects that cross, with %[1]s the prefix and %[2]s
@@ -57,30 +71,46 @@ type Crossing struct {
 var crossings = []struct {
 	kind   jwt.ExportType
 	format string
+	from   string
 }{
-	{jwt.Service, "%[1]s.run.%[2]s.*.requested"},
-	{jwt.Service, "%[1]s.run.%[2]s.*.cancel"},
-	{jwt.Service, "%[1]s.run.%[2]s.*.input"},
-	{jwt.Service, "%[1]s.run.%[2]s.*.approve"},
-	{jwt.Service, "%[1]s.run.%[2]s.*.deny"},
-	{jwt.Service, "%[1]s.api.%[2]s.>"},
-	{jwt.Stream, "%[1]s.run.%[2]s.*.*"},
-	{jwt.Stream, "%[1]s.stream.%[2]s.*"},
-	{jwt.Stream, "%[1]s.audit.%[2]s.*.*"},
+	{jwt.Service, "%[1]s.run.%[2]s.*.requested", ""},
+	{jwt.Service, "%[1]s.run.%[2]s.*.cancel", ""},
+	{jwt.Service, "%[1]s.run.%[2]s.*.input", ""},
+	{jwt.Service, "%[1]s.run.%[2]s.*.approve", ""},
+	{jwt.Service, "%[1]s.run.%[2]s.*.deny", ""},
+	{jwt.Service, "%[1]s.api.%[2]s.>", ""},
+	{jwt.Stream, "%[1]s.run.%[2]s.*.*", ""},
+	{jwt.Stream, "%[1]s.stream.%[2]s.*", ""},
+	{jwt.Stream, "%[1]s.audit.%[2]s.*.*", ""},
+	{jwt.Stream, "%[1]s.run.%[2]s.*.result", eachPool},
 }
 
-// Exports returns what ACTIONBUS exports, the tenant position a
-// wildcard.
-func Exports(prefix string) []Crossing { return render(prefix, "*") }
+// eachPool marks a crossing exported by every pool's account.
+const eachPool = "{pool}"
 
-// Imports returns what tenant's account imports from ACTIONBUS: exactly
-// [Exports] with the tenant position replaced by tenant.
-func Imports(prefix, tenant string) []Crossing { return render(prefix, tenant) }
+// Exports returns what crosses to tenants, the tenant position a
+// wildcard: what ACTIONBUS exports, and what each of pools' accounts does
+// (default ["default"]: [Crossing.From]).
+func Exports(prefix string, pools ...string) []Crossing { return render(prefix, "*", pools) }
 
-func render(prefix, tenant string) []Crossing {
-	out := make([]Crossing, len(crossings))
-	for i, c := range crossings {
-		out[i] = Crossing{Kind: c.kind, Subject: fmt.Sprintf(c.format, prefixOr(prefix), tenant)}
+// Imports returns what tenant's account imports: exactly [Exports] with
+// the tenant position replaced by tenant.
+func Imports(prefix, tenant string, pools ...string) []Crossing { return render(prefix, tenant, pools) }
+
+func render(prefix, tenant string, pools []string) []Crossing {
+	if len(pools) == 0 {
+		pools = []string{bus.DefaultPool}
+	}
+	var out []Crossing
+	for _, c := range crossings {
+		subject := fmt.Sprintf(c.format, prefixOr(prefix), tenant)
+		if c.from != eachPool {
+			out = append(out, Crossing{Kind: c.kind, Subject: subject, From: c.from})
+			continue
+		}
+		for _, pool := range pools {
+			out = append(out, Crossing{Kind: c.kind, Subject: subject, From: PoolAccount(pool)})
+		}
 	}
 	return out
 }
@@ -219,17 +249,17 @@ func ExecutorUser(pool string) string {
 }
 
 // ServiceUsers returns the users of the ACTIONBUS account: admin (no
-// restriction), dispatcher, planner and auditor, with the permissions of
+// restriction) and the dispatcher, with the permissions of
 // [serviceUsers] (the dispatcher's naming every pool's artifact store).
-// Executors are not among them: each pool's are in an account of their
-// own ([ExecutorUsers]).
+// The planner, the auditor and the executors are users of accounts of
+// their own ([OwnAccounts]).
 func ServiceUsers(pools ...string) []User {
 	if len(pools) == 0 {
 		pools = []string{bus.DefaultPool}
 	}
 	var out []User
 	for _, u := range serviceUsers {
-		if u.perPool {
+		if u.perPool || u.account != "" {
 			continue
 		}
 		p := u.perms("")
@@ -240,6 +270,16 @@ func ServiceUsers(pools ...string) []User {
 			}
 		}
 		out = append(out, User{Name: u.name, Permissions: p})
+	}
+	return out
+}
+
+// AllServiceUsers returns every service user: [ServiceUsers] and the
+// users of [OwnAccounts].
+func AllServiceUsers(pools ...string) []User {
+	out := ServiceUsers(pools...)
+	for _, a := range OwnAccounts(pools...) {
+		out = append(out, a.User)
 	}
 	return out
 }

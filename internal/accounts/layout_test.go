@@ -25,6 +25,7 @@ func TestTenantImportsAreTheExportsWithTheTenantFilledIn(t *testing.T) {
 		"ab.run.*.*.requested": jwt.Service, "ab.run.*.*.cancel": jwt.Service, "ab.run.*.*.input": jwt.Service,
 		"ab.run.*.*.approve": jwt.Service, "ab.run.*.*.deny": jwt.Service, "ab.api.*.>": jwt.Service,
 		"ab.run.*.*.*": jwt.Stream, "ab.stream.*.*": jwt.Stream, "ab.audit.*.*.*": jwt.Stream,
+		"ab.run.*.*.result": jwt.Stream,
 	}
 	for i, e := range exports {
 		if k, ok := want[e.Subject]; !ok || k != e.Kind {
@@ -56,9 +57,15 @@ func TestTenantImportsAreTheExportsWithTheTenantFilledIn(t *testing.T) {
 func TestTenantAccountClaims(t *testing.T) {
 	svc, _ := nkeys.CreateAccount()
 	svcPub, _ := svc.PublicKey()
+	pool, _ := nkeys.CreateAccount()
+	exporters := accounts.Exporters{accounts.ServiceAccount: svc, accounts.PoolAccount("default"): pool}
+	pubOf := map[string]string{}
+	for name, kp := range exporters {
+		pubOf[name], _ = kp.PublicKey()
+	}
 	tkp, _ := nkeys.CreateAccount()
 	tpub, _ := tkp.PublicKey()
-	ac, err := accounts.TenantAccountClaims("ab", "acme", tpub, svc, accounts.Limits{MaxConnections: 5})
+	ac, err := accounts.TenantAccountClaims("ab", "acme", tpub, exporters, accounts.Limits{MaxConnections: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,15 +78,24 @@ func TestTenantAccountClaims(t *testing.T) {
 	if len(ac.Imports) != len(accounts.Exports("ab")) {
 		t.Fatalf("%d imports", len(ac.Imports))
 	}
+	from := map[string]string{}
+	for _, c := range accounts.Imports("ab", "acme") {
+		from[c.Subject] = c.From
+	}
 	for _, im := range ac.Imports {
-		if im.Account != svcPub || im.LocalSubject != "" || !strings.HasPrefix(string(im.Subject), "ab.") || strings.Split(string(im.Subject), ".")[2] != "acme" {
+		exporter := from[string(im.Subject)]
+		if exporter == "" {
+			exporter = accounts.ServiceAccount
+		}
+		want := pubOf[exporter]
+		if im.Account != want || im.LocalSubject != "" || !strings.HasPrefix(string(im.Subject), "ab.") || strings.Split(string(im.Subject), ".")[2] != "acme" {
 			t.Errorf("import %+v", im)
 		}
 		act, err := jwt.DecodeActivationClaims(im.Token)
 		if err != nil {
 			t.Fatalf("import %s: %v", im.Subject, err)
 		}
-		if act.Issuer != svcPub || act.Subject != tpub || act.ImportSubject != im.Subject || act.ImportType != im.Type {
+		if act.Issuer != want || act.Subject != tpub || act.ImportSubject != im.Subject || act.ImportType != im.Type {
 			t.Errorf("activation of %s: issuer %s subject %s import %s", im.Subject, act.Issuer, act.Subject, act.ImportSubject)
 		}
 	}
@@ -89,7 +105,13 @@ func TestTenantAccountClaims(t *testing.T) {
 		t.Fatalf("claims invalid: %v", vr.Errors())
 	}
 	sc := accounts.ServiceAccountClaims(svcPub, "ab", "default", "gpu")
-	if !sc.Limits.IsJSEnabled() || len(sc.Exports) != len(accounts.Exports("ab"))+len(accounts.PoolExports("default", "gpu")) {
+	var own int
+	for _, c := range accounts.Exports("ab", "default", "gpu") {
+		if c.From == "" {
+			own++
+		}
+	}
+	if !sc.Limits.IsJSEnabled() || len(sc.Exports) != own+len(accounts.OwnExports("default", "gpu")) {
 		t.Fatal("ACTIONBUS: JetStream or exports missing")
 	}
 	for _, e := range sc.Exports {
@@ -125,7 +147,7 @@ func TestTenantUsersNameOnlyTheirTenant(t *testing.T) {
 func TestServiceUsers(t *testing.T) {
 	users := accounts.ServiceUsers("default", "billing")
 	names := map[string]accounts.Permissions{}
-	for _, u := range append(users, accounts.ExecutorUsers("default", "billing")...) {
+	for _, u := range accounts.AllServiceUsers("default", "billing") {
 		names[u.Name] = u.Permissions
 	}
 	for _, u := range users {

@@ -338,7 +338,8 @@ func TestAnImportOfAnotherTenantsSubjectsWithoutItsActivationIsRefused(t *testin
 	mallory := func(tenant string, extra func(own string) []*jwt.Import) (nkeys.KeyPair, error) {
 		akp, _ := nkeys.CreateAccount()
 		pub, _ := akp.PublicKey()
-		ac, err := accounts.TenantAccountClaims("ab", tenant, pub, svc, accounts.Limits{})
+		ac, err := accounts.TenantAccountClaims("ab", tenant, pub, accounts.Exporters{accounts.ServiceAccount: svc,
+			accounts.PoolAccount("default"): seed("accounts/POOL_default/account.nk")}, accounts.Limits{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -43,30 +43,42 @@ func TestAPoolAccountImportsExactlyWhatItsExecutorMaySend(t *testing.T) {
 	assert.NotContains(t, u.Permissions.Pub, "$JS.API.INFO", "the executor may not send what is imported only to silence the server")
 }
 
-func TestPoolAccountClaimsAreValidAndExportedToThePoolAlone(t *testing.T) {
+func TestOwnAccountClaimsAreValidAndExportedToTheirAccountAlone(t *testing.T) {
 	svc, err := nkeys.CreateAccount()
 	require.NoError(t, err)
 	svcPub, _ := svc.PublicKey()
-	pkp, err := nkeys.CreateAccount()
-	require.NoError(t, err)
-	pub, _ := pkp.PublicKey()
-	pc, err := accounts.PoolAccountClaims("gpu", pub, svc)
-	require.NoError(t, err)
-	vr := jwt.CreateValidationResults()
-	pc.Validate(vr)
-	require.False(t, vr.IsBlocking(true), "%v", vr.Errors())
-	assert.False(t, pc.Limits.IsJSEnabled(), "a pool's account has no JetStream")
-	assert.Len(t, pc.Imports, len(accounts.PoolCrossings("gpu")))
 	sc := accounts.ServiceAccountClaims(svcPub, "ab", "gpu")
-	for _, imp := range pc.Imports {
-		act, err := jwt.DecodeActivationClaims(imp.Token)
+	own := accounts.OwnAccounts("gpu")
+	var names []string
+	for _, a := range own {
+		names = append(names, a.Name+"/"+a.User.Name)
+	}
+	assert.Equal(t, []string{"POOL_gpu/executor-gpu"}, names)
+	for _, a := range own {
+		assert.Equal(t, a.Name, accounts.AccountOf(a.User.Name))
+		kp, err := nkeys.CreateAccount()
 		require.NoError(t, err)
-		assert.Equal(t, pub, act.Subject, "%s: activated for the pool's account", imp.Subject)
-		assert.Equal(t, imp.Subject, act.ImportSubject)
-		var exported bool
-		for _, e := range sc.Exports {
-			exported = exported || (e.TokenReq && e.Subject == imp.Subject && e.Type == imp.Type)
+		pub, _ := kp.PublicKey()
+		ac, err := accounts.OwnAccountClaims(a, pub, "ab", svc)
+		require.NoError(t, err)
+		vr := jwt.CreateValidationResults()
+		ac.Validate(vr)
+		require.False(t, vr.IsBlocking(true), "%s: %v", a.Name, vr.Errors())
+		assert.False(t, ac.Limits.IsJSEnabled(), "%s has no JetStream", a.Name)
+		assert.Len(t, ac.Imports, len(a.Crossings))
+		for _, e := range ac.Exports {
+			assert.True(t, e.TokenReq, "%s exports %s to tenants, token required", a.Name, e.Subject)
 		}
-		assert.True(t, exported, "%s: exported by ACTIONBUS, token required", imp.Subject)
+		for _, imp := range ac.Imports {
+			act, err := jwt.DecodeActivationClaims(imp.Token)
+			require.NoError(t, err)
+			assert.Equal(t, pub, act.Subject, "%s: activated for %s", imp.Subject, a.Name)
+			assert.Equal(t, imp.Subject, act.ImportSubject)
+			var exported bool
+			for _, e := range sc.Exports {
+				exported = exported || (e.TokenReq && e.Subject == imp.Subject && e.Type == imp.Type)
+			}
+			assert.True(t, exported, "%s: exported by ACTIONBUS, token required", imp.Subject)
+		}
 	}
 }

@@ -12,7 +12,7 @@ import (
 func TestNoUntrustedUserDirectGetsAStoreItWrites(t *testing.T) {
 	pools := []string{bus.DefaultPool, "gpu"}
 	topo := bus.Topology{Pools: pools}
-	assert.Empty(t, accounts.DirectGetsOfOwnWrites(topo, append(accounts.ServiceUsers(pools...), accounts.ExecutorUsers(pools...)...)))
+	assert.Empty(t, accounts.DirectGetsOfOwnWrites(topo, accounts.AllServiceUsers(pools...)))
 }
 
 // TestDirectGetsOfOwnWritesFindsEachForm keeps the rule from passing for

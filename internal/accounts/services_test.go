@@ -31,7 +31,7 @@ func TestServiceUsersMatchTheStaticConfig(t *testing.T) {
 		static[u.Username] = u.Permissions
 		account[u.Username] = u.Account.Name
 	}
-	for _, u := range append(accounts.ServiceUsers(), accounts.ExecutorUsers()...) {
+	for _, u := range accounts.AllServiceUsers() {
 		if got, want := account[u.Name], accounts.AccountOf(u.Name); got != want {
 			t.Errorf("%s is a user of %s in accounts.conf, of %s in the layout", u.Name, got, want)
 		}

@@ -6,8 +6,6 @@ import (
 	"strings"
 
 	"github.com/nats-io/jwt/v2"
-
-	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // The static accounts.conf, rendered from the same layout as operator
@@ -26,7 +24,7 @@ func PasswordVar(user string) string {
 // $<USER>_PASSWORD), its imports from ACTIONBUS, JetStream disabled and
 // the limits l (with defaults). ACTIONBUS's exports must list the tenant
 // ([StaticServiceAccount]).
-func StaticTenantAccount(prefix, tenant string, l Limits) string {
+func StaticTenantAccount(prefix, tenant string, l Limits, pools ...string) string {
 	l = l.WithDefaults()
 	var b strings.Builder
 	fmt.Fprintf(&b, "  # Tenant %s: its own account, no JetStream; what crosses is its imports.\n", tenant)
@@ -35,8 +33,8 @@ func StaticTenantAccount(prefix, tenant string, l Limits) string {
 		writeStaticUser(&b, u)
 	}
 	b.WriteString("    ]\n    imports: [\n")
-	for _, c := range Imports(prefix, tenant) {
-		fmt.Fprintf(&b, "      { %s: { account: %s, subject: %s } }\n", kindWord(c.Kind), ServiceAccount, strconv.Quote(c.Subject))
+	for _, c := range Imports(prefix, tenant, pools...) {
+		fmt.Fprintf(&b, "      { %s: { account: %s, subject: %s } }\n", kindWord(c.Kind), c.exporter(), strconv.Quote(c.Subject))
 	}
 	b.WriteString("    ]\n")
 	fmt.Fprintf(&b, "    limits: { max_connections: %d, max_subscriptions: %d, max_payload: %d }\n  }\n",
@@ -56,15 +54,9 @@ func StaticServiceAccount(prefix string, tenants []string, pools ...string) stri
 	b.WriteString("    ]\n    exports: [\n")
 	quoted := make([]string, len(tenants))
 	copy(quoted, tenants)
-	for _, c := range Exports(prefix) {
-		fmt.Fprintf(&b, "      { %s: %s, accounts: [%s] }\n", kindWord(c.Kind), strconv.Quote(c.Subject), strings.Join(quoted, ", "))
-	}
-	for _, e := range PoolExports(pools...) {
-		names := make([]string, len(e.Pools))
-		for i, p := range e.Pools {
-			names[i] = PoolAccount(p)
-		}
-		fmt.Fprintf(&b, "      { %s: %s, accounts: [%s]", kindWord(e.Kind), strconv.Quote(e.Subject), strings.Join(names, ", "))
+	writeTenantExports(&b, prefix, ServiceAccount, quoted, pools)
+	for _, e := range OwnExports(pools...) {
+		fmt.Fprintf(&b, "      { %s: %s, accounts: [%s]", kindWord(e.Kind), strconv.Quote(e.Subject), strings.Join(e.Accounts, ", "))
 		if e.Response != "" {
 			fmt.Fprintf(&b, ", response_type: %s", strings.ToLower(string(e.Response)))
 		}
@@ -74,44 +66,55 @@ func StaticServiceAccount(prefix string, tenants []string, pools ...string) stri
 	return b.String()
 }
 
-// StaticPoolAccount returns the accounts.conf block of pool's executors'
-// account ([PoolAccount]): its executor user (password from
-// $<USER>_PASSWORD), JetStream disabled, and its imports from ACTIONBUS
-// ([PoolCrossings]), which ACTIONBUS exports to it
+// StaticOwnAccount returns the accounts.conf block of the account of its
+// own a: its user (password from $<USER>_PASSWORD), JetStream disabled,
+// and its imports from ACTIONBUS, which ACTIONBUS exports to it
 // ([StaticServiceAccount]).
-func StaticPoolAccount(pool string) string {
+func StaticOwnAccount(a OwnAccount, prefix string, tenants, pools []string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "  # Pool %s's executors: their own account, no JetStream; what crosses is its imports.\n", pool)
-	fmt.Fprintf(&b, "  %s {\n    jetstream: disabled\n    users: [\n", PoolAccount(pool))
-	for _, u := range ExecutorUsers(pool) {
-		writeStaticUser(&b, u)
-	}
+	fmt.Fprintf(&b, "  # %s's account of its own: no JetStream; what crosses is its imports.\n", a.User.Name)
+	fmt.Fprintf(&b, "  %s {\n    jetstream: disabled\n    users: [\n", a.Name)
+	writeStaticUser(&b, a.User)
 	b.WriteString("    ]\n    imports: [\n")
-	for _, c := range PoolCrossings(pool) {
+	for _, c := range a.Crossings {
 		fmt.Fprintf(&b, "      { %s: { account: %s, subject: %s }", kindWord(c.Kind), ServiceAccount, strconv.Quote(c.Subject))
 		if c.Local != "" {
 			fmt.Fprintf(&b, ", to: %s", strconv.Quote(c.Local))
 		}
 		b.WriteString(" }\n")
 	}
-	b.WriteString("    ]\n  }\n")
+	b.WriteString("    ]\n")
+	var exports strings.Builder
+	writeTenantExports(&exports, prefix, a.Name, tenants, pools)
+	if exports.Len() > 0 {
+		b.WriteString("    exports: [\n" + exports.String() + "    ]\n")
+	}
+	b.WriteString("  }\n")
 	return b.String()
 }
 
+// writeTenantExports writes account's exports to tenants ([Exports] from
+// it), each restricted to tenants.
+func writeTenantExports(b *strings.Builder, prefix, account string, tenants, pools []string) {
+	for _, c := range Exports(prefix, pools...) {
+		if c.exporter() == account {
+			fmt.Fprintf(b, "      { %s: %s, accounts: [%s] }\n", kindWord(c.Kind), strconv.Quote(c.Subject), strings.Join(tenants, ", "))
+		}
+	}
+}
+
 // StaticConfig returns a whole static accounts configuration: ACTIONBUS,
-// one account per pool and one per tenant.
+// the accounts of their own (planner, auditor, one per pool) and one per
+// tenant.
 func StaticConfig(prefix string, tenants []string, l Limits, pools ...string) string {
 	var b strings.Builder
 	b.WriteString("# actionbus accounts (rendered by internal/accounts: actionbus tenant users TENANT prints a tenant's block).\naccounts {\n")
 	b.WriteString(StaticServiceAccount(prefix, tenants, pools...))
-	if len(pools) == 0 {
-		pools = []string{bus.DefaultPool}
-	}
-	for _, p := range pools {
-		b.WriteString(StaticPoolAccount(p))
+	for _, a := range OwnAccounts(pools...) {
+		b.WriteString(StaticOwnAccount(a, prefix, tenants, pools))
 	}
 	for _, t := range tenants {
-		b.WriteString(StaticTenantAccount(prefix, t, l))
+		b.WriteString(StaticTenantAccount(prefix, t, l, pools...))
 	}
 	b.WriteString("}\n")
 	return b.String()

@@ -28,7 +28,7 @@ func TestStaticConfigRenderedFromTheLayoutCrosses(t *testing.T) {
 	tenants := []string{events.DefaultTenant, "acme"}
 	conf := accounts.StaticConfig("ab", tenants, accounts.Limits{})
 	var users []string
-	for _, u := range append(accounts.ServiceUsers(), accounts.ExecutorUsers()...) {
+	for _, u := range accounts.AllServiceUsers() {
 		users = append(users, u.Name)
 	}
 	for _, tn := range tenants {

@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/actionbus/actionbus/events"
-	"github.com/actionbus/actionbus/internal/bus"
 )
 
 // Store is the operator store on disk: every key and JWT operator mode
@@ -60,8 +59,8 @@ const (
 
 // Init creates a new operator store in dir (which must not hold one):
 // the operator, the system account and its user, the ACTIONBUS account
-// with its service users' creds, one account per pool with its executor
-// user's creds, and server.conf.
+// with its service users' creds, the accounts of their own (planner,
+// auditor, one per pool) with their users' creds, and server.conf.
 func Init(dir string, o InitOptions) (*Store, error) {
 	if o.OperatorName == "" {
 		o.OperatorName = "actionbus"
@@ -124,28 +123,24 @@ func Init(dir string, o InitOptions) (*Store, error) {
 		return nil, err
 	}
 	preload := map[string]string{sysPub: sysJWT, svcPub: svcJWT}
-	pools := o.Pools
-	if len(pools) == 0 {
-		pools = []string{bus.DefaultPool}
-	}
-	for _, pool := range pools {
-		pkp, err := nkeys.CreateAccount()
+	for _, a := range OwnAccounts(o.Pools...) {
+		akp, err := nkeys.CreateAccount()
 		if err != nil {
 			return nil, err
 		}
-		pub, _ := pkp.PublicKey()
-		pc, err := PoolAccountClaims(pool, pub, svc)
+		pub, _ := akp.PublicKey()
+		ac, err := OwnAccountClaims(a, pub, s.Prefix, svc)
 		if err != nil {
 			return nil, err
 		}
-		tok, err := pc.Encode(okp)
+		tok, err := ac.Encode(okp)
 		if err != nil {
 			return nil, err
 		}
-		if err := s.writeAccount(PoolAccount(pool), pkp, tok); err != nil {
+		if err := s.writeAccount(a.Name, akp, tok); err != nil {
 			return nil, err
 		}
-		if err := s.writeUsers(PoolAccount(pool), pkp, ExecutorUsers(pool)); err != nil {
+		if err := s.writeUsers(a.Name, akp, []User{a.User}); err != nil {
 			return nil, err
 		}
 		preload[pub] = tok
@@ -250,16 +245,28 @@ func (s *Store) AddTenant(tenant string, l Limits) (Tenant, error) {
 	if err != nil {
 		return Tenant{}, err
 	}
-	svc, err := s.accountKey(ServiceAccount)
+	pools, err := s.pools()
 	if err != nil {
 		return Tenant{}, err
+	}
+	exporters := Exporters{}
+	names := []string{ServiceAccount}
+	for _, p := range pools {
+		names = append(names, PoolAccount(p))
+	}
+	for _, name := range names {
+		kp, err := s.accountKey(name)
+		if err != nil {
+			return Tenant{}, fmt.Errorf("accounts: the key of %s: %w", name, err)
+		}
+		exporters[name] = kp
 	}
 	akp, err := nkeys.CreateAccount()
 	if err != nil {
 		return Tenant{}, err
 	}
 	pub, _ := akp.PublicKey()
-	ac, err := TenantAccountClaims(s.Prefix, tenant, pub, svc, l)
+	ac, err := TenantAccountClaims(s.Prefix, tenant, pub, exporters, l, pools...)
 	if err != nil {
 		return Tenant{}, err
 	}
@@ -347,6 +354,21 @@ func (s *Store) ReuseName(tenant string) error {
 		return nil
 	}
 	return err
+}
+
+// pools lists the pools whose accounts the store holds.
+func (s *Store) pools() ([]string, error) {
+	ents, err := os.ReadDir(s.path("accounts"))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if p, ok := strings.CutPrefix(e.Name(), PoolAccount("")); ok && e.IsDir() {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
 
 // Tenants lists the tenants in the store.

@@ -117,6 +117,15 @@ func TestAttack41_UpgradeKeepsTheRunsOfTheReleaseBefore(t *testing.T) {
 	waiting, err := c.Start(ctx, client.RunRequest{UserID: "ada", Action: &client.ActionCall{Name: "inv.count", Args: map[string]any{}}})
 	require.NoError(t, err)
 
+	// The consumer counts a stored message as pending a moment after the
+	// stream stored it (the server signals its consumers asynchronously):
+	// the operator provisions once the dispatchers are stopped, not in
+	// that moment, and so does this test.
+	require.Eventually(t, func() bool {
+		cons, err := srv.JS.Consumer(ctx, topo.StreamRequests(), bus.ConsumerDispatcherRequests)
+		return err == nil && cons.CachedInfo().NumPending == 1
+	}, 10*time.Second, 10*time.Millisecond, "the old consumer holds the request")
+
 	t.Run("provision refuses to strand a request stored before the upgrade", func(t *testing.T) {
 		err := bus.Topology{Prefix: srv.Prefix}.Provision(ctx, srv.JS)
 		require.ErrorIs(t, err, actionbus.ErrTopologyBusy)

@@ -572,9 +572,13 @@ func (a *api) consumers() int {
 func TestFollowersReleaseTheirSubscriptionsWhenTheirClientsGoAway(t *testing.T) {
 	a := newAPI(t)
 	runID := a.start(map[string]any{"prompt": "paint it", "scenario": "ask"})
-	a.events("/v1/runs/"+runID+"/events", "reader", func(event string, _ map[string]any) bool { return event == "run.step" })
-	durables := a.consumers()
 	baseline := a.nc.NumSubscriptions()
+	a.events("/v1/runs/"+runID+"/events", "reader", func(event string, _ map[string]any) bool { return event == "run.step" })
+	// That follow's subscription goes once its client has gone; counted
+	// in the baseline, it made the count short of baseline+n below.
+	require.Eventually(t, func() bool { return a.nc.NumSubscriptions() == baseline }, 10*time.Second, 10*time.Millisecond,
+		"the first follow released its subscription: %d, baseline %d", a.nc.NumSubscriptions(), baseline)
+	durables := a.consumers()
 	const n = 40
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

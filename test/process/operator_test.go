@@ -79,7 +79,7 @@ func TestATenantAddedToARunningDeploymentRunsFollowsAndReadsItsAudit(t *testing.
 	services := buildServices(t)
 	t.Setenv("NATS_CREDS", "")
 	for _, svc := range []string{"dispatcher", "planner", "auditor"} {
-		t.Setenv("NATS_CREDS", creds(accounts.ServiceAccount, svc))
+		t.Setenv("NATS_CREDS", creds(accounts.AccountOf(svc), svc))
 		startService(t, filepath.Join(services, svc), url)
 	}
 	startTestExecutor(t, buildTestExecutor(t), url, t.TempDir(), "ex-1", "NATS_CREDS="+creds(accounts.AccountOf("executor"), "executor"))
