@@ -249,17 +249,17 @@ func ExecutorUser(pool string) string {
 }
 
 // ServiceUsers returns the users of the ACTIONBUS account: admin (no
-// restriction) and the dispatcher, with the permissions of
-// [serviceUsers] (the dispatcher's naming every pool's artifact store).
-// The planner, the auditor and the executors are users of accounts of
-// their own ([OwnAccounts]).
+// restriction), the dispatcher, the planner and the auditor, with the
+// permissions of [serviceUsers] (the dispatcher's naming every pool's
+// artifact store). The executors are users of their pools' accounts
+// ([OwnAccounts]).
 func ServiceUsers(pools ...string) []User {
 	if len(pools) == 0 {
 		pools = []string{bus.DefaultPool}
 	}
 	var out []User
 	for _, u := range serviceUsers {
-		if u.perPool || u.account != "" {
+		if u.perPool {
 			continue
 		}
 		p := u.perms("")

@@ -25,15 +25,6 @@ type serviceUser struct {
 	// allowed in the hub domain's form too ([JetStreamDomain]), the only
 	// form JetStream's API crosses a leaf node link in.
 	viaLeaf bool
-	// account names the account of its own the user lives in (see
-	// [OwnAccounts]); "" for a user of ACTIONBUS. A perPool user's is
-	// its pool's ([PoolAccount]).
-	account string
-	// watches says the user watches a bucket: JetStream delivers to its
-	// inbox in ACTIONBUS, which its account imports as a stream. (The
-	// planner and the auditor do, and are still users of ACTIONBUS:
-	// docs/security.md, "What is left".)
-	watches bool
 }
 
 // JetStreamDomain is the JetStream domain of the deployment's cluster

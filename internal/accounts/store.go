@@ -358,29 +358,25 @@ func (s *Store) ReuseName(tenant string) error {
 
 // pools lists the pools whose accounts the store holds.
 func (s *Store) pools() ([]string, error) {
-	ents, err := os.ReadDir(s.path("accounts"))
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, e := range ents {
-		if p, ok := strings.CutPrefix(e.Name(), PoolAccount("")); ok && e.IsDir() {
-			out = append(out, p)
-		}
-	}
-	return out, nil
+	return s.accounts(func(name string) (string, bool) { return strings.CutPrefix(name, PoolAccount("")) })
 }
 
 // Tenants lists the tenants in the store.
 func (s *Store) Tenants() ([]string, error) {
+	return s.accounts(func(name string) (string, bool) { return name, events.ValidTenant(name) })
+}
+
+// accounts lists what keep makes of the names of the store's accounts,
+// those it keeps.
+func (s *Store) accounts(keep func(name string) (string, bool)) ([]string, error) {
 	ents, err := os.ReadDir(s.path("accounts"))
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	for _, e := range ents {
-		if e.IsDir() && events.ValidTenant(e.Name()) {
-			out = append(out, e.Name())
+		if v, ok := keep(e.Name()); ok && e.IsDir() {
+			out = append(out, v)
 		}
 	}
 	return out, nil
