@@ -46,6 +46,9 @@ type deferredAlarms struct {
 	// crash, set by tests, simulates a crash of the holder when it returns
 	// true: the alarm is never armed and the request is handed back.
 	crash func(runID string) bool
+	// arming, set by tests, is told when a held alarm's delay has passed,
+	// before arm waits for the run's lock.
+	arming func(runID string)
 }
 
 // heldAlarm is one new run's alarm, not yet armed.
@@ -113,7 +116,23 @@ func (a *deferredAlarms) take(runID string, h *heldAlarm) *heldAlarm {
 
 // arm arms a held alarm whose delay passed with its run still going, then
 // settles the run's request with the outcome.
+//
+// It holds the run's lock while it does, as transitions do: the admission
+// that held the alarm may still be handing the run's work out (a publish
+// waits up to bus.PublishTimeout for the server, ten times the default
+// delay, when a stream is electing a leader). A state created from
+// admitted meanwhile holds no outbox, so had that publish then failed, the
+// run would have been stored as waiting for work never published, and its
+// request, delivered again, would find it stored and publish nothing: the
+// run waited for its decision timeout (seen when a cluster node was killed
+// as a run was admitted). Behind the lock, an admission that failed has
+// taken its alarm back before arm looks for it.
 func (a *deferredAlarms) arm(ctx context.Context, runID string, h *heldAlarm) {
+	if a.arming != nil {
+		a.arming(runID)
+	}
+	unlock := a.d.locks.Lock(runID)
+	defer unlock()
 	if a.take(runID, h) == nil {
 		return // the run ended, or a later alarm superseded it
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,4 +142,54 @@ func TestACrashHoldingANewRunsAlarmLosesNoAlarm(t *testing.T) {
 	assert.Len(t, crashed, 1, "the holder crashed")
 	mu.Unlock()
 	assert.Zero(t, srv.Stored(t, "AB_TIMERS", "ab.run.*."+res.RunID+".sched.>"), "the ended run's alarms are canceled")
+}
+
+// TestAHandOutThatFailsAfterTheAlarmDelayIsPublishedAgain: a run admitted
+// without a state write hands its work out while its alarm is held; the
+// publish outlasts the alarm delay (a stream electing a leader answers
+// nothing for seconds) and then fails. The alarm, due meanwhile, must not
+// store the run as admitted — a state with no outbox, for work never
+// published — or the request, delivered again, finds the run stored and
+// publishes nothing, and the run waits for its action's timeout. Seen in
+// the three-node cluster test when a node was killed as a run was
+// admitted. The run completes.
+func TestAHandOutThatFailsAfterTheAlarmDelayIsPublishedAgain(t *testing.T) {
+	arming := make(chan string, 16)
+	var failed sync.Map
+	var server atomic.Pointer[actionbustest.Server] // set before any run starts
+	srv, st, _ := startGated(t, func(d *dispatch.Dispatcher) {
+		dispatch.SetArming(d, func(runID string) { arming <- runID })
+		dispatch.SetFailHandingOut(d, func(runID string) error {
+			if _, again := failed.LoadOrStore(runID, true); again {
+				return nil
+			}
+			select {
+			case <-arming:
+			case <-time.After(10 * time.Second):
+				return errors.New("test: the alarm delay never passed")
+			}
+			// An alarm that does not wait for the admission stores the
+			// run now; give it the time to, then fail.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			kv, err := server.Load().JS.KeyValue(ctx, bus.Topology{Prefix: events.DefaultPrefix}.BucketRuns())
+			if err != nil {
+				return err
+			}
+			for ctx.Err() == nil {
+				if _, err := kv.Get(ctx, runID); err == nil {
+					break
+				}
+			}
+			return errors.New("test: the server went away mid-publish")
+		})
+	})
+	server.Store(srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := st.Client.Run(ctx, client.RunRequest{Action: &client.ActionCall{Name: "hold.quick", Args: map[string]any{"n": 1}}}, nil)
+	require.NoError(t, err, "the run ended")
+	require.Equal(t, client.StatusCompleted, res.Status, "%+v", res.Error)
+	_, hooked := failed.Load(res.RunID)
+	assert.True(t, hooked, "the run's first hand-out failed")
 }

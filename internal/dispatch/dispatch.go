@@ -196,6 +196,9 @@ type Dispatcher struct {
 	// returns true: the work is published, the state is not, the request
 	// is handed back.
 	crashHandingOut func(runID string) bool
+	// failHandingOut, set by tests, fails an admission's hand-out of a run
+	// admitted unstored, before it publishes, with the error it returns.
+	failHandingOut func(runID string) error
 
 	// ids derives runs' id keys (nil until Run has read it).
 	ids *idSecret
@@ -704,7 +707,14 @@ func (d *Dispatcher) admitUnstored(ctx context.Context, st *run.State, fence uin
 	if settled == nil {
 		return fmt.Errorf("dispatch: run %s: its alarm could not be held", st.RunID)
 	}
-	if err := d.publishOrFail(ctx, st, rest); err != nil {
+	err = nil
+	if d.failHandingOut != nil {
+		err = d.failHandingOut(st.RunID)
+	}
+	if err == nil {
+		err = d.publishOrFail(ctx, st, rest)
+	}
+	if err != nil {
 		// The request is handed back: its next delivery stores the run.
 		d.deferred.take(st.RunID, nil)
 		return err

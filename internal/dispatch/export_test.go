@@ -16,6 +16,15 @@ func SetCrashAfterWrite(d *Dispatcher, f func(runID string) bool) { d.crashAfter
 // request is handed back.
 func SetCrashHoldingAlarm(d *Dispatcher, f func(runID string) bool) { d.deferred.crash = f }
 
+// SetFailHandingOut makes d fail the hand-out of a run admitted without a
+// state write, before it publishes, with the error f returns (nil: it
+// publishes).
+func SetFailHandingOut(d *Dispatcher, f func(runID string) error) { d.failHandingOut = f }
+
+// SetArming tells f the id of each run whose held alarm's delay passed,
+// before d arms it.
+func SetArming(d *Dispatcher, f func(runID string)) { d.deferred.arming = f }
+
 // ClaimRetry is d's run.Env.ClaimRetry.
 func ClaimRetry(ctx context.Context, d *Dispatcher, priorID, retryID string) (string, error) {
 	return env{d}.ClaimRetry(ctx, priorID, retryID)

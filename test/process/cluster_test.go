@@ -157,7 +157,7 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 	logs := &actionbustest.LogBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("service logs (warnings and errors):\n%s", logs.String())
+			t.Logf("service logs (warnings and errors):\n%s", linesWith(logs.String(), "level=WARN", "level=ERROR"))
 		}
 	})
 	st, err := stack.Start(ctx, connect(), stack.Config{Provider: script, Executors: 2, Slots: 16,
@@ -209,13 +209,17 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 				t.Logf("goroutine:\n%s", g)
 			}
 		}
-		for _, name := range []string{"dispatcher", "planner"} {
-			dctx, dcancel := context.WithTimeout(context.Background(), 3*time.Second)
-			if ci, err := js.Consumer(dctx, topo.StreamRuns(), name); err == nil {
-				in := ci.CachedInfo()
-				t.Logf("consumer %s: pending %d, ack pending %d, redelivered %d, waiting %d, leader %v", name, in.NumPending, in.NumAckPending, in.NumRedelivered, in.NumWaiting, in.Cluster)
-			} else {
-				t.Logf("consumer %s: %v", name, err)
+		for _, stream := range []string{topo.StreamRuns(), topo.StreamRequests(), topo.StreamTimers()} {
+			dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if str, err := js.Stream(dctx, stream); err == nil {
+				for in := range str.ListConsumers(dctx).Info() {
+					leader := ""
+					if in.Cluster != nil {
+						leader = in.Cluster.Leader
+					}
+					t.Logf("consumer %s > %s: delivered %d, ack floor %d, pending %d, ack pending %d, redelivered %d, waiting %d, leader %s",
+						stream, in.Name, in.Delivered.Stream, in.AckFloor.Stream, in.NumPending, in.NumAckPending, in.NumRedelivered, in.NumWaiting, leader)
+				}
 			}
 			dcancel()
 		}
@@ -268,6 +272,24 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 					}
 				}
 			}
+			// What each stream stores of the run (per-subject counts, one
+			// API call per stream: no consumer to create).
+			for _, name := range []string{topo.StreamRequests(), topo.StreamRuns(), topo.StreamWork(), topo.StreamTimers()} {
+				sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+				if str, err := js.Stream(sctx, name); err == nil {
+					if info, err := str.Info(sctx, jetstream.WithSubjectFilter(">")); err == nil {
+						for subj, n := range info.State.Subjects {
+							if strings.Contains(subj, ids[i]) {
+								t.Logf("run %d: %s stores %d on %s", i, name, n, subj)
+							}
+						}
+					} else {
+						t.Logf("run %d: %s: %v", i, name, err)
+					}
+				}
+				scancel()
+			}
+			t.Logf("run %d: the services' log of it:\n%s", i, linesWith(logs.String(), ids[i]))
 			entry, err := js.KeyValue(context.Background(), topo.BucketRuns())
 			if err == nil {
 				if e, err := entry.Get(context.Background(), ids[i]); err == nil {
@@ -344,4 +366,16 @@ func TestAThreeNodeClusterLosesANodeMidLoadAndEveryRunEndsOnce(t *testing.T) {
 			return true
 		}, 60*time.Second, 200*time.Millisecond, "stream %s caught up on the restarted node", name)
 	}
+}
+
+// linesWith returns the lines of s that contain any of subs.
+func linesWith(s string, subs ...string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(s, "\n") {
+		if slices.ContainsFunc(subs, func(sub string) bool { return strings.Contains(line, sub) }) {
+			b.WriteString(line)
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
 }
