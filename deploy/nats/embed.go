@@ -49,11 +49,13 @@ const header = `# actionbus accounts (default subject prefix "ab"), rendered fro
 #   only the events it produces, use only the JetStream API of the streams,
 #   consumers and buckets it needs, and receive replies only on its own inbox
 #   prefix (services connect with nats.CustomInboxPrefix("_INBOX_<service>")).
-# - One account per executor pool, POOL_<pool>, with no JetStream: its
-#   executor user (executor, or executor-<pool>) and service imports of
-#   exactly what that user may send, stream imports of what it may receive.
-#   A reply an executor names crosses as one the server made up in
-#   ACTIONBUS, so JetStream's answers land nowhere but back.
+#   Only admin and the dispatcher are its users.
+# - Accounts of their own, with no JetStream, for the planner (PLANNER), the
+#   auditor (AUDITOR) and each executor pool (POOL_<pool>: executor, or
+#   executor-<pool>): the user, service imports of exactly what it may
+#   send, stream imports of what it may receive. A reply such a user names
+#   crosses as one the server made up in ACTIONBUS, so JetStream's answers
+#   land nowhere but back.
 # - One account per tenant, holding nothing of the services': no JetStream,
 #   no stream, bucket or inbox of ACTIONBUS. A tenant's users start, answer
 #   and cancel its runs through service imports of exactly its own subjects

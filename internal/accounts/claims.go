@@ -113,7 +113,7 @@ func Activation(service nkeys.KeyPair, tenantPub string, c Crossing) (string, er
 }
 
 // Exporters are the key pairs of the accounts a tenant imports from, by
-// account name: ACTIONBUS and the pools' ([Crossing.From]).
+// account name: ACTIONBUS, PLANNER, AUDITOR and the pools' ([Crossing.From]).
 type Exporters map[string]nkeys.KeyPair
 
 // TenantAccountClaims returns the claims of tenant's account (public key

@@ -50,12 +50,18 @@ type Crossing struct {
 	// jwt.ResponseTypeStream (a pull request's messages).
 	Response jwt.ResponseType
 	// From is the exporting account: "" for ACTIONBUS, or the account of
-	// its own whose user publishes the subject (a tenant imports
-	// executors' results from their pools' accounts: nats-server never
-	// re-exports to a stream import what reached ACTIONBUS through a
-	// service import).
+	// its own whose user publishes the subject (a tenant imports the
+	// planner's answer tokens from PLANNER and the audit records from
+	// AUDITOR: nats-server never re-exports to a stream import what
+	// reached ACTIONBUS through a service import).
 	From string
 }
+
+// The accounts of their own of the planner and the auditor.
+const (
+	PlannerAccount = "PLANNER"
+	AuditorAccount = "AUDITOR"
+)
 
 // exporter returns the account c is exported by.
 func (c Crossing) exporter() string {
@@ -80,8 +86,10 @@ var crossings = []struct {
 	{jwt.Service, "%[1]s.run.%[2]s.*.deny", ""},
 	{jwt.Service, "%[1]s.api.%[2]s.>", ""},
 	{jwt.Stream, "%[1]s.run.%[2]s.*.*", ""},
-	{jwt.Stream, "%[1]s.stream.%[2]s.*", ""},
-	{jwt.Stream, "%[1]s.audit.%[2]s.*.*", ""},
+	{jwt.Stream, "%[1]s.stream.%[2]s.*", PlannerAccount},
+	{jwt.Stream, "%[1]s.run.%[2]s.*.decision", PlannerAccount},
+	{jwt.Stream, "%[1]s.run.%[2]s.*.synthesized", PlannerAccount},
+	{jwt.Stream, "%[1]s.audit.%[2]s.*.*", AuditorAccount},
 	{jwt.Stream, "%[1]s.run.%[2]s.*.result", eachPool},
 }
 
@@ -89,8 +97,8 @@ var crossings = []struct {
 const eachPool = "{pool}"
 
 // Exports returns what crosses to tenants, the tenant position a
-// wildcard: what ACTIONBUS exports, and what each of pools' accounts does
-// (default ["default"]: [Crossing.From]).
+// wildcard: what ACTIONBUS exports, what PLANNER and AUDITOR do, and each
+// of pools' accounts (default ["default"]: [Crossing.From]).
 func Exports(prefix string, pools ...string) []Crossing { return render(prefix, "*", pools) }
 
 // Imports returns what tenant's account imports: exactly [Exports] with
@@ -249,17 +257,17 @@ func ExecutorUser(pool string) string {
 }
 
 // ServiceUsers returns the users of the ACTIONBUS account: admin (no
-// restriction), the dispatcher, the planner and the auditor, with the
-// permissions of [serviceUsers] (the dispatcher's naming every pool's
-// artifact store). The executors are users of their pools' accounts
-// ([OwnAccounts]).
+// restriction) and the dispatcher, with the permissions of
+// [serviceUsers] (the dispatcher's naming every pool's artifact store).
+// The planner, the auditor and the executors are users of accounts of
+// their own ([OwnAccounts]).
 func ServiceUsers(pools ...string) []User {
 	if len(pools) == 0 {
 		pools = []string{bus.DefaultPool}
 	}
 	var out []User
 	for _, u := range serviceUsers {
-		if u.perPool {
+		if u.perPool || u.account != "" {
 			continue
 		}
 		p := u.perms("")

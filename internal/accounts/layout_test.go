@@ -25,7 +25,7 @@ func TestTenantImportsAreTheExportsWithTheTenantFilledIn(t *testing.T) {
 		"ab.run.*.*.requested": jwt.Service, "ab.run.*.*.cancel": jwt.Service, "ab.run.*.*.input": jwt.Service,
 		"ab.run.*.*.approve": jwt.Service, "ab.run.*.*.deny": jwt.Service, "ab.api.*.>": jwt.Service,
 		"ab.run.*.*.*": jwt.Stream, "ab.stream.*.*": jwt.Stream, "ab.audit.*.*.*": jwt.Stream,
-		"ab.run.*.*.result": jwt.Stream,
+		"ab.run.*.*.decision": jwt.Stream, "ab.run.*.*.synthesized": jwt.Stream, "ab.run.*.*.result": jwt.Stream,
 	}
 	for i, e := range exports {
 		if k, ok := want[e.Subject]; !ok || k != e.Kind {
@@ -57,8 +57,11 @@ func TestTenantImportsAreTheExportsWithTheTenantFilledIn(t *testing.T) {
 func TestTenantAccountClaims(t *testing.T) {
 	svc, _ := nkeys.CreateAccount()
 	svcPub, _ := svc.PublicKey()
+	planner, _ := nkeys.CreateAccount()
+	auditor, _ := nkeys.CreateAccount()
 	pool, _ := nkeys.CreateAccount()
-	exporters := accounts.Exporters{accounts.ServiceAccount: svc, accounts.PoolAccount("default"): pool}
+	exporters := accounts.Exporters{accounts.ServiceAccount: svc, accounts.PlannerAccount: planner, accounts.AuditorAccount: auditor,
+		accounts.PoolAccount("default"): pool}
 	pubOf := map[string]string{}
 	for name, kp := range exporters {
 		pubOf[name], _ = kp.PublicKey()
@@ -151,8 +154,8 @@ func TestServiceUsers(t *testing.T) {
 		names[u.Name] = u.Permissions
 	}
 	for _, u := range users {
-		if strings.HasPrefix(u.Name, "executor") {
-			t.Errorf("%s is a user of ACTIONBUS, not of its pool's account", u.Name)
+		if u.Name != "admin" && u.Name != "dispatcher" {
+			t.Errorf("%s is a user of ACTIONBUS, not of an account of its own", u.Name)
 		}
 	}
 	for _, n := range []string{"admin", "dispatcher", "planner", "auditor", "executor", "executor-billing"} {

@@ -339,6 +339,7 @@ func TestAnImportOfAnotherTenantsSubjectsWithoutItsActivationIsRefused(t *testin
 		akp, _ := nkeys.CreateAccount()
 		pub, _ := akp.PublicKey()
 		ac, err := accounts.TenantAccountClaims("ab", tenant, pub, accounts.Exporters{accounts.ServiceAccount: svc,
+			accounts.PlannerAccount: seed("accounts/PLANNER/account.nk"), accounts.AuditorAccount: seed("accounts/AUDITOR/account.nk"),
 			accounts.PoolAccount("default"): seed("accounts/POOL_default/account.nk")}, accounts.Limits{})
 		if err != nil {
 			t.Fatal(err)

@@ -9,32 +9,39 @@ import (
 	"github.com/actionbus/actionbus/internal/bus"
 )
 
-// Each pool's executors, which run handlers and sit at sites behind leaf
-// nodes, live in an account of their own, as tenants do (docs/tenants.md,
-// "Executors"): it holds nothing but the pool's executor user and its
-// imports from ACTIONBUS, exactly what that user may publish (service
-// imports) and receive (stream imports). Every reply subject the user
-// names is its own account's: a request crossing into ACTIONBUS carries a
-// reply the server made up there (_R_…), so JetStream's publish acks,
-// direct-get answers and status messages come back to it and land nowhere
-// else — not on another pool's catalog entry, a run's state or the
-// JetStream API (A43-1, row 109 of docs/security.md). The planner and the
-// auditor are still users of ACTIONBUS (docs/security.md, "What is left";
-// branch own-accounts moves them).
+// The services that run what actionbus does not control — the planner,
+// which talks to a model, the auditor, and above all each pool's
+// executors, which run handlers and sit at sites behind leaf nodes — live
+// in accounts of their own, as tenants do (docs/tenants.md, "Accounts of
+// their own"): such an account holds nothing but its user and its imports
+// from ACTIONBUS, exactly what that user may publish (service imports)
+// and receive (stream imports). Every reply subject the user names is its
+// own account's: a request crossing into ACTIONBUS carries a reply the
+// server made up there (_R_…), so JetStream's publish acks, direct-get
+// answers and status messages come back to it and land nowhere else —
+// not on another pool's catalog entry, a run's state or the JetStream API
+// (A43-1, rows 108 and 109 of docs/security.md). Only admin and the
+// dispatcher, which owns the run states, are users of ACTIONBUS.
 
 // PoolAccount returns the name of pool's executors' account: "POOL_" and
 // the pool (pool names are lower case, tenant names too, so no tenant
 // account is ever named so).
 func PoolAccount(pool string) string { return "POOL_" + pool }
 
-// AccountOf returns the account of a service user: its pool's for an
-// executor user ([ExecutorUser]), ACTIONBUS for the others.
+// AccountOf returns the account of a service user: its own ([OwnAccounts])
+// for the planner, the auditor and an executor user ([ExecutorUser]), its
+// pool's; ACTIONBUS for admin and the dispatcher.
 func AccountOf(user string) string {
 	if user == executor.name {
 		return PoolAccount(bus.DefaultPool)
 	}
 	if pool, ok := strings.CutPrefix(user, executor.name+"-"); ok {
 		return PoolAccount(pool)
+	}
+	for _, u := range serviceUsers {
+		if u.name == user && u.account != "" {
+			return u.account
+		}
 	}
 	return ServiceAccount
 }
@@ -47,13 +54,18 @@ type OwnAccount struct {
 	Crossings []Crossing
 }
 
-// OwnAccounts returns the accounts of their own: one per pool (default
-// ["default"]).
+// OwnAccounts returns the accounts of their own: the planner's, the
+// auditor's and one per pool (default ["default"]).
 func OwnAccounts(pools ...string) []OwnAccount {
 	if len(pools) == 0 {
 		pools = []string{bus.DefaultPool}
 	}
 	var out []OwnAccount
+	for _, u := range serviceUsers {
+		if u.account != "" {
+			out = append(out, OwnAccount{Name: u.account, User: User{Name: u.name, Permissions: u.perms("")}, Crossings: u.crossings("")})
+		}
+	}
 	for _, pool := range pools {
 		out = append(out, OwnAccount{Name: PoolAccount(pool), User: User{Name: ExecutorUser(pool), Permissions: executor.perms(pool)},
 			Crossings: executor.crossings(pool)})
@@ -67,8 +79,9 @@ func PoolCrossings(pool string) []Crossing { return executor.crossings(pool) }
 
 // crossings returns what u's own account imports from ACTIONBUS: a
 // service import of every subject u may publish, and a stream import of
-// every subject it may receive but its inbox (its replies come back
-// through the service imports). A pull request's messages are many answers to one
+// every subject it may receive but its inbox, which crosses only for a
+// user that watches a bucket (JetStream delivers a watch to the inbox,
+// in ACTIONBUS). A pull request's messages are many answers to one
 // request (a streamed response). For a user that comes through leaf nodes,
 // the JetStream API and key-value subjects are imported a second time
 // under the name the hub's JetStream domain gives them ($JS.<domain>.API.…,
@@ -90,7 +103,7 @@ func (u serviceUser) crossings(pool string) []Crossing {
 		}
 	}
 	for _, s := range p.Sub {
-		if !strings.HasPrefix(s, "_INBOX") {
+		if !strings.HasPrefix(s, "_INBOX") || u.watches {
 			out = append(out, Crossing{Kind: jwt.Stream, Subject: s})
 		}
 	}

@@ -53,7 +53,7 @@ func TestOwnAccountClaimsAreValidAndExportedToTheirAccountAlone(t *testing.T) {
 	for _, a := range own {
 		names = append(names, a.Name+"/"+a.User.Name)
 	}
-	assert.Equal(t, []string{"POOL_gpu/executor-gpu"}, names)
+	assert.Equal(t, []string{"PLANNER/planner", "AUDITOR/auditor", "POOL_gpu/executor-gpu"}, names)
 	for _, a := range own {
 		assert.Equal(t, a.Name, accounts.AccountOf(a.User.Name))
 		kp, err := nkeys.CreateAccount()
@@ -80,5 +80,19 @@ func TestOwnAccountClaimsAreValidAndExportedToTheirAccountAlone(t *testing.T) {
 			}
 			assert.True(t, exported, "%s: exported by ACTIONBUS, token required", imp.Subject)
 		}
+	}
+}
+
+// The planner and the auditor watch the catalog: JetStream delivers the
+// watch to their inboxes in ACTIONBUS, which their accounts import; an
+// executor watches nothing, and ACTIONBUS's inbox of its name reaches
+// nothing.
+func TestOnlyWatchersImportTheirInboxes(t *testing.T) {
+	for _, a := range accounts.OwnAccounts() {
+		var inbox bool
+		for _, c := range a.Crossings {
+			inbox = inbox || (c.Kind == jwt.Stream && c.Subject == accounts.InboxPrefix(a.User.Name)+".>")
+		}
+		assert.Equal(t, a.User.Name != "executor", inbox, a.Name)
 	}
 }

@@ -25,6 +25,13 @@ type serviceUser struct {
 	// allowed in the hub domain's form too ([JetStreamDomain]), the only
 	// form JetStream's API crosses a leaf node link in.
 	viaLeaf bool
+	// account names the account of its own the user lives in (see
+	// [OwnAccounts]); "" for a user of ACTIONBUS. A perPool user's is
+	// its pool's ([PoolAccount]).
+	account string
+	// watches says the user watches a bucket: JetStream delivers to its
+	// inbox in ACTIONBUS, which its account imports as a stream.
+	watches bool
 }
 
 // JetStreamDomain is the JetStream domain of the deployment's cluster
@@ -125,7 +132,7 @@ var serviceUsers = []serviceUser{
 		},
 		allowResponses: true,
 	},
-	{name: "planner",
+	{name: "planner", account: PlannerAccount, watches: true,
 		pub: []string{
 			"ab.run.*.*.decision", "ab.run.*.*.synthesized", "ab.stream.*.*", "ab.rejected.>",
 			"$JS.API.STREAM.INFO.KV_ab_planner_limits", "$JS.API.STREAM.MSG.GET.KV_ab_planner_limits",
@@ -140,7 +147,7 @@ var serviceUsers = []serviceUser{
 			"_INBOX_planner.>",
 		},
 	},
-	{name: "auditor",
+	{name: "auditor", account: AuditorAccount, watches: true,
 		pub: []string{
 			"ab.audit.*.*.*", "ab.rejected.>", "$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_REQUESTS",
 			"$JS.API.STREAM.INFO.AB_WORK", "$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.STREAM.INFO.AB_AUDIT",

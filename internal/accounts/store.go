@@ -250,14 +250,14 @@ func (s *Store) AddTenant(tenant string, l Limits) (Tenant, error) {
 		return Tenant{}, err
 	}
 	exporters := Exporters{}
-	names := []string{ServiceAccount}
+	names := []string{ServiceAccount, PlannerAccount, AuditorAccount}
 	for _, p := range pools {
 		names = append(names, PoolAccount(p))
 	}
 	for _, name := range names {
 		kp, err := s.accountKey(name)
 		if err != nil {
-			return Tenant{}, fmt.Errorf("accounts: the key of %s: %w", name, err)
+			return Tenant{}, fmt.Errorf("accounts: the key of %s (a store made before the planner and the auditor had accounts of their own needs actionbus nats init again): %w", name, err)
 		}
 		exporters[name] = kp
 	}

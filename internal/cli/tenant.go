@@ -29,9 +29,11 @@ func natsCmd(g *globals) *cobra.Command {
 		Long: `init creates an operator store in --dir (mode 0700; seeds and creds 0600):
 the operator key and JWT, the system account (its user pushes tenant
 accounts), the ACTIONBUS account (JetStream, every stream and bucket, its
-exports to tenants) and the creds of its users admin, dispatcher, planner,
-auditor and one executor user per --pools pool, under
-DIR/accounts/ACTIONBUS/users/. It writes DIR/server.conf, the server config
+exports to tenants) and the creds of its users admin and dispatcher, under
+DIR/accounts/ACTIONBUS/users/; the accounts of their own of the planner
+(PLANNER), the auditor (AUDITOR) and each --pools pool's executors
+(POOL_<pool>), each user's creds under DIR/accounts/<ACCOUNT>/users/.
+It writes DIR/server.conf, the server config
 fragment of operator mode: include it in nats-server's configuration
 (include "DIR/server.conf"). The resolver keeps account JWTs in
 --resolver-dir (the server's own directory; default DIR/resolver).
@@ -47,6 +49,9 @@ Back the directory up: the operator and ACTIONBUS seeds sign every tenant.`,
 				return err
 			}
 			fmt.Fprintf(g.out, "operator store: %s\nserver config: %s\nservice creds: %s\n", s.Dir, s.ConfigFile(), s.CredsDir(accounts.ServiceAccount))
+			for _, a := range accounts.OwnAccounts(pools...) {
+				fmt.Fprintf(g.out, "%s creds: %s\n", a.User.Name, s.ServiceCredsFile(a.User.Name))
+			}
 			return nil
 		},
 	}
