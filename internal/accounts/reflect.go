@@ -25,20 +25,7 @@ import (
 // the dispatcher writes the run states and direct-gets only into its own
 // inbox.
 func DirectGetsOfOwnWrites(topo bus.Topology, users []User) []string {
-	type stored struct {
-		name     string
-		subjects []string
-	}
-	var streams []stored
-	for _, sc := range topo.Streams() {
-		streams = append(streams, stored{sc.Name, sc.Subjects})
-	}
-	for _, kc := range topo.Buckets() {
-		streams = append(streams, stored{"KV_" + kc.Bucket, []string{"$KV." + kc.Bucket + ".>"}})
-	}
-	for _, oc := range topo.ObjectStores() {
-		streams = append(streams, stored{"OBJ_" + oc.Bucket, []string{"$O." + oc.Bucket + ".>"}})
-	}
+	streams := storedStreams(topo)
 	var out []string
 	for _, u := range users {
 		if u.Name == "admin" || u.Name == "dispatcher" {
@@ -63,6 +50,62 @@ func DirectGetsOfOwnWrites(topo bus.Topology, users []User) []string {
 			}
 			if get != "" && write != "" {
 				out = append(out, fmt.Sprintf("%s writes %s (%s) and direct-gets it (%s)", u.Name, st.name, write, get))
+			}
+		}
+	}
+	return out
+}
+
+// stored is a stream of the topology and the subjects it stores.
+type stored struct {
+	name     string
+	subjects []string
+}
+
+// storedStreams returns every stream of topo, buckets and object stores
+// included, with the subjects it stores.
+func storedStreams(topo bus.Topology) []stored {
+	var streams []stored
+	for _, sc := range topo.Streams() {
+		streams = append(streams, stored{sc.Name, sc.Subjects})
+	}
+	for _, kc := range topo.Buckets() {
+		streams = append(streams, stored{"KV_" + kc.Bucket, []string{"$KV." + kc.Bucket + ".>"}})
+	}
+	for _, oc := range topo.ObjectStores() {
+		streams = append(streams, stored{"OBJ_" + oc.Bucket, []string{"$O." + oc.Bucket + ".>"}})
+	}
+	return streams
+}
+
+// StoredSubjectsHeard returns, one line each, every subscription a user
+// of users in the services' account ([AccountOf]) other than admin may
+// make on a subject a stream of topo stores; the layout must have none.
+//
+// A push consumer delivers on the subject named in its create request's
+// body, in the stream's account, and does so while that account has
+// interest in the subject. The planner and the auditor create push
+// consumers of the catalog (their watches) and can name any subject of
+// ACTIONBUS: were a subscriber of ACTIONBUS listening on a stored subject
+// — a run's events, a run state's key — the server would deliver the
+// catalog's entries and empty idle heartbeats there, and the stream would
+// store them (checked: a run state overwritten with an empty value).
+// Tenants' subscriptions live in their own accounts and give ACTIONBUS no
+// such interest. admin, the operator's own tool, may listen anywhere.
+func StoredSubjectsHeard(topo bus.Topology, users []User) []string {
+	streams := storedStreams(topo)
+	var out []string
+	for _, u := range users {
+		if u.Name == "admin" || AccountOf(u.Name) != ServiceAccount {
+			continue
+		}
+		for _, sub := range u.Permissions.Sub {
+			for _, st := range streams {
+				for _, s := range st.subjects {
+					if server.SubjectsCollide(hubForm(sub), s) {
+						out = append(out, fmt.Sprintf("%s may subscribe to %s, which %s stores (%s)", u.Name, sub, st.name, s))
+					}
+				}
 			}
 		}
 	}

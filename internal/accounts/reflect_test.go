@@ -39,3 +39,23 @@ func TestDirectGetsOfOwnWritesFindsEachForm(t *testing.T) {
 	assert.Empty(t, accounts.DirectGetsOfOwnWrites(topo, []accounts.User{{Name: "planner", Permissions: accounts.Permissions{
 		Pub: []string{"$KV.ab_planner_limits.>", "$JS.API.DIRECT.GET.KV_ab_catalog.>"}}}}), "a direct get of a store the user does not write")
 }
+
+func TestNoUserOfTheServicesAccountListensOnAStoredSubject(t *testing.T) {
+	pools := []string{bus.DefaultPool, "gpu"}
+	topo := bus.Topology{Pools: pools}
+	assert.Empty(t, accounts.StoredSubjectsHeard(topo, accounts.AllServiceUsers(pools...)))
+}
+
+// TestStoredSubjectsHeardFindsOne keeps the rule from passing for want of
+// looking: a user of ACTIONBUS given a subscription on a run's events or
+// on a bucket's keys is named; admin, and a user of an account of its own,
+// are not.
+func TestStoredSubjectsHeardFindsOne(t *testing.T) {
+	topo := bus.Topology{Pools: []string{bus.DefaultPool}}
+	got := accounts.StoredSubjectsHeard(topo, []accounts.User{
+		{Name: "dispatcher", Permissions: accounts.Permissions{Sub: []string{"_INBOX_dispatcher.>", "$KV.ab_runs.*"}}},
+		{Name: "admin", Permissions: accounts.Permissions{Sub: []string{">"}}},
+		{Name: "planner", Permissions: accounts.Permissions{Sub: []string{"$KV.ab_runs.*"}}},
+	})
+	assert.Equal(t, []string{"dispatcher may subscribe to $KV.ab_runs.*, which KV_ab_runs stores ($KV.ab_runs.>)"}, got)
+}
