@@ -79,9 +79,10 @@ func PoolCrossings(pool string) []Crossing { return executor.crossings(pool) }
 
 // crossings returns what u's own account imports from ACTIONBUS: a
 // service import of every subject u may publish, and a stream import of
-// every subject it may receive but its inbox, which crosses only for a
-// user that watches a bucket (JetStream delivers a watch to the inbox,
-// in ACTIONBUS). A pull request's messages are many answers to one
+// every subject it may receive but its inbox: answers to its requests
+// cross back through the service imports, and nothing else of ACTIONBUS
+// reaches its inbox (no such user creates a consumer, whose deliveries
+// would be published in ACTIONBUS: [ConsumerCreators]). A pull request's messages are many answers to one
 // request (a streamed response). For a user that comes through leaf nodes,
 // the JetStream API and key-value subjects are imported a second time
 // under the name the hub's JetStream domain gives them ($JS.<domain>.API.…,
@@ -103,7 +104,7 @@ func (u serviceUser) crossings(pool string) []Crossing {
 		}
 	}
 	for _, s := range p.Sub {
-		if !strings.HasPrefix(s, "_INBOX") || u.watches {
+		if !strings.HasPrefix(s, "_INBOX") {
 			out = append(out, Crossing{Kind: jwt.Stream, Subject: s})
 		}
 	}

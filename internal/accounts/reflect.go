@@ -112,6 +112,40 @@ func StoredSubjectsHeard(topo bus.Topology, users []User) []string {
 	return out
 }
 
+// consumerCreates are the JetStream API's requests that create a consumer.
+var consumerCreates = []string{"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>"}
+
+// ConsumerCreators returns, one line each, every permission by which a
+// user of users in an account of its own (the planner, the auditor, the
+// pools' executors: not [ServiceAccount]) may create a consumer; the
+// layout must have none.
+//
+// A consumer lives in its stream's account, and a push consumer delivers
+// to the subject its create request's body names, which no import
+// rewrites: whoever may create one has the services' account publish the
+// stream's messages, and empty idle heartbeats, on a subject of its
+// choosing there, and a stream that stores that subject stores them (a
+// run state overwritten with an empty value, checked on 2026-12-07). So
+// such users read with direct gets, whose answers come back through their
+// imports, and pull from consumers provisioning created.
+func ConsumerCreators(users []User) []string {
+	var out []string
+	for _, u := range users {
+		if AccountOf(u.Name) == ServiceAccount {
+			continue
+		}
+		for _, p := range u.Permissions.Pub {
+			for _, c := range consumerCreates {
+				if server.SubjectsCollide(hubForm(p), c) {
+					out = append(out, fmt.Sprintf("%s may publish %s, which creates a consumer", u.Name, p))
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
 // hubForm is a permission's subject in the hub's own form: the leaf-node
 // forms "$JS.<domain>.API.X" and "$JS.<domain>.API.$KV.X" (see
 // domainForms) as "$JS.API.X" and "$KV.X".

@@ -59,3 +59,30 @@ func TestStoredSubjectsHeardFindsOne(t *testing.T) {
 	})
 	assert.Equal(t, []string{"dispatcher may subscribe to $KV.ab_runs.*, which KV_ab_runs stores ($KV.ab_runs.>)"}, got)
 }
+
+func TestNoUserOfAnAccountOfItsOwnCreatesAConsumer(t *testing.T) {
+	pools := []string{bus.DefaultPool, "gpu"}
+	assert.Empty(t, accounts.ConsumerCreators(accounts.AllServiceUsers(pools...)))
+}
+
+// TestConsumerCreatorsFindsEachForm keeps the rule from passing for want
+// of looking: a create in each of the API's forms, the leaf-node form and
+// a wildcard that covers one are named, for a user of an account of its
+// own only.
+func TestConsumerCreatorsFindsEachForm(t *testing.T) {
+	for _, pub := range []string{
+		"$JS.API.CONSUMER.CREATE.KV_ab_catalog.>",
+		"$JS.API.CONSUMER.CREATE.AB_AUDIT.sink-jsonl.>",
+		"$JS.API.CONSUMER.DURABLE.CREATE.AB_RUNS.x",
+		"$JS.actionbus.API.CONSUMER.CREATE.AB_WORK",
+		"$JS.API.>",
+	} {
+		t.Run(pub, func(t *testing.T) {
+			got := accounts.ConsumerCreators([]accounts.User{
+				{Name: "auditor", Permissions: accounts.Permissions{Pub: []string{"$JS.API.CONSUMER.INFO.AB_AUDIT.sink-jsonl", pub}}},
+				{Name: "dispatcher", Permissions: accounts.Permissions{Pub: []string{pub}}},
+			})
+			assert.Equal(t, []string{"auditor may publish " + pub + ", which creates a consumer"}, got)
+		})
+	}
+}

@@ -29,9 +29,6 @@ type serviceUser struct {
 	// [OwnAccounts]); "" for a user of ACTIONBUS. A perPool user's is
 	// its pool's ([PoolAccount]).
 	account string
-	// watches says the user watches a bucket: JetStream delivers to its
-	// inbox in ACTIONBUS, which its account imports as a stream.
-	watches bool
 }
 
 // JetStreamDomain is the JetStream domain of the deployment's cluster
@@ -132,22 +129,23 @@ var serviceUsers = []serviceUser{
 		},
 		allowResponses: true,
 	},
-	{name: "planner", account: PlannerAccount, watches: true,
+	{name: "planner", account: PlannerAccount,
 		pub: []string{
 			"ab.run.*.*.decision", "ab.run.*.*.synthesized", "ab.stream.*.*", "ab.rejected.>",
 			"$JS.API.STREAM.INFO.KV_ab_planner_limits", "$JS.API.STREAM.MSG.GET.KV_ab_planner_limits",
 			"$KV.ab_planner_limits.>", "$JS.API.STREAM.INFO.AB_RUNS",
 			"$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.CONSUMER.INFO.AB_RUNS.planner",
 			"$JS.API.CONSUMER.MSG.NEXT.AB_RUNS.planner", "$JS.ACK.AB_RUNS.planner.>",
-			"$JS.API.STREAM.INFO.KV_ab_catalog", "$JS.API.DIRECT.GET.KV_ab_catalog.>",
-			"$JS.API.CONSUMER.CREATE.KV_ab_catalog.>", "$JS.API.CONSUMER.DELETE.KV_ab_catalog.>",
-			"$JS.API.CONSUMER.INFO.KV_ab_catalog.>", "$JS.FC.KV_ab_catalog.>",
+			// The catalog, followed with direct gets (never a consumer:
+			// see [ConsumerCreators]).
+			"$JS.API.STREAM.INFO.KV_ab_catalog", "$JS.API.DIRECT.GET.KV_ab_catalog",
+			"$JS.API.DIRECT.GET.KV_ab_catalog.>",
 		},
 		sub: []string{
 			"_INBOX_planner.>",
 		},
 	},
-	{name: "auditor", account: AuditorAccount, watches: true,
+	{name: "auditor", account: AuditorAccount,
 		pub: []string{
 			"ab.audit.*.*.*", "ab.rejected.>", "$JS.API.STREAM.INFO.AB_RUNS", "$JS.API.STREAM.INFO.AB_REQUESTS",
 			"$JS.API.STREAM.INFO.AB_WORK", "$JS.API.STREAM.INFO.AB_REJECTED", "$JS.API.STREAM.INFO.AB_AUDIT",
@@ -162,13 +160,13 @@ var serviceUsers = []serviceUser{
 			// Its chains' ends, with the message get: it writes the
 			// audit stream, so it may not direct-get it.
 			"$JS.API.STREAM.MSG.GET.AB_AUDIT",
-			"$JS.API.CONSUMER.CREATE.AB_AUDIT.sink-jsonl.>", "$JS.API.CONSUMER.INFO.AB_AUDIT.sink-jsonl",
-			"$JS.API.CONSUMER.CREATE.AB_AUDIT.sink-sqlite.>", "$JS.API.CONSUMER.INFO.AB_AUDIT.sink-sqlite",
+			// The sinks' consumers, which provisioning creates.
+			"$JS.API.CONSUMER.INFO.AB_AUDIT.sink-jsonl", "$JS.API.CONSUMER.INFO.AB_AUDIT.sink-sqlite",
 			"$JS.API.CONSUMER.MSG.NEXT.AB_AUDIT.sink-jsonl", "$JS.ACK.AB_AUDIT.sink-jsonl.>",
 			"$JS.API.CONSUMER.MSG.NEXT.AB_AUDIT.sink-sqlite", "$JS.ACK.AB_AUDIT.sink-sqlite.>",
-			"$JS.API.STREAM.INFO.KV_ab_catalog", "$JS.API.DIRECT.GET.KV_ab_catalog.>",
-			"$JS.API.CONSUMER.CREATE.KV_ab_catalog.>", "$JS.API.CONSUMER.DELETE.KV_ab_catalog.>",
-			"$JS.API.CONSUMER.INFO.KV_ab_catalog.>", "$JS.FC.KV_ab_catalog.>",
+			// The catalog, followed with direct gets.
+			"$JS.API.STREAM.INFO.KV_ab_catalog", "$JS.API.DIRECT.GET.KV_ab_catalog",
+			"$JS.API.DIRECT.GET.KV_ab_catalog.>",
 		},
 		sub: []string{
 			"_INBOX_auditor.>",

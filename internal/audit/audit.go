@@ -206,7 +206,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	view, err := actionstore.NewCatalog(catKV, actionstore.WithLogger(s.log)).Watch(ctx)
+	view, err := actionstore.NewCatalog(catKV, actionstore.WithLogger(s.log)).Follow(ctx, s.js, 0)
 	if err != nil {
 		return err
 	}

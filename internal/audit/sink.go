@@ -48,25 +48,22 @@ type SinkRecord struct {
 	events.AuditRecorded
 }
 
-// RunSink copies the audit stream into sink until ctx ends. Its durable
-// consumer "sink-<name>" is created when missing (the auditor user may
-// create sink-* consumers on the audit stream). Records are taken one at a
-// time, written, synced and only then acknowledged, so a record that fails
-// is redelivered before any later one and "at or below the last stored
-// sequence" always means "stored"; a stop between fetches leaves nothing
-// pending, so a restarted sink resumes at once.
+// RunSink copies the audit stream into sink until ctx ends. It reads with
+// the sink's durable consumer, bus.SinkConsumer, which provisioning
+// creates (the auditor creates no consumer; a sink whose consumer is
+// missing is a missing_topology error naming the command). Records are
+// taken one at a time, written, synced and only then acknowledged, so a
+// record that fails is redelivered before any later one and "at or below
+// the last stored sequence" always means "stored"; a stop between fetches
+// leaves nothing pending, so a restarted sink resumes at once.
 func RunSink(ctx context.Context, eb *bus.Bus, topo bus.Topology, sink Sink) error {
 	js := eb.JetStream()
-	name := "sink-" + sink.Name()
-	ackWait := topo.AckWait
-	if ackWait == 0 || ackWait > 10*time.Second {
-		ackWait = 10 * time.Second // bounds the wait after a crash mid-write
+	name := bus.SinkConsumer(sink.Name())
+	cons, err := js.Consumer(ctx, topo.StreamAudit(), name)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		// Check's error names what is missing and how to create it.
+		err = topo.Check(ctx, js, bus.Requirements{Consumers: []bus.ConsumerSpec{{Stream: topo.StreamAudit(), Config: jetstream.ConsumerConfig{Durable: name}}}})
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, topo.StreamAudit(), jetstream.ConsumerConfig{
-		Durable: name, Description: "audit sink " + sink.Name(), FilterSubject: eb.Subjects().AllAudit(),
-		AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
-		MaxDeliver: -1, MaxAckPending: 1, AckWait: ackWait,
-	})
 	if err != nil {
 		return fmt.Errorf("audit: sink %s: %w", sink.Name(), err)
 	}

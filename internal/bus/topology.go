@@ -585,6 +585,30 @@ func (t Topology) provisionConsumer(ctx context.Context, js jetstream.JetStream,
 	return nil
 }
 
+// AuditSinks are the sinks the auditor can copy the audit stream into
+// (audit.Sink's names): each reads with a durable consumer of its own,
+// [SinkConsumer], which [Topology.Provision] creates so that the auditor
+// creates no consumer (its user may not).
+var AuditSinks = []string{"jsonl", "sqlite"}
+
+// SinkConsumer is the durable consumer of the audit sink named sink.
+func SinkConsumer(sink string) string { return "sink-" + sink }
+
+// sinkConsumer is the consumer of an audit sink: one record message at a
+// time, acknowledged once written and synced; a sink that crashed
+// mid-write has it again within 10 s at most.
+func (t Topology) sinkConsumer(sink string) ConsumerSpec {
+	ackWait := t.AckWait
+	if ackWait == 0 || ackWait > 10*time.Second {
+		ackWait = 10 * time.Second
+	}
+	return ConsumerSpec{t.StreamAudit(), jetstream.ConsumerConfig{
+		Durable: SinkConsumer(sink), Description: "audit sink " + sink, FilterSubject: t.Subjects().AllAudit(),
+		AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
+		MaxDeliver: -1, MaxAckPending: 1, AckWait: ackWait,
+	}}
+}
+
 // Consumers returns the durable consumers.
 func (t Topology) Consumers() []ConsumerSpec {
 	t = t.withDefaults()
@@ -601,6 +625,9 @@ func (t Topology) Consumers() []ConsumerSpec {
 		{t.StreamRequests(), auditor(t.durable(ConsumerAuditorRequests, "auditor: every per-run event of clients and approvers", s.AnyRun("*"), s.StoredAnyRun("*")))},
 		{t.StreamWork(), auditor(t.durable(ConsumerAuditorWork, "auditor: every action request", s.AllPools()))},
 		{t.StreamRejected(), auditor(t.durable(ConsumerAuditorRejected, "auditor: every rejected event", s.AllRejected()))},
+	}
+	for _, sink := range AuditSinks {
+		out = append(out, t.sinkConsumer(sink))
 	}
 	for _, p := range t.Pools {
 		out = append(out, ConsumerSpec{t.StreamWork(), work(t.durable(PoolConsumer(p), "executors of pool "+p, s.PoolRequest(p)))})

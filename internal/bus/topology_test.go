@@ -32,23 +32,29 @@ func TestProvisionIsIdempotent(t *testing.T) {
 		require.NoError(t, err)
 		cfg := cons.CachedInfo().Config
 		want, ackPolicy := bus.DefaultMaxAckPending, jetstream.AckExplicitPolicy
-		if strings.HasPrefix(cs.Config.Durable, "auditor-") {
-			// Events wait while their records are batched, and are
-			// acknowledged by position.
-			want, ackPolicy = bus.AuditorMaxAckPending, jetstream.AckAllPolicy
-		}
-		assert.Equal(t, want, cfg.MaxAckPending, cs.Config.Durable)
-		assert.Equal(t, ackPolicy, cfg.AckPolicy, cs.Config.Durable)
 		// Action requests are run again only a few times (an executor
 		// answers the last delivery delivery_exhausted); the services'
 		// idempotent handlers are retried through a failover.
-		wantDeliver := bus.HandlerMaxDeliver
-		if strings.HasPrefix(cs.Config.Durable, "pool-") {
+		wantDeliver, wantAckWait := bus.HandlerMaxDeliver, bus.DefaultAckWait
+		switch {
+		case strings.HasPrefix(cs.Config.Durable, "auditor-"):
+			// Events wait while their records are batched, and are
+			// acknowledged by position.
+			want, ackPolicy = bus.AuditorMaxAckPending, jetstream.AckAllPolicy
+		case strings.HasPrefix(cs.Config.Durable, "pool-"):
 			wantDeliver = bus.DefaultMaxDeliver
+		case strings.HasPrefix(cs.Config.Durable, "sink-"):
+			// A sink copies every record, in order, one at a time, and
+			// has one back within 10 s of a crash mid-write.
+			want, wantDeliver, wantAckWait = 1, -1, 10*time.Second
+			assert.Equal(t, jetstream.DeliverAllPolicy, cfg.DeliverPolicy, cs.Config.Durable)
 		}
+		assert.Equal(t, want, cfg.MaxAckPending, cs.Config.Durable)
+		assert.Equal(t, ackPolicy, cfg.AckPolicy, cs.Config.Durable)
 		assert.Equal(t, wantDeliver, cfg.MaxDeliver, cs.Config.Durable)
 		assert.Empty(t, cfg.BackOff, "naks carry their own delays: %s", cs.Config.Durable)
-		assert.Equal(t, bus.DefaultAckWait, cfg.AckWait)
+		assert.Equal(t, wantAckWait, cfg.AckWait, cs.Config.Durable)
+		assert.Empty(t, cfg.DeliverSubject, "every consumer is pulled: %s", cs.Config.Durable)
 	}
 	for _, sc := range topo.Streams() {
 		st, err := srv.JS.Stream(ctx, sc.Name)

@@ -163,7 +163,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.cat, err = actionstore.NewCatalog(catKV, actionstore.WithLogger(s.log)).Watch(ctx); err != nil {
+	if s.cat, err = actionstore.NewCatalog(catKV, actionstore.WithLogger(s.log)).Follow(ctx, s.js, 0); err != nil {
 		return err
 	}
 	close(s.ready)

@@ -1,4 +1,4 @@
-// Package actionstore reads, writes and watches the catalog bucket: the
+// Package actionstore reads, writes and follows the catalog bucket: the
 // shared catalog of actions (package actions defines an action and links
 // no NATS; this package is the JetStream side).
 package actionstore
@@ -293,8 +293,9 @@ func resolvedList(byName map[string][]actions.Entry) []actions.Entry {
 	return out
 }
 
-// View is a live, in-memory copy of the catalog kept current by a bucket
-// watch. It is safe for concurrent use.
+// View is a live, in-memory copy of the catalog, kept current by a bucket
+// watch ([Catalog.Watch]) or by reading the bucket's stream with direct
+// gets ([Catalog.Follow]). It is safe for concurrent use.
 type View struct {
 	cat     *Catalog
 	mu      sync.RWMutex
@@ -303,6 +304,15 @@ type View struct {
 	skills  map[string]bool                     // skill keys (SkillKeyMarker) present
 	seq     uint64                              // the bucket stream sequence applied last
 	changed chan struct{}                       // closed (and replaced) when seq moves
+
+	// follow reads what the bucket stored after seq (a followed view;
+	// nil for a watched one); followMu keeps one read at a time.
+	follow   func(ctx context.Context) error
+	followMu sync.Mutex
+}
+
+func newView(c *Catalog) *View {
+	return &View{cat: c, entries: map[string]actions.Entry{}, byName: map[string]map[string]actions.Entry{}, changed: make(chan struct{})}
 }
 
 // HasSkills reports whether the catalog holds any skill.
@@ -319,7 +329,7 @@ func (c *Catalog) Watch(ctx context.Context) (*View, error) {
 	if err != nil {
 		return nil, fmt.Errorf("actions: watch catalog: %w", err)
 	}
-	v := &View{cat: c, entries: map[string]actions.Entry{}, byName: map[string]map[string]actions.Entry{}, changed: make(chan struct{})}
+	v := newView(c)
 	loaded := make(chan struct{})
 	go func() {
 		defer w.Stop()
@@ -339,7 +349,7 @@ func (c *Catalog) Watch(ctx context.Context) (*View, error) {
 					}
 					continue
 				}
-				v.apply(kve)
+				v.apply(kve.Key(), kve.Revision(), kve.Operation() == jetstream.KeyValuePut, kve.Value())
 			}
 		}
 	}()
@@ -351,15 +361,16 @@ func (c *Catalog) Watch(ctx context.Context) (*View, error) {
 	}
 }
 
-func (v *View) apply(kve jetstream.KeyValueEntry) {
+// apply records the bucket's write of key at stream sequence rev: a put
+// of val, or a delete or purge.
+func (v *View) apply(key string, rev uint64, put bool, val []byte) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if rev := kve.Revision(); rev > v.seq {
+	if rev > v.seq {
 		v.seq = rev
 		close(v.changed)
 		v.changed = make(chan struct{})
 	}
-	key := kve.Key()
 	if old, ok := v.entries[key]; ok {
 		delete(v.entries, key)
 		delete(v.byName[old.Name], key)
@@ -371,19 +382,19 @@ func (v *View) apply(kve jetstream.KeyValueEntry) {
 		if v.skills == nil {
 			v.skills = map[string]bool{}
 		}
-		if kve.Operation() == jetstream.KeyValuePut {
+		if put {
 			v.skills[key] = true
 		} else {
 			delete(v.skills, key)
 		}
 		return
 	}
-	if kve.Operation() != jetstream.KeyValuePut {
+	if !put {
 		return
 	}
-	e, err := DecodeEntry(key, kve.Value())
+	e, err := DecodeEntry(key, val)
 	if err != nil {
-		v.cat.refuse(key, kve.Revision(), err)
+		v.cat.refuse(key, rev, err)
 		return
 	}
 	v.entries[key] = e
@@ -393,14 +404,103 @@ func (v *View) apply(kve jetstream.KeyValueEntry) {
 	v.byName[e.Name][key] = e
 }
 
+// DefaultFollowEvery is how often a followed view ([Catalog.Follow]) reads
+// what the bucket stored since its last read.
+const DefaultFollowEvery = time.Second
+
+// kvOperation is the header a key-value bucket marks a delete ("DEL") or
+// a purge ("PURGE") with; a put carries none.
+const kvOperation = "KV-Operation"
+
+// Follow starts a View that follows the catalog with direct gets of the
+// bucket's stream — the next message after the last one applied, until
+// none is left — every `every` (DefaultFollowEvery when 0), on
+// [View.CatchUp], and before a [View.Get] reports an action missing. It
+// returns once the current content is loaded.
+//
+// It creates no consumer. A consumer is created in the stream's account
+// and a push consumer delivers to the subject its create request names,
+// so a user of an account of its own (the planner, the auditor) that may
+// create one may have the services' account deliver anywhere in it;
+// direct gets answer its own reply subject, through its import, and
+// nothing else (docs/security.md).
+func (c *Catalog) Follow(ctx context.Context, js jetstream.JetStream, every time.Duration) (*View, error) {
+	if every <= 0 {
+		every = DefaultFollowEvery
+	}
+	bucket := c.kv.Bucket()
+	st, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return nil, fmt.Errorf("actions: follow catalog: %w", err)
+	}
+	prefix := "$KV." + bucket + "."
+	v := newView(c)
+	v.follow = func(ctx context.Context) error {
+		for {
+			v.mu.RLock()
+			next := v.seq + 1
+			v.mu.RUnlock()
+			m, err := st.GetMsg(ctx, next, jetstream.WithGetMsgSubject(prefix+">"))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("actions: follow catalog: %w", err)
+			}
+			key := strings.TrimPrefix(m.Subject, prefix)
+			v.apply(key, m.Sequence, m.Header.Get(kvOperation) == "", m.Data)
+		}
+	}
+	if err := v.read(ctx); err != nil {
+		return nil, err
+	}
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		failing := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			rctx, cancel := context.WithTimeout(ctx, every+5*time.Second)
+			err := v.read(rctx)
+			cancel()
+			switch {
+			case err != nil && !failing && ctx.Err() == nil:
+				c.log.Warn("catalog reads fail; the view keeps what it has", "err", err)
+				failing = true
+			case err == nil && failing:
+				c.log.Info("catalog reads recovered")
+				failing = false
+			}
+		}
+	}()
+	return v, nil
+}
+
+// read applies what the bucket stored after the view's last sequence
+// (a followed view).
+func (v *View) read(ctx context.Context) error {
+	v.followMu.Lock()
+	defer v.followMu.Unlock()
+	return v.follow(ctx)
+}
+
 // CatchUp waits until the view holds every write the bucket had stored
 // when it was called (read-your-writes: an executor whose announcement the
 // registrar acknowledged is listed), or until ctx ends or a second has
-// passed — then the view is listed as it is. It creates no consumer: one
-// stream info request.
+// passed — then the view is listed as it is. It creates no consumer: a
+// followed view reads the bucket's stream, a watched one asks for the
+// stream's information.
 func (v *View) CatchUp(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
+	if v.follow != nil {
+		_ = v.read(ctx) // on failure the view is listed as it is
+		return
+	}
 	st, err := v.cat.kv.Status(ctx)
 	if err != nil {
 		return
@@ -425,22 +525,42 @@ func (v *View) CatchUp(ctx context.Context) {
 	}
 }
 
-// Get returns an entry. An action missing from the view is looked up in
-// the bucket before it is reported missing, so an action published a moment
-// ago is found. The error matches actionbus.ErrActionNotFound when the
-// action is in neither, and is catalog_conflict when several pools publish
-// the name.
+// Get returns an entry. An action missing from the view is looked up
+// again before it is reported missing, so an action published a moment ago
+// is found: a followed view reads what the bucket stored since its last
+// read, a watched one reads the bucket. The error matches
+// actionbus.ErrActionNotFound when the action is in neither, and is
+// catalog_conflict when several pools publish the name.
 func (v *View) Get(ctx context.Context, name string) (*actions.Entry, error) {
+	if e, ok, err := v.lookup(name); ok {
+		return e, err
+	}
+	if v.follow == nil {
+		return v.cat.Get(ctx, name)
+	}
+	if err := v.read(ctx); err != nil {
+		return nil, err
+	}
+	if e, ok, err := v.lookup(name); ok {
+		return e, err
+	}
+	return nil, actionbus.Errorf(actionbus.CodeActionNotFound, "action %q is not in the catalog", name)
+}
+
+// lookup resolves name among the view's entries; ok is false when the
+// view holds none of that name.
+func (v *View) lookup(name string) (e *actions.Entry, ok bool, err error) {
 	v.mu.RLock()
 	found := make([]actions.Entry, 0, len(v.byName[name]))
 	for _, e := range v.byName[name] {
 		found = append(found, e)
 	}
 	v.mu.RUnlock()
-	if len(found) > 0 {
-		return resolve(name, found)
+	if len(found) == 0 {
+		return nil, false, nil
 	}
-	return v.cat.Get(ctx, name)
+	e, err = resolve(name, found)
+	return e, true, err
 }
 
 // List returns the entries of the view whose names resolve, sorted by

@@ -74,3 +74,80 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// TestAFollowedViewReadsTheBucketWithoutAConsumer: a view that follows
+// the catalog with direct gets loads what is stored, finds an action
+// published after it started (Get reads before it reports one missing),
+// lists what CatchUp read, drops deleted and purged keys and their skills —
+// and the bucket's stream has no consumer at any point.
+func TestAFollowedViewReadsTheBucketWithoutAConsumer(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketCatalog())
+	require.NoError(t, err)
+	cat := actionstore.NewCatalog(kv)
+	def := func(name string) actions.Definition {
+		d := actions.Definition{Name: name, Pool: "default", Mode: actions.ModeRead, InputSchema: json.RawMessage(`{"type":"object"}`), Version: "1"}
+		require.NoError(t, d.Normalize())
+		return d
+	}
+	require.NoError(t, cat.Publish(ctx, def("docs.get"), "ex"))
+	require.NoError(t, cat.Publish(ctx, def("docs.put"), "ex"))
+	names := func(v *actionstore.View) []string {
+		var out []string
+		for _, e := range v.List() {
+			out = append(out, e.Name)
+		}
+		return out
+	}
+	consumers := func() int {
+		st, err := srv.JS.Stream(ctx, "KV_"+bus.Topology{}.BucketCatalog())
+		require.NoError(t, err)
+		info, err := st.Info(ctx)
+		require.NoError(t, err)
+		return info.State.Consumers
+	}
+
+	// An hour between reads: only Get and CatchUp read here.
+	view, err := cat.Follow(ctx, srv.JS, time.Hour)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"docs.get", "docs.put"}, names(view), "loaded before Follow returns")
+
+	require.NoError(t, cat.Publish(ctx, def("docs.new"), "ex"))
+	got, err := view.Get(ctx, "docs.new")
+	require.NoError(t, err, "a missing action is read before it is reported missing")
+	assert.Equal(t, "docs.new", got.Name)
+	_, err = view.Get(ctx, "docs.absent")
+	assert.ErrorIs(t, err, actionbus.ErrActionNotFound)
+
+	require.NoError(t, cat.Remove(ctx, "default", "docs.put"))
+	require.NoError(t, kv.Purge(ctx, "default.docs.get"))
+	_, err = kv.Put(ctx, "default."+actions.SkillKeyMarker+".s1", []byte(`{}`))
+	require.NoError(t, err)
+	view.CatchUp(ctx)
+	assert.Equal(t, []string{"docs.new"}, names(view), "a deleted and a purged key are dropped")
+	assert.True(t, view.HasSkills())
+	require.NoError(t, kv.Delete(ctx, "default."+actions.SkillKeyMarker+".s1"))
+	view.CatchUp(ctx)
+	assert.False(t, view.HasSkills())
+	assert.Zero(t, consumers(), "following creates no consumer")
+}
+
+// TestAFollowedViewReadsOnItsOwn: without CatchUp or a missed Get, the
+// view reads what was published within its interval.
+func TestAFollowedViewReadsOnItsOwn(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketCatalog())
+	require.NoError(t, err)
+	cat := actionstore.NewCatalog(kv)
+	view, err := cat.Follow(ctx, srv.JS, 20*time.Millisecond)
+	require.NoError(t, err)
+	assert.Empty(t, view.List())
+	d := actions.Definition{Name: "docs.get", Pool: "default", Mode: actions.ModeRead, InputSchema: json.RawMessage(`{"type":"object"}`), Version: "1"}
+	require.NoError(t, d.Normalize())
+	require.NoError(t, cat.Publish(ctx, d, "ex"))
+	assert.Eventually(t, func() bool { return len(view.List()) == 1 }, 5*time.Second, 10*time.Millisecond)
+}
