@@ -94,7 +94,7 @@ func (u serviceUser) crossings(pool string) []Crossing {
 	var out []Crossing
 	for _, s := range p.Pub {
 		c := Crossing{Kind: jwt.Service, Subject: s}
-		if strings.HasPrefix(s, "$JS.API.CONSUMER.MSG.NEXT.") {
+		if manyAnswers(s) {
 			c.Response = jwt.ResponseTypeStream
 		}
 		out = append(out, c)
@@ -116,6 +116,19 @@ func (u serviceUser) crossings(pool string) []Crossing {
 	// answer every request the imports above carry too, and first
 	// (nats-server's enableJetStreamInfoServiceImportOnly, 2.15).
 	return append(out, Crossing{Kind: jwt.Service, Subject: accountInfoAPI})
+}
+
+// manyAnswers reports whether a request on subject s is answered by many
+// messages: a pull request (its messages), and a direct get of a stream
+// without a subject in the request's subject, whose body may ask for a
+// batch (jetstreamext.GetBatch: the messages, then an end-of-batch
+// status). A direct get by last subject is answered once.
+func manyAnswers(s string) bool {
+	if strings.HasPrefix(s, "$JS.API.CONSUMER.MSG.NEXT.") {
+		return true
+	}
+	stream, ok := strings.CutPrefix(s, "$JS.API.DIRECT.GET.")
+	return ok && !strings.Contains(stream, ".")
 }
 
 // accountInfoAPI is JetStream's account information request.

@@ -283,6 +283,9 @@ func Parse(pool string, a *events.PoolAnnounced) (*Announcement, error) {
 		seenSkill[s.Name] = true
 		out.Skills = append(out.Skills, s)
 	}
+	if len(a.Removed) > MaxPoolActions {
+		return nil, limitError(pool, "pool_removed", MaxPoolActions, len(a.Removed))
+	}
 	for _, name := range a.Removed {
 		if !actions.ValidName(name) {
 			return nil, actionbus.Errorf(actionbus.CodeInvalidDefinition, "removed action %q is not an action name", clip(name))
@@ -542,20 +545,27 @@ func (r *Registrar) remove(ctx context.Context, pool, name string) error {
 	}
 	held := []ownerName{{KindAction, name}}
 	def := actions.Definition{Name: name}
-	if e, err := r.catKV.Get(ctx, actions.CatalogKey(pool, name)); err == nil {
+	e, err := r.catKV.Get(ctx, actions.CatalogKey(pool, name))
+	switch {
+	case err == nil:
 		// The aliases to release are those of an entry the catalog
 		// accepts; of a refused one, only the name's own claims.
 		if entry, err := actionstore.DecodeEntry(e.Key(), e.Value()); err == nil {
 			def = entry.Definition
 		}
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
 		return fmt.Errorf("registrar: read %s: %w", name, err)
 	}
 	for _, c := range Claims(def) {
 		held = append(held, ownerName{KindTool, c})
 	}
-	if err := r.cat.Remove(ctx, pool, name); err != nil {
-		return err
+	// Only an entry there is deleted: a delete stores a marker, which
+	// every reader of the catalog reads, and names the pool never
+	// published would otherwise grow the catalog without bound.
+	if err == nil {
+		if err := r.cat.Remove(ctx, pool, name); err != nil {
+			return err
+		}
 	}
 	for _, n := range held {
 		o, rev, err := r.owner(ctx, n.kind, n.name)

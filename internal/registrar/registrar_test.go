@@ -3,6 +3,7 @@ package registrar_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -181,6 +182,26 @@ func TestARegistrarRefusesConflicts(t *testing.T) {
 		e, err := cat.Get(ctx, "billing.refund")
 		require.NoError(t, err)
 		assert.Equal(t, "payments", e.Pool)
+	})
+	t.Run("names it never published: removed without a write", func(t *testing.T) {
+		// A delete stores a marker every reader of the catalog reads: an
+		// executor naming junk to remove must not grow the catalog.
+		lastSeq := func() uint64 {
+			st, err := srv.JS.Stream(ctx, "KV_"+topo.BucketCatalog())
+			require.NoError(t, err)
+			return st.CachedInfo().State.LastSeq
+		}
+		before := lastSeq()
+		junk := make([]string, registrar.MaxPoolActions)
+		for i := range junk {
+			junk[i] = fmt.Sprintf("junk.n%d", i)
+		}
+		r := reg.Register(ctx, "default", &events.PoolAnnounced{Executor: "d", Pool: "default", Removed: junk})
+		require.Nil(t, r.Error)
+		assert.Equal(t, before, lastSeq(), "nothing stored for names the pool never published")
+		r = reg.Register(ctx, "default", &events.PoolAnnounced{Executor: "d", Pool: "default", Removed: append(junk, "junk.more")})
+		require.NotNil(t, r.Error)
+		assert.Equal(t, actionbus.CodeCatalogLimit, r.Error.Code, "more removals than a pool may hold actions")
 	})
 	t.Run("a malformed entry: refused, nothing recorded", func(t *testing.T) {
 		r := announce("default", def("ok.one", nil), def("bad.one", map[string]any{"inputSchema": map[string]any{"type": 12}}))

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/actionbus/actionbus"
 	"github.com/actionbus/actionbus/internal/actions"
@@ -412,11 +413,12 @@ const DefaultFollowEvery = time.Second
 // a purge ("PURGE") with; a put carries none.
 const kvOperation = "KV-Operation"
 
-// Follow starts a View that follows the catalog with direct gets of the
-// bucket's stream — the next message after the last one applied, until
-// none is left — every `every` (DefaultFollowEvery when 0), on
-// [View.CatchUp], and before a [View.Get] reports an action missing. It
-// returns once the current content is loaded.
+// Follow starts a View that follows the catalog with batch direct gets of
+// the bucket's stream — the messages after the last one applied, a page
+// at a time, until none is left — every `every` (DefaultFollowEvery when
+// 0), on [View.CatchUp], and before a [View.Get] reports an action
+// missing. It returns once the current content is loaded. A read that
+// finds nothing new is one request.
 //
 // It creates no consumer. A consumer is created in the stream's account
 // and a push consumer delivers to the subject its create request names,
@@ -429,10 +431,7 @@ func (c *Catalog) Follow(ctx context.Context, js jetstream.JetStream, every time
 		every = DefaultFollowEvery
 	}
 	bucket := c.kv.Bucket()
-	st, err := js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		return nil, fmt.Errorf("actions: follow catalog: %w", err)
-	}
+	stream := "KV_" + bucket
 	prefix := "$KV." + bucket + "."
 	v := newView(c)
 	v.follow = func(ctx context.Context) error {
@@ -440,15 +439,16 @@ func (c *Catalog) Follow(ctx context.Context, js jetstream.JetStream, every time
 			v.mu.RLock()
 			next := v.seq + 1
 			v.mu.RUnlock()
-			m, err := st.GetMsg(ctx, next, jetstream.WithGetMsgSubject(prefix+">"))
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				return nil
+			if next == 0 {
+				return nil // the last sequence there is was read
 			}
+			n, err := v.readPage(ctx, js, stream, prefix, next)
 			if err != nil {
 				return fmt.Errorf("actions: follow catalog: %w", err)
 			}
-			key := strings.TrimPrefix(m.Subject, prefix)
-			v.apply(key, m.Sequence, m.Header.Get(kvOperation) == "", m.Data)
+			if n < followPage {
+				return nil
+			}
 		}
 	}
 	if err := v.read(ctx); err != nil {
@@ -486,6 +486,45 @@ func (v *View) read(ctx context.Context) error {
 	v.followMu.Lock()
 	defer v.followMu.Unlock()
 	return v.follow(ctx)
+}
+
+// followPage is the most messages one direct get of a followed view asks
+// for.
+const followPage = 256
+
+// readPage applies the bucket's messages from sequence next on, one batch
+// direct get of at most followPage, and returns how many it applied. Each
+// is taken at the subject and sequence the server stored it under
+// ([bus.ReadAsStored]: a stored header of the same name is not), and a
+// sequence that does not move forward ends the read as an error rather
+// than reading the same message again.
+func (v *View) readPage(ctx context.Context, js jetstream.JetStream, stream, prefix string, next uint64) (int, error) {
+	ctx, cancel := bus.Bounded(ctx)
+	defer cancel()
+	msgs, err := jetstreamext.GetBatch(ctx, js, stream, followPage, jetstreamext.GetBatchSubject(prefix+">"), jetstreamext.GetBatchSeq(next))
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for m, err := range msgs {
+		if errors.Is(err, jetstreamext.ErrNoMessages) {
+			break
+		}
+		if err == nil {
+			m, err = bus.ReadAsStored(m)
+		}
+		if err != nil {
+			return n, err
+		}
+		key, ok := strings.CutPrefix(m.Subject, prefix)
+		if !ok || m.Sequence < next {
+			return n, fmt.Errorf("a direct get answered %s at sequence %d, asked for %s from %d", m.Subject, m.Sequence, prefix+">", next)
+		}
+		v.apply(key, m.Sequence, m.Header.Get(kvOperation) == "", m.Data)
+		next = m.Sequence + 1
+		n++
+	}
+	return n, nil
 }
 
 // CatchUp waits until the view holds every write the bucket had stored

@@ -3,9 +3,11 @@ package actionstore_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -150,4 +152,50 @@ func TestAFollowedViewReadsOnItsOwn(t *testing.T) {
 	require.NoError(t, d.Normalize())
 	require.NoError(t, cat.Publish(ctx, d, "ex"))
 	assert.Eventually(t, func() bool { return len(view.List()) == 1 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// TestAFollowedViewTakesTheServersSequenceAndSubject: what the view reads
+// is paged (more entries than one direct get asks for), and a stored
+// message carrying Nats-Sequence or Nats-Subject headers of its own is
+// read at the sequence and key the server stored it under — not read
+// again for ever ("Nats-Sequence: 1"), not taken as another pool's
+// entry.
+func TestAFollowedViewTakesTheServersSequenceAndSubject(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketCatalog())
+	require.NoError(t, err)
+	cat := actionstore.NewCatalog(kv)
+	for i := range 300 {
+		d := actions.Definition{Name: fmt.Sprintf("docs.n%03d", i), Pool: "default", Mode: actions.ModeRead, InputSchema: json.RawMessage(`{"type":"object"}`), Version: "1"}
+		require.NoError(t, d.Normalize())
+		require.NoError(t, cat.Publish(ctx, d, "ex"))
+	}
+	// A valid entry of pool gpu for docs.n000, stored under another key:
+	// read at its header's subject, it would make the name a conflict.
+	gpu := actions.Definition{Name: "docs.n000", Pool: "gpu", Mode: actions.ModeRead, InputSchema: json.RawMessage(`{"type":"object"}`), Version: "1"}
+	require.NoError(t, gpu.Normalize())
+	forged, err := json.Marshal(actions.Entry{Definition: gpu, Hash: gpu.Hash(), PublishedAt: time.Now().UTC(), PublishedBy: "x"})
+	require.NoError(t, err)
+	for i, h := range []nats.Header{
+		{"Nats-Sequence": {"1"}},
+		{"Nats-Sequence": {"18446744073709551615"}},
+		{"Nats-Subject": {"$KV.ab_catalog.gpu.docs.n000"}},
+	} {
+		_, err := srv.JS.PublishMsg(ctx, &nats.Msg{Subject: fmt.Sprintf("$KV.ab_catalog.evil.docs.forged%d", i), Data: forged, Header: h})
+		require.NoError(t, err)
+	}
+	view, err := cat.Follow(ctx, srv.JS, time.Hour)
+	require.NoError(t, err)
+	assert.Len(t, view.List(), 300, "every page read, the forged entry refused")
+	got, err := view.Get(ctx, "docs.n000")
+	require.NoError(t, err)
+	assert.Equal(t, "default", got.Pool, "no entry taken at a subject of its own header")
+
+	d := actions.Definition{Name: "docs.later", Pool: "default", Mode: actions.ModeRead, InputSchema: json.RawMessage(`{"type":"object"}`), Version: "1"}
+	require.NoError(t, d.Normalize())
+	require.NoError(t, cat.Publish(ctx, d, "ex"))
+	_, err = view.Get(ctx, "docs.later")
+	require.NoError(t, err, "the view reads on past the forged sequences")
 }
