@@ -480,6 +480,13 @@ func (c *Catalog) Follow(ctx context.Context, js jetstream.JetStream, every time
 	return v, nil
 }
 
+// applied returns the last bucket stream sequence the view applied.
+func (v *View) applied() uint64 {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.seq
+}
+
 // read applies what the bucket stored after the view's last sequence
 // (a followed view).
 func (v *View) read(ctx context.Context) error {
@@ -530,16 +537,14 @@ func (v *View) readPage(ctx context.Context, js jetstream.JetStream, stream, pre
 // CatchUp waits until the view holds every write the bucket had stored
 // when it was called (read-your-writes: an executor whose announcement the
 // registrar acknowledged is listed), or until ctx ends or a second has
-// passed — then the view is listed as it is. It creates no consumer: a
-// followed view reads the bucket's stream, a watched one asks for the
-// stream's information.
+// passed — then the view is listed as it is. It creates no consumer: it
+// asks for the stream's information (its leader's last sequence), and a
+// followed view reads the bucket's stream until it holds that sequence.
 func (v *View) CatchUp(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	if v.follow != nil {
-		_ = v.read(ctx) // on failure the view is listed as it is
-		return
-	}
+	// The last sequence the stream's leader has stored: a direct get may
+	// be answered by a replica that has not stored it yet.
 	st, err := v.cat.kv.Status(ctx)
 	if err != nil {
 		return
@@ -549,6 +554,19 @@ func (v *View) CatchUp(ctx context.Context) {
 		return
 	}
 	last := js.StreamInfo().State.LastSeq
+	if v.follow != nil {
+		for {
+			// On failure the view is listed as it is.
+			if err := v.read(ctx); err != nil || v.applied() >= last {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond): // a replica catching up
+			}
+		}
+	}
 	for {
 		v.mu.RLock()
 		seq, changed := v.seq, v.changed
