@@ -1,11 +1,14 @@
 package bus
 
 import (
+	"errors"
 	"fmt"
+	"iter"
 	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 )
 
 // ReadAsStored returns m, a message read with a direct get
@@ -51,4 +54,24 @@ func ReadAsStored(m *jetstream.RawStreamMsg) (*jetstream.RawStreamMsg, error) {
 	out := *m
 	out.Subject, out.Sequence, out.Time = subject, seq, at
 	return &out, nil
+}
+
+// AsStored returns the messages of a direct get's answer (it, from
+// jetstreamext.GetBatch or GetLastMsgsFor), each as the server stored it
+// ([ReadAsStored]). The answer that there are no messages ends them (no
+// error); an error is the last value.
+func AsStored(it iter.Seq2[*jetstream.RawStreamMsg, error]) iter.Seq2[*jetstream.RawStreamMsg, error] {
+	return func(yield func(*jetstream.RawStreamMsg, error) bool) {
+		for m, err := range it {
+			if errors.Is(err, jetstreamext.ErrNoMessages) {
+				return
+			}
+			if err == nil {
+				m, err = ReadAsStored(m)
+			}
+			if !yield(m, err) || err != nil {
+				return
+			}
+		}
+	}
 }

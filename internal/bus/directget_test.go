@@ -1,6 +1,7 @@
 package bus_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -8,7 +9,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
+	"github.com/actionbus/actionbus/actionbustest"
 	"github.com/actionbus/actionbus/internal/bus"
 )
 
@@ -74,4 +77,33 @@ func FuzzReadAsStored(f *testing.F) {
 			t.Fatalf("read %q at %d from %q/%q", got.Subject, got.Sequence, subject, seq)
 		}
 	})
+}
+
+// TestAsStoredReadsABatchAtTheServersValues: a batch direct get of a real
+// stream read through AsStored yields each message at the subject and
+// sequence the server stored it under, whatever headers it was stored
+// with, and ends without an error where the stream's messages end.
+func TestAsStoredReadsABatchAtTheServersValues(t *testing.T) {
+	srv := actionbustest.NewServer(t, actionbustest.Options{SkipProvision: true})
+	ctx := ctxT(t)
+	_, err := srv.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "DG", Subjects: []string{"dg.>"}, AllowDirect: true})
+	require.NoError(t, err)
+	for i, h := range []nats.Header{nil, {jetstream.SequenceHeader: {"1"}}, {jetstream.SubjectHeader: {"dg.forged"}}} {
+		_, err := srv.JS.PublishMsg(ctx, &nats.Msg{Subject: fmt.Sprintf("dg.m%d", i), Data: []byte("x"), Header: h})
+		require.NoError(t, err)
+	}
+	read := func(from uint64) (subjects []string, seqs []uint64) {
+		it, err := jetstreamext.GetBatch(ctx, srv.JS, "DG", 10, jetstreamext.GetBatchSeq(from))
+		require.NoError(t, err)
+		for m, err := range bus.AsStored(it) {
+			require.NoError(t, err)
+			subjects, seqs = append(subjects, m.Subject), append(seqs, m.Sequence)
+		}
+		return subjects, seqs
+	}
+	subjects, seqs := read(1)
+	assert.Equal(t, []string{"dg.m0", "dg.m1", "dg.m2"}, subjects)
+	assert.Equal(t, []uint64{1, 2, 3}, seqs)
+	subjects, _ = read(4)
+	assert.Empty(t, subjects, "past the end: no message, no error")
 }

@@ -184,10 +184,7 @@ func (d *Dispatcher) lookEnd(ctx context.Context, st *run.State, p int, fence ui
 	}
 	var end *endInStream
 	fenceSubject, fenced, marked := subjects.Fence(p), false, mark.seq == 0
-	for m, err := range msgs {
-		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			break
-		}
+	for m, err := range bus.AsStored(msgs) {
 		if err != nil {
 			return nil, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
 		}
@@ -690,10 +687,7 @@ func readEnd(ctx context.Context, js jetstream.JetStream, topo bus.Topology, st 
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
 	}
-	for m, err := range msgs {
-		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			return nil, nil
-		}
+	for m, err := range bus.AsStored(msgs) {
 		if err != nil {
 			return nil, fmt.Errorf("dispatch: run %s: reading its stored end: %w", st.RunID, err)
 		}

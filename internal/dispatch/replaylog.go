@@ -181,16 +181,10 @@ func (d *Dispatcher) readStream(ctx context.Context, stream string, filters []st
 				return nil, fmt.Errorf("reading %s: %w", stream, err)
 			}
 			n := 0
-			for m, err := range msgs {
-				if errors.Is(err, jetstreamext.ErrNoMessages) {
-					break
-				}
-				if err == nil {
-					// The server's subject and sequence, not a
-					// publisher's own header (an executor writes the runs
-					// stream): paging by a forged sequence never ended.
-					m, err = bus.ReadAsStored(m)
-				}
+			// The server's subject and sequence, not a publisher's own
+			// header (an executor writes the runs stream): paging by a
+			// forged sequence never ended.
+			for m, err := range bus.AsStored(msgs) {
 				if err != nil {
 					cancel()
 					return nil, fmt.Errorf("reading %s: %w", stream, err)

@@ -39,10 +39,7 @@ func firstRequest(ctx context.Context, js jetstream.JetStream, topo bus.Topology
 				return nil, fmt.Errorf("dispatch: run %s: reading its request: %w", runID, err)
 			}
 			n, found := 0, false
-			for m, err := range it {
-				if errors.Is(err, jetstreamext.ErrNoMessages) {
-					break
-				}
+			for m, err := range bus.AsStored(it) {
 				if err != nil {
 					cancel()
 					return nil, fmt.Errorf("dispatch: run %s: reading its request: %w", runID, err)
@@ -142,10 +139,7 @@ func (d *Dispatcher) requestStored(ctx context.Context, tenant, runID string) (b
 	if err != nil {
 		return false, err
 	}
-	for _, err := range msgs {
-		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			return false, nil
-		}
+	for _, err := range bus.AsStored(msgs) {
 		if err != nil {
 			return false, err
 		}
@@ -213,10 +207,7 @@ func UnstoredRuns(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 			cancel()
 			return nil, fmt.Errorf("dispatch: reading requests: %w", err)
 		}
-		for m, err := range msgs {
-			if errors.Is(err, jetstreamext.ErrNoMessages) {
-				break
-			}
+		for m, err := range bus.AsStored(msgs) {
 			if err != nil {
 				cancel()
 				return nil, fmt.Errorf("dispatch: reading requests: %w", err)

@@ -346,17 +346,11 @@ func (s *Service) page(ctx context.Context, stream, filter string, r Request, bu
 // collect reads a direct get's messages; none is an empty list.
 func (s *Service) collect(it func(yield func(*jetstream.RawStreamMsg, error) bool)) ([]stored, error) {
 	var out []stored
-	for m, err := range it {
-		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			break
-		}
-		if err == nil {
-			// The server's subject, sequence and time, not a
-			// publisher's own headers: an executor's message on a run's
-			// result subject carrying "Nats-Subject: …completed" was
-			// handed to the run's followers as its end.
-			m, err = bus.ReadAsStored(m)
-		}
+	// The server's subject, sequence and time, not a publisher's own
+	// headers: an executor's message on a run's result subject carrying
+	// "Nats-Subject: …completed" was handed to the run's followers as its
+	// end.
+	for m, err := range bus.AsStored(it) {
 		if err != nil {
 			return nil, readErr(err)
 		}

@@ -513,13 +513,7 @@ func (v *View) readPage(ctx context.Context, js jetstream.JetStream, stream, pre
 		return 0, err
 	}
 	n := 0
-	for m, err := range msgs {
-		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			break
-		}
-		if err == nil {
-			m, err = bus.ReadAsStored(m)
-		}
+	for m, err := range bus.AsStored(msgs) {
 		if err != nil {
 			return n, err
 		}
