@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -83,17 +84,8 @@ func must[T any](v T, err error) T {
 // lists what CatchUp read, drops deleted and purged keys and their skills —
 // and the bucket's stream has no consumer at any point.
 func TestAFollowedViewReadsTheBucketWithoutAConsumer(t *testing.T) {
-	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketCatalog())
-	require.NoError(t, err)
-	cat := actionstore.NewCatalog(kv)
-	def := func(name string) actions.Definition {
-		d := actions.Definition{Name: name, Pool: "default", Mode: actions.ModeRead, InputSchema: json.RawMessage(`{"type":"object"}`), Version: "1"}
-		require.NoError(t, d.Normalize())
-		return d
-	}
+	srv, ctx, kv, cat := newCatalog(t)
+	def := func(name string) actions.Definition { return readDef(t, name, "default") }
 	require.NoError(t, cat.Publish(ctx, def("docs.get"), "ex"))
 	require.NoError(t, cat.Publish(ctx, def("docs.put"), "ex"))
 	names := func(v *actionstore.View) []string {
@@ -139,18 +131,11 @@ func TestAFollowedViewReadsTheBucketWithoutAConsumer(t *testing.T) {
 // TestAFollowedViewReadsOnItsOwn: without CatchUp or a missed Get, the
 // view reads what was published within its interval.
 func TestAFollowedViewReadsOnItsOwn(t *testing.T) {
-	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketCatalog())
-	require.NoError(t, err)
-	cat := actionstore.NewCatalog(kv)
+	srv, ctx, _, cat := newCatalog(t)
 	view, err := cat.Follow(ctx, srv.JS, 20*time.Millisecond)
 	require.NoError(t, err)
 	assert.Empty(t, view.List())
-	d := actions.Definition{Name: "docs.get", Pool: "default", Mode: actions.ModeRead, InputSchema: json.RawMessage(`{"type":"object"}`), Version: "1"}
-	require.NoError(t, d.Normalize())
-	require.NoError(t, cat.Publish(ctx, d, "ex"))
+	require.NoError(t, cat.Publish(ctx, readDef(t, "docs.get", "default"), "ex"))
 	assert.Eventually(t, func() bool { return len(view.List()) == 1 }, 5*time.Second, 10*time.Millisecond)
 }
 
@@ -161,21 +146,13 @@ func TestAFollowedViewReadsOnItsOwn(t *testing.T) {
 // again for ever ("Nats-Sequence: 1"), not taken as another pool's
 // entry.
 func TestAFollowedViewTakesTheServersSequenceAndSubject(t *testing.T) {
-	srv := actionbustest.NewServer(t, actionbustest.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketCatalog())
-	require.NoError(t, err)
-	cat := actionstore.NewCatalog(kv)
+	srv, ctx, _, cat := newCatalog(t)
 	for i := range 300 {
-		d := actions.Definition{Name: fmt.Sprintf("docs.n%03d", i), Pool: "default", Mode: actions.ModeRead, InputSchema: json.RawMessage(`{"type":"object"}`), Version: "1"}
-		require.NoError(t, d.Normalize())
-		require.NoError(t, cat.Publish(ctx, d, "ex"))
+		require.NoError(t, cat.Publish(ctx, readDef(t, fmt.Sprintf("docs.n%03d", i), "default"), "ex"))
 	}
 	// A valid entry of pool gpu for docs.n000, stored under another key:
 	// read at its header's subject, it would make the name a conflict.
-	gpu := actions.Definition{Name: "docs.n000", Pool: "gpu", Mode: actions.ModeRead, InputSchema: json.RawMessage(`{"type":"object"}`), Version: "1"}
-	require.NoError(t, gpu.Normalize())
+	gpu := readDef(t, "docs.n000", "gpu")
 	forged, err := json.Marshal(actions.Entry{Definition: gpu, Hash: gpu.Hash(), PublishedAt: time.Now().UTC(), PublishedBy: "x"})
 	require.NoError(t, err)
 	for i, h := range []nats.Header{
@@ -193,9 +170,27 @@ func TestAFollowedViewTakesTheServersSequenceAndSubject(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "default", got.Pool, "no entry taken at a subject of its own header")
 
-	d := actions.Definition{Name: "docs.later", Pool: "default", Mode: actions.ModeRead, InputSchema: json.RawMessage(`{"type":"object"}`), Version: "1"}
-	require.NoError(t, d.Normalize())
-	require.NoError(t, cat.Publish(ctx, d, "ex"))
+	require.NoError(t, cat.Publish(ctx, readDef(t, "docs.later", "default"), "ex"))
 	_, err = view.Get(ctx, "docs.later")
 	require.NoError(t, err, "the view reads on past the forged sequences")
+}
+
+// newCatalog returns an embedded server with the topology provisioned and
+// a catalog over its bucket.
+func newCatalog(t *testing.T) (*actionbustest.Server, context.Context, jetstream.KeyValue, *actionstore.Catalog) {
+	t.Helper()
+	srv := actionbustest.NewServer(t, actionbustest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	kv, err := srv.JS.KeyValue(ctx, bus.Topology{}.BucketCatalog())
+	require.NoError(t, err)
+	return srv, ctx, kv, actionstore.NewCatalog(kv)
+}
+
+// readDef is a normalized read action of pool.
+func readDef(t *testing.T, name, pool string) actions.Definition {
+	t.Helper()
+	d := actions.Definition{Name: name, Pool: pool, Mode: actions.ModeRead, InputSchema: json.RawMessage(`{"type":"object"}`), Version: "1"}
+	require.NoError(t, d.Normalize())
+	return d
 }
