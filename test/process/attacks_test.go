@@ -258,6 +258,50 @@ func TestAttacksAsTheDeployedUsers(t *testing.T) {
 		assert.Equal(t, uint64(1), terminalsStored(t, ctx, adminJS, live))
 	})
 
+	// A push consumer delivers in ACTIONBUS to the subject its create
+	// request names (docs/security.md, row 110): the running planner and
+	// auditor follow the catalog with direct gets and pull the sinks'
+	// provisioned consumers, and their users create none, even with an
+	// operator's tool listening on the target.
+	t.Run("the planner and the auditor create no consumer, nor aim one at a run", func(t *testing.T) {
+		target := "ab.run.default." + events.NewID() + ".completed"
+		adminNC, _ := connectAs(t, url("admin"), "")
+		heard := make(chan *nats.Msg, 64)
+		_, err := adminNC.ChanSubscribe(target, heard)
+		require.NoError(t, err)
+		require.NoError(t, adminNC.Flush())
+		for _, a := range []struct{ user, stream, name, filter string }{
+			{"planner", "KV_ab_catalog", "attack", "$KV.ab_catalog.>"},
+			{"auditor", "KV_ab_catalog", "attack", "$KV.ab_catalog.>"},
+			{"auditor", "AB_AUDIT", "sink-jsonl", "ab.audit.>"},
+		} {
+			nc, _ := connectAs(t, url(a.user), "_INBOX_"+a.user)
+			body := fmt.Sprintf(`{"stream_name":%q,"config":{"durable_name":%q,"filter_subject":%q,"deliver_subject":%q,"deliver_policy":"all","ack_policy":"none","idle_heartbeat":100000000,"flow_control":true}}`, a.stream, a.name, a.filter, target)
+			_, _ = nc.Request("$JS.API.CONSUMER.CREATE."+a.stream+"."+a.name+"."+a.filter, []byte(body), 2*time.Second)
+		}
+		runs, err := adminJS.Stream(ctx, "AB_RUNS")
+		require.NoError(t, err)
+		assert.Never(t, func() bool {
+			info, err := runs.Info(ctx, jetstream.WithSubjectFilter(target+".>"))
+			return len(heard) > 0 || err == nil && len(info.State.Subjects) > 0
+		}, 1500*time.Millisecond, 50*time.Millisecond, "a consumer delivered on %s", target)
+		// The services as deployed: the catalog's consumers are the
+		// dispatcher's alone, the sink's is still pulled.
+		catalog, err := adminJS.Stream(ctx, "KV_ab_catalog")
+		require.NoError(t, err)
+		list := catalog.ListConsumers(ctx)
+		for info := range list.Info() {
+			for _, user := range []string{"planner", "auditor"} {
+				assert.NotContains(t, info.Config.DeliverSubject, "_INBOX_"+user, "the %s created a consumer of the catalog", user)
+			}
+			assert.NotEqual(t, target, info.Config.DeliverSubject)
+		}
+		require.NoError(t, list.Err())
+		sink, err := adminJS.Consumer(ctx, "AB_AUDIT", "sink-jsonl")
+		require.NoError(t, err)
+		assert.Empty(t, sink.CachedInfo().Config.DeliverSubject)
+	})
+
 	t.Run("run ids: subject and body must agree, ids are ULIDs", func(t *testing.T) {
 		a, b := events.NewID(), events.NewID()
 		_, err := clientJS.PublishMsg(ctx, forged(t, "ab.run.default."+a+".requested", events.TypeRunRequested, b, events.NewID(),
